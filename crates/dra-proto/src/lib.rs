@@ -1,0 +1,38 @@
+//! Kubelet-facing wire schemas: DRA `v1` and `v1beta1`, and plugin registration.
+//!
+//! The `.proto` files under `proto/` are ours, written from the published field tables; the Rust
+//! code under `src/generated/` is produced from them by `cargo xtask codegen` (protox, prost and
+//! tonic, no `protoc`) and committed, so building this crate runs no generator. CI fails when the
+//! committed code is stale.
+//!
+//! This crate owns message and service definitions only: no sockets, no policy, no claims.
+
+// Generated code is exempt from our lints and docs; it is checked for freshness instead.
+#[allow(
+    missing_docs,
+    missing_debug_implementations,
+    clippy::all,
+    clippy::pedantic
+)]
+mod generated {
+    pub mod pluginregistration {
+        include!("generated/pluginregistration.rs");
+    }
+    pub mod dra_v1beta1 {
+        include!("generated/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs");
+    }
+    pub mod dra_v1 {
+        include!("generated/k8s.io.kubelet.pkg.apis.dra.v1.rs");
+    }
+}
+
+/// DRA `v1` (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`), served to kubelets 1.34 and later.
+pub use generated::dra_v1 as v1;
+/// DRA `v1beta1` (`k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`), served to kubelets 1.32 and later.
+pub use generated::dra_v1beta1 as v1beta1;
+/// Plugin registration (`pluginregistration.Registration`): GetInfo, NotifyRegistrationStatus.
+pub use generated::pluginregistration;
+
+/// Re-exported so users build against the exact versions our generated code was built with.
+pub use prost;
+pub use tonic;

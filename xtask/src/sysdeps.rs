@@ -1,0 +1,64 @@
+//! System packages the build needs, installed on demand.
+//!
+//! hwlocality links the system hwloc through pkg-config, whose `--static` query also needs libudev
+//! (see the hwloc reference notes). On a fresh Debian machine none of these are present. As root
+//! we install them with apt; otherwise we stop and print the exact command to run.
+
+use std::process::Command;
+
+use anyhow::bail;
+
+use crate::util;
+
+/// Debian packages needed to build and test the workspace.
+const PACKAGES: &[&str] = &["libhwloc-dev", "libudev-dev", "pkg-config"];
+
+/// Makes sure the system packages the build needs are installed.
+pub fn ensure() -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let is_root = running_as_root();
+    if !is_root {
+        bail!(
+            "missing system packages: {}\nrun: sudo apt-get update && sudo apt-get install -y {}",
+            missing.join(" "),
+            missing.join(" ")
+        );
+    }
+    eprintln!("installing missing system packages: {}", missing.join(" "));
+    let install = |update_first: bool| -> anyhow::Result<()> {
+        if update_first {
+            util::run(Command::new("apt-get").args(["update", "-q"]))?;
+        }
+        util::run(
+            Command::new("apt-get")
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing),
+        )
+    };
+    // Package lists may be missing or stale on a fresh machine; refresh them only when needed.
+    if install(false).is_err() {
+        install(true)?;
+    }
+    Ok(())
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok installed"))
+        .unwrap_or(false)
+}
+
+/// Whether we run as root, read from `id -u` so xtask needs no libc bindings.
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}

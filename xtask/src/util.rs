@@ -1,0 +1,70 @@
+//! Small process and path helpers shared by the xtask commands.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, bail};
+
+/// The repository root: the parent of xtask's manifest directory.
+pub fn repo_root() -> anyhow::Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask's manifest directory has no parent")
+}
+
+/// The `cargo` that runs us, so that toolchain overrides carry through.
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// Runs a command to completion, failing with the command line when it does not succeed.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("$ {}", show(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start `{}`", show(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed: {status}", show(cmd));
+    }
+    Ok(())
+}
+
+/// Runs a command and returns its standard output, failing with the command line and its
+/// standard error when it does not succeed.
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start `{}`", show(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed: {}\n{}",
+            show(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("`{}` printed non-UTF-8", show(cmd)))
+}
+
+/// Whether a program can be found on PATH.
+pub fn have(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok()
+}
+
+fn show(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&arg.to_string_lossy());
+    }
+    s
+}
