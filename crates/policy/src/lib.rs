@@ -1,6 +1,22 @@
 //! Pure placement decisions: domain types, the `Policy` trait, topology, the topology-aware policy.
 //!
 //! The policy decides which CPUs and memory nodes each container and each DRA claim gets. It does
-//! no IO except topology discovery and knows nothing of gRPC, NRI wire types or files.
+//! no IO except topology discovery and knows nothing of gRPC, NRI wire types or files. Teams that
+//! want other decisions implement [`Policy`] (see [`api`] for the contract).
 
+pub mod api;
+pub mod idset;
+pub mod model;
+pub mod quantity;
 pub mod topology;
+
+pub use api::{Policy, PolicyError};
+pub use idset::{CpuSet, IdSet, IdSetParseError, NodeSet};
+pub use model::{
+    Adjustment, Allocation, AllocationResult, AttributeValue, Capacity, Claim, ClaimAllocation,
+    Container, ContainerUpdate, Device, Pod, QosClass, RequestPolicy, Resources, ValidValues,
+};
+pub use quantity::{Quantity, QuantityParseError};
+
+/// Re-exported: [`ClaimAllocation`] carries its edits.
+pub use cdi;

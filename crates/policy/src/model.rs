@@ -1,0 +1,205 @@
+//! Domain types: what the policy decides about, free of any wire format.
+//!
+//! The resource manager translates NRI messages, kubelet requests and Kubernetes objects into
+//! these types at its boundary, so a policy never sees a protobuf or an API object, and a policy
+//! can be driven by a simulator or a test with plain values.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{idset::CpuSet, idset::NodeSet, quantity::Quantity};
+
+/// A pod's Kubernetes quality-of-service class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum QosClass {
+    /// Every container has equal CPU and memory requests and limits.
+    Guaranteed,
+    /// Some request or limit is set, not Guaranteed.
+    Burstable,
+    /// No requests or limits.
+    BestEffort,
+}
+
+/// A pod, as far as placement cares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pod {
+    /// The Kubernetes UID of the pod.
+    pub uid: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// QoS class.
+    pub qos: QosClass,
+    /// Pod annotations; placement hints live under the `resource-policy.resmgr.io` namespace.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// CPU and memory requests and limits of a container.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    /// CPU request in milli-CPUs.
+    pub cpu_request_milli: u64,
+    /// CPU limit in milli-CPUs; `None` is unlimited.
+    pub cpu_limit_milli: Option<u64>,
+    /// Memory request in bytes.
+    pub memory_request_bytes: u64,
+    /// Memory limit in bytes; `None` is unlimited.
+    pub memory_limit_bytes: Option<u64>,
+}
+
+/// A container, as far as placement cares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Container {
+    /// The runtime's container ID.
+    pub id: String,
+    /// The pod the container belongs to.
+    pub pod: Pod,
+    /// The container's name within its pod.
+    pub name: String,
+    /// Requests and limits.
+    pub resources: Resources,
+    /// Container annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Fully qualified CDI device names the runtime injected (`vendor/class=name`). Only
+    /// runtimes that report them fill this (containerd 2.3 and later); see [`Container::env`].
+    pub cdi_devices: Vec<String>,
+    /// The container's environment, `NAME=VALUE`: the fallback way to find the claims a container
+    /// uses when the runtime does not report CDI devices.
+    pub env: Vec<String>,
+    /// The cpuset the container runs on now, when known (on sync after a restart).
+    pub cpus: Option<CpuSet>,
+    /// The memory nodes the container is pinned to now, when known.
+    pub mems: Option<NodeSet>,
+}
+
+/// One DRA allocation result of a claim, for our driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationResult {
+    /// The request it satisfies, `<request>` or `<request>/<subrequest>`.
+    pub request: String,
+    /// The pool the device was published in.
+    pub pool: String,
+    /// The device name as published by [`Device::name`].
+    pub device: String,
+    /// The share of a device that allows multiple allocations.
+    pub share_id: Option<String>,
+    /// Capacity consumed from the device, by capacity name (for example `cpu`).
+    pub consumed_capacity: BTreeMap<String, Quantity>,
+}
+
+/// A ResourceClaim allocated to our driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// The claim's UID.
+    pub uid: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UIDs of the pods the claim is reserved for: only these may use it.
+    pub reserved_for: Vec<String>,
+    /// The claim's allocation results for our driver, in the claim's order.
+    pub results: Vec<AllocationResult>,
+}
+
+/// What the policy sets on a container being created.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adjustment {
+    /// The cpuset to run on; `None` leaves the runtime's choice.
+    pub cpus: Option<CpuSet>,
+    /// The memory nodes to allocate from; `None` leaves the runtime's choice.
+    pub mems: Option<NodeSet>,
+}
+
+/// A change to a container that already exists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerUpdate {
+    /// The runtime's container ID.
+    pub container_id: String,
+    /// The new cpuset; `None` leaves it alone.
+    pub cpus: Option<CpuSet>,
+    /// The new memory nodes; `None` leaves them alone.
+    pub mems: Option<NodeSet>,
+}
+
+/// The policy's answer to a container being created.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allocation {
+    /// What to set on the new container.
+    pub adjustment: Adjustment,
+    /// Changes to other containers the placement made (for example shared pools shrinking).
+    pub updates: Vec<ContainerUpdate>,
+}
+
+/// The policy's answer to a claim allocation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimAllocation {
+    /// Exactly one set of CDI edits per allocation result, in result order: what a container
+    /// using that result gets injected.
+    pub edits: Vec<cdi::ContainerEdits>,
+    /// Changes to running containers the allocation made.
+    pub updates: Vec<ContainerUpdate>,
+}
+
+/// A typed attribute value of a published device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttributeValue {
+    /// An integer.
+    Int(i64),
+    /// A boolean.
+    Bool(bool),
+    /// A string (at most 64 characters).
+    String(String),
+    /// A semantic version.
+    Version(String),
+}
+
+/// Which amounts a request may consume from a capacity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ValidValues {
+    /// One of these values, sorted ascending.
+    Values(Vec<Quantity>),
+    /// A range with an optional upper bound and step.
+    Range {
+        /// Smallest amount.
+        min: Quantity,
+        /// Largest amount.
+        max: Option<Quantity>,
+        /// Amounts are `min + k * step`.
+        step: Option<Quantity>,
+    },
+}
+
+/// How requests consume a capacity of a device that allows multiple allocations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestPolicy {
+    /// What a request that names no amount consumes.
+    pub default: Option<Quantity>,
+    /// What a request may consume.
+    pub valid: ValidValues,
+}
+
+/// A capacity of a published device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// How much there is.
+    pub value: Quantity,
+    /// How requests consume it, for devices that allow multiple allocations.
+    pub request_policy: Option<RequestPolicy>,
+}
+
+/// A device the policy offers for DRA allocation, published in our node's ResourceSlices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    /// Device name, unique on the node (a DNS label).
+    pub name: String,
+    /// Attributes by qualified name (`resource.kubernetes.io/numaNode`) or bare name (in the
+    /// driver's own domain).
+    pub attributes: BTreeMap<String, AttributeValue>,
+    /// Capacities by name.
+    pub capacities: BTreeMap<String, Capacity>,
+    /// Whether several claims may share the device, each consuming part of its capacity.
+    pub allow_multiple_allocations: bool,
+}
