@@ -94,6 +94,9 @@ fn generate(proto_dir: &Path, flavour: Flavour, out: &Path) -> anyhow::Result<()
         Flavour::Grpc => tonic_prost_build::configure()
             .build_client(true)
             .build_server(true)
+            // A request that does not decode is the caller's fault: InvalidArgument, not the
+            // Internal of tonic-prost's own codec (see crates/dra-proto/src/codec.rs).
+            .codec_path("crate::codec::InvalidArgumentCodec")
             .out_dir(out)
             .compile_fds(fds)
             .context("tonic-prost-build")?,

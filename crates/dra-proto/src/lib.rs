@@ -5,7 +5,11 @@
 //! tonic, no `protoc`) and committed, so building this crate runs no generator. CI fails when the
 //! committed code is stale.
 //!
-//! This crate owns message and service definitions only: no sockets, no policy, no claims.
+//! This crate owns message and service definitions only: no sockets, no policy, no claims. The
+//! one piece of behaviour it adds is the codec the generated code uses ([`codec`]), which reports
+//! a message that does not decode as `InvalidArgument` rather than `Internal`.
+
+pub mod codec;
 
 // Generated code is exempt from our lints and docs; it is checked for freshness instead.
 #[allow(

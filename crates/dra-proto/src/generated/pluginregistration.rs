@@ -137,7 +137,7 @@ pub mod registration_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::InvalidArgumentCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/pluginregistration.Registration/GetInfo",
             );
@@ -162,7 +162,7 @@ pub mod registration_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::InvalidArgumentCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/pluginregistration.Registration/NotifyRegistrationStatus",
             );
@@ -311,7 +311,7 @@ pub mod registration_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetInfoSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::InvalidArgumentCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -360,7 +360,7 @@ pub mod registration_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NotifyRegistrationStatusSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::InvalidArgumentCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
