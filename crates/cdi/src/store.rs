@@ -1,0 +1,345 @@
+//! `SpecStore`: one CDI spec file per prepared claim in one directory, written atomically and
+//! durably, removed idempotently, and listed for start-up reconciliation.
+//!
+//! A write goes to a temporary file in the same directory, named `.<file>.<random>.tmp` (never
+//! ending in `.json` or `.yaml`, so the runtimes' scanners and watchers ignore it), made 0644,
+//! fsynced, renamed over the spec's name, and the directory fsynced. A reader therefore sees the
+//! old spec or the new one, never a mix; the rename of a name from the same directory is also what
+//! makes a runtime's auto-refreshing CDI cache notice the change. A crash can leave a temporary
+//! file behind; [`SpecStore::claims`] never reports one and
+//! [`SpecStore::remove_temporary_files`] deletes them at start-up.
+
+use std::{
+    fs::{self, DirBuilder, File, Permissions},
+    io::{self, Write},
+    os::unix::fs::{DirBuilderExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    claim::{self, CLASS, ClaimUid, MAX_UID_LEN, SPEC_EXTENSION, UidError},
+    names::{self, NameError, QualifiedName},
+    spec::{ContainerEdits, Device, Spec},
+    validate::{self, ValidationError},
+    version,
+};
+
+/// The mode of spec files: the runtime must read them.
+const SPEC_MODE: u32 = 0o644;
+/// The mode of a spec directory the store creates, as the reference writer creates it.
+const DIR_MODE: u32 = 0o755;
+/// Random characters in a temporary file name.
+const TEMP_RAND_LEN: usize = 6;
+/// The suffix of temporary files.
+const TEMP_SUFFIX: &str = ".tmp";
+/// The longest file name Linux file systems accept (NAME_MAX).
+const NAME_MAX: usize = 255;
+
+/// The longest vendor whose spec and temporary file names fit in [`NAME_MAX`] for every UID.
+pub const MAX_STORE_VENDOR_LEN: usize = NAME_MAX
+    - ".".len()
+    - "-".len()
+    - CLASS.len()
+    - "_".len()
+    - MAX_UID_LEN
+    - SPEC_EXTENSION.len()
+    - ".".len()
+    - TEMP_RAND_LEN
+    - TEMP_SUFFIX.len();
+
+/// What can go wrong in the store. Every variant names the claim, path or value concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The vendor is not a valid CDI vendor.
+    #[error("invalid cdi vendor for the spec store")]
+    Vendor(#[source] NameError),
+    /// The vendor is valid but too long for file names.
+    #[error(
+        "cdi vendor {vendor:?} is {len} bytes long; spec file names need it to be at most {max}"
+    )]
+    VendorTooLong {
+        /// The vendor.
+        vendor: String,
+        /// Its length.
+        len: usize,
+        /// The limit, [`MAX_STORE_VENDOR_LEN`].
+        max: usize,
+    },
+    /// The claim UID was refused before any path was built from it.
+    #[error("refusing claim uid")]
+    Uid(#[from] UidError),
+    /// A claim without edits would be a spec without devices.
+    #[error("claim {uid} has no edits; its spec needs at least one device")]
+    NoEdits {
+        /// The claim.
+        uid: ClaimUid,
+    },
+    /// The claim's edits do not make a valid spec.
+    #[error("the cdi spec for claim {uid} would be invalid")]
+    Invalid {
+        /// The claim.
+        uid: ClaimUid,
+        /// The rule broken, naming the field (`devices[i]` is the i-th edit).
+        #[source]
+        source: ValidationError,
+    },
+    /// A file system operation failed.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The per-claim spec files of one vendor in one directory.
+///
+/// The store keeps no state: the directory is the truth, so several stores (or processes) may
+/// look at it, but writes to the same claim must not race (the resource manager serialises them).
+#[derive(Debug, Clone)]
+pub struct SpecStore {
+    dir: PathBuf,
+    vendor: String,
+}
+
+impl SpecStore {
+    /// A store writing `<dir>/<vendor>-device_<uid>.json` for kind `<vendor>/device`. Checks the
+    /// vendor (CDI rules, the 253-character limit, and [`MAX_STORE_VENDOR_LEN`] for file names);
+    /// touches no file.
+    pub fn new(dir: impl Into<PathBuf>, vendor: &str) -> Result<Self, StoreError> {
+        names::validate_vendor(vendor).map_err(StoreError::Vendor)?;
+        if vendor.len() > MAX_STORE_VENDOR_LEN {
+            return Err(StoreError::VendorTooLong {
+                vendor: vendor.into(),
+                len: vendor.len(),
+                max: MAX_STORE_VENDOR_LEN,
+            });
+        }
+        Ok(Self {
+            dir: dir.into(),
+            vendor: vendor.into(),
+        })
+    }
+
+    /// The spec directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The CDI vendor.
+    pub fn vendor(&self) -> &str {
+        &self.vendor
+    }
+
+    /// Where the spec of claim `uid` is.
+    pub fn spec_path(&self, uid: &ClaimUid) -> PathBuf {
+        self.dir.join(claim::spec_file_name(&self.vendor, uid))
+    }
+
+    /// The spec the store writes for a claim: device `claim-<uid>-<i>` gets `edits[i]`, and
+    /// `cdiVersion` is the minimum the spec needs.
+    pub fn spec_for(&self, uid: &ClaimUid, edits: &[ContainerEdits]) -> Spec {
+        let mut spec = Spec {
+            cdi_version: String::new(),
+            kind: format!("{}/{CLASS}", self.vendor),
+            devices: edits
+                .iter()
+                .enumerate()
+                .map(|(i, e)| Device {
+                    name: claim::device_name(uid, i),
+                    container_edits: e.clone(),
+                    ..Device::default()
+                })
+                .collect(),
+            ..Spec::default()
+        };
+        spec.cdi_version = version::minimum_version(&spec).as_str().into();
+        spec
+    }
+
+    /// Writes (or replaces) the spec of claim `uid`, one device per edit, and returns the devices'
+    /// qualified names in order: `<vendor>/device=claim-<uid>-<i>` for `edits[i]`.
+    ///
+    /// When this returns, the spec is on disk and durable. Refuses an invalid UID, no edits, and
+    /// edits that would make an invalid spec, before touching the file system.
+    pub fn write_claim(
+        &self,
+        uid: &str,
+        edits: &[ContainerEdits],
+    ) -> Result<Vec<QualifiedName>, StoreError> {
+        let uid = ClaimUid::new(uid)?;
+        if edits.is_empty() {
+            return Err(StoreError::NoEdits { uid });
+        }
+        let spec = self.spec_for(&uid, edits);
+        let invalid = |source| StoreError::Invalid {
+            uid: uid.clone(),
+            source,
+        };
+        validate::validate_spec(&spec).map_err(invalid)?;
+        let names = (0..edits.len())
+            .map(|i| {
+                claim::qualified_device_name(&self.vendor, &uid, i).map_err(|source| {
+                    invalid(ValidationError::Name {
+                        field: format!("devices[{i}].name"),
+                        source,
+                    })
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        self.ensure_dir()?;
+        self.write_durably(&claim::spec_file_name(&self.vendor, &uid), &spec.to_json())?;
+        Ok(names)
+    }
+
+    /// Removes the spec of claim `uid`, durably. A missing spec (or directory) is success: the
+    /// result says whether there was a spec to remove.
+    pub fn remove_claim(&self, uid: &str) -> Result<bool, StoreError> {
+        let uid = ClaimUid::new(uid)?;
+        let path = self.spec_path(&uid);
+        let removed = match fs::remove_file(&path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(source) => return Err(io_error("removing cdi spec", &path, source)),
+        };
+        // Synced even when nothing was removed: an earlier removal may have crashed before its
+        // sync, and success must mean the spec stays gone.
+        match sync_dir(&self.dir) {
+            Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
+            other => other?,
+        }
+        Ok(removed)
+    }
+
+    /// Whether a spec of claim `uid` is on disk.
+    pub fn has_claim(&self, uid: &str) -> Result<bool, StoreError> {
+        let uid = ClaimUid::new(uid)?;
+        let path = self.spec_path(&uid);
+        match fs::symlink_metadata(&path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(io_error("checking cdi spec", &path, source)),
+        }
+    }
+
+    /// The claims this vendor has spec files for, sorted. Other vendors' files, other
+    /// extensions, temporary files and names that carry no valid UID are not reported. A missing
+    /// directory has no claims.
+    pub fn claims(&self) -> Result<Vec<ClaimUid>, StoreError> {
+        let mut uids = Vec::new();
+        for name in self.file_names()? {
+            if let Some(uid) = claim::uid_of_spec_file(&self.vendor, &name) {
+                uids.push(uid);
+            }
+        }
+        uids.sort();
+        Ok(uids)
+    }
+
+    /// Deletes temporary files a crashed write left behind and returns how many. Call it only when
+    /// no write is in flight (at start-up): a live write's temporary file looks the same.
+    pub fn remove_temporary_files(&self) -> Result<usize, StoreError> {
+        let prefix = format!(".{}-{CLASS}_", self.vendor);
+        let mut removed = 0;
+        for name in self.file_names()? {
+            if name.starts_with(&prefix) && name.ends_with(TEMP_SUFFIX) {
+                let path = self.dir.join(&name);
+                match fs::remove_file(&path) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(io_error("removing temporary cdi spec", &path, source));
+                    }
+                }
+            }
+        }
+        if removed > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(removed)
+    }
+
+    // === internals ===
+
+    /// The names of the non-directory entries of the directory (none if it is missing).
+    fn file_names(&self) -> Result<Vec<String>, StoreError> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(io_error("listing cdi spec directory", &self.dir, source)),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry
+                .map_err(|source| io_error("listing cdi spec directory", &self.dir, source))?;
+            let is_dir = entry
+                .file_type()
+                .map_err(|source| io_error("inspecting", &entry.path(), source))?
+                .is_dir();
+            // Names that are not UTF-8 are never ours.
+            if let (false, Ok(name)) = (is_dir, entry.file_name().into_string()) {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+
+    /// Creates the directory (and parents) if it is missing, durably.
+    fn ensure_dir(&self) -> Result<(), StoreError> {
+        if self.dir.is_dir() {
+            return Ok(());
+        }
+        DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(&self.dir)
+            .map_err(|source| io_error("creating cdi spec directory", &self.dir, source))?;
+        if let Some(parent) = self.dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces `<dir>/<name>` with `data`: temporary file, fsync, rename, fsync the directory.
+    fn write_durably(&self, name: &str, data: &[u8]) -> Result<(), StoreError> {
+        let target = self.dir.join(name);
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(TEMP_SUFFIX)
+            .rand_bytes(TEMP_RAND_LEN)
+            .tempfile_in(&self.dir)
+            .map_err(|source| io_error("creating temporary cdi spec in", &self.dir, source))?;
+        // Dropping `tmp` before `persist` deletes the temporary file, so every early return
+        // below cleans up after itself.
+        let tmp_path = tmp.path().to_path_buf();
+        let tmp_path = tmp_path.as_path();
+        let io = |op| move |source| io_error(op, tmp_path, source);
+        tmp.as_file()
+            .set_permissions(Permissions::from_mode(SPEC_MODE))
+            .map_err(io("setting the mode of"))?;
+        tmp.write_all(data).map_err(io("writing"))?;
+        tmp.as_file().sync_all().map_err(io("syncing"))?;
+        tmp.persist(&target)
+            .map_err(|e| io_error("renaming a temporary cdi spec onto", &target, e.error))?;
+        sync_dir(&self.dir)
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| io_error("syncing directory", dir, source))
+}
+
+fn io_error(op: &'static str, path: &Path, source: io::Error) -> StoreError {
+    StoreError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
