@@ -8,6 +8,7 @@ require (
 	google.golang.org/grpc v1.85.0
 	k8s.io/kubelet v0.35.0
 	tags.cncf.io/container-device-interface v1.1.2
+	tags.cncf.io/container-device-interface/specs-go v1.1.1
 )
 
 require (
@@ -23,5 +24,4 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-	tags.cncf.io/container-device-interface/specs-go v1.1.1 // indirect
 )
