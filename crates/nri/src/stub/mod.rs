@@ -1,0 +1,433 @@
+//! The stub: connects a [`Plugin`] to the runtime and keeps the connection's state.
+//!
+//! Owns the handshake (serve the Plugin service first, then `RegisterPlugin` on the Runtime
+//! connection, then wait for Configure, all within the registration timeout), the [`Handle`] for
+//! unsolicited `UpdateContainers` and the two notifications the resource manager builds on: the
+//! Synchronize reply has been written to the socket, and the connection is lost. The stub does not
+//! reconnect: the resource manager exits on a lost connection and is restarted.
+
+mod service;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    ffi::OsStr,
+    os::fd::{FromRawFd, OwnedFd, RawFd},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use prost::Message as _;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::UnixStream,
+    sync::watch,
+};
+
+use self::service::{DEFAULT_REQUEST_TIMEOUT, IN_EVENT_HANDLER, PluginService};
+use crate::{
+    api,
+    mux::{self, Closer, Disconnect},
+    plugin::{Plugin, RuntimeInfo},
+    rpc::{self, CallError, Client},
+};
+
+/// Where containerd and CRI-O listen for external plugins.
+pub const DEFAULT_SOCKET_PATH: &str = "/var/run/nri/nri.sock";
+/// The environment variable through which a runtime hands a pre-launched plugin its socket fd.
+pub const PLUGIN_SOCKET_ENV: &str = "NRI_PLUGIN_SOCKET";
+/// The NRI release whose API this crate implements, sent in RegisterPlugin (runtimes log it).
+pub const PLUGIN_NRI_VERSION: &str = "v0.12.5";
+
+/// Mux connection carrying the Plugin service (we serve).
+const PLUGIN_CONN: u32 = 1;
+/// Mux connection carrying the Runtime service (we call).
+const RUNTIME_CONN: u32 = 2;
+const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
+const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
+
+/// Why the stub could not connect.
+#[derive(Debug, thiserror::Error)]
+pub enum StubError {
+    #[error("plugin name {name:?} is invalid: it must be non-empty and use only A-Z a-z 0-9 _ . + -")]
+    InvalidName { name: String },
+    #[error("plugin index {index:?} is invalid: it must be exactly two ASCII digits")]
+    InvalidIndex { index: String },
+    #[error("the plugin subscribes to no events (an empty mask would subscribe to all of them)")]
+    NoEvents,
+    #[error("connecting to the NRI socket {path}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{PLUGIN_SOCKET_ENV}={value:?} is not a file descriptor number")]
+    InvalidSocketFd { value: String },
+    #[error("using inherited socket fd {fd}")]
+    InheritedSocket {
+        fd: RawFd,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("registering with the runtime")]
+    Register(#[source] CallError),
+    #[error("the runtime did not send Configure within {timeout_ms} ms of registration")]
+    ConfigureTimeout { timeout_ms: u128 },
+    #[error("the runtime closed the connection during registration")]
+    Rejected(#[source] Disconnect),
+}
+
+/// Why an unsolicited update did not report its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpdateError {
+    /// Called from inside an event handler. The runtime serves UpdateContainers under the lock it
+    /// holds while it waits for the handler, so the call could only deadlock.
+    #[error(
+        "update_containers was called from inside an NRI event handler, where it would deadlock \
+         with the runtime; call it from a separate task"
+    )]
+    InsideEventHandler,
+    /// The runtime failed the call (some update failed). It drops the list of failed updates with
+    /// the error, so none of the updates can be assumed applied.
+    #[error("the runtime failed the update ({code}): {message}")]
+    Rejected { code: i32, message: String },
+    /// The call itself failed: connection lost, deadline, undecodable reply.
+    #[error("calling UpdateContainers")]
+    Call(#[source] CallError),
+}
+
+/// How the stub identifies itself and behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StubConfig {
+    /// Plugin name, `[A-Za-z0-9_.+-]+`.
+    pub name: String,
+    /// Two ASCII digits; plugins are called in index order.
+    pub index: String,
+    /// Serve the dedicated per-event calls of NRI v0.12+ runtimes (default). When false they are
+    /// answered with Unimplemented and the runtime falls back to StateChange.
+    pub dedicated_event_calls: bool,
+    /// How long to wait for RegisterPlugin's reply, and then for Configure. Runtimes use 5 s.
+    pub registration_timeout: Duration,
+}
+
+impl StubConfig {
+    pub fn new(name: impl Into<String>, index: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            index: index.into(),
+            dedicated_event_calls: true,
+            registration_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Where the runtime is.
+#[derive(Debug)]
+pub enum Endpoint {
+    /// An external plugin dials the runtime's socket.
+    Socket(PathBuf),
+    /// A pre-launched plugin owns one end of a socketpair the runtime made.
+    Inherited(OwnedFd),
+}
+
+impl Endpoint {
+    /// The endpoint the reference stub would use: the fd in `NRI_PLUGIN_SOCKET` if that is set
+    /// (pass its value, the library reads no environment), otherwise `default_socket`.
+    ///
+    /// Takes ownership of the inherited fd: call this once per process.
+    pub fn from_plugin_socket_env(
+        plugin_socket: Option<&OsStr>,
+        default_socket: &Path,
+    ) -> Result<Self, StubError> {
+        let Some(value) = plugin_socket else {
+            return Ok(Self::Socket(default_socket.to_path_buf()));
+        };
+        let text = value.to_string_lossy();
+        let fd: RawFd = text
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&fd| fd >= 0)
+            .ok_or_else(|| StubError::InvalidSocketFd {
+                value: text.clone().into_owned(),
+            })?;
+        Ok(Self::Inherited(adopt_inherited_fd(fd)))
+    }
+}
+
+#[allow(unsafe_code)]
+fn adopt_inherited_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: the runtime hands a pre-launched plugin this fd (one end of a socketpair) for the
+    // plugin to own, and `Endpoint::from_plugin_socket_env` documents that it takes ownership, once
+    // per process; nothing else in the process uses that descriptor. An fd that is not open makes
+    // the first socket operation fail with EBADF, reported as `StubError::InheritedSocket`.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Connects `plugin` to the runtime at `endpoint`, registers it and waits for Configure.
+pub async fn connect<P: Plugin>(
+    plugin: Arc<P>,
+    config: StubConfig,
+    endpoint: Endpoint,
+) -> Result<Handle, StubError> {
+    validate(&config, &*plugin)?;
+    let stream = match endpoint {
+        Endpoint::Socket(path) => UnixStream::connect(&path)
+            .await
+            .map_err(|source| StubError::Connect { path, source })?,
+        Endpoint::Inherited(fd) => {
+            use std::os::fd::AsRawFd as _;
+            let raw = fd.as_raw_fd();
+            let std = std::os::unix::net::UnixStream::from(fd);
+            std.set_nonblocking(true)
+                .and_then(|()| UnixStream::from_std(std))
+                .map_err(|source| StubError::InheritedSocket { fd: raw, source })?
+        }
+    };
+    connect_over(plugin, config, stream).await
+}
+
+/// Like [`connect`], over an already established trunk (any byte stream; tests use in-memory ones).
+pub async fn connect_over<P, T>(
+    plugin: Arc<P>,
+    config: StubConfig,
+    trunk: T,
+) -> Result<Handle, StubError>
+where
+    P: Plugin,
+    T: AsyncRead + AsyncWrite + Send + 'static,
+{
+    validate(&config, &*plugin)?;
+    let mux = mux::start(trunk, &[PLUGIN_CONN, RUNTIME_CONN]);
+    let mut inbound = mux.inbound;
+    let (Some(plugin_rx), Some(runtime_rx)) = (
+        inbound.remove(&PLUGIN_CONN),
+        inbound.remove(&RUNTIME_CONN),
+    ) else {
+        // mux::start opens exactly the connections it was given.
+        unreachable!("mux::start did not open connections 1 and 2");
+    };
+    let shared = Arc::new(Shared::new());
+    {
+        let (shared, closer) = (shared.clone(), mux.closer.clone());
+        tokio::spawn(async move {
+            let why = closer.closed().await;
+            tracing::info!(reason = %why, "NRI connection lost");
+            shared.set_closed(why);
+        });
+    }
+    // Serve the Plugin service before registering: Configure may arrive before the reply to
+    // RegisterPlugin does.
+    let service = PluginService::new(plugin, shared.clone(), config.dedicated_event_calls);
+    rpc::serve(
+        PLUGIN_CONN,
+        PLUGIN_SERVICE,
+        Arc::new(service),
+        mux.writer.clone(),
+        plugin_rx,
+    );
+    let runtime = Client::start(RUNTIME_CONN, mux.writer, runtime_rx);
+    let handle = Handle {
+        shared,
+        runtime,
+        closer: mux.closer,
+    };
+
+    let request = api::RegisterPluginRequest {
+        plugin_name: config.name.clone(),
+        plugin_idx: config.index.clone(),
+        nri_version: PLUGIN_NRI_VERSION.into(),
+    };
+    let registered = handle
+        .runtime
+        .call(
+            RUNTIME_SERVICE,
+            "RegisterPlugin",
+            request.encode_to_vec(),
+            Some(config.registration_timeout),
+        )
+        .await;
+    if let Err(e) = registered {
+        handle.close();
+        return Err(StubError::Register(e));
+    }
+    tracing::info!(name = %config.name, index = %config.index, "registered with the runtime");
+    let mut rx = handle.shared.lifecycle.subscribe();
+    let configured = tokio::time::timeout(
+        config.registration_timeout,
+        rx.wait_for(|l| l.runtime.is_some() || l.closed.is_some()),
+    )
+    .await;
+    let closed = match configured {
+        Ok(Ok(l)) => l.closed.clone().filter(|_| l.runtime.is_none()),
+        // `handle.shared` owns the sender, so the channel cannot close while we wait.
+        Ok(Err(_)) => Some(Disconnect::ClosedLocally),
+        Err(_) => {
+            handle.close();
+            return Err(StubError::ConfigureTimeout {
+                timeout_ms: config.registration_timeout.as_millis(),
+            });
+        }
+    };
+    if let Some(why) = closed {
+        return Err(StubError::Rejected(why));
+    }
+    Ok(handle)
+}
+
+fn validate<P: Plugin>(config: &StubConfig, plugin: &P) -> Result<(), StubError> {
+    let name_ok = !config.name.is_empty()
+        && config
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.+-".contains(&b));
+    if !name_ok {
+        return Err(StubError::InvalidName {
+            name: config.name.clone(),
+        });
+    }
+    if config.index.len() != 2 || !config.index.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(StubError::InvalidIndex {
+            index: config.index.clone(),
+        });
+    }
+    if plugin.events().is_empty() {
+        return Err(StubError::NoEvents);
+    }
+    Ok(())
+}
+
+/// Where the connection stands; published through a watch channel.
+#[derive(Debug, Clone, Default)]
+struct Lifecycle {
+    /// Set once Configure succeeded.
+    runtime: Option<RuntimeInfo>,
+    /// Set once the final Synchronize reply has been written to the socket.
+    synchronized: bool,
+    closed: Option<Disconnect>,
+}
+
+/// State shared by the service, the handles and the watcher of the trunk.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    lifecycle: watch::Sender<Lifecycle>,
+}
+
+impl Shared {
+    fn new() -> Self {
+        Self {
+            lifecycle: watch::channel(Lifecycle::default()).0,
+        }
+    }
+
+    fn set_configured(&self, runtime: RuntimeInfo) {
+        self.lifecycle.send_modify(|l| l.runtime = Some(runtime));
+    }
+
+    fn set_synchronized(&self) {
+        self.lifecycle.send_modify(|l| l.synchronized = true);
+    }
+
+    fn set_closed(&self, why: Disconnect) {
+        self.lifecycle.send_modify(|l| {
+            l.closed.get_or_insert(why);
+        });
+    }
+}
+
+/// The plugin's side of a live connection. Cheap to clone; use it from any task except an event
+/// handler. The connection stays up until the runtime closes it or [`Handle::close`] is called.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    shared: Arc<Shared>,
+    runtime: Client,
+    closer: Closer,
+}
+
+impl Handle {
+    /// Asks the runtime to apply `updates` to running containers (unsolicited `UpdateContainers`)
+    /// and returns the updates that failed but were marked `ignore_failure`.
+    ///
+    /// Refused with [`UpdateError::InsideEventHandler`] when called from an event handler: the
+    /// runtime holds its NRI lock while it waits for the handler and serves this call under the
+    /// same lock, so awaiting it there blocks both sides until the runtime's request timeout
+    /// drops the plugin. Spawning a task that calls it and awaiting that task from the handler
+    /// deadlocks the same way and cannot be detected: don't.
+    ///
+    /// On [`UpdateError::Rejected`] the runtime has dropped the list of failed updates; which
+    /// updates applied is unknown, so keep all of them pending and re-assert them.
+    pub async fn update_containers(
+        &self,
+        updates: Vec<api::ContainerUpdate>,
+    ) -> Result<Vec<api::ContainerUpdate>, UpdateError> {
+        if IN_EVENT_HANDLER.try_with(|_| ()).is_ok() {
+            return Err(UpdateError::InsideEventHandler);
+        }
+        let timeout = self
+            .runtime_info()
+            .map_or(DEFAULT_REQUEST_TIMEOUT, |r| r.request_timeout);
+        let request = api::UpdateContainersRequest {
+            update: updates,
+            evict: vec![],
+        };
+        let reply = self
+            .runtime
+            .call(
+                RUNTIME_SERVICE,
+                "UpdateContainers",
+                request.encode_to_vec(),
+                Some(timeout),
+            )
+            .await;
+        match reply {
+            Ok(bytes) => api::UpdateContainersResponse::decode(bytes)
+                .map(|r| r.failed)
+                .map_err(|e| {
+                    UpdateError::Call(CallError::Decode {
+                        method: "UpdateContainers".into(),
+                        detail: e.to_string(),
+                    })
+                }),
+            Err(CallError::Status { status, .. }) => Err(UpdateError::Rejected {
+                code: status.code,
+                message: status.message,
+            }),
+            Err(e) => Err(UpdateError::Call(e)),
+        }
+    }
+
+    /// Resolves once the final Synchronize reply has been written to the socket; fails with the
+    /// reason if the connection ends first.
+    pub async fn synchronized(&self) -> Result<(), Disconnect> {
+        let mut rx = self.shared.lifecycle.subscribe();
+        let l = rx
+            .wait_for(|l| l.synchronized || l.closed.is_some())
+            .await
+            .map_err(|_| Disconnect::ClosedLocally)?;
+        match (&l.closed, l.synchronized) {
+            (_, true) => Ok(()),
+            (Some(why), false) => Err(why.clone()),
+            (None, false) => Err(Disconnect::ClosedLocally),
+        }
+    }
+
+    /// Resolves with the reason once the connection to the runtime is lost.
+    pub async fn closed(&self) -> Disconnect {
+        let mut rx = self.shared.lifecycle.subscribe();
+        match rx.wait_for(|l| l.closed.is_some()).await {
+            Ok(l) => l.closed.clone().unwrap_or(Disconnect::ClosedLocally),
+            Err(_) => Disconnect::ClosedLocally,
+        }
+    }
+
+    /// What the runtime announced in Configure.
+    pub fn runtime_info(&self) -> Option<RuntimeInfo> {
+        self.shared.lifecycle.borrow().runtime.clone()
+    }
+
+    /// Closes the connection; the runtime sees EOF and drops the plugin.
+    pub fn close(&self) {
+        self.closer.close(Disconnect::ClosedLocally);
+    }
+}

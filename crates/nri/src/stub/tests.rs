@@ -1,0 +1,1 @@
+//! Stub tests (filled below).
