@@ -7,6 +7,8 @@
 
 mod bench;
 mod codegen;
+mod image;
+mod manifests;
 mod release;
 mod sysdeps;
 mod test;
@@ -45,6 +47,25 @@ enum Command {
         /// Output directory (default: dist/ at the repository root).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Ship this binary instead of building one (for tests of the rest of the release).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+    },
+    /// Render deploy/manifests/resmgr.yaml from the Helm chart in deploy/helm/resmgr.
+    Manifests {
+        /// Fail if the committed manifests differ from what the chart renders.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build the container image from deploy/Containerfile (needs podman, buildah, nerdctl or a
+    /// Docker daemon).
+    Image {
+        /// The engine to use (default: the first usable of podman, docker, buildah, nerdctl).
+        #[arg(long)]
+        engine: Option<String>,
+        /// The image tag (default: the workspace version).
+        #[arg(long)]
+        tag: Option<String>,
     },
     /// Run every benchmark of the workspace and the conformance module; print one summary table.
     Bench,
@@ -58,7 +79,11 @@ fn main() -> anyhow::Result<()> {
         Command::Demo => release::demo(&root),
         Command::Codegen { check } => codegen::run(&root, check),
         Command::Build => release::build(&root),
-        Command::Release { out } => release::release(&root, out.as_deref()),
+        Command::Release { out, binary } => {
+            release::release(&root, out.as_deref(), binary.as_deref())
+        }
+        Command::Manifests { check } => manifests::run(&root, check),
+        Command::Image { engine, tag } => image::run(&root, engine.as_deref(), tag.as_deref()),
         Command::Bench => bench::run(&root),
     }
 }

@@ -1,4 +1,5 @@
-//! `cargo xtask build`, `release` and `demo`: the release binary and what ships with it.
+//! `cargo xtask build`, `release` and `demo`: the release binary and what ships with it (the
+//! plain manifests and the packaged Helm chart, see [`xtask::chart`]).
 
 use std::{
     fs,
@@ -7,8 +8,9 @@ use std::{
     process::Command,
 };
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
+use xtask::chart;
 
 use crate::{sysdeps, test, util};
 
@@ -23,33 +25,85 @@ pub fn build(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo xtask release`: stripped binary, deploy artefacts and SHA256SUMS in `out`.
-pub fn release(root: &Path, out: Option<&Path>) -> anyhow::Result<()> {
-    sysdeps::ensure()?;
+/// `cargo xtask release`: into `out` (default dist/), the stripped binary, the plain manifests
+/// with the version as image tag, the packaged Helm chart, and SHA256SUMS over all three. With
+/// `binary`, that file is shipped instead of building one (the conformance test uses it to check
+/// the rest of the release without a release build).
+pub fn release(root: &Path, out: Option<&Path>, binary: Option<&Path>) -> anyhow::Result<()> {
     let out = out.map_or_else(|| root.join("dist"), Path::to_path_buf);
-    let bin = build_release(root, "dist")?;
-    if out.exists() {
-        fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
-    }
-    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let version = workspace_version(root)?;
-    let name = format!("resmgr-{version}-{}-linux", std::env::consts::ARCH);
-    let mut artefacts = vec![name.clone()];
-    fs::copy(&bin, out.join(&name)).with_context(|| format!("copying {}", bin.display()))?;
-    let manifests = root.join("deploy/manifests");
-    if manifests.is_dir() {
-        for entry in fs::read_dir(&manifests)? {
-            let path = entry?.path();
-            if let Some(file) = path.file_name() {
-                let file = file.to_string_lossy().into_owned();
-                fs::copy(&path, out.join(&file))?;
-                artefacts.push(file);
-            }
+    check_chart_version(root, &version)?;
+    let bin = match binary {
+        Some(path) => path.to_path_buf(),
+        None => {
+            sysdeps::ensure()?;
+            build_release(root, "dist")?
         }
+    };
+    let artefacts = assemble(root, &out, &version, &bin)?;
+    for name in &artefacts {
+        eprintln!("  {name}");
     }
-    artefacts.sort();
-    write_checksums(&out, &artefacts)?;
     eprintln!("release {version} written to {}", out.display());
+    Ok(())
+}
+
+/// The names of the files [`release`] writes for `version`, checksums last.
+pub fn artefact_names(version: &str) -> [String; 4] {
+    [
+        format!("resmgr-{version}-{}-linux", std::env::consts::ARCH),
+        format!("resmgr-{version}.yaml"),
+        format!("resmgr-{version}.tgz"),
+        "SHA256SUMS".to_owned(),
+    ]
+}
+
+/// Writes the release into a fresh `out` and returns the names of the files written.
+fn assemble(root: &Path, out: &Path, version: &str, bin: &Path) -> anyhow::Result<Vec<String>> {
+    if out.exists() {
+        fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
+    }
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let [bin_name, manifests_name, chart_name, sums_name] = artefact_names(version);
+    fs::copy(bin, out.join(&bin_name)).with_context(|| format!("copying {}", bin.display()))?;
+    let manifests = chart::render_plain(root, Some(version))?;
+    fs::write(out.join(&manifests_name), manifests)
+        .with_context(|| format!("writing {manifests_name}"))?;
+    let packaged = chart::package(&root.join(chart::CHART_DIR), out)?;
+    anyhow::ensure!(
+        packaged == chart_name,
+        "the chart packaged as {packaged}, expected {chart_name}"
+    );
+    let artefacts = vec![bin_name, manifests_name, chart_name];
+    write_checksums(out, &artefacts)?;
+    let mut all = artefacts;
+    all.push(sums_name);
+    Ok(all)
+}
+
+/// Refuses a release whose chart does not carry the workspace version: the chart's version and
+/// appVersion, and the image tag its values default to, must all be `version`.
+fn check_chart_version(root: &Path, version: &str) -> anyhow::Result<()> {
+    let dir = root.join(chart::CHART_DIR);
+    let meta: chart::ChartMeta = chart::read_yaml(&dir.join("Chart.yaml"))?;
+    let values: serde_yaml_ng::Value = chart::read_yaml(&dir.join("values.yaml"))?;
+    let found = [
+        ("Chart.yaml version", Some(meta.version.as_str())),
+        ("Chart.yaml appVersion", meta.app_version.as_deref()),
+        ("values.yaml image.tag", values["image"]["tag"].as_str()),
+    ];
+    let wrong: Vec<String> = found
+        .iter()
+        .filter(|(_, v)| *v != Some(version))
+        .map(|(what, v)| format!("{what} is {}", v.unwrap_or("missing")))
+        .collect();
+    if !wrong.is_empty() {
+        bail!(
+            "the chart in {} does not carry the workspace version {version}: {}",
+            chart::CHART_DIR,
+            wrong.join(", ")
+        );
+    }
     Ok(())
 }
 
@@ -77,7 +131,7 @@ fn build_release(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
     Ok(test::target_dir(root)?.join(profile).join("resmgr"))
 }
 
-fn workspace_version(root: &Path) -> anyhow::Result<String> {
+pub fn workspace_version(root: &Path) -> anyhow::Result<String> {
     let meta = util::output(util::cargo().current_dir(root).args([
         "metadata",
         "--format-version",
@@ -104,4 +158,79 @@ fn write_checksums(out: &Path, artefacts: &[String]) -> anyhow::Result<()> {
     }
     sums.sync_all()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sha256_hex(bytes: &[u8]) -> String {
+        Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    #[test]
+    fn the_chart_carries_the_workspace_version() {
+        let root = util::repo_root().unwrap();
+        let version = workspace_version(&root).unwrap();
+        check_chart_version(&root, &version).unwrap();
+        let err = check_chart_version(&root, "9.9.9").unwrap_err().to_string();
+        assert!(
+            err.contains("Chart.yaml version is")
+                && err.contains("appVersion is")
+                && err.contains("image.tag is"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn assemble_writes_every_artefact_with_its_checksum() {
+        let root = util::repo_root().unwrap();
+        let version = "0.1.0";
+        let work = tempfile::tempdir().unwrap();
+        let bin = work.path().join("resmgr");
+        fs::write(&bin, b"stand-in for the stripped binary").unwrap();
+        let out = work.path().join("dist");
+        fs::create_dir_all(&out).unwrap();
+        fs::write(out.join("stale"), "left over from an earlier release").unwrap();
+
+        let written = assemble(&root, &out, version, &bin).unwrap();
+        assert_eq!(written, artefact_names(version));
+        let mut on_disk: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        on_disk.sort();
+        let mut want = written.clone();
+        want.sort();
+        assert_eq!(on_disk, want, "exactly the artefacts, nothing stale");
+
+        let sums = fs::read_to_string(out.join("SHA256SUMS")).unwrap();
+        let lines: Vec<&str> = sums.lines().collect();
+        assert_eq!(lines.len(), 3);
+        for (line, name) in lines.iter().zip(&written[..3]) {
+            let digest = sha256_hex(&fs::read(out.join(name)).unwrap());
+            assert_eq!(*line, format!("{digest}  {name}"));
+        }
+
+        let manifests = fs::read_to_string(out.join(&written[1])).unwrap();
+        assert!(
+            manifests.contains(&format!("image: ghcr.io/resmgr/resmgr:{version}\n")),
+            "the manifests use the version as image tag"
+        );
+        let chart = fs::read(out.join(&written[2])).unwrap();
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(chart.as_slice()));
+        let names: Vec<String> = archive
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert!(names.contains(&"resmgr/Chart.yaml".to_owned()), "{names:?}");
+        assert!(
+            names.contains(&"resmgr/templates/50-daemonset.yaml".to_owned()),
+            "{names:?}"
+        );
+    }
 }
