@@ -15,7 +15,7 @@ struct Cli {
 enum Command {
     /// Print the topology as the policy sees it.
     Topology {
-        /// `live` or `synthetic:<description>`.
+        /// `live`, `synthetic:<description>` or `xml:<path>`.
         #[arg(long, default_value = "live")]
         topology: String,
     },
@@ -26,15 +26,14 @@ fn main() -> anyhow::Result<()> {
         Command::Topology { topology } => {
             let source = match topology.split_once(':') {
                 Some(("synthetic", desc)) => TopologySource::Synthetic(desc.to_owned()),
+                Some(("xml", path)) => TopologySource::Xml(path.into()),
                 None if topology == "live" => TopologySource::Live,
                 _ => anyhow::bail!(
-                    "--topology {topology:?}: expected `live` or `synthetic:<description>`"
+                    "--topology {topology:?}: expected `live`, `synthetic:<description>` or `xml:<path>`"
                 ),
             };
             let topo = Topology::load(&source)?;
-            for node in &topo.numa_nodes {
-                println!("numa{}: {} cpus {:?}", node.id, node.cpus.len(), node.cpus);
-            }
+            print!("{topo}");
         }
     }
     Ok(())

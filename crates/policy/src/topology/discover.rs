@@ -1,0 +1,482 @@
+//! Topology discovery through hwlocality: the live machine, a synthetic description, or XML.
+//!
+//! Rules, each forced by something hwloc does:
+//!
+//! - The live machine is loaded with `INCLUDE_DISALLOWED`: the agent runs inside a container
+//!   whose own cgroup would otherwise hide every CPU it is not allowed to run on.
+//! - hwloc attaches NUMA nodes as *memory children* of a package, die, group or cache, and gives
+//!   each the cpuset of that parent. A CPU belongs to the first node found walking up from it;
+//!   when several nodes hang off the same parent (DRAM next to HBM or CXL memory), the DRAM one
+//!   (no subtype or `DRAM`, lowest number) owns the CPUs and the others are memory-only, as the
+//!   kernel's own `node<N>/cpulist` says.
+//! - Memory-only nodes are classed by hwloc subtype (`HBM`/`MCDRAM`, `NVM`/`CXL-NVM`/`SPM`,
+//!   `CXL-DRAM`); without one, a node smaller than the average DRAM node is HBM, else PMEM.
+//! - Distances come from the NUMA latency matrix when the source has one (the firmware's SLIT on
+//!   a live machine, an XML `distances2` element). Synthetic topologies have none, so they are
+//!   derived: 10 to itself, 12 within a package, 20 across packages.
+//! - hwloc lists no PU for an offline CPU: offline CPUs are the complete cpuset minus the online
+//!   one, further restricted by sysfs `online` when a sysfs root is given.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
+
+use hwlocality::{
+    Topology as HwTopology,
+    object::{TopologyObject, attributes::ObjectAttributes, types::ObjectType},
+    topology::builder::BuildFlags,
+};
+
+use super::{
+    CacheGroup, Core, Die, MemoryKind, NumaNode, Package, Topology,
+    sysfs::{self, SysfsError},
+};
+use crate::idset::CpuSet;
+
+/// Where a topology comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopologySource {
+    /// The machine we run on.
+    Live,
+    /// An hwloc synthetic description such as `pack:2 numa:2 core:8 pu:2`.
+    Synthetic(String),
+    /// An hwloc XML export (`lstopo machine.xml`), for replaying a real machine.
+    Xml(PathBuf),
+}
+
+/// Why a topology could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// hwloc refused to build the topology.
+    #[error("cannot build the {source_kind} topology: {message}")]
+    Build {
+        /// Which kind of source failed.
+        source_kind: &'static str,
+        /// hwloc's message.
+        message: String,
+    },
+    /// The isolated or online CPU lists could not be read.
+    #[error("reading cpu facts from sysfs")]
+    Sysfs(#[from] SysfsError),
+    /// The topology has no usable CPU.
+    #[error("the {source_kind} topology has no online cpu")]
+    NoCpus {
+        /// Which kind of source it was.
+        source_kind: &'static str,
+    },
+}
+
+impl TopologySource {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Synthetic(_) => "synthetic",
+            Self::Xml(_) => "xml",
+        }
+    }
+}
+
+impl Topology {
+    /// Discovers a topology from `source`; the live machine reads isolated and online CPUs from
+    /// `/sys`, other sources assume every CPU online and none isolated.
+    pub fn load(source: &TopologySource) -> Result<Self, TopologyError> {
+        let root = matches!(source, TopologySource::Live).then(|| Path::new("/sys"));
+        Self::load_with_sysfs(source, root)
+    }
+
+    /// Discovers a topology from `source`, reading isolated and online CPUs from sysfs under
+    /// `sysfs_root` when given (see [`super::sysfs`]).
+    pub fn load_with_sysfs(
+        source: &TopologySource,
+        sysfs_root: Option<&Path>,
+    ) -> Result<Self, TopologyError> {
+        let kind = source.kind();
+        let build_err = |message: String| TopologyError::Build {
+            source_kind: kind,
+            message,
+        };
+        let builder = HwTopology::builder();
+        let builder = match source {
+            TopologySource::Live => builder
+                .with_flags(BuildFlags::INCLUDE_DISALLOWED)
+                .map_err(|e| build_err(e.to_string()))?,
+            TopologySource::Synthetic(desc) => builder
+                .from_synthetic(desc)
+                .map_err(|e| build_err(e.to_string()))?,
+            TopologySource::Xml(path) => builder
+                .from_xml_file(path)
+                .map_err(|e| build_err(format!("{}: {e}", path.display())))?,
+        };
+        let hw = builder.build().map_err(|e| build_err(e.to_string()))?;
+        let facts = match sysfs_root {
+            Some(root) => sysfs::read_cpu_facts(root)?,
+            None => sysfs::CpuFacts::default(),
+        };
+        let topo = from_hwloc(&hw, &facts);
+        if topo.online.is_empty() {
+            return Err(TopologyError::NoCpus { source_kind: kind });
+        }
+        Ok(topo)
+    }
+}
+
+fn to_u32(i: usize) -> u32 {
+    // Kernel CPU and node numbers are far below u32::MAX; saturate rather than wrap.
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+fn cpus_of(set: &hwlocality::cpu::cpuset::CpuSet) -> CpuSet {
+    set.iter_set().map(|i| to_u32(usize::from(i))).collect()
+}
+
+/// NUMA nodes attached below `obj`'s memory children (through memory-side caches, if any).
+fn numa_children<'t>(obj: &'t TopologyObject, out: &mut Vec<&'t TopologyObject>) {
+    for child in obj.memory_children() {
+        if child.object_type() == ObjectType::NUMANode {
+            out.push(child);
+        } else {
+            numa_children(child, out);
+        }
+    }
+}
+
+fn subtype(obj: &TopologyObject) -> Option<String> {
+    obj.subtype().map(|s| s.to_string_lossy().into_owned())
+}
+
+fn is_dram_subtype(obj: &TopologyObject) -> bool {
+    subtype(obj).is_none_or(|s| s.eq_ignore_ascii_case("DRAM"))
+}
+
+/// The node that owns a PU's CPU: see the module docs.
+fn primary_node(pu: &TopologyObject) -> Option<u32> {
+    let parent = pu.ancestors().find(|a| a.memory_arity() > 0)?;
+    let mut nodes = Vec::new();
+    numa_children(parent, &mut nodes);
+    let ids = |pick_dram: bool| {
+        nodes
+            .iter()
+            .filter(|n| !pick_dram || is_dram_subtype(n))
+            .filter_map(|n| n.os_index())
+            .min()
+    };
+    ids(true).or_else(|| ids(false)).map(to_u32)
+}
+
+fn package_of(obj: &TopologyObject) -> Option<u32> {
+    obj.first_ancestor_with_type(ObjectType::Package).map(|p| {
+        p.os_index()
+            .map_or_else(|| to_u32(p.logical_index()), to_u32)
+    })
+}
+
+fn from_hwloc(hw: &HwTopology, facts: &sysfs::CpuFacts) -> Topology {
+    let mut online = cpus_of(&hw.cpuset());
+    if let Some(sys_online) = &facts.online {
+        online = online.intersection(sys_online);
+    }
+    let offline = cpus_of(&hw.complete_cpuset()).difference(&online);
+    let isolated = facts.isolated.intersection(&online);
+
+    // Per online PU: (cpu, package, die key, l3 key, core key, node).
+    struct Pu {
+        cpu: u32,
+        package: u32,
+        die: (u32, u64),
+        l3: Option<u64>,
+        core: u64,
+        node: Option<u32>,
+    }
+    let pus: Vec<Pu> = hw
+        .objects_with_type(ObjectType::PU)
+        .filter_map(|pu| {
+            let cpu = to_u32(pu.os_index()?);
+            if !online.contains(cpu) {
+                return None;
+            }
+            let package = package_of(pu).unwrap_or(0);
+            let key = |ty| {
+                pu.first_ancestor_with_type(ty)
+                    .map(TopologyObject::global_persistent_index)
+            };
+            Some(Pu {
+                cpu,
+                package,
+                die: (package, key(ObjectType::Die).unwrap_or(0)),
+                l3: key(ObjectType::L3Cache),
+                // Without Core objects every thread is its own core.
+                core: key(ObjectType::Core).unwrap_or(u64::MAX - u64::from(cpu)),
+                node: primary_node(pu),
+            })
+        })
+        .collect();
+
+    let group = |key: &dyn Fn(&Pu) -> Option<u64>| -> Vec<(u64, CpuSet)> {
+        let mut map: BTreeMap<u64, CpuSet> = BTreeMap::new();
+        for pu in &pus {
+            if let Some(k) = key(pu) {
+                map.entry(k).or_default().insert(pu.cpu);
+            }
+        }
+        let mut groups: Vec<(u64, CpuSet)> = map.into_iter().collect();
+        groups.sort_by_key(|(_, cpus)| cpus.first());
+        groups
+    };
+
+    let mut package_ids: BTreeMap<u32, CpuSet> = BTreeMap::new();
+    for pu in &pus {
+        package_ids.entry(pu.package).or_default().insert(pu.cpu);
+    }
+    let packages: Vec<Package> = package_ids
+        .into_iter()
+        .map(|(id, cpus)| Package { id, cpus })
+        .collect();
+
+    let mut die_map: BTreeMap<(u32, u64), CpuSet> = BTreeMap::new();
+    for pu in &pus {
+        die_map.entry(pu.die).or_default().insert(pu.cpu);
+    }
+    let mut dies: Vec<((u32, u64), CpuSet)> = die_map.into_iter().collect();
+    dies.sort_by_key(|((package, _), cpus)| (*package, cpus.first()));
+    let l3s = group(&|pu| pu.l3);
+    let cores = group(&|pu| Some(pu.core));
+
+    let index_of =
+        |list: &[(u64, CpuSet)], cpu: u32| list.iter().position(|(_, c)| c.contains(cpu));
+    let cores: Vec<Core> = cores
+        .iter()
+        .filter_map(|(_, threads)| {
+            let first = threads.first()?;
+            let pu = pus.iter().find(|p| p.cpu == first)?;
+            Some(Core {
+                package: packages.iter().position(|p| p.id == pu.package)?,
+                die: dies.iter().position(|(_, c)| c.contains(first))?,
+                numa: pu.node,
+                l3: index_of(&l3s, first),
+                threads: threads.clone(),
+            })
+        })
+        .collect();
+
+    let numa_nodes = numa_nodes(hw, &pus.iter().map(|p| (p.cpu, p.node)).collect::<Vec<_>>());
+
+    Topology {
+        packages,
+        dies: dies
+            .into_iter()
+            .map(|((package, _), cpus)| Die { package, cpus })
+            .collect(),
+        numa_nodes,
+        l3_groups: l3s
+            .into_iter()
+            .map(|(_, cpus)| CacheGroup { cpus })
+            .collect(),
+        cores,
+        online,
+        offline,
+        isolated,
+    }
+}
+
+fn numa_nodes(hw: &HwTopology, pu_nodes: &[(u32, Option<u32>)]) -> Vec<NumaNode> {
+    struct Raw {
+        id: u32,
+        memory: u64,
+        subtype: Option<String>,
+        package: Option<u32>,
+        cpus: CpuSet,
+    }
+    let mut raw: Vec<Raw> = hw
+        .objects_with_type(ObjectType::NUMANode)
+        .filter_map(|node| {
+            let id = to_u32(node.os_index()?);
+            let memory = match node.attributes() {
+                Some(ObjectAttributes::NUMANode(a)) => a.local_memory().map_or(0, |m| m.get()),
+                _ => 0,
+            };
+            Some(Raw {
+                id,
+                memory,
+                subtype: subtype(node),
+                package: package_of(node),
+                cpus: pu_nodes
+                    .iter()
+                    .filter(|(_, n)| *n == Some(id))
+                    .map(|(cpu, _)| *cpu)
+                    .collect(),
+            })
+        })
+        .collect();
+    raw.sort_by_key(|n| n.id);
+
+    let dram: Vec<u64> = raw
+        .iter()
+        .filter(|n| !n.cpus.is_empty())
+        .map(|n| n.memory)
+        .collect();
+    let average_dram = dram.iter().sum::<u64>() / u64::try_from(dram.len().max(1)).unwrap_or(1);
+    let kind = |n: &Raw| {
+        if !n.cpus.is_empty() {
+            return MemoryKind::Dram;
+        }
+        match n.subtype.as_deref().map(str::to_ascii_uppercase).as_deref() {
+            Some("HBM" | "MCDRAM") => MemoryKind::Hbm,
+            Some("NVM" | "CXL-NVM" | "SPM") => MemoryKind::Pmem,
+            Some("CXL-DRAM") => MemoryKind::Cxl,
+            _ if n.memory < average_dram => MemoryKind::Hbm,
+            _ => MemoryKind::Pmem,
+        }
+    };
+
+    let matrix = latency_matrix(hw);
+    raw.iter()
+        .map(|n| {
+            let distances = raw
+                .iter()
+                .map(|m| {
+                    let derived = if m.id == n.id {
+                        10
+                    } else if n.package.is_some() && n.package == m.package {
+                        12
+                    } else {
+                        20
+                    };
+                    let d = matrix.get(&(n.id, m.id)).copied().unwrap_or(derived);
+                    (m.id, d)
+                })
+                .collect();
+            NumaNode {
+                id: n.id,
+                cpus: n.cpus.clone(),
+                memory_bytes: n.memory,
+                kind: kind(n),
+                package: n.package,
+                distances,
+            }
+        })
+        .collect()
+}
+
+/// The NUMA distance matrix hwloc has, by (from, to) node number; empty when there is none.
+fn latency_matrix(hw: &HwTopology) -> BTreeMap<(u32, u32), u32> {
+    let Ok(all) = hw.distances(None) else {
+        return BTreeMap::new();
+    };
+    for d in &all {
+        let objects: Vec<Option<&TopologyObject>> = d.objects().collect();
+        let ids: Option<Vec<u32>> = objects
+            .iter()
+            .map(|o| {
+                o.filter(|o| o.object_type() == ObjectType::NUMANode)
+                    .and_then(TopologyObject::os_index)
+                    .map(to_u32)
+            })
+            .collect();
+        let Some(ids) = ids else { continue };
+        let unique: BTreeSet<u32> = ids.iter().copied().collect();
+        if unique.len() != ids.len() {
+            continue;
+        }
+        let values = d.distances();
+        let mut out = BTreeMap::new();
+        for (i, from) in ids.iter().enumerate() {
+            for (j, to) in ids.iter().enumerate() {
+                if let Some(v) = values.get(i * ids.len() + j) {
+                    out.insert((*from, *to), u32::try_from(*v).unwrap_or(u32::MAX));
+                }
+            }
+        }
+        return out;
+    }
+    BTreeMap::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synthetic(desc: &str) -> Topology {
+        Topology::load(&TopologySource::Synthetic(desc.into())).unwrap()
+    }
+
+    #[test]
+    fn models_packages_numa_nodes_cores_and_threads() {
+        let t = synthetic("pack:2 numa:2 core:8 pu:2");
+        assert_eq!(t.packages.len(), 2);
+        assert_eq!(t.dies.len(), 2, "one die per package without Die objects");
+        assert_eq!(t.numa_nodes.len(), 4);
+        assert_eq!(t.cores.len(), 32);
+        assert_eq!(t.threads_per_core(), 2);
+        assert_eq!(t.online.to_string(), "0-63");
+        assert_eq!(t.numa_nodes[1].cpus.to_string(), "16-31");
+        assert_eq!(t.numa_nodes[2].package, Some(1));
+        assert_eq!(t.cores[3].threads.to_string(), "6-7");
+        assert_eq!(t.cores[3].numa, Some(0));
+        assert!(t.numa_nodes.iter().all(|n| n.kind == MemoryKind::Dram));
+        // Derived distances: 10 self, 12 in the package, 20 across.
+        assert_eq!(t.distance(0, 0), 10);
+        assert_eq!(t.distance(0, 1), 12);
+        assert_eq!(t.distance(0, 2), 20);
+    }
+
+    #[test]
+    fn models_l3_groups_and_dies() {
+        let t = synthetic("pack:1 die:2 l3:2 core:4 pu:1");
+        assert_eq!(t.dies.len(), 2);
+        assert_eq!(t.l3_groups.len(), 4);
+        assert_eq!(t.l3_groups[1].cpus.to_string(), "4-7");
+        assert_eq!(t.cores[5].l3, Some(1));
+        assert_eq!(t.cores[9].die, 1);
+    }
+
+    #[test]
+    fn a_second_node_on_the_same_parent_is_memory_only() {
+        let t = synthetic("pack:2 [numa(memory=64GiB)] [numa(memory=16GiB)] core:4 pu:2");
+        assert_eq!(t.numa_nodes.len(), 4);
+        let (dram, hbm) = (&t.numa_nodes[0], &t.numa_nodes[1]);
+        assert_eq!(dram.cpus.to_string(), "0-7");
+        assert_eq!(dram.kind, MemoryKind::Dram);
+        assert_eq!(dram.memory_bytes, 64 << 30);
+        assert!(hbm.is_memory_only());
+        assert_eq!(hbm.kind, MemoryKind::Hbm, "smaller than average dram");
+        assert_eq!(hbm.package, Some(0));
+    }
+
+    #[test]
+    fn sysfs_root_takes_cpus_offline_and_isolates_them() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("devices/system/cpu");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("online"), "0-6\n").unwrap();
+        std::fs::write(dir.join("isolated"), "2-3,7\n").unwrap();
+        let t = Topology::load_with_sysfs(
+            &TopologySource::Synthetic("pack:1 core:4 pu:2".into()),
+            Some(root.path()),
+        )
+        .unwrap();
+        assert_eq!(t.online.to_string(), "0-6");
+        assert_eq!(t.offline.to_string(), "7");
+        assert_eq!(
+            t.isolated.to_string(),
+            "2-3",
+            "an offline cpu is not isolated"
+        );
+        assert_eq!(t.cores[3].threads.to_string(), "6");
+    }
+
+    #[test]
+    fn a_bad_description_is_a_typed_error() {
+        let err = Topology::load(&TopologySource::Synthetic("pack:zero".into())).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TopologyError::Build {
+                    source_kind: "synthetic",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

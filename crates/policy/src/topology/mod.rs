@@ -1,0 +1,209 @@
+//! The machine as the policy sees it: packages, dies, NUMA nodes, L3 groups, cores and threads.
+//!
+//! [`Topology`] is plain data. [`discover`] fills it from hwloc (the live machine, a synthetic
+//! description or an XML file) and [`sysfs`] adds what hwloc does not say: which CPUs the kernel
+//! isolated, and which it took offline. That discovery is the only IO in this crate; everything
+//! downstream is a pure function of a `Topology`, so tests and benchmarks build one from a
+//! synthetic string and get the same decisions every time.
+//!
+//! Numbering is the kernel's throughout (`os_index` in hwloc terms): CPU numbers as in
+//! `cpuset.cpus`, node numbers as in `cpuset.mems`. Dies, L3 groups and cores, which have no
+//! kernel number the policy needs, are identified by their index in the vectors here.
+
+pub mod discover;
+pub mod sysfs;
+
+use std::{collections::BTreeMap, fmt};
+
+use serde::{Deserialize, Serialize};
+
+pub use discover::{TopologyError, TopologySource};
+
+use crate::idset::{CpuSet, NodeSet};
+
+/// What kind of memory a NUMA node holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum MemoryKind {
+    /// Ordinary memory; every node with CPUs is DRAM.
+    Dram,
+    /// High-bandwidth memory without CPUs (MCDRAM, HBM).
+    Hbm,
+    /// Persistent or slow memory without CPUs (NVDIMM, CXL persistent memory).
+    Pmem,
+    /// CXL-attached volatile memory without CPUs.
+    Cxl,
+}
+
+impl MemoryKind {
+    /// The lower-case name annotations use (`dram`, `hbm`, `pmem`, `cxl`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dram => "dram",
+            Self::Hbm => "hbm",
+            Self::Pmem => "pmem",
+            Self::Cxl => "cxl",
+        }
+    }
+}
+
+/// A physical package (socket).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Package {
+    /// The kernel's package number (`physical_package_id`).
+    pub id: u32,
+    /// Its online CPUs.
+    pub cpus: CpuSet,
+}
+
+/// A die inside a package.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Die {
+    /// The package it belongs to.
+    pub package: u32,
+    /// Its online CPUs.
+    pub cpus: CpuSet,
+}
+
+/// A NUMA node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NumaNode {
+    /// The kernel's node number.
+    pub id: u32,
+    /// The online CPUs local to the node; empty for a memory-only node.
+    pub cpus: CpuSet,
+    /// Memory the node holds, in bytes.
+    pub memory_bytes: u64,
+    /// What kind of memory it is.
+    pub kind: MemoryKind,
+    /// The package its CPUs (or, for a memory-only node, its attachment point) belong to, if one.
+    pub package: Option<u32>,
+    /// Distance to every node by node number, including itself (10 by ACPI convention). Larger
+    /// is farther. From the firmware's table when the source has one, else derived from the
+    /// tree (see [`discover`]).
+    pub distances: BTreeMap<u32, u32>,
+}
+
+impl NumaNode {
+    /// Whether the node has memory but no CPUs.
+    pub fn is_memory_only(&self) -> bool {
+        self.cpus.is_empty()
+    }
+
+    /// Distance to `other`; unknown pairs count as very far.
+    pub fn distance_to(&self, other: u32) -> u32 {
+        self.distances.get(&other).copied().unwrap_or(u32::MAX)
+    }
+}
+
+/// A group of cores sharing a last-level (L3) cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheGroup {
+    /// Its online CPUs.
+    pub cpus: CpuSet,
+}
+
+/// A physical core and its hardware threads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Core {
+    /// Index into [`Topology::packages`].
+    pub package: usize,
+    /// Index into [`Topology::dies`].
+    pub die: usize,
+    /// The node number of the NUMA node the core's CPUs are local to, if any.
+    pub numa: Option<u32>,
+    /// Index into [`Topology::l3_groups`], if the machine reports L3 caches.
+    pub l3: Option<usize>,
+    /// The core's online hardware threads (SMT siblings).
+    pub threads: CpuSet,
+}
+
+/// The machine as the policy sees it. See the module docs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    /// Packages by ascending number.
+    pub packages: Vec<Package>,
+    /// Dies, package by package.
+    pub dies: Vec<Die>,
+    /// NUMA nodes by ascending number, memory-only nodes included.
+    pub numa_nodes: Vec<NumaNode>,
+    /// L3 cache groups in CPU order; empty when the source reports none.
+    pub l3_groups: Vec<CacheGroup>,
+    /// Cores with at least one online thread, in CPU order.
+    pub cores: Vec<Core>,
+    /// CPUs the kernel runs (everything the policy may hand out).
+    pub online: CpuSet,
+    /// CPUs that exist but are offline.
+    pub offline: CpuSet,
+    /// Online CPUs the kernel isolated from the scheduler (`isolcpus`).
+    pub isolated: CpuSet,
+}
+
+impl Topology {
+    /// The NUMA node with kernel number `id`.
+    pub fn numa_node(&self, id: u32) -> Option<&NumaNode> {
+        self.numa_nodes.iter().find(|n| n.id == id)
+    }
+
+    /// Distance between two nodes; unknown pairs count as very far.
+    pub fn distance(&self, from: u32, to: u32) -> u32 {
+        self.numa_node(from).map_or(u32::MAX, |n| n.distance_to(to))
+    }
+
+    /// Every node that holds memory of kind DRAM.
+    pub fn dram_nodes(&self) -> NodeSet {
+        self.numa_nodes
+            .iter()
+            .filter(|n| n.kind == MemoryKind::Dram)
+            .map(|n| n.id)
+            .collect()
+    }
+
+    /// The largest number of online threads any core has (1 without SMT).
+    pub fn threads_per_core(&self) -> usize {
+        self.cores
+            .iter()
+            .map(|c| c.threads.len())
+            .max()
+            .unwrap_or(1)
+    }
+}
+
+/// A short human summary: one line per package and per NUMA node.
+impl fmt::Display for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} packages, {} dies, {} numa nodes, {} l3 groups, {} cores, {} threads per core",
+            self.packages.len(),
+            self.dies.len(),
+            self.numa_nodes.len(),
+            self.l3_groups.len(),
+            self.cores.len(),
+            self.threads_per_core()
+        )?;
+        writeln!(
+            f,
+            "online cpus {:?}, offline {:?}, isolated {:?}",
+            self.online.to_string(),
+            self.offline.to_string(),
+            self.isolated.to_string()
+        )?;
+        for p in &self.packages {
+            writeln!(f, "package {}: cpus {}", p.id, p.cpus)?;
+        }
+        for n in &self.numa_nodes {
+            let distances: Vec<String> = n.distances.values().map(u32::to_string).collect();
+            writeln!(
+                f,
+                "numa{}: {} cpus {:?}, {} MiB {}, distances {}",
+                n.id,
+                n.cpus.len(),
+                n.cpus.to_string(),
+                n.memory_bytes >> 20,
+                n.kind.as_str(),
+                distances.join(" ")
+            )?;
+        }
+        Ok(())
+    }
+}
