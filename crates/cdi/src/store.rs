@@ -35,7 +35,8 @@ const TEMP_SUFFIX: &str = ".tmp";
 /// The longest file name Linux file systems accept (NAME_MAX).
 const NAME_MAX: usize = 255;
 
-/// The longest vendor whose spec and temporary file names fit in [`NAME_MAX`] for every UID.
+/// The longest vendor whose spec and temporary file names fit in 255 bytes (`NAME_MAX`) for
+/// every UID: 167.
 pub const MAX_STORE_VENDOR_LEN: usize = NAME_MAX
     - ".".len()
     - "-".len()
