@@ -9,6 +9,7 @@ pub mod idset;
 pub mod model;
 pub mod quantity;
 pub mod topology;
+pub mod topology_aware;
 
 pub use api::{Policy, PolicyError};
 pub use idset::{CpuSet, IdSet, IdSetParseError, NodeSet};
@@ -17,6 +18,8 @@ pub use model::{
     Container, ContainerUpdate, Device, Pod, QosClass, RequestPolicy, Resources, ValidValues,
 };
 pub use quantity::{Quantity, QuantityParseError};
+pub use topology::{Topology, TopologyError, TopologySource};
+pub use topology_aware::{Config, TopologyAware};
 
 /// Re-exported: [`ClaimAllocation`] carries its edits.
 pub use cdi;

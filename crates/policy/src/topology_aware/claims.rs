@@ -1,0 +1,267 @@
+//! DRA claims: the devices published, claim records (the durable state), CDI edits, and finding
+//! which claims a container uses.
+//!
+//! Devices: one per NUMA node with CPUs, named `numa<N>`, whose consumable capacity `cpu` is the
+//! number of CPUs a claim may take there (online, not reserved, not isolated). Several claims
+//! share a device (`allowMultipleAllocations`), each consuming whole CPUs (request policy:
+//! default 1, minimum 1, step 1).
+//!
+//! A claim's result `i` is granted through CDI edits that set `DRA_CPUSET_<uid>=<cpus>` and
+//! `DRA_MEMS_<uid>=<nodes>`. A container uses a claim when the runtime reports the CDI device
+//! `<vendor>/<class>=claim-<uid>-<i>` (the resource manager's naming, see ARCHITECTURE.md),
+//! which only the kubelet can inject; failing that (runtimes that do not report CDI devices)
+//! when its environment has `DRA_CPUSET_<uid>`, and then only if its pod is among the claim's
+//! reserved-for pods, because a pod can set any environment variable it likes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    idset::{CpuSet, NodeSet},
+    model::{AttributeValue, Capacity, Container, Device, RequestPolicy, ValidValues},
+    quantity::Quantity,
+    topology::Topology,
+};
+
+/// The prefix of the environment variable carrying a claim's CPUs.
+pub const CPUSET_ENV: &str = "DRA_CPUSET_";
+/// The prefix of the environment variable carrying a claim's memory nodes.
+pub const MEMS_ENV: &str = "DRA_MEMS_";
+/// The standard attribute naming a device's NUMA node.
+pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+
+/// One allocation result of a claim, as granted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultRecord {
+    /// The request it satisfies.
+    pub request: String,
+    /// The device it was allocated on (`numa<N>`).
+    pub device: String,
+    /// The CPUs granted.
+    pub cpus: CpuSet,
+    /// The memory nodes granted.
+    pub mems: NodeSet,
+}
+
+/// A claim the policy holds: the durable DRA truth.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    /// UID.
+    pub uid: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Pods allowed to use it through the environment fallback.
+    pub reserved_for: Vec<String>,
+    /// Results in the claim's order.
+    pub results: Vec<ResultRecord>,
+}
+
+impl ClaimRecord {
+    /// Every CPU the claim holds.
+    pub fn cpus(&self) -> CpuSet {
+        self.results
+            .iter()
+            .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus))
+    }
+
+    /// The CDI edits of every result, in result order.
+    pub fn edits(&self) -> Vec<cdi::ContainerEdits> {
+        self.results
+            .iter()
+            .map(|r| {
+                cdi::ContainerEdits::with_env([
+                    format!("{CPUSET_ENV}{}={}", self.uid, r.cpus),
+                    format!("{MEMS_ENV}{}={}", self.uid, r.mems),
+                ])
+            })
+            .collect()
+    }
+
+    /// `namespace/name (uid)` for messages.
+    pub fn describe(&self) -> String {
+        format!("{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// The durable state: the claims, by UID.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Format version, 1.
+    pub version: u32,
+    /// Every claim held.
+    pub claims: Vec<ClaimRecord>,
+}
+
+/// The device name of NUMA node `node`.
+pub fn device_name(node: u32) -> String {
+    format!("numa{node}")
+}
+
+/// The NUMA node a device name stands for.
+pub fn device_node(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("numa")?;
+    if digits.is_empty() || (digits.len() > 1 && digits.starts_with('0')) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The CPUs a claim may take on each NUMA node with CPUs.
+pub fn claimable(topo: &Topology, reserved: &CpuSet) -> BTreeMap<u32, CpuSet> {
+    topo.numa_nodes
+        .iter()
+        .filter(|n| !n.is_memory_only())
+        .map(|n| {
+            let cpus = n
+                .cpus
+                .intersection(&topo.online)
+                .difference(reserved)
+                .difference(&topo.isolated);
+            (n.id, cpus)
+        })
+        .filter(|(_, cpus)| !cpus.is_empty())
+        .collect()
+}
+
+/// The devices to publish: see the module docs.
+pub fn devices(topo: &Topology, claimable: &BTreeMap<u32, CpuSet>) -> Vec<Device> {
+    claimable
+        .iter()
+        .map(|(&node, cpus)| {
+            let numa = topo.numa_node(node);
+            let smt = topo
+                .cores
+                .iter()
+                .any(|c| c.numa == Some(node) && c.threads.len() > 1);
+            let mut attributes = BTreeMap::new();
+            attributes.insert(
+                NUMA_NODE_ATTRIBUTE.to_owned(),
+                AttributeValue::Int(node.into()),
+            );
+            if let Some(socket) = numa.and_then(|n| n.package) {
+                attributes.insert("socket".to_owned(), AttributeValue::Int(socket.into()));
+            }
+            attributes.insert("smt".to_owned(), AttributeValue::Bool(smt));
+            let count = u64::try_from(cpus.len()).unwrap_or(u64::MAX);
+            let capacity = Capacity {
+                value: Quantity::from_units(count),
+                request_policy: Some(RequestPolicy {
+                    default: Some(Quantity::from_units(1)),
+                    valid: ValidValues::Range {
+                        min: Quantity::from_units(1),
+                        max: Some(Quantity::from_units(count)),
+                        step: Some(Quantity::from_units(1)),
+                    },
+                }),
+            };
+            Device {
+                name: device_name(node),
+                attributes,
+                capacities: BTreeMap::from([("cpu".to_owned(), capacity)]),
+                allow_multiple_allocations: true,
+            }
+        })
+        .collect()
+}
+
+/// Parses a CDI device name `vendor/class=claim-<uid>-<i>` into the claim UID and result index.
+/// The UID itself contains dashes, so it ends at the last one.
+pub fn claim_of_device(qualified: &str) -> Option<(&str, usize)> {
+    let (_kind, name) = qualified.split_once('=')?;
+    let rest = name.strip_prefix("claim-")?;
+    let (uid, index) = rest.rsplit_once('-')?;
+    if uid.is_empty() || index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((uid, index.parse().ok()?))
+}
+
+/// The claims and result indexes `container` uses among `claims`: see the module docs.
+pub fn used_by(
+    container: &Container,
+    claims: &BTreeMap<String, ClaimRecord>,
+) -> BTreeMap<String, Vec<usize>> {
+    let mut used: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for dev in &container.cdi_devices {
+        if let Some((uid, i)) = claim_of_device(dev) {
+            if claims.get(uid).is_some_and(|c| i < c.results.len()) {
+                used.entry(uid.to_owned()).or_default().push(i);
+            }
+        }
+    }
+    if !used.is_empty() {
+        return dedup(used);
+    }
+    for entry in &container.env {
+        let Some((name, value)) = entry.split_once('=') else {
+            continue;
+        };
+        let Some(uid) = name.strip_prefix(CPUSET_ENV) else {
+            continue;
+        };
+        let Some(claim) = claims.get(uid) else {
+            continue;
+        };
+        if !claim.reserved_for.contains(&container.pod.uid) {
+            continue;
+        }
+        // The value says which result; a value we did not write means all of them.
+        let matching: Vec<usize> = claim
+            .results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.cpus.to_string() == value)
+            .map(|(i, _)| i)
+            .collect();
+        let indexes = if matching.is_empty() {
+            (0..claim.results.len()).collect()
+        } else {
+            matching
+        };
+        used.entry(uid.to_owned()).or_default().extend(indexes);
+    }
+    dedup(used)
+}
+
+fn dedup(mut used: BTreeMap<String, Vec<usize>>) -> BTreeMap<String, Vec<usize>> {
+    for v in used.values_mut() {
+        v.sort_unstable();
+        v.dedup();
+    }
+    used
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_claim_device_names() {
+        let uid = "0b6c2a4e-7f3d-4c5e-9a1b-2c3d4e5f6a7b";
+        assert_eq!(
+            claim_of_device(&format!("cpu.resmgr.io/device=claim-{uid}-3")),
+            Some((uid, 3))
+        );
+        for bad in [
+            "cpu.resmgr.io/device=gpu-0",
+            "cpu.resmgr.io/device=claim-",
+            "cpu.resmgr.io/device=claim-abc",
+            "cpu.resmgr.io/device=claim-abc-",
+            "cpu.resmgr.io/device=claim-abc-x",
+            "claim-abc-1",
+        ] {
+            assert_eq!(claim_of_device(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn device_names_round_trip() {
+        assert_eq!(device_node(&device_name(12)), Some(12));
+        assert_eq!(device_node("numa"), None);
+        assert_eq!(device_node("numa01"), None);
+        assert_eq!(device_node("cpu1"), None);
+    }
+}
