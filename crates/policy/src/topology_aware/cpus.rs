@@ -2,12 +2,13 @@
 //!
 //! Given the CPUs free in a scope (a pool, or a NUMA node for a claim) and a count, the picker
 //!
-//! 1. takes whole idle cores (every online SMT sibling free), so siblings stay together: from
-//!    the L3 group that holds enough idle cores most tightly, else from the group with the most,
+//! 1. takes whole idle cores (every online SMT sibling free), so siblings stay together, group
+//!    by group (a group is the cores of one NUMA node sharing one L3 cache): from the group that
+//!    holds the rest of the request most tightly, else from the group that holds the most,
 //!    lowest core first;
 //! 2. then single threads for the remainder: first siblings of cores it already took a thread
 //!    of, then threads of cores others already split, then (splitting an idle core only when it
-//!    must) in the L3 groups it already uses, fewest free siblings first, lowest CPU first.
+//!    must) in the groups it already uses, fewest free siblings first, lowest CPU first.
 //!
 //! Every CPU taken out of the shared set must leave each pool it belongs to enough shared CPUs
 //! for the shared containers placed there ([`Spare`]); the picker skips CPUs that would not.
@@ -84,6 +85,15 @@ pub struct Spare<'a> {
 }
 
 impl Spare<'_> {
+    /// How many CPUs the pools holding `cpu` can still spare together.
+    fn room(&self, index: &CpuIndex, cpu: u32) -> i64 {
+        index
+            .pools_of(cpu)
+            .filter_map(|p| self.per_pool.get(p).copied())
+            .min()
+            .unwrap_or(0)
+    }
+
     /// Takes `cpus` if every pool they belong to can spare them.
     pub fn take(&mut self, index: &CpuIndex, cpus: &[u32]) -> bool {
         let mut need: Vec<(usize, i64)> = Vec::new();
@@ -109,8 +119,12 @@ impl Spare<'_> {
     }
 }
 
+/// A cache group: the cores of one NUMA node sharing one L3 cache.
+type Group = (Option<u32>, Option<usize>);
+
 struct Candidate {
-    l3: Option<usize>,
+    /// The cache group: NUMA node and L3.
+    group: Group,
     /// The core's online threads.
     size: usize,
     /// Its threads free in the scope and not yet taken.
@@ -146,7 +160,7 @@ pub fn pick(
         .filter_map(|(core, left)| {
             let c = topo.cores.get(core)?;
             Some(Candidate {
-                l3: c.l3,
+                group: (c.numa, c.l3),
                 size: c.threads.len(),
                 left,
                 ours: false,
@@ -161,26 +175,38 @@ pub fn pick(
     let mut picked = CpuSet::new();
     let mut remaining = n;
 
-    // 1. Whole idle cores, group by group.
+    // 1. Whole idle cores, group by group. A group holds what its idle cores hold, capped by
+    //    what its pools can spare.
     loop {
-        let mut groups: BTreeMap<Option<usize>, usize> = BTreeMap::new();
+        let mut groups: BTreeMap<Group, (usize, u32)> = BTreeMap::new();
         for c in &cands {
             if !c.blocked && !c.ours && c.left.len() == c.size && c.size <= remaining {
-                *groups.entry(c.l3).or_default() += c.size;
+                let first = c.left.first().copied().unwrap_or_default();
+                let entry = groups.entry(c.group).or_insert((0, first));
+                entry.0 += c.size;
             }
         }
-        let chosen = groups
+        let capacity = |threads: usize, first: u32| match &spare {
+            Some(s) => threads.min(usize::try_from(s.room(index, first)).unwrap_or(0)),
+            None => threads,
+        };
+        let sized: Vec<(Group, usize)> = groups
+            .into_iter()
+            .map(|(g, (threads, first))| (g, capacity(threads, first)))
+            .filter(|&(_, cap)| cap > 0)
+            .collect();
+        let chosen = sized
             .iter()
-            .filter(|&(_, &t)| t >= remaining)
-            .min_by_key(|&(_, &t)| t)
+            .filter(|&&(_, cap)| cap >= remaining)
+            .min_by_key(|&&(_, cap)| cap)
             .or_else(|| {
-                groups
+                sized
                     .iter()
-                    .max_by_key(|&(g, &t)| (t, std::cmp::Reverse(*g)))
+                    .max_by_key(|&&(g, cap)| (cap, std::cmp::Reverse(g)))
             })
-            .map(|(g, _)| *g);
+            .map(|&(g, _)| g);
         let Some(group) = chosen else { break };
-        for c in cands.iter_mut().filter(|c| c.l3 == group) {
+        for c in cands.iter_mut().filter(|c| c.group == group) {
             if c.blocked || c.ours || c.left.len() != c.size || c.size > remaining {
                 continue;
             }
@@ -194,7 +220,7 @@ pub fn pick(
         }
         // Every usable core of the group is now taken, blocked or too big; the next round
         // looks at the other groups.
-        for c in cands.iter_mut().filter(|c| c.l3 == group && !c.ours) {
+        for c in cands.iter_mut().filter(|c| c.group == group && !c.ours) {
             if c.left.len() == c.size {
                 c.blocked |= c.size <= remaining;
             }
@@ -202,7 +228,7 @@ pub fn pick(
     }
 
     // 2. Single threads.
-    let mut l3_used: Vec<Option<usize>> = cands.iter().filter(|c| c.ours).map(|c| c.l3).collect();
+    let mut groups_used: Vec<Group> = cands.iter().filter(|c| c.ours).map(|c| c.group).collect();
     while remaining > 0 {
         let best = cands
             .iter()
@@ -210,7 +236,7 @@ pub fn pick(
             .filter(|(_, c)| !c.left.is_empty())
             .flat_map(|(i, c)| {
                 let idle = c.left.len() == c.size && !c.ours;
-                let far = !l3_used.contains(&c.l3);
+                let far = !groups_used.contains(&c.group);
                 c.left
                     .iter()
                     .map(move |&cpu| ((idle, !c.ours, far, c.left.len(), cpu), i, cpu))
@@ -222,7 +248,7 @@ pub fn pick(
         if take(&mut spare, &[cpu]) {
             picked.insert(cpu);
             c.ours = true;
-            l3_used.push(c.l3);
+            groups_used.push(c.group);
             remaining -= 1;
         }
         // A thread the pools cannot spare is dropped from `left` and not retried.

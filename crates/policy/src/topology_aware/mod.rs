@@ -24,7 +24,8 @@
 //!   room, lower id. Their cpuset is the pool's shared CPUs *at any time*: when an exclusive
 //!   grant or a claim cuts CPUs out of a pool, or gives them back, every shared container of
 //!   that pool gets an update (the ripple).
-//! - **Memory** ([`memory`]) is pinned to the pool's DRAM nodes, plus the memory-only nodes
+//! - **Memory** ([`memory`]) is pinned to the DRAM nodes of the CPUs granted (of the pool, for
+//!   shared containers), plus the memory-only nodes
 //!   attached to it when the `memory-type` annotation asks for their kind, widened by distance
 //!   when the request does not fit; requests never overcommit a node.
 //!

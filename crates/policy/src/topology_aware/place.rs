@@ -205,7 +205,8 @@ impl TopologyAware {
             for pool in order {
                 let scope = pool.cpus.intersection(&free);
                 if let Some(cpus) = cpus::pick(&self.topo, &self.index, &scope, n, None) {
-                    let (mems, charge) = self.plan_memory(c, opts, &pool.nodes, &pool.name)?;
+                    let nodes = self.nodes_of(&cpus);
+                    let (mems, charge) = self.plan_memory(c, opts, &nodes, &pool.name)?;
                     let grant = Grant::Isolated {
                         pool: pool.id,
                         cpus,
@@ -252,7 +253,9 @@ impl TopologyAware {
                 }),
             );
             if let Some(cpus) = picked {
-                let (mems, charge) = self.plan_memory(c, opts, &pool.nodes, &pool.name)?;
+                // Memory next to the CPUs granted, which may be fewer nodes than the pool has.
+                let nodes = self.nodes_of(&cpus);
+                let (mems, charge) = self.plan_memory(c, opts, &nodes, &pool.name)?;
                 return Ok(self.placed(c, Grant::Exclusive { pool: id, cpus }, mems, charge));
             }
         }
@@ -451,7 +454,8 @@ impl TopologyAware {
                 cpus: cpus.clone(),
             }
         };
-        let (mems, charge) = self.plan_memory(c, opts, &pool.nodes, &pool.name).ok()?;
+        let nodes = self.nodes_of(cpus);
+        let (mems, charge) = self.plan_memory(c, opts, &nodes, &pool.name).ok()?;
         Some(self.placed(c, grant, mems, charge))
     }
 
