@@ -1,0 +1,171 @@
+//! Runtime events, in domain terms: what the resource manager does for each NRI event.
+//!
+//! Each handler takes the manager lock, asks the policy, saves the state if the policy's durable
+//! state changed, and returns the updates the policy made so the NRI reply can carry them.
+//! Updates carried by a reply are delivered by it; the few events whose reply cannot carry
+//! updates (those that arrive as StateChange) leave them pending for the background delivery,
+//! because calling the runtime from inside its own event would deadlock (see [`crate::manager`]).
+//!
+//! The wire translation (NRI messages to domain types) happens before these are called.
+
+use policy::{Allocation, Container, ContainerUpdate, PolicyError, Resources};
+use tracing::{info, warn};
+
+use crate::{errors::chain, manager::Manager, state::StateError};
+
+/// Why an event handler failed; the runtime fails the CRI operation with this message.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    /// The policy refused.
+    #[error("container {container}: {source}")]
+    Policy {
+        /// `namespace/pod/container`.
+        container: String,
+        /// The policy's reason.
+        #[source]
+        source: PolicyError,
+    },
+    /// The state could not be saved.
+    #[error("container {container}: saving the state")]
+    State {
+        /// `namespace/pod/container`.
+        container: String,
+        /// The cause.
+        #[source]
+        source: StateError,
+    },
+}
+
+fn describe(c: &Container) -> String {
+    format!("{}/{}/{}", c.pod.namespace, c.pod.name, c.name)
+}
+
+impl Manager {
+    /// The runtime's Synchronize: rebuilds placement from the running containers. The returned
+    /// updates go out in the Synchronize reply; once it has been written, call
+    /// [`Manager::synchronized`].
+    pub async fn synchronize(
+        &self,
+        containers: &[Container],
+    ) -> Result<Vec<ContainerUpdate>, EventError> {
+        let mut inner = self.lock().await;
+        let updates = inner
+            .policy
+            .sync(containers)
+            .map_err(|source| EventError::Policy {
+                container: format!("(synchronizing {} containers)", containers.len()),
+                source,
+            })?;
+        inner.pending.delivered_in_reply(&updates);
+        inner
+            .save_if_changed()
+            .map_err(|source| EventError::State {
+                container: "(synchronizing)".into(),
+                source,
+            })?;
+        info!(
+            containers = containers.len(),
+            updates = updates.len(),
+            "synchronized with the runtime"
+        );
+        Ok(updates)
+    }
+
+    /// The Synchronize reply has been written to the runtime: deliver what is still pending and
+    /// open the claim gate, for good.
+    pub async fn synchronized(&self) {
+        if let Err(e) = self.deliver().await {
+            // Every commit delivers pending updates first, and the background retry keeps
+            // trying: holding claims back would not get these updates through any sooner.
+            warn!(error = %e, "updates pending when the claim gate opens");
+        }
+        self.gate.open();
+        info!("runtime synchronized: serving claims");
+    }
+
+    /// A container is being created: where does it go.
+    pub async fn create_container(&self, container: &Container) -> Result<Allocation, EventError> {
+        let mut inner = self.lock().await;
+        let allocation = inner
+            .policy
+            .allocate(container)
+            .map_err(|source| EventError::Policy {
+                container: describe(container),
+                source,
+            })?;
+        inner.pending.delivered_in_reply(&allocation.updates);
+        if let Err(source) = inner.save_if_changed() {
+            let _ = inner.policy.release(&container.id);
+            return Err(EventError::State {
+                container: describe(container),
+                source,
+            });
+        }
+        info!(
+            container = %describe(container),
+            cpus = %allocation.adjustment.cpus.as_ref().map(ToString::to_string).unwrap_or_default(),
+            mems = %allocation.adjustment.mems.as_ref().map(ToString::to_string).unwrap_or_default(),
+            updates = allocation.updates.len(),
+            "container placed"
+        );
+        Ok(allocation)
+    }
+
+    /// A container's resources changed.
+    pub async fn update_container(
+        &self,
+        container: &Container,
+        resources: &Resources,
+    ) -> Result<Vec<ContainerUpdate>, EventError> {
+        let mut inner = self.lock().await;
+        let updates = inner
+            .policy
+            .update(&container.id, resources)
+            .map_err(|source| EventError::Policy {
+                container: describe(container),
+                source,
+            })?;
+        inner.pending.delivered_in_reply(&updates);
+        inner
+            .save_if_changed()
+            .map_err(|source| EventError::State {
+                container: describe(container),
+                source,
+            })?;
+        Ok(updates)
+    }
+
+    /// A container stopped: release what it held. The updates go in the StopContainer reply.
+    pub async fn stop_container(&self, container: &Container) -> Vec<ContainerUpdate> {
+        let mut inner = self.lock().await;
+        inner.pending.forget(&container.id);
+        let updates = match inner.policy.release(&container.id) {
+            Ok(updates) => updates,
+            Err(e) => {
+                warn!(container = %describe(container), error = %e, "releasing a stopped container");
+                Vec::new()
+            }
+        };
+        inner.pending.delivered_in_reply(&updates);
+        if let Err(e) = inner.save_if_changed() {
+            warn!(container = %describe(container), error = %chain(&e), "saving the state");
+        }
+        updates
+    }
+
+    /// A container was removed (or stopped without a StopContainer event reaching us). Its reply
+    /// carries no updates, so what releasing it changes is delivered in the background.
+    pub async fn remove_container(&self, container: &Container) {
+        let mut inner = self.lock().await;
+        inner.pending.forget(&container.id);
+        match inner.policy.release(&container.id) {
+            Ok(updates) => self.record_pending(&mut inner, updates),
+            Err(e) => {
+                warn!(container = %describe(container), error = %e, "releasing a removed container")
+            }
+        }
+        if let Err(e) = inner.save_if_changed() {
+            warn!(container = %describe(container), error = %chain(&e), "saving the state");
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The durable state file: the policy's snapshot and our records of prepared claims.
+//!
+//! One JSON file, `<state-dir>/state.json`, written atomically and durably on every commit
+//! (temporary file in the same directory, fsync, rename, fsync the directory), so that after a
+//! crash it holds exactly the last commit. It is the only memory the agent has of a previous run:
+//! at start-up everything durable is rebuilt from it and from the CDI directory.
+//!
+//! A state file that cannot be read is an error that stops the agent: deleting or overwriting it
+//! would forget claims whose CPUs are in use. A missing file is a fresh start.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::{self, Write},
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// The format version this build writes and reads.
+pub const STATE_VERSION: u32 = 1;
+
+/// The file name inside the state directory.
+pub const STATE_FILE: &str = "state.json";
+
+/// Everything durable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct State {
+    /// Format version, [`STATE_VERSION`].
+    pub version: u32,
+    /// The name of the policy whose snapshot this is.
+    pub policy: String,
+    /// The policy's snapshot.
+    pub policy_state: serde_json::Value,
+    /// The claims prepared (or being prepared), by UID.
+    pub claims: BTreeMap<String, ClaimRecord>,
+}
+
+/// What we answered the kubelet for a claim, kept to serve unprepare and to show in
+/// `/debug/state` without asking the API server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRecord {
+    /// Namespace of the claim.
+    pub namespace: String,
+    /// Name of the claim.
+    pub name: String,
+    /// The devices, in allocation-result order.
+    pub devices: Vec<PreparedDevice>,
+}
+
+/// One prepared device, as answered to the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreparedDevice {
+    /// Base request names (any `/subrequest` suffix stripped).
+    pub request_names: Vec<String>,
+    /// Pool of the device.
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// The qualified CDI device ID that grants it.
+    pub cdi_device_id: String,
+    /// Share ID, for devices allocated in shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+}
+
+/// Why the state could not be loaded or saved.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Reading the file failed.
+    #[error("reading state file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The file is not a state file we understand.
+    #[error("state file {path} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with line and column.
+        reason: String,
+    },
+    /// The file was written by a newer or unknown format.
+    #[error("state file {path} has format version {found}, this build reads {STATE_VERSION}")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+    /// The file holds another policy's state.
+    #[error("state file {path} holds the state of policy {found:?}, not of {expected:?}")]
+    PolicyMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The policy named in the file.
+        found: String,
+        /// The policy running now.
+        expected: String,
+    },
+    /// Writing the file failed; the previous state is intact.
+    #[error("saving state file {path}: {step}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The step that failed.
+        step: &'static str,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+/// The state file of one state directory.
+#[derive(Debug, Clone)]
+pub struct StateFile {
+    dir: PathBuf,
+}
+
+impl StateFile {
+    /// The state file in `dir`; the directory is created on the first save.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// Loads the state: `None` when there is none yet.
+    pub fn load(&self, policy: &str) -> Result<Option<State>, StateError> {
+        let path = self.path();
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        // Check the version before the shape, so a newer format says so instead of "corrupt".
+        let value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        let found = value.get("version").and_then(serde_json::Value::as_u64);
+        if found != Some(u64::from(STATE_VERSION)) {
+            let found = found.and_then(|v| u32::try_from(v).ok()).unwrap_or(0);
+            return Err(StateError::Version { path, found });
+        }
+        let state: State = serde_json::from_value(value).map_err(|e| StateError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        if state.policy != policy {
+            return Err(StateError::PolicyMismatch {
+                path,
+                found: state.policy,
+                expected: policy.to_owned(),
+            });
+        }
+        Ok(Some(state))
+    }
+
+    /// Saves the state atomically and durably.
+    pub fn save(&self, state: &State) -> Result<(), StateError> {
+        let path = self.path();
+        let mut bytes = serde_json::to_vec_pretty(state).map_err(|e| StateError::Write {
+            path: path.clone(),
+            step: "encoding",
+            source: io::Error::other(e),
+        })?;
+        bytes.push(b'\n');
+        write_durably(&self.dir, STATE_FILE, &bytes).map_err(|(step, source)| StateError::Write {
+            path,
+            step,
+            source,
+        })
+    }
+}
+
+/// Writes `dir/name` so that a crash leaves either the old or the new contents: a temporary file
+/// in the same directory, fsynced, renamed over the target, then the directory fsynced so the
+/// rename itself is durable.
+fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), (&'static str, io::Error)> {
+    fs::create_dir_all(dir).map_err(|e| ("creating the directory", e))?;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut file = fs::File::create(&tmp).map_err(|e| ("creating the temporary file", e))?;
+    file.write_all(bytes).map_err(|e| ("writing", e))?;
+    file.sync_all().map_err(|e| ("syncing the file", e))?;
+    drop(file);
+    fs::rename(&tmp, dir.join(name)).map_err(|e| ("renaming into place", e))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ("syncing the directory", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        let mut claims = BTreeMap::new();
+        claims.insert(
+            "uid-1".into(),
+            ClaimRecord {
+                namespace: "ns".into(),
+                name: "c".into(),
+                devices: vec![PreparedDevice {
+                    request_names: vec!["cpus".into()],
+                    pool: "node".into(),
+                    device: "numa0".into(),
+                    cdi_device_id: "x.io/device=claim-uid-1-0".into(),
+                    share_id: None,
+                }],
+            },
+        );
+        State {
+            version: STATE_VERSION,
+            policy: "p".into(),
+            policy_state: serde_json::json!({"k": 1}),
+            claims,
+        }
+    }
+
+    #[test]
+    fn saves_and_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path().join("sub"));
+        assert_eq!(file.load("p").unwrap(), None, "no file is a fresh start");
+        file.save(&state()).unwrap();
+        assert_eq!(file.load("p").unwrap(), Some(state()));
+        let names: Vec<_> = fs::read_dir(dir.path().join("sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, [STATE_FILE], "no temporary file is left behind");
+    }
+
+    #[test]
+    fn a_corrupt_file_is_an_error_naming_the_file_and_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path());
+        fs::write(file.path(), b"{\"version\": 1, \"policy\": ").unwrap();
+        let err = file.load("p").unwrap_err();
+        assert!(matches!(err, StateError::Corrupt { .. }), "{err}");
+        assert!(
+            err.to_string().contains(&file.path().display().to_string()),
+            "{err}"
+        );
+        assert!(err.to_string().contains("line 1"), "{err}");
+        assert_eq!(
+            fs::read(file.path()).unwrap(),
+            b"{\"version\": 1, \"policy\": "
+        );
+    }
+
+    #[test]
+    fn refuses_other_versions_and_other_policies() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path());
+        fs::write(file.path(), br#"{"version": 2, "future": true}"#).unwrap();
+        assert!(matches!(
+            file.load("p").unwrap_err(),
+            StateError::Version { found: 2, .. }
+        ));
+        file.save(&state()).unwrap();
+        let err = file.load("other").unwrap_err();
+        assert!(matches!(err, StateError::PolicyMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_failed_save_keeps_the_previous_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path());
+        file.save(&state()).unwrap();
+        // A directory where the temporary file must go makes the write fail part-way.
+        fs::create_dir(dir.path().join(".state.json.tmp")).unwrap();
+        let mut changed = state();
+        changed.claims.clear();
+        let err = file.save(&changed).unwrap_err();
+        assert!(matches!(
+            err,
+            StateError::Write {
+                step: "creating the temporary file",
+                ..
+            }
+        ));
+        assert_eq!(file.load("p").unwrap(), Some(state()));
+    }
+}

@@ -1,0 +1,472 @@
+//! The claim lifecycle and the commit, end to end through the manager with a fake runtime, a fake
+//! claim source and a small test policy: what prepare answers, what is on disk after each step
+//! and each failure, what stays pending, the gate, and start-up reconciliation.
+
+mod support;
+
+use std::fs;
+
+use resmgr::{RequestError, state::StateFile};
+use support::{Harness, TestPolicy, claim, claim_ref, container};
+
+fn spec_path(h: &Harness, uid: &str) -> std::path::PathBuf {
+    h.cdi_dir()
+        .join(format!("{}-device_{uid}.json", support::DRIVER))
+}
+
+#[tokio::test]
+async fn prepare_answers_each_result_in_order_and_grants_it_by_spec() {
+    let h = Harness::new();
+    let mut c = claim("c1", "pod-db", 2);
+    c.results.push(policy::AllocationResult {
+        request: "extra".into(),
+        pool: "node-a".into(),
+        device: "numa1".into(),
+        share_id: None,
+        consumed_capacity: [("cpu".to_owned(), policy::Quantity::from_units(1))].into(),
+    });
+    h.claims.add(c);
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+
+    let answers = m.prepare(&[claim_ref("c1")]).await.unwrap();
+    let devices = answers["c1"].as_ref().unwrap();
+    let summary: Vec<_> = devices
+        .iter()
+        .map(|d| {
+            (
+                d.request_names.clone(),
+                d.pool.as_str(),
+                d.device.as_str(),
+                d.cdi_device_id.as_str(),
+                d.share_id.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                vec!["cpus".to_owned()],
+                "node-a",
+                "numa0",
+                "test.resmgr.io/device=claim-c1-0",
+                Some("share-c1")
+            ),
+            (
+                vec!["extra".to_owned()],
+                "node-a",
+                "numa1",
+                "test.resmgr.io/device=claim-c1-1",
+                None
+            ),
+        ]
+    );
+    assert_eq!(h.specs(), ["c1"]);
+    assert_eq!(h.saved_claims(), ["c1"]);
+    let spec = fs::read_to_string(spec_path(&h, "c1")).unwrap();
+    assert!(spec.contains("DRA_CPUSET_c1=5-7"), "{spec}");
+}
+
+#[tokio::test]
+async fn claims_are_refused_until_the_synchronize_reply_is_out() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h.start(TestPolicy::new(8)).unwrap();
+    assert_eq!(
+        m.prepare(&[claim_ref("c1")]).await.unwrap_err(),
+        RequestError::NotSynchronized
+    );
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap_err(),
+        RequestError::NotSynchronized
+    );
+
+    m.synchronize(&[container("a", "pod-web")]).await.unwrap();
+    assert_eq!(
+        m.prepare(&[claim_ref("c1")]).await.unwrap_err(),
+        RequestError::NotSynchronized,
+        "synchronized by the policy but the reply is not written yet"
+    );
+    m.synchronized().await;
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    assert!(h.specs() == ["c1"] && h.saved_claims() == ["c1"]);
+}
+
+#[tokio::test]
+async fn a_malformed_uid_fails_the_whole_request_and_touches_nothing() {
+    let h = Harness::new();
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    for uid in ["", "../../etc/passwd", "a/b", "x\0y", "has space"] {
+        let err = m
+            .prepare(&[claim_ref("ok"), claim_ref(uid)])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RequestError::InvalidArgument(m) if m.contains("claim uid")),
+            "{uid:?}: {err}"
+        );
+        let err = m.unprepare(&[claim_ref(uid)]).await.unwrap_err();
+        assert!(matches!(err, RequestError::InvalidArgument(_)), "{uid:?}");
+    }
+    assert!(!h.cdi_dir().exists() && !h.state_dir().exists());
+}
+
+#[tokio::test]
+async fn each_claim_of_a_batch_is_answered_on_its_own() {
+    let h = Harness::new();
+    h.claims.add(claim("good", "pod-db", 2));
+    h.claims.add(claim("huge", "pod-db", 100));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    let answers = m
+        .prepare(&[claim_ref("good"), claim_ref("missing"), claim_ref("huge")])
+        .await
+        .unwrap();
+    assert!(answers["good"].is_ok());
+    let missing = answers["missing"].as_ref().unwrap_err().to_string();
+    assert!(
+        missing.starts_with("claim default/claim-missing (missing): reading the claim: "),
+        "{missing}"
+    );
+    let huge = answers["huge"].as_ref().unwrap_err().to_string();
+    assert!(
+        huge.contains("(huge): allocating: claim huge does not fit: needs 100 CPUs"),
+        "{huge}"
+    );
+    assert_eq!(h.specs(), ["good"]);
+    assert_eq!(h.saved_claims(), ["good"]);
+}
+
+#[tokio::test]
+async fn a_claim_without_our_results_is_an_empty_success() {
+    let h = Harness::new();
+    let mut c = claim("c1", "pod-db", 2);
+    c.results.clear();
+    h.claims.add(c);
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    assert_eq!(
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"],
+        Ok(vec![])
+    );
+    assert!(h.specs().is_empty() && h.saved_claims().is_empty());
+}
+
+#[tokio::test]
+async fn prepare_shrinks_the_shared_containers_before_the_spec_appears() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(TestPolicy::new(8), &[container("a", "pod-web")])
+        .await;
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-7"));
+    m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .as_ref()
+        .unwrap();
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-5"));
+    assert_eq!(m.pending_updates().await, 0);
+}
+
+#[tokio::test]
+async fn a_failed_update_rolls_a_new_claim_back_and_keeps_the_updates_pending() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(TestPolicy::new(8), &[container("a", "pod-web")])
+        .await;
+    h.runtime.state.lock().unwrap().fail_calls = 2; // the prepare's delivery, then the rollback's
+    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "updating containers: 1 container update(s) not delivered: the runtime refused"
+        ),
+        "{err}"
+    );
+    assert!(err.ends_with("the allocation was rolled back"), "{err}");
+    assert!(h.specs().is_empty() && h.saved_claims().is_empty());
+    assert_eq!(
+        m.pending_updates().await,
+        1,
+        "a's update (back to all CPUs) is pending"
+    );
+    m.deliver().await.unwrap();
+    assert_eq!(m.pending_updates().await, 0);
+    let last = h
+        .runtime
+        .state
+        .lock()
+        .unwrap()
+        .calls
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(last.len(), 1);
+    assert_eq!(
+        (
+            last[0].container_id.as_str(),
+            last[0].cpus.as_ref().unwrap().to_string()
+        ),
+        ("a", "0-7".into())
+    );
+}
+
+#[tokio::test]
+async fn a_failed_state_save_rolls_a_new_claim_back() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(TestPolicy::new(8), &[container("a", "pod-web")])
+        .await;
+    fs::create_dir_all(h.state_dir().join(".state.json.tmp")).unwrap();
+    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("saving the state: saving state file"), "{err}");
+    assert!(
+        err.ends_with("rolled back in memory; saving that failed"),
+        "{err}"
+    );
+    assert!(h.specs().is_empty() && h.saved_claims().is_empty());
+    assert_eq!(
+        h.runtime.cpus("a").as_deref(),
+        Some("0-7"),
+        "nothing reached the runtime"
+    );
+
+    fs::remove_dir(h.state_dir().join(".state.json.tmp")).unwrap();
+    assert!(
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok(),
+        "the retry succeeds"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_spec_write_rolls_a_new_claim_back() {
+    let h = Harness::new();
+    h.claims.add(claim("bad1", "pod-db", 2));
+    let m = h
+        .ready(TestPolicy::new(8), &[container("a", "pod-web")])
+        .await;
+    let err = m.prepare(&[claim_ref("bad1")]).await.unwrap()["bad1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("writing the CDI spec: the cdi spec for claim bad1 would be invalid"),
+        "{err}"
+    );
+    assert!(err.ends_with("the allocation was rolled back"), "{err}");
+    assert!(h.saved_claims().is_empty() && h.specs().is_empty());
+    let calls = h.runtime.state.lock().unwrap().calls.clone();
+    let a: Vec<String> = calls
+        .iter()
+        .flatten()
+        .map(|u| u.cpus.as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        a,
+        ["0-5", "0-7"],
+        "a shrank for the claim, then got its CPUs back"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_re_prepare_keeps_the_allocation() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(TestPolicy::new(8), &[container("a", "pod-web")])
+        .await;
+    let first = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap();
+
+    fs::create_dir_all(h.state_dir().join(".state.json.tmp")).unwrap();
+    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.ends_with("the claim stays allocated: it was prepared before"),
+        "{err}"
+    );
+    assert_eq!(h.specs(), ["c1"]);
+    assert_eq!(h.saved_claims(), ["c1"]);
+    assert_eq!(
+        h.runtime.cpus("a").as_deref(),
+        Some("0-5"),
+        "a still shares only the rest"
+    );
+
+    fs::remove_dir(h.state_dir().join(".state.json.tmp")).unwrap();
+    assert_eq!(
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"],
+        Ok(first)
+    );
+}
+
+#[tokio::test]
+async fn re_prepare_rewrites_a_spec_a_reboot_removed() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .as_ref()
+        .unwrap();
+    let before = fs::read(spec_path(&h, "c1")).unwrap();
+    fs::remove_file(spec_path(&h, "c1")).unwrap();
+    m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        fs::read(spec_path(&h, "c1")).unwrap(),
+        before,
+        "same claim, same CPUs, same spec"
+    );
+}
+
+#[tokio::test]
+async fn unprepare_removes_the_spec_releases_and_commits() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(TestPolicy::new(8), &[container("a", "pod-web")])
+        .await;
+    m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .as_ref()
+        .unwrap();
+    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert!(h.specs().is_empty() && h.saved_claims().is_empty());
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-7"));
+    assert_eq!(m.claim_record("c1").await, None);
+    // Unknown claims, and a second unprepare, are success.
+    let again = m
+        .unprepare(&[claim_ref("c1"), claim_ref("never-seen")])
+        .await
+        .unwrap();
+    assert!(again.values().all(Result::is_ok));
+}
+
+#[tokio::test]
+async fn an_unprepare_whose_updates_fail_succeeds_and_leaves_them_pending() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(TestPolicy::new(8), &[container("a", "pod-web")])
+        .await;
+    m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .as_ref()
+        .unwrap();
+    h.runtime.state.lock().unwrap().fail_calls = 1;
+    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert!(h.saved_claims().is_empty(), "the release is committed");
+    assert_eq!(m.pending_updates().await, 1);
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-5"));
+    m.deliver().await.unwrap();
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-7"));
+}
+
+#[tokio::test]
+async fn one_container_the_runtime_refuses_does_not_hold_back_the_others() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(
+            TestPolicy::new(8),
+            &[container("a", "pod-web"), container("b", "pod-web")],
+        )
+        .await;
+    h.runtime.state.lock().unwrap().refuse.insert("a".into());
+    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("updating containers"), "{err}");
+    assert_eq!(
+        h.runtime.cpus("b").as_deref(),
+        Some("0-7"),
+        "b got its shrink and then its rollback"
+    );
+    assert_eq!(m.pending_updates().await, 1, "only a is still pending");
+}
+
+#[tokio::test]
+async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    {
+        let m = h.ready(TestPolicy::new(8), &[]).await;
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap();
+    }
+    // As if an unprepare crashed right after removing the spec.
+    fs::remove_file(spec_path(&h, "c1")).unwrap();
+    let m = h
+        .ready(TestPolicy::new(8), &[container("a", "pod-web")])
+        .await;
+    assert_eq!(
+        h.runtime.cpus("a").as_deref(),
+        Some("0-5"),
+        "the restored claim keeps its CPUs"
+    );
+    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert!(h.saved_claims().is_empty());
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-7"));
+}
+
+#[tokio::test]
+async fn start_up_removes_specs_no_claim_accounts_for() {
+    let h = Harness::new();
+    h.claims.add(claim("c1", "pod-db", 2));
+    {
+        let m = h.ready(TestPolicy::new(8), &[]).await;
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap();
+    }
+    let store = cdi::SpecStore::new(h.cdi_dir(), support::DRIVER).unwrap();
+    store
+        .write_claim(
+            "orphan",
+            &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
+        )
+        .unwrap();
+    let other = cdi::SpecStore::new(h.cdi_dir(), "other.vendor.io").unwrap();
+    other
+        .write_claim(
+            "theirs",
+            &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
+        )
+        .unwrap();
+    h.start(TestPolicy::new(8)).unwrap();
+    assert_eq!(h.specs(), ["c1"]);
+    assert_eq!(
+        other.claims().unwrap().len(),
+        1,
+        "another vendor's spec is left alone"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_state_stops_start_up_and_deletes_nothing() {
+    let h = Harness::new();
+    let store = cdi::SpecStore::new(h.cdi_dir(), support::DRIVER).unwrap();
+    store
+        .write_claim(
+            "c1",
+            &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
+        )
+        .unwrap();
+    fs::create_dir_all(h.state_dir()).unwrap();
+    fs::write(StateFile::new(h.state_dir()).path(), b"{ truncated").unwrap();
+    let err = h.start(TestPolicy::new(8)).unwrap_err().to_string();
+    assert!(err.contains("is corrupt"), "{err}");
+    assert_eq!(h.specs(), ["c1"]);
+    assert_eq!(
+        fs::read(StateFile::new(h.state_dir()).path()).unwrap(),
+        b"{ truncated"
+    );
+}

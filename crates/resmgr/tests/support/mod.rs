@@ -1,0 +1,415 @@
+//! Test doubles for the resource manager's tests: a small deterministic policy, a fake runtime
+//! that records what it applied and fails on demand, and a fake claim source.
+
+#![allow(dead_code)] // each test binary uses a different part of the support code
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use policy::{
+    Adjustment, Allocation, AllocationResult, Claim, ClaimAllocation, Container, ContainerUpdate,
+    CpuSet, Device, Policy, PolicyError, Quantity, Resources, cdi::ContainerEdits,
+};
+use resmgr::{BoxFuture, ClaimRef, ClaimSource, Manager, ManagerConfig, Runtime, RuntimeError};
+
+pub const DRIVER: &str = "test.resmgr.io";
+
+/// A policy small enough to check by eye: CPUs `0..cpus`; a claim takes the highest free CPUs,
+/// as many as its results consume; every container runs on the shared CPUs (all that no claim
+/// holds), except containers of a pod a claim is reserved for, which run on the claim's CPUs.
+/// Its snapshot is its claims. Claims whose UID starts with `bad` get edits CDI refuses (an env
+/// entry without `=`), as a buggy policy would produce: the spec write fails on them.
+#[derive(Debug, Clone, Default)]
+pub struct TestPolicy {
+    pub cpus: u32,
+    pub claims: BTreeMap<String, (Vec<String>, CpuSet)>,
+    pub containers: BTreeMap<String, Container>,
+}
+
+impl TestPolicy {
+    pub fn new(cpus: u32) -> Self {
+        Self {
+            cpus,
+            ..Self::default()
+        }
+    }
+
+    fn shared(&self) -> CpuSet {
+        let all: CpuSet = (0..self.cpus).collect();
+        self.claims
+            .values()
+            .fold(all, |free, (_, c)| free.difference(c))
+    }
+
+    fn cpus_of(&self, c: &Container) -> CpuSet {
+        self.claims
+            .values()
+            .find(|(pods, _)| pods.contains(&c.pod.uid))
+            .map_or_else(|| self.shared(), |(_, cpus)| cpus.clone())
+    }
+
+    /// Updates for every container whose cpuset is not what it should be.
+    fn ripple(&mut self) -> Vec<ContainerUpdate> {
+        let mut updates = Vec::new();
+        let ids: Vec<String> = self.containers.keys().cloned().collect();
+        for id in ids {
+            let want = self.cpus_of(&self.containers[&id]);
+            let c = self.containers.get_mut(&id).unwrap();
+            if c.cpus.as_ref() != Some(&want) {
+                c.cpus = Some(want.clone());
+                updates.push(ContainerUpdate {
+                    container_id: id,
+                    cpus: Some(want),
+                    mems: None,
+                });
+            }
+        }
+        updates
+    }
+}
+
+impl Policy for TestPolicy {
+    fn name(&self) -> &str {
+        "test"
+    }
+
+    fn restore(&mut self, snapshot: &serde_json::Value) -> Result<(), PolicyError> {
+        let claims: BTreeMap<String, (Vec<String>, CpuSet)> =
+            serde_json::from_value(snapshot.clone())
+                .map_err(|e| PolicyError::Restore(e.to_string()))?;
+        self.claims = claims;
+        Ok(())
+    }
+
+    fn snapshot(&self) -> serde_json::Value {
+        serde_json::to_value(&self.claims).unwrap()
+    }
+
+    fn sync(&mut self, containers: &[Container]) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        self.containers = containers
+            .iter()
+            .map(|c| (c.id.clone(), c.clone()))
+            .collect();
+        Ok(self.ripple())
+    }
+
+    fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError> {
+        let cpus = self.cpus_of(container);
+        let mut c = container.clone();
+        c.cpus = Some(cpus.clone());
+        self.containers.insert(c.id.clone(), c);
+        Ok(Allocation {
+            adjustment: Adjustment {
+                cpus: Some(cpus),
+                mems: None,
+            },
+            updates: Vec::new(),
+        })
+    }
+
+    fn update(&mut self, id: &str, _: &Resources) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        if !self.containers.contains_key(id) {
+            return Err(PolicyError::UnknownContainer(id.into()));
+        }
+        Ok(Vec::new())
+    }
+
+    fn release(&mut self, id: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        self.containers.remove(id);
+        Ok(Vec::new())
+    }
+
+    fn devices(&self) -> Result<Vec<Device>, PolicyError> {
+        Ok(Vec::new())
+    }
+
+    fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError> {
+        let edits = |cpus: &CpuSet| {
+            let env = if claim.uid.starts_with("bad") {
+                "NOEQUALS".to_owned()
+            } else {
+                format!("DRA_CPUSET_{}={cpus}", claim.uid)
+            };
+            claim
+                .results
+                .iter()
+                .map(|_| ContainerEdits::with_env([env.clone()]))
+                .collect()
+        };
+        if let Some((_, cpus)) = self.claims.get(&claim.uid) {
+            return Ok(ClaimAllocation {
+                edits: edits(cpus),
+                updates: Vec::new(),
+            });
+        }
+        let want: u64 = claim
+            .results
+            .iter()
+            .map(|r| r.consumed_capacity.get("cpu").map_or(1, |q| q.units_ceil()))
+            .sum();
+        let free = self.shared();
+        if u64::try_from(free.len()).unwrap() <= want {
+            return Err(PolicyError::DoesNotFit {
+                subject: format!("claim {}", claim.uid),
+                reason: format!("needs {want} CPUs, {} are free", free.len()),
+            });
+        }
+        let cpus: CpuSet = free
+            .iter()
+            .rev()
+            .take(usize::try_from(want).unwrap())
+            .collect();
+        self.claims.insert(
+            claim.uid.clone(),
+            (claim.reserved_for.clone(), cpus.clone()),
+        );
+        Ok(ClaimAllocation {
+            edits: edits(&cpus),
+            updates: self.ripple(),
+        })
+    }
+
+    fn release_claim(&mut self, uid: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        if self.claims.remove(uid).is_none() {
+            return Ok(Vec::new());
+        }
+        Ok(self.ripple())
+    }
+
+    fn claims(&self) -> Vec<String> {
+        self.claims.keys().cloned().collect()
+    }
+}
+
+/// A runtime that applies updates to its own table of containers, and can be told to fail.
+#[derive(Debug, Default)]
+pub struct FakeRuntime {
+    pub state: Mutex<RuntimeState>,
+}
+
+#[derive(Debug, Default)]
+pub struct RuntimeState {
+    /// Applied cpusets by container.
+    pub cpus: BTreeMap<String, CpuSet>,
+    /// Every call, in order.
+    pub calls: Vec<Vec<ContainerUpdate>>,
+    /// Fail this many upcoming calls as a whole.
+    pub fail_calls: usize,
+    /// Containers whose updates the runtime refuses (as if gone), failing the call.
+    pub refuse: BTreeSet<String>,
+}
+
+impl Runtime for FakeRuntime {
+    fn update_containers(
+        &self,
+        updates: Vec<ContainerUpdate>,
+    ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.state.lock().unwrap();
+            s.calls.push(updates.clone());
+            if s.fail_calls > 0 {
+                s.fail_calls -= 1;
+                return Err(RuntimeError::Refused("injected failure".into()));
+            }
+            if updates.iter().any(|u| s.refuse.contains(&u.container_id)) {
+                // Like containerd: a failed update fails the whole call, and whatever was
+                // applied before it stays applied.
+                let applied: Vec<&ContainerUpdate> = updates
+                    .iter()
+                    .take_while(|u| !s.refuse.contains(&u.container_id))
+                    .collect();
+                for u in applied {
+                    if let Some(c) = &u.cpus {
+                        s.cpus.insert(u.container_id.clone(), c.clone());
+                    }
+                }
+                return Err(RuntimeError::Refused(
+                    "NRI update of some containers failed".into(),
+                ));
+            }
+            for u in &updates {
+                if let Some(c) = &u.cpus {
+                    s.cpus.insert(u.container_id.clone(), c.clone());
+                }
+            }
+            Ok(Vec::new())
+        })
+    }
+}
+
+/// Claims by UID, or an error to answer for a UID.
+#[derive(Debug, Default)]
+pub struct FakeClaims {
+    pub claims: Mutex<BTreeMap<String, Result<Claim, String>>>,
+}
+
+impl FakeClaims {
+    pub fn add(&self, claim: Claim) {
+        self.claims
+            .lock()
+            .unwrap()
+            .insert(claim.uid.clone(), Ok(claim));
+    }
+}
+
+impl ClaimSource for FakeClaims {
+    fn claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Claim, Box<dyn std::error::Error + Send + Sync>>> {
+        Box::pin(async move {
+            match self.claims.lock().unwrap().get(&claim.uid) {
+                Some(Ok(c)) => Ok(c.clone()),
+                Some(Err(e)) => Err(e.clone().into()),
+                None => Err(format!("resourceclaims {:?} not found", claim.name).into()),
+            }
+        })
+    }
+}
+
+/// A claim of `cpus` CPUs from device `numa0`, reserved for pod `pod`.
+pub fn claim(uid: &str, pod: &str, cpus: u64) -> Claim {
+    Claim {
+        uid: uid.into(),
+        namespace: "default".into(),
+        name: format!("claim-{uid}"),
+        reserved_for: vec![pod.into()],
+        results: vec![AllocationResult {
+            request: "cpus/big".into(),
+            pool: "node-a".into(),
+            device: "numa0".into(),
+            share_id: Some(format!("share-{uid}")),
+            consumed_capacity: [("cpu".to_owned(), Quantity::from_units(cpus))].into(),
+        }],
+    }
+}
+
+pub fn claim_ref(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "default".into(),
+        name: format!("claim-{uid}"),
+        uid: uid.into(),
+    }
+}
+
+/// A running container of pod `pod`.
+pub fn container(id: &str, pod: &str) -> Container {
+    Container {
+        id: id.into(),
+        pod: policy::Pod {
+            uid: pod.into(),
+            namespace: "default".into(),
+            name: pod.into(),
+            qos: policy::QosClass::Burstable,
+            annotations: BTreeMap::new(),
+        },
+        name: id.into(),
+        resources: Resources::default(),
+        annotations: BTreeMap::new(),
+        cdi_devices: Vec::new(),
+        env: Vec::new(),
+        cpus: None,
+        mems: None,
+    }
+}
+
+/// A manager over temporary directories.
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub runtime: Arc<FakeRuntime>,
+    pub claims: Arc<FakeClaims>,
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            runtime: Arc::new(FakeRuntime::default()),
+            claims: Arc::new(FakeClaims::default()),
+        }
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.dir.path().join("cdi")
+    }
+
+    pub fn start(&self, policy: TestPolicy) -> Result<Manager, resmgr::StartError> {
+        Manager::start(
+            ManagerConfig::new(DRIVER),
+            Box::new(policy),
+            resmgr::state::StateFile::new(self.state_dir()),
+            cdi::SpecStore::new(self.cdi_dir(), DRIVER).unwrap(),
+            self.runtime.clone(),
+            self.claims.clone(),
+        )
+    }
+
+    /// Starts a manager, synchronizes it with `containers`, and opens the gate.
+    pub async fn ready(&self, policy: TestPolicy, containers: &[Container]) -> Manager {
+        let m = self.start(policy).unwrap();
+        let updates = m.synchronize(containers).await.unwrap();
+        self.runtime.apply_reply(&updates);
+        m.synchronized().await;
+        m
+    }
+
+    /// The claim UIDs with a spec on disk.
+    pub fn specs(&self) -> Vec<String> {
+        cdi::SpecStore::new(self.cdi_dir(), DRIVER)
+            .unwrap()
+            .claims()
+            .unwrap()
+            .into_iter()
+            .map(|u| u.to_string())
+            .collect()
+    }
+
+    /// The claims the state file accounts for.
+    pub fn saved_claims(&self) -> Vec<String> {
+        saved_claims(&self.state_dir())
+    }
+}
+
+impl FakeRuntime {
+    /// Applies updates an NRI reply carried.
+    pub fn apply_reply(&self, updates: &[ContainerUpdate]) {
+        let mut s = self.state.lock().unwrap();
+        for u in updates {
+            if let Some(c) = &u.cpus {
+                s.cpus.insert(u.container_id.clone(), c.clone());
+            }
+        }
+    }
+
+    pub fn cpus(&self, id: &str) -> Option<String> {
+        self.state
+            .lock()
+            .unwrap()
+            .cpus
+            .get(id)
+            .map(ToString::to_string)
+    }
+}
+
+/// The claims a state file accounts for (empty when there is none).
+pub fn saved_claims(state_dir: &Path) -> Vec<String> {
+    match std::fs::read(state_dir.join("state.json")) {
+        Ok(bytes) => {
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            v["policy_state"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect()
+        }
+        Err(_) => Vec::new(),
+    }
+}
