@@ -1,0 +1,332 @@
+//! The topology-aware policy through its life: restore, sync, update, claims, failures that
+//! change nothing, snapshot round trips.
+
+use std::collections::BTreeMap;
+
+use policy::{
+    Claim, Container, CpuSet, Pod, Policy, PolicyError, QosClass, Quantity, Resources, Topology,
+    TopologyAware, TopologySource,
+    model::AllocationResult,
+    topology_aware::{Config, ReservedCpus},
+};
+
+fn machine() -> TopologyAware {
+    let topo = Topology::load(&TopologySource::Synthetic(
+        "pack:2 numa:2 core:8 pu:2".into(),
+    ))
+    .unwrap();
+    let config = Config {
+        reserved_cpus: ReservedCpus::Set("0-1".parse().unwrap()),
+        ..Config::default()
+    };
+    TopologyAware::new(topo, config).unwrap()
+}
+
+fn set(s: &str) -> CpuSet {
+    s.parse().unwrap()
+}
+
+fn container(id: &str, qos: QosClass, cpu_milli: u64) -> Container {
+    Container {
+        id: id.into(),
+        pod: Pod {
+            uid: format!("pod-{id}"),
+            namespace: "default".into(),
+            name: format!("pod-{id}"),
+            qos,
+            annotations: BTreeMap::new(),
+        },
+        name: id.into(),
+        resources: Resources {
+            cpu_request_milli: cpu_milli,
+            cpu_limit_milli: (qos == QosClass::Guaranteed).then_some(cpu_milli),
+            ..Resources::default()
+        },
+        annotations: BTreeMap::new(),
+        cdi_devices: vec![],
+        env: vec![],
+        cpus: None,
+        mems: None,
+    }
+}
+
+fn claim(uid: &str, results: &[(&str, u64)]) -> Claim {
+    Claim {
+        uid: uid.into(),
+        namespace: "ml".into(),
+        name: "trainer-cpus".into(),
+        reserved_for: vec!["pod-x".into()],
+        results: results
+            .iter()
+            .map(|(device, n)| AllocationResult {
+                request: "cpus".into(),
+                pool: "node-a".into(),
+                device: (*device).into(),
+                share_id: Some("0".into()),
+                consumed_capacity: BTreeMap::from([("cpu".into(), Quantity::from_units(*n))]),
+            })
+            .collect(),
+    }
+}
+
+/// Every container's cpuset and memory nodes, for "nothing changed" comparisons.
+fn placements(p: &TopologyAware) -> Vec<(String, String, String)> {
+    p.container_ids()
+        .into_iter()
+        .map(|id| {
+            let pl = p.placement(&id).unwrap();
+            let mems = pl.mems.map(|m| m.to_string()).unwrap_or_default();
+            (id, pl.cpus.to_string(), mems)
+        })
+        .collect()
+}
+
+#[test]
+fn claim_edits_put_cpus_and_memory_nodes_in_the_environment() {
+    let mut p = machine();
+    let a = p
+        .allocate_claim(&claim("u1", &[("numa1", 4), ("numa2", 2)]))
+        .unwrap();
+    assert_eq!(a.edits.len(), 2, "one edit per result");
+    assert_eq!(a.edits[0].env, ["DRA_CPUSET_u1=16-19", "DRA_MEMS_u1=1"]);
+    assert_eq!(a.edits[1].env, ["DRA_CPUSET_u1=32-33", "DRA_MEMS_u1=2"]);
+    assert_eq!(p.claims(), ["u1"]);
+    assert_eq!(p.claim_cpus("u1"), Some(set("16-19,32-33")));
+    // A missing consumed capacity takes the request policy's default of one CPU.
+    let mut one = claim("u2", &[("numa1", 1)]);
+    one.results[0].consumed_capacity.clear();
+    let a = p.allocate_claim(&one).unwrap();
+    assert_eq!(a.edits[0].env[0], "DRA_CPUSET_u2=20");
+}
+
+#[test]
+fn a_claim_that_does_not_fit_changes_nothing() {
+    let mut p = machine();
+    p.allocate(&container("b1", QosClass::Burstable, 1000))
+        .unwrap();
+    let before = (placements(&p), p.shared_cpus(), p.snapshot());
+    // The first result fits, the second does not: neither is taken.
+    let err = p
+        .allocate_claim(&claim("u1", &[("numa1", 4), ("numa2", 17)]))
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::DoesNotFit { reason, .. } if reason.contains("result 1") && reason.contains("numa2")),
+        "{err}"
+    );
+    assert!(p.claims().is_empty());
+    assert_eq!((placements(&p), p.shared_cpus(), p.snapshot()), before);
+}
+
+#[test]
+fn releasing_an_unknown_claim_or_container_is_success() {
+    let mut p = machine();
+    assert_eq!(p.release_claim("nope").unwrap(), []);
+    assert_eq!(p.release("nope").unwrap(), []);
+}
+
+#[test]
+fn snapshot_restores_claims_on_the_same_cpus() {
+    let mut p = machine();
+    p.allocate_claim(&claim("u1", &[("numa1", 4)])).unwrap();
+    p.allocate_claim(&claim("u2", &[("numa3", 3)])).unwrap();
+    let snap = p.snapshot();
+
+    let mut q = machine();
+    q.restore(&snap).unwrap();
+    assert_eq!(q.claims(), ["u1", "u2"]);
+    assert_eq!(q.claim_cpus("u1"), Some(set("16-19")));
+    assert_eq!(q.claim_cpus("u2"), Some(set("48-50")));
+    assert_eq!(q.snapshot(), snap);
+    // Restored CPUs are out of the shared pool, and idempotency holds across the restart.
+    assert!(!q.shared_cpus().intersects(&set("16-19,48-50")));
+    let again = q.allocate_claim(&claim("u1", &[("numa1", 4)])).unwrap();
+    assert_eq!(again.edits[0].env[0], "DRA_CPUSET_u1=16-19");
+    assert!(again.updates.is_empty());
+}
+
+#[test]
+fn restore_refuses_what_cannot_be_put_back() {
+    let mut p = machine();
+    p.allocate_claim(&claim("u1", &[("numa0", 2)])).unwrap();
+    let good = p.snapshot();
+    let cases = [
+        (serde_json::json!({"version": 2, "claims": []}), "version 2"),
+        (
+            serde_json::json!({"claims": 3}),
+            "not a topology-aware snapshot",
+        ),
+        (
+            serde_json::from_str(&good.to_string().replace("2-3", "0-1")).unwrap(),
+            "cpus 0-1 are not free to claim on numa0",
+        ),
+        (
+            serde_json::from_str(&good.to_string().replace("numa0", "numa7")).unwrap(),
+            "device numa7 is not published",
+        ),
+    ];
+    for (snap, want) in cases {
+        let mut q = machine();
+        let err = q.restore(&snap).unwrap_err();
+        assert!(
+            matches!(&err, PolicyError::Restore(m) if m.contains(want)),
+            "{want}: {err}"
+        );
+        assert!(q.claims().is_empty());
+    }
+    // Two claims on the same CPUs cannot both be restored.
+    let doubled = good.to_string().replace(
+        r#""claims":["#,
+        &format!(
+            r#""claims":[{},"#,
+            good["claims"][0].to_string().replace("\"u1\"", "\"u9\"")
+        ),
+    );
+    let err = machine()
+        .restore(&serde_json::from_str(&doubled).unwrap())
+        .unwrap_err();
+    assert!(err.to_string().contains("already held 2-3"), "{err}");
+}
+
+#[test]
+fn sync_rebuilds_placement_keeping_claims_and_running_exclusive_cpus() {
+    let mut p = machine();
+    p.allocate_claim(&claim("u1", &[("numa1", 4)])).unwrap();
+    let snap = p.snapshot();
+
+    let mut q = machine();
+    q.restore(&snap).unwrap();
+    // g1 already runs on 20-21 (free): it stays there, and is reported unchanged.
+    let mut g1 = container("g1", QosClass::Guaranteed, 2000);
+    g1.cpus = Some(set("20-21"));
+    g1.mems = Some(set("1"));
+    // g2 runs on CPUs the claim holds: it moves.
+    let mut g2 = container("g2", QosClass::Guaranteed, 2000);
+    g2.cpus = Some(set("16-17"));
+    let b1 = container("b1", QosClass::Burstable, 500);
+    let mut x = container("x", QosClass::BestEffort, 0);
+    x.pod.uid = "pod-x".into();
+    x.cdi_devices = vec!["cpu.resmgr.io/device=claim-u1-0".into()];
+    let updates = q.sync(&[b1, g1, g2, x]).unwrap();
+    let got: Vec<String> = updates
+        .iter()
+        .map(|u| {
+            format!(
+                "{}={} mems={}",
+                u.container_id,
+                u.cpus.as_ref().unwrap(),
+                u.mems.as_ref().map(ToString::to_string).unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            // The deepest pool with the most room.
+            "b1=32-47 mems=2",
+            // Packed next to g1, in the NUMA node with the fewest free CPUs.
+            "g2=22-23 mems=1",
+            "x=16-19 mems=1",
+        ]
+    );
+    assert_eq!(q.placement("g1").unwrap().cpus, set("20-21"));
+    assert_eq!(q.claims(), ["u1"]);
+    // A second sync with what the runtime now has changes nothing.
+    let now: Vec<Container> = ["b1", "g1", "g2", "x"]
+        .iter()
+        .map(|id| {
+            let pl = q.placement(id).unwrap();
+            let mut c = container(id, QosClass::Burstable, 0);
+            c.resources = match *id {
+                "b1" => Resources {
+                    cpu_request_milli: 500,
+                    ..Resources::default()
+                },
+                "g1" | "g2" => Resources {
+                    cpu_request_milli: 2000,
+                    cpu_limit_milli: Some(2000),
+                    ..Resources::default()
+                },
+                _ => Resources::default(),
+            };
+            c.pod.qos = match *id {
+                "g1" | "g2" => QosClass::Guaranteed,
+                "x" => QosClass::BestEffort,
+                _ => QosClass::Burstable,
+            };
+            if *id == "x" {
+                c.pod.uid = "pod-x".into();
+                c.cdi_devices = vec!["cpu.resmgr.io/device=claim-u1-0".into()];
+            }
+            c.cpus = Some(pl.cpus);
+            c.mems = pl.mems;
+            c
+        })
+        .collect();
+    assert_eq!(q.sync(&now).unwrap(), []);
+}
+
+#[test]
+fn update_moves_a_container_and_a_failed_update_changes_nothing() {
+    let mut p = machine();
+    p.allocate(&container("b1", QosClass::Burstable, 500))
+        .unwrap();
+    p.allocate(&container("g1", QosClass::Guaranteed, 1000))
+        .unwrap();
+    assert_eq!(p.placement("g1").unwrap().cpus, set("2"));
+    let bigger = Resources {
+        cpu_request_milli: 4000,
+        cpu_limit_milli: Some(4000),
+        ..Resources::default()
+    };
+    let updates = p.update("g1", &bigger).unwrap();
+    let last = updates.last().unwrap();
+    assert_eq!(
+        last.container_id, "g1",
+        "the container's own update comes last"
+    );
+    assert_eq!(last.cpus, Some(set("2-5")));
+
+    let before = (placements(&p), p.shared_cpus());
+    let huge = Resources {
+        cpu_request_milli: 100_000,
+        cpu_limit_milli: Some(100_000),
+        ..Resources::default()
+    };
+    let err = p.update("g1", &huge).unwrap_err();
+    assert!(matches!(err, PolicyError::DoesNotFit { .. }), "{err}");
+    assert_eq!((placements(&p), p.shared_cpus()), before);
+    assert!(matches!(
+        p.update("nope", &huge),
+        Err(PolicyError::UnknownContainer(id)) if id == "nope"
+    ));
+}
+
+#[test]
+fn allocating_a_known_container_again_changes_nothing() {
+    let mut p = machine();
+    let first = p
+        .allocate(&container("g1", QosClass::Guaranteed, 2000))
+        .unwrap();
+    let again = p
+        .allocate(&container("g1", QosClass::Guaranteed, 2000))
+        .unwrap();
+    assert_eq!(first.adjustment, again.adjustment);
+    assert!(again.updates.is_empty());
+}
+
+#[test]
+fn a_malformed_annotation_is_refused_naming_it() {
+    let mut p = machine();
+    let mut c = container("g1", QosClass::Guaranteed, 2000);
+    c.annotations.insert(
+        "prefer-shared-cpus.resource-policy.resmgr.io/container.g1".into(),
+        "maybe".into(),
+    );
+    let err = p.allocate(&c).unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::Invalid { subject, reason }
+            if subject == "container default/pod-g1/g1" && reason.contains("\"maybe\"")),
+        "{err}"
+    );
+    assert!(p.container_ids().is_empty());
+}
