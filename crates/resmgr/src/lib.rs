@@ -4,4 +4,6 @@
 //! durable state and the claim lifecycle (prepare = allocate, commit, write the CDI spec; unprepare
 //! = remove the spec, release, commit). See ARCHITECTURE.md for the invariants this crate keeps.
 
+pub mod kube;
+
 pub use policy;

@@ -1,0 +1,312 @@
+//! Reading allocated ResourceClaims: the kubelet names a claim, the API server has its allocation.
+//!
+//! [`ClaimReader::get_claim`] fetches the claim by namespace and name in the newest
+//! `resource.k8s.io` version the cluster serves, refuses it (naming it) when it is missing, has
+//! another UID than the kubelet sent, or is not allocated, and keeps only the allocation results of
+//! our driver. A claim with no result for us is returned with empty results: the caller decides
+//! (the kubelet treats such a claim as prepared). Allocation results and `reservedFor` have the
+//! same JSON in v1, v1beta2 and v1beta1, so every version's status is read as v1.
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use ::kube::{Api, api::DynamicObject};
+use futures::future::BoxFuture;
+use k8s_openapi::api::resource::v1 as wire;
+use policy::{AllocationResult, Claim, Quantity};
+
+use super::{
+    retry::{AttemptError, RetryError, RetryPolicy},
+    version::{DiscoveryError, ResourceApiVersions, is_path_not_served},
+};
+
+/// The claim the kubelet asked about: all it tells us.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClaimRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The UID the kubelet saw; a claim with another UID is a different (re-created) claim.
+    pub uid: String,
+}
+
+impl ClaimRef {
+    /// A claim reference from the kubelet's three fields.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+}
+
+/// `namespace/name (uid)`, the way every error names a claim.
+impl fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// Why a claim could not be read. Every variant names the claim.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimReadError {
+    /// No claim of that namespace and name exists.
+    #[error("resource claim {claim} not found")]
+    NotFound {
+        /// The claim asked for.
+        claim: ClaimRef,
+    },
+    /// A claim of that name exists, but it is another object (deleted and re-created).
+    #[error(
+        "resource claim {claim} has uid {found} in the api server: it was deleted and re-created"
+    )]
+    UidMismatch {
+        /// The claim asked for.
+        claim: ClaimRef,
+        /// The UID the API server has.
+        found: String,
+    },
+    /// The claim has no allocation (yet, or any more).
+    #[error("resource claim {claim} is not allocated")]
+    NotAllocated {
+        /// The claim asked for.
+        claim: ClaimRef,
+    },
+    /// The claim's status is not what the API promises.
+    #[error("resource claim {claim}: {field}: {reason}")]
+    Invalid {
+        /// The claim asked for.
+        claim: ClaimRef,
+        /// Path of the offending field.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No `resource.k8s.io` version to read it with.
+    #[error("reading resource claim {claim}")]
+    Discovery {
+        /// The claim asked for.
+        claim: ClaimRef,
+        /// Why discovery failed.
+        #[source]
+        source: Box<DiscoveryError>,
+    },
+    /// The API server refused (for example 403: RBAC lacks `get` on `resourceclaims`), or did not
+    /// answer within the retry budget.
+    #[error("reading resource claim {claim}")]
+    Api {
+        /// The claim asked for.
+        claim: ClaimRef,
+        /// The last attempt's failure.
+        #[source]
+        source: Box<RetryError>,
+    },
+}
+
+impl ClaimReadError {
+    /// The claim the error is about.
+    pub fn claim(&self) -> &ClaimRef {
+        match self {
+            Self::NotFound { claim }
+            | Self::UidMismatch { claim, .. }
+            | Self::NotAllocated { claim }
+            | Self::Invalid { claim, .. }
+            | Self::Discovery { claim, .. }
+            | Self::Api { claim, .. } => claim,
+        }
+    }
+}
+
+/// Reads allocated claims. Implemented against the API server by [`KubeClaimReader`] and in
+/// memory by [`super::fake::StaticClaims`].
+pub trait ClaimReader: Send + Sync + fmt::Debug {
+    /// The claim with only our driver's allocation results, or why not.
+    fn get_claim<'a>(&'a self, claim: &'a ClaimRef)
+    -> BoxFuture<'a, Result<Claim, ClaimReadError>>;
+}
+
+impl<T: ClaimReader + ?Sized> ClaimReader for Arc<T> {
+    fn get_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Claim, ClaimReadError>> {
+        (**self).get_claim(claim)
+    }
+}
+
+/// Reads claims from the API server.
+#[derive(Debug, Clone)]
+pub struct KubeClaimReader {
+    versions: Arc<ResourceApiVersions>,
+    driver: String,
+    retry: RetryPolicy,
+}
+
+impl KubeClaimReader {
+    /// Reads claims for `driver` through `versions` (which holds the client), retrying per
+    /// `retry`.
+    pub fn new(
+        versions: Arc<ResourceApiVersions>,
+        driver: impl Into<String>,
+        retry: RetryPolicy,
+    ) -> Self {
+        Self {
+            versions,
+            driver: driver.into(),
+            retry,
+        }
+    }
+
+    async fn read(&self, claim: &ClaimRef) -> Result<Claim, ClaimReadError> {
+        let object = self
+            .retry
+            .run(|| self.fetch(claim))
+            .await
+            .map_err(|source| match source.last {
+                AttemptError::Discovery(
+                    source @ (DiscoveryError::GroupNotServed
+                    | DiscoveryError::NoKnownVersion { .. }),
+                ) => ClaimReadError::Discovery {
+                    claim: claim.clone(),
+                    source: Box::new(source),
+                },
+                _ => ClaimReadError::Api {
+                    claim: claim.clone(),
+                    source: Box::new(source),
+                },
+            })?
+            .ok_or_else(|| ClaimReadError::NotFound {
+                claim: claim.clone(),
+            })?;
+        claim_from_object(claim, &self.driver, object)
+    }
+
+    /// One attempt: `None` when the claim does not exist.
+    async fn fetch(&self, claim: &ClaimRef) -> Result<Option<DynamicObject>, AttemptError> {
+        let version = self.versions.get().await.map_err(AttemptError::Discovery)?;
+        let resource = version.resource("ResourceClaim", "resourceclaims");
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.versions.client().clone(), &claim.namespace, &resource);
+        match api.get(&claim.name).await {
+            Ok(object) => Ok(Some(object)),
+            Err(e) if is_path_not_served(&e) => {
+                self.versions.forget();
+                Err(AttemptError::VersionGone(version))
+            }
+            Err(::kube::Error::Api(status)) if status.code == 404 => Ok(None),
+            Err(e) => Err(AttemptError::from_kube(e)),
+        }
+    }
+}
+
+impl ClaimReader for KubeClaimReader {
+    fn get_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Claim, ClaimReadError>> {
+        Box::pin(self.read(claim))
+    }
+}
+
+/// The domain claim from a ResourceClaim object of any served version.
+pub fn claim_from_object(
+    claim: &ClaimRef,
+    driver: &str,
+    object: DynamicObject,
+) -> Result<Claim, ClaimReadError> {
+    let found = object.metadata.uid.unwrap_or_default();
+    if found != claim.uid {
+        return Err(ClaimReadError::UidMismatch {
+            claim: claim.clone(),
+            found,
+        });
+    }
+    let status = match object.data.get("status") {
+        None | Some(serde_json::Value::Null) => wire::ResourceClaimStatus::default(),
+        Some(status) => {
+            serde_json::from_value(status.clone()).map_err(|e| ClaimReadError::Invalid {
+                claim: claim.clone(),
+                field: "status".to_owned(),
+                reason: e.to_string(),
+            })?
+        }
+    };
+    claim_from_status(claim, driver, status)
+}
+
+/// The domain claim from a v1 status: our driver's results, and the pods it is reserved for.
+pub fn claim_from_status(
+    claim: &ClaimRef,
+    driver: &str,
+    status: wire::ResourceClaimStatus,
+) -> Result<Claim, ClaimReadError> {
+    let allocation = status
+        .allocation
+        .ok_or_else(|| ClaimReadError::NotAllocated {
+            claim: claim.clone(),
+        })?;
+    let invalid = |field: String, reason: String| ClaimReadError::Invalid {
+        claim: claim.clone(),
+        field,
+        reason,
+    };
+    let mut results = Vec::new();
+    let all_results = allocation
+        .devices
+        .and_then(|d| d.results)
+        .unwrap_or_default();
+    for (index, result) in all_results.into_iter().enumerate() {
+        if result.driver != driver {
+            continue;
+        }
+        let field = |name: &str| format!("status.allocation.devices.results[{index}].{name}");
+        for (name, value) in [
+            ("request", &result.request),
+            ("pool", &result.pool),
+            ("device", &result.device),
+        ] {
+            if value.is_empty() {
+                return Err(invalid(field(name), "empty".to_owned()));
+            }
+        }
+        let mut consumed_capacity = BTreeMap::new();
+        for (name, quantity) in result.consumed_capacity.unwrap_or_default() {
+            let parsed: Quantity =
+                quantity
+                    .0
+                    .parse()
+                    .map_err(|e: policy::QuantityParseError| {
+                        invalid(field(&format!("consumedCapacity[{name}]")), e.to_string())
+                    })?;
+            consumed_capacity.insert(name, parsed);
+        }
+        results.push(AllocationResult {
+            request: result.request,
+            pool: result.pool,
+            device: result.device,
+            share_id: result.share_id.filter(|s| !s.is_empty()),
+            consumed_capacity,
+        });
+    }
+    // Only pods consume claims on a node; other consumers (a controller reserving a claim for
+    // itself) have no containers for us to grant CPUs to.
+    let reserved_for = status
+        .reserved_for
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.api_group.as_deref().unwrap_or("").is_empty() && r.resource == "pods")
+        .map(|r| r.uid)
+        .collect();
+    Ok(Claim {
+        uid: claim.uid.clone(),
+        namespace: claim.namespace.clone(),
+        name: claim.name.clone(),
+        reserved_for,
+        results,
+    })
+}

@@ -1,0 +1,38 @@
+//! The Kubernetes API side of the DRA plugin: reading allocated ResourceClaims and publishing our
+//! node's devices as ResourceSlices.
+//!
+//! - [`claims`]: [`ClaimReader`] turns the kubelet's (namespace, name, UID) into a domain
+//!   [`policy::Claim`] holding only our driver's allocation results.
+//! - [`slices`]: [`DevicePublisher`] turns the policy's [`policy::Device`]s into one pool of
+//!   ResourceSlices for this node, and [`SlicePublisher::maintain`] re-creates them when someone
+//!   (the kubelet, at its start and after we deregister) deletes them.
+//! - [`version`]: which `resource.k8s.io` version the cluster serves (v1 from Kubernetes 1.34,
+//!   v1beta2 on 1.33, v1beta1 on 1.32), discovered once and shared by both.
+//! - [`fake`]: in-memory implementations of both traits for the simulator and for tests of the
+//!   resource manager.
+//!
+//! Kubernetes objects stop here: everything that leaves this module is a domain type. Wire
+//! objects of all three API versions are handled as JSON ([`kube::api::DynamicObject`]) and
+//! converted to and from k8s-openapi's v1 types, so one code path serves every version.
+//! docs/kubernetes.md says which Kubernetes versions and feature gates each capability needs.
+
+pub mod claims;
+pub mod client;
+pub mod fake;
+mod retry;
+pub mod slices;
+pub mod version;
+
+pub use claims::{ClaimReadError, ClaimReader, ClaimRef, KubeClaimReader};
+pub use client::{ConnectError, connect};
+pub use slices::{
+    DevicePublisher, DeviceValidationError, NodeAllocatableCpu, PublishError, PublishReport,
+    PublisherConfig, PublisherConfigError, SlicePublisher,
+};
+pub use version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions};
+
+/// Re-exported so callers build clients and configs against exactly the versions we use.
+pub use ::kube as kube_rs;
+pub use k8s_openapi;
+
+pub use retry::RetryPolicy;

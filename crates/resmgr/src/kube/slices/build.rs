@@ -1,0 +1,350 @@
+//! The ResourceSlices we want: the policy's devices as `resource.k8s.io/v1` objects, chunked.
+//!
+//! Pure: the publisher decides what to create, update and delete by comparing these with what
+//! the API server has.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::resource::v1 as wire,
+    apimachinery::pkg::{api::resource::Quantity as WireQuantity, apis::meta::v1::OwnerReference},
+};
+use policy::{AttributeValue, Capacity, Device, Quantity, ValidValues};
+
+use super::PublisherConfig;
+
+/// Devices per slice (the API allows 128 unless a device uses taints or counters, which ours do
+/// not).
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The label on every slice we publish, so `kubectl get resourceslices -l` finds ours.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+pub const MANAGED_BY: &str = "resmgr";
+/// The node resource the node-allocatable mapping charges.
+pub const NODE_CPU: &str = "cpu";
+
+/// The v1 device the API server gets for a policy device.
+pub fn wire_device(config: &PublisherConfig, device: &Device) -> wire::Device {
+    let attributes: BTreeMap<String, wire::DeviceAttribute> = device
+        .attributes
+        .iter()
+        .map(|(name, value)| (name.clone(), wire_attribute(value)))
+        .collect();
+    let capacity: BTreeMap<String, wire::DeviceCapacity> = device
+        .capacities
+        .iter()
+        .map(|(name, capacity)| (name.clone(), wire_capacity(capacity)))
+        .collect();
+    wire::Device {
+        name: device.name.clone(),
+        attributes: (!attributes.is_empty()).then_some(attributes),
+        capacity: (!capacity.is_empty()).then_some(capacity),
+        allow_multiple_allocations: device.allow_multiple_allocations.then_some(true),
+        node_allocatable_resource_mappings: node_allocatable_mapping(config, device),
+        ..Default::default()
+    }
+}
+
+/// The node-allocatable mapping of a device, when configured and the device has the CPU
+/// capacity: a shared device charges the node what each claim consumed; an exclusive one charges
+/// its whole capacity per allocation.
+fn node_allocatable_mapping(
+    config: &PublisherConfig,
+    device: &Device,
+) -> Option<BTreeMap<String, wire::NodeAllocatableResourceMapping>> {
+    let cpu = config.node_allocatable_cpu.as_ref()?;
+    let capacity = device.capacities.get(&cpu.capacity)?;
+    let mapping = if device.allow_multiple_allocations {
+        wire::NodeAllocatableResourceMapping {
+            capacity_key: Some(cpu.capacity.clone()),
+            allocation_multiplier: None,
+        }
+    } else {
+        wire::NodeAllocatableResourceMapping {
+            capacity_key: None,
+            allocation_multiplier: (capacity.value != Quantity::from_units(1))
+                .then(|| quantity(capacity.value)),
+        }
+    };
+    Some(BTreeMap::from([(NODE_CPU.to_owned(), mapping)]))
+}
+
+fn wire_attribute(value: &AttributeValue) -> wire::DeviceAttribute {
+    match value {
+        AttributeValue::Int(i) => wire::DeviceAttribute {
+            int: Some(*i),
+            ..Default::default()
+        },
+        AttributeValue::Bool(b) => wire::DeviceAttribute {
+            bool: Some(*b),
+            ..Default::default()
+        },
+        AttributeValue::String(s) => wire::DeviceAttribute {
+            string: Some(s.clone()),
+            ..Default::default()
+        },
+        AttributeValue::Version(v) => wire::DeviceAttribute {
+            version: Some(v.clone()),
+            ..Default::default()
+        },
+    }
+}
+
+fn wire_capacity(capacity: &Capacity) -> wire::DeviceCapacity {
+    let request_policy = capacity.request_policy.as_ref().map(|policy| {
+        let (valid_values, valid_range) = match &policy.valid {
+            ValidValues::Values(values) => {
+                (Some(values.iter().copied().map(quantity).collect()), None)
+            }
+            ValidValues::Range { min, max, step } => (
+                None,
+                Some(wire::CapacityRequestPolicyRange {
+                    min: quantity(*min),
+                    max: max.map(quantity),
+                    step: step.map(quantity),
+                }),
+            ),
+        };
+        wire::CapacityRequestPolicy {
+            default: policy.default.map(quantity),
+            valid_values,
+            valid_range,
+        }
+    });
+    wire::DeviceCapacity {
+        value: quantity(capacity.value),
+        request_policy,
+    }
+}
+
+/// A quantity as the API writes it.
+pub fn quantity(q: Quantity) -> WireQuantity {
+    WireQuantity(q.to_string())
+}
+
+/// Devices in slices of at most [`MAX_DEVICES_PER_SLICE`], in the policy's order. No devices
+/// is one empty slice: it tells the scheduler the driver runs on this node and offers nothing,
+/// which is not the same as publishing nothing.
+pub fn chunk(devices: Vec<wire::Device>) -> Vec<Vec<wire::Device>> {
+    if devices.is_empty() {
+        return vec![Vec::new()];
+    }
+    let mut chunks = Vec::with_capacity(devices.len().div_ceil(MAX_DEVICES_PER_SLICE));
+    let mut devices = devices.into_iter().peekable();
+    while devices.peek().is_some() {
+        chunks.push(devices.by_ref().take(MAX_DEVICES_PER_SLICE).collect());
+    }
+    chunks
+}
+
+/// The spec of one slice of our pool.
+pub fn slice_spec(
+    config: &PublisherConfig,
+    generation: i64,
+    slice_count: usize,
+    devices: Vec<wire::Device>,
+) -> wire::ResourceSliceSpec {
+    wire::ResourceSliceSpec {
+        driver: config.driver.clone(),
+        node_name: Some(config.node_name.clone()),
+        pool: wire::ResourcePool {
+            name: config.node_name.clone(),
+            generation,
+            resource_slice_count: i64::try_from(slice_count).unwrap_or(i64::MAX),
+        },
+        // An empty list is omitted, as the API server stores it.
+        devices: (!devices.is_empty()).then_some(devices),
+        ..Default::default()
+    }
+}
+
+/// The owner reference that makes the Node's deletion take our slices with it.
+pub fn node_owner(node_name: &str, node_uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".to_owned(),
+        kind: "Node".to_owned(),
+        name: node_name.to_owned(),
+        uid: node_uid.to_owned(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+/// `generateName` of our slices: `<node>-<driver>-`, shortened so the API server's five random
+/// characters still fit in a 253-character name.
+pub fn generate_name(config: &PublisherConfig) -> String {
+    let mut prefix = format!("{}-{}", config.node_name, config.driver);
+    if prefix.len() > 247 {
+        let mut end = 247;
+        while !prefix.is_char_boundary(end) {
+            end -= 1;
+        }
+        prefix.truncate(end);
+    }
+    // A name part must end alphanumeric before the '-' we add.
+    let prefix = prefix.trim_end_matches(['-', '.']);
+    format!("{prefix}-")
+}
+
+/// The field selector of our pool's slices.
+pub fn field_selector(config: &PublisherConfig) -> String {
+    format!(
+        "spec.nodeName={},spec.driver={}",
+        config.node_name, config.driver
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> PublisherConfig {
+        PublisherConfig::new("cpu.resmgr.io", "node-a")
+    }
+
+    fn q(s: &str) -> Quantity {
+        s.parse().unwrap()
+    }
+
+    fn names(n: usize) -> Vec<wire::Device> {
+        (0..n)
+            .map(|i| wire::Device {
+                name: format!("d{i}"),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chunks_at_128_keeping_order() {
+        let sizes = |n| chunk(names(n)).iter().map(Vec::len).collect::<Vec<_>>();
+        assert_eq!(sizes(0), [0]);
+        assert_eq!(sizes(1), [1]);
+        assert_eq!(sizes(128), [128]);
+        assert_eq!(sizes(129), [128, 1]);
+        assert_eq!(sizes(300), [128, 128, 44]);
+        let chunks = chunk(names(130));
+        assert_eq!(chunks[1][0].name, "d128");
+    }
+
+    #[test]
+    fn converts_a_shared_device_with_a_request_policy() {
+        let mut device = Device {
+            name: "numa-0".into(),
+            attributes: BTreeMap::from([
+                (
+                    "resource.kubernetes.io/numaNode".into(),
+                    AttributeValue::Int(0),
+                ),
+                ("smt".into(), AttributeValue::Bool(true)),
+                ("model".into(), AttributeValue::String("x".into())),
+                ("fw".into(), AttributeValue::Version("1.0.0".into())),
+            ]),
+            capacities: BTreeMap::from([(
+                "cpu".into(),
+                Capacity {
+                    value: q("16"),
+                    request_policy: Some(policy::RequestPolicy {
+                        default: Some(q("1")),
+                        valid: ValidValues::Range {
+                            min: q("500m"),
+                            max: None,
+                            step: Some(q("500m")),
+                        },
+                    }),
+                },
+            )]),
+            allow_multiple_allocations: true,
+        };
+        let json = serde_json::to_value(wire_device(&config(), &device)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "name": "numa-0",
+                "allowMultipleAllocations": true,
+                "attributes": {
+                    "fw": {"version": "1.0.0"},
+                    "model": {"string": "x"},
+                    "resource.kubernetes.io/numaNode": {"int": 0},
+                    "smt": {"bool": true},
+                },
+                "capacity": {"cpu": {"value": "16", "requestPolicy": {
+                    "default": "1", "validRange": {"min": "500m", "step": "500m"}}}},
+            })
+        );
+        device.capacities.get_mut("cpu").unwrap().request_policy = Some(policy::RequestPolicy {
+            default: Some(q("2")),
+            valid: ValidValues::Values(vec![q("2"), q("4")]),
+        });
+        let json = serde_json::to_value(wire_device(&config(), &device)).unwrap();
+        assert_eq!(
+            json["capacity"]["cpu"]["requestPolicy"],
+            serde_json::json!({"default": "2", "validValues": ["2", "4"]})
+        );
+    }
+
+    #[test]
+    fn maps_node_allocatable_cpu_only_when_configured() {
+        let shared = Device {
+            name: "numa-0".into(),
+            attributes: BTreeMap::new(),
+            capacities: BTreeMap::from([(
+                "cpu".into(),
+                Capacity {
+                    value: q("16"),
+                    request_policy: None,
+                },
+            )]),
+            allow_multiple_allocations: true,
+        };
+        let mut exclusive = shared.clone();
+        exclusive.allow_multiple_allocations = false;
+        let mut single = exclusive.clone();
+        single.capacities.get_mut("cpu").unwrap().value = q("1");
+        let mapping = |config: &PublisherConfig, d: &Device| {
+            serde_json::to_value(wire_device(config, d)).unwrap()["nodeAllocatableResourceMappings"]
+                .clone()
+        };
+        let off = config();
+        assert_eq!(mapping(&off, &shared), serde_json::Value::Null);
+        let mut on = config();
+        on.node_allocatable_cpu = Some(super::super::NodeAllocatableCpu::default());
+        assert_eq!(
+            mapping(&on, &shared),
+            serde_json::json!({"cpu": {"capacityKey": "cpu"}})
+        );
+        assert_eq!(
+            mapping(&on, &exclusive),
+            serde_json::json!({"cpu": {"allocationMultiplier": "16"}})
+        );
+        assert_eq!(mapping(&on, &single), serde_json::json!({"cpu": {}}));
+        let mut no_cpu = shared.clone();
+        no_cpu.capacities.clear();
+        assert_eq!(mapping(&on, &no_cpu), serde_json::Value::Null);
+    }
+
+    #[test]
+    fn empty_slice_omits_devices_and_counts_the_pool() {
+        let spec = slice_spec(&config(), 3, 1, Vec::new());
+        assert_eq!(
+            serde_json::to_value(spec).unwrap(),
+            serde_json::json!({
+                "driver": "cpu.resmgr.io",
+                "nodeName": "node-a",
+                "pool": {"name": "node-a", "generation": 3, "resourceSliceCount": 1},
+            })
+        );
+    }
+
+    #[test]
+    fn generate_name_fits_and_ends_with_a_dash() {
+        assert_eq!(generate_name(&config()), "node-a-cpu.resmgr.io-");
+        let mut long = config();
+        long.node_name = format!("{}.{}", "a".repeat(240), "b".repeat(12));
+        let name = generate_name(&long);
+        assert!(
+            name.len() <= 248 && name.ends_with('-') && !name.ends_with(".-"),
+            "{name}"
+        );
+    }
+}

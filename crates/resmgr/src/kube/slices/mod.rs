@@ -1,0 +1,115 @@
+//! Publishing the policy's devices as this node's ResourceSlices.
+//!
+//! One pool named after the node; slices of at most 128 devices, each naming the node and the
+//! driver, owned by the Node object and labelled `app.kubernetes.io/managed-by=resmgr`. The
+//! pool's generation goes up whenever its devices change; no devices is one empty slice. The
+//! publisher only ever lists, writes and deletes slices selected by `spec.nodeName=<node>,
+//! spec.driver=<driver>`, so other nodes' and other drivers' slices are never touched.
+//!
+//! - [`validate`]: the API server's rules, checked first, naming the device and field.
+//! - [`build`]: devices to v1 slice specs (pure).
+//! - [`wire`]: the three API versions' JSON, comparison, dropped-field detection (pure).
+//! - [`publisher`]: [`SlicePublisher`], which talks to the API server.
+
+pub mod build;
+pub mod publisher;
+pub mod validate;
+pub mod wire;
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use policy::Device;
+
+pub use publisher::{PublishError, PublishReport, SlicePublisher};
+pub use validate::DeviceValidationError;
+
+use super::retry::RetryPolicy;
+
+/// Publishes devices. Implemented against the API server by [`SlicePublisher`] and in memory by
+/// [`super::fake::RecordingPublisher`].
+pub trait DevicePublisher: Send + Sync + std::fmt::Debug {
+    /// Makes `devices` the published devices of this node (validating them first). On an API
+    /// error the devices are still remembered, and [`SlicePublisher::maintain`] keeps trying.
+    fn publish(&self, devices: Vec<Device>) -> BoxFuture<'_, Result<PublishReport, PublishError>>;
+}
+
+impl<T: DevicePublisher + ?Sized> DevicePublisher for std::sync::Arc<T> {
+    fn publish(&self, devices: Vec<Device>) -> BoxFuture<'_, Result<PublishReport, PublishError>> {
+        (**self).publish(devices)
+    }
+}
+
+/// Maps a capacity of our devices to the node's allocatable `cpu`
+/// (`nodeAllocatableResourceMappings`, Kubernetes 1.36 with the alpha
+/// `DRANodeAllocatableResources` gate), so the scheduler charges claimed CPUs against the node
+/// and pods need not repeat them in `resources.requests`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAllocatableCpu {
+    /// The capacity that counts CPUs (default `cpu`).
+    pub capacity: String,
+}
+
+impl Default for NodeAllocatableCpu {
+    fn default() -> Self {
+        Self {
+            capacity: "cpu".to_owned(),
+        }
+    }
+}
+
+/// What the publisher publishes and how persistently.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublisherConfig {
+    /// Our driver name (a DNS subdomain of at most 63 characters).
+    pub driver: String,
+    /// This node's name; also the pool's name.
+    pub node_name: String,
+    /// The node-allocatable mapping; `None` (the default) publishes none, which every cluster
+    /// accepts.
+    pub node_allocatable_cpu: Option<NodeAllocatableCpu>,
+    /// Timeouts and retries of each API request.
+    pub retry: RetryPolicy,
+    /// Wait before [`SlicePublisher::maintain`] retries a failed publication; doubled up to
+    /// `max_resync_backoff`.
+    pub resync_backoff: Duration,
+    /// Longest wait between retries of a failed publication.
+    pub max_resync_backoff: Duration,
+}
+
+impl PublisherConfig {
+    /// Defaults for `driver` on `node_name`: no node-allocatable mapping, retries within 30 s
+    /// per request, failed publications retried after 1 s growing to 30 s.
+    pub fn new(driver: impl Into<String>, node_name: impl Into<String>) -> Self {
+        Self {
+            driver: driver.into(),
+            node_name: node_name.into(),
+            node_allocatable_cpu: None,
+            retry: RetryPolicy::default(),
+            resync_backoff: Duration::from_secs(1),
+            max_resync_backoff: Duration::from_secs(30),
+        }
+    }
+
+    /// Checks the names the API server would refuse.
+    pub fn validate(&self) -> Result<(), PublisherConfigError> {
+        let error = |field, reason| PublisherConfigError { field, reason };
+        validate::dns_subdomain(&self.driver, 63).map_err(|r| error("driver", r))?;
+        validate::dns_subdomain(&self.node_name, 253).map_err(|r| error("node name", r))?;
+        if let Some(cpu) = &self.node_allocatable_cpu {
+            validate::qualified_name(&cpu.capacity)
+                .map_err(|r| error("node-allocatable cpu capacity", r))?;
+        }
+        Ok(())
+    }
+}
+
+/// A publisher configuration the API server would refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("resource slice publisher: {field}: {reason}")]
+pub struct PublisherConfigError {
+    /// The offending setting.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}

@@ -1,0 +1,673 @@
+//! [`SlicePublisher`]: makes the API server's slices of our pool match our devices, and keeps them
+//! that way.
+//!
+//! Each reconciliation lists our pool's slices (a quorum read, never a cache, so a slice we just
+//! created is never created twice) and compares them with the wanted chunks:
+//!
+//! - all present and equal, one generation: nothing to do;
+//! - some missing, the rest equal at one generation (the kubelet deleted some): create the
+//!   missing ones at that generation;
+//! - anything else (devices changed, a slice edited by someone else, a stale owner): rewrite the
+//!   pool at a new generation: delete surplus slices first, update the others in place, create
+//!   what is still missing. Updates and deletes carry the resourceVersion we saw; a conflict means
+//!   someone else wrote meanwhile, and we start over.
+//!
+//! [`SlicePublisher::maintain`] watches the pool and reconciles when a slice is deleted, when one
+//! is changed by anyone but us (we remember the resourceVersions our writes produced), and after
+//! every (re)list of the watch, and retries failed publications with backoff.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    sync::Arc,
+};
+
+use ::kube::{
+    Api,
+    api::{DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams, Preconditions},
+    core::TypeMeta,
+    runtime::{WatchStreamExt, watcher},
+};
+use futures::{FutureExt, StreamExt, future::BoxFuture};
+use k8s_openapi::api::{core::v1::Node, resource::v1 as wire};
+use policy::Device;
+use serde_json::Value;
+use tokio::{sync::Notify, time::Instant};
+
+use super::{
+    DevicePublisher, PublisherConfig, PublisherConfigError,
+    build::{self, MANAGED_BY, MANAGED_BY_LABEL},
+    validate::{DeviceValidationError, validate_devices},
+    wire::{FieldPath, comparable, dropped_fields, from_wire, to_wire},
+};
+use crate::kube::{
+    retry::{AttemptError, RetryError},
+    version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions, is_path_not_served},
+};
+
+/// Times a reconciliation starts over after a write conflict before giving up.
+const CONFLICT_RETRIES: usize = 3;
+
+/// Why the devices could not be published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// A device the API server would refuse; nothing was sent.
+    #[error(transparent)]
+    Invalid(#[from] DeviceValidationError),
+    /// No `resource.k8s.io` version to publish with.
+    #[error("publishing resource slices")]
+    Discovery(#[source] DiscoveryError),
+    /// A request failed (for example 403: RBAC lacks a verb on `resourceslices` or `get` on
+    /// `nodes`).
+    #[error("{action} of node {node}")]
+    Api {
+        /// What we were doing (`creating a resource slice`).
+        action: String,
+        /// Our node.
+        node: String,
+        /// How the request failed.
+        #[source]
+        source: RetryError,
+    },
+    /// Someone else kept writing our slices while we did.
+    #[error(
+        "resource slices of node {node} kept changing while we wrote them ({attempts} attempts)"
+    )]
+    Conflict {
+        /// Our node.
+        node: String,
+        /// Reconciliations tried.
+        attempts: usize,
+    },
+}
+
+/// What one publication did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishReport {
+    /// The pool's generation now.
+    pub generation: i64,
+    /// Slices in the pool.
+    pub slices: usize,
+    /// Slices created.
+    pub created: usize,
+    /// Slices updated in place.
+    pub updated: usize,
+    /// Slices deleted.
+    pub deleted: usize,
+    /// Fields the API server dropped from what we sent, first seen in this publication (a feature
+    /// gate is off): `devices[].allowMultipleAllocations`.
+    pub dropped_fields: Vec<String>,
+}
+
+/// Publishes our devices as ResourceSlices through the API server. Cheap to clone; clones share
+/// state.
+#[derive(Debug, Clone)]
+pub struct SlicePublisher {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: PublisherConfig,
+    versions: Arc<ResourceApiVersions>,
+    /// Held for a whole reconciliation, so publish and maintain never interleave writes.
+    state: tokio::sync::Mutex<State>,
+    /// Tells [`SlicePublisher::maintain`] that a publication failed and needs retrying.
+    retry: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// What to publish; `None` until the first [`SlicePublisher::publish`].
+    desired: Option<Vec<wire::Device>>,
+    /// The highest pool generation we know of.
+    generation: i64,
+    /// The version `dropped` was learnt with.
+    version: Option<ResourceApiVersion>,
+    /// Fields the API server drops (gates off); ignored when comparing.
+    dropped: BTreeSet<FieldPath>,
+    /// resourceVersions of our own writes: their watch events need no reconciliation.
+    written: HashSet<String>,
+}
+
+/// One of our pool's slices as the API server has it.
+#[derive(Debug)]
+struct Existing {
+    name: String,
+    resource_version: Option<String>,
+    labels: BTreeMap<String, String>,
+    generation: i64,
+    /// The comparable form of its devices and pool size; `None` if it did not parse.
+    key: Option<Value>,
+    /// Has our label and our owner.
+    ours: bool,
+}
+
+impl SlicePublisher {
+    /// A publisher for `config`, speaking the version `versions` finds (which holds the client).
+    pub fn new(
+        config: PublisherConfig,
+        versions: Arc<ResourceApiVersions>,
+    ) -> Result<Self, PublisherConfigError> {
+        config.validate()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                versions,
+                state: tokio::sync::Mutex::new(State::default()),
+                retry: Notify::new(),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PublisherConfig {
+        &self.inner.config
+    }
+
+    async fn publish_devices(&self, devices: Vec<Device>) -> Result<PublishReport, PublishError> {
+        let config = &self.inner.config;
+        validate_devices(&config.driver, &devices)?;
+        let wire_devices = devices
+            .iter()
+            .map(|d| build::wire_device(config, d))
+            .collect();
+        let mut state = self.inner.state.lock().await;
+        state.desired = Some(wire_devices);
+        let result = self.reconcile(&mut state).await;
+        if result.is_err() {
+            self.inner.retry.notify_one();
+        }
+        result
+    }
+
+    /// Keeps the published slices as wanted, forever: watches our pool and reconciles when a
+    /// slice is deleted or changed by someone else, after every (re)list, and after a failed
+    /// publication (with backoff). Run it as a task next to [`DevicePublisher::publish`]; it does
+    /// nothing until the first publication.
+    pub async fn maintain(&self) {
+        let config = &self.inner.config;
+        let mut backoff = config.resync_backoff;
+        loop {
+            let version = match self.inner.versions.get().await {
+                Ok(version) => version,
+                Err(error) => {
+                    tracing::warn!(error = %error, "cannot watch resource slices");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(config.max_resync_backoff);
+                    continue;
+                }
+            };
+            let api = self.api(version);
+            let watch = watcher(
+                api,
+                watcher::Config::default().fields(&build::field_selector(config)),
+            )
+            .default_backoff();
+            let restart = self.follow(watch, &mut backoff).await;
+            if restart.version_gone {
+                self.inner.versions.forget();
+            }
+            tokio::time::sleep(backoff).await;
+        }
+    }
+
+    /// Follows one watch until it ends or its version goes away.
+    async fn follow(
+        &self,
+        watch: impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>,
+        backoff: &mut std::time::Duration,
+    ) -> Restart {
+        let config = &self.inner.config;
+        let mut watch = std::pin::pin!(watch);
+        let mut retry_at: Option<Instant> = None;
+        loop {
+            let mut pending = tokio::select! {
+                event = watch.next() => match event {
+                    None => return Restart { version_gone: false },
+                    Some(event) => match self.on_event(event).await {
+                        Ok(pending) => pending,
+                        Err(restart) => return restart,
+                    },
+                },
+                () = self.inner.retry.notified() => true,
+                () = sleep_until(retry_at), if retry_at.is_some() => true,
+            };
+            // Take every event already here (a DeleteCollection deletes many slices) before
+            // reconciling once.
+            while let Some(Some(event)) = watch.next().now_or_never() {
+                match self.on_event(event).await {
+                    Ok(more) => pending |= more,
+                    Err(restart) => return restart,
+                }
+            }
+            if !pending {
+                continue;
+            }
+            let mut state = self.inner.state.lock().await;
+            match self.reconcile(&mut state).await {
+                Ok(report) => {
+                    if report.created + report.updated + report.deleted > 0 {
+                        tracing::info!(?report, "republished resource slices");
+                    }
+                    retry_at = None;
+                    *backoff = config.resync_backoff;
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), retry_in = ?*backoff, "republishing resource slices failed");
+                    retry_at = Some(Instant::now() + *backoff);
+                    *backoff = (*backoff * 2).min(config.max_resync_backoff);
+                }
+            }
+        }
+    }
+
+    /// Whether a watch event calls for reconciliation; `Err` when the watch must restart.
+    async fn on_event(
+        &self,
+        event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    ) -> Result<bool, Restart> {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                let version_gone = match &error {
+                    watcher::Error::InitialListFailed(e)
+                    | watcher::Error::WatchStartFailed(e)
+                    | watcher::Error::WatchFailed(e) => is_path_not_served(e),
+                    _ => false,
+                };
+                tracing::warn!(error = %error, "watching resource slices");
+                return if version_gone {
+                    Err(Restart { version_gone })
+                } else {
+                    // The watcher relists by itself (with backoff); InitDone follows.
+                    Ok(false)
+                };
+            }
+        };
+        let state = self.inner.state.lock().await;
+        if state.desired.is_none() {
+            return Ok(false);
+        }
+        Ok(match event {
+            watcher::Event::Delete(_) | watcher::Event::InitDone => true,
+            watcher::Event::Apply(slice) => slice
+                .metadata
+                .resource_version
+                .as_ref()
+                .is_none_or(|rv| !state.written.contains(rv)),
+            watcher::Event::Init | watcher::Event::InitApply(_) => false,
+        })
+    }
+
+    fn api(&self, version: ResourceApiVersion) -> Api<DynamicObject> {
+        let resource = version.resource("ResourceSlice", "resourceslices");
+        Api::all_with(self.inner.versions.client().clone(), &resource)
+    }
+
+    /// Reconciles, starting over after write conflicts.
+    async fn reconcile(&self, state: &mut State) -> Result<PublishReport, PublishError> {
+        for _ in 0..CONFLICT_RETRIES {
+            match self.reconcile_once(state).await {
+                Err(Conflict) => continue,
+                Ok(result) => return result,
+            }
+        }
+        Err(PublishError::Conflict {
+            node: self.inner.config.node_name.clone(),
+            attempts: CONFLICT_RETRIES,
+        })
+    }
+
+    async fn reconcile_once(
+        &self,
+        state: &mut State,
+    ) -> Result<Result<PublishReport, PublishError>, Conflict> {
+        let Some(devices) = state.desired.clone() else {
+            return Ok(Ok(PublishReport::default()));
+        };
+        let version = match self.inner.versions.get().await {
+            Ok(version) => version,
+            Err(error) => return Ok(Err(PublishError::Discovery(error))),
+        };
+        if state.version != Some(version) {
+            state.version = Some(version);
+            state.dropped.clear();
+        }
+        state.written.clear();
+        let mut run = Reconciliation {
+            publisher: self,
+            api: self.api(version),
+            version,
+            state,
+            report: PublishReport::default(),
+        };
+        match run.run(devices).await {
+            Ok(()) => Ok(Ok(run.report)),
+            Err(Failure::Conflict) => Err(Conflict),
+            Err(Failure::Error(error)) => Ok(Err(error)),
+        }
+    }
+
+    async fn node_uid(&self) -> Result<String, Failure> {
+        let config = &self.inner.config;
+        let nodes: Api<Node> = Api::all(self.inner.versions.client().clone());
+        let node = self
+            .call("reading the node (owner of its resource slices)", || {
+                nodes.get(&config.node_name)
+            })
+            .await?;
+        Ok(node.metadata.uid.unwrap_or_default())
+    }
+
+    /// One API request with the configured timeouts and retries; 409 is a conflict.
+    async fn call<T, Fut>(&self, action: &str, request: impl Fn() -> Fut) -> Result<T, Failure>
+    where
+        Fut: std::future::Future<Output = Result<T, ::kube::Error>>,
+    {
+        let result = self
+            .inner
+            .config
+            .retry
+            .run(|| async {
+                request().await.map_err(|e| {
+                    if is_path_not_served(&e) {
+                        self.inner.versions.forget();
+                    }
+                    AttemptError::from_kube(e)
+                })
+            })
+            .await;
+        result.map_err(|source| match source.last {
+            AttemptError::Api { code: 409, .. } => Failure::Conflict,
+            _ => Failure::Error(PublishError::Api {
+                action: action.to_owned(),
+                node: self.inner.config.node_name.clone(),
+                source,
+            }),
+        })
+    }
+}
+
+impl DevicePublisher for SlicePublisher {
+    fn publish(&self, devices: Vec<Device>) -> BoxFuture<'_, Result<PublishReport, PublishError>> {
+        Box::pin(self.publish_devices(devices))
+    }
+}
+
+/// A write conflict: the reconciliation starts over.
+struct Conflict;
+
+enum Failure {
+    Conflict,
+    Error(PublishError),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Restart {
+    version_gone: bool,
+}
+
+/// One pass of making the pool match.
+struct Reconciliation<'a> {
+    publisher: &'a SlicePublisher,
+    api: Api<DynamicObject>,
+    version: ResourceApiVersion,
+    state: &'a mut State,
+    report: PublishReport,
+}
+
+impl Reconciliation<'_> {
+    fn config(&self) -> &PublisherConfig {
+        &self.publisher.inner.config
+    }
+
+    async fn run(&mut self, devices: Vec<wire::Device>) -> Result<(), Failure> {
+        let chunks = build::chunk(devices);
+        let count = chunks.len();
+        self.report.slices = count;
+        let node_uid = self.publisher.node_uid().await?;
+        let mut existing = self.list(&node_uid).await?;
+        existing.sort_by(|a, b| a.name.cmp(&b.name));
+        let keys: Vec<Value> = chunks
+            .iter()
+            .map(|chunk| self.key(count, chunk.clone()))
+            .collect();
+
+        // Which wanted chunks already exist, as ours, unchanged.
+        let mut missing: Vec<usize> = (0..count).collect();
+        let mut mismatched = 0;
+        for slice in &existing {
+            let found = missing
+                .iter()
+                .position(|i| slice.ours && slice.key.as_ref() == Some(&keys[*i]));
+            match found {
+                Some(position) => {
+                    missing.remove(position);
+                }
+                None => mismatched += 1,
+            }
+        }
+        let generations: BTreeSet<i64> = existing.iter().map(|s| s.generation).collect();
+        let highest = generations
+            .last()
+            .copied()
+            .unwrap_or(0)
+            .max(self.state.generation);
+        self.state.generation = highest;
+        if mismatched == 0 && generations.len() == 1 {
+            // Unchanged; maybe some were deleted, and the rest still describe a complete pool.
+            self.report.generation = highest;
+            for i in missing {
+                self.create(highest, count, chunks[i].clone(), &node_uid)
+                    .await?;
+            }
+            return Ok(());
+        }
+
+        let generation = highest + 1;
+        self.report.generation = generation;
+        let (keep, surplus) = existing.split_at(existing.len().min(count));
+        for slice in surplus {
+            self.delete(slice).await?;
+        }
+        let mut chunks = chunks.into_iter();
+        for (slice, chunk) in keep.iter().zip(chunks.by_ref()) {
+            self.update(slice, generation, count, chunk, &node_uid)
+                .await?;
+        }
+        for chunk in chunks {
+            self.create(generation, count, chunk, &node_uid).await?;
+        }
+        self.state.generation = generation;
+        Ok(())
+    }
+
+    /// What a slice holding `chunk` must compare equal to.
+    fn key(&self, count: usize, chunk: Vec<wire::Device>) -> Value {
+        let spec = build::slice_spec(self.config(), 0, count, chunk);
+        comparable(self.version, &spec, &self.state.dropped)
+    }
+
+    async fn list(&self, node_uid: &str) -> Result<Vec<Existing>, Failure> {
+        let params = ListParams::default().fields(&build::field_selector(self.config()));
+        let list = self
+            .publisher
+            .call("listing resource slices", || self.api.list(&params))
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|slice| self.existing(slice, node_uid))
+            .collect())
+    }
+
+    fn existing(&self, slice: DynamicObject, node_uid: &str) -> Existing {
+        let spec = slice
+            .data
+            .get("spec")
+            .cloned()
+            .and_then(|spec| from_wire(self.version, spec).ok());
+        let generation = spec.as_ref().map_or(0, |s| s.pool.generation);
+        let key = spec.map(|mut spec| {
+            spec.pool.generation = 0;
+            comparable(self.version, &spec, &self.state.dropped)
+        });
+        let labels = slice.metadata.labels.unwrap_or_default();
+        let owned = slice.metadata.owner_references.unwrap_or_default()
+            == [build::node_owner(&self.config().node_name, node_uid)];
+        Existing {
+            name: slice.metadata.name.unwrap_or_default(),
+            resource_version: slice.metadata.resource_version,
+            ours: owned && labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY),
+            labels,
+            generation,
+            key,
+        }
+    }
+
+    fn object(
+        &self,
+        metadata: ObjectMeta,
+        generation: i64,
+        count: usize,
+        chunk: Vec<wire::Device>,
+    ) -> (DynamicObject, Value) {
+        let spec = to_wire(
+            self.version,
+            &build::slice_spec(self.config(), generation, count, chunk),
+        );
+        let object = DynamicObject {
+            types: Some(TypeMeta {
+                api_version: self.version.api_version().to_owned(),
+                kind: "ResourceSlice".to_owned(),
+            }),
+            metadata,
+            data: serde_json::json!({ "spec": spec }),
+        };
+        (object, spec)
+    }
+
+    fn metadata(&self, mut labels: BTreeMap<String, String>, node_uid: &str) -> ObjectMeta {
+        labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned());
+        ObjectMeta {
+            labels: Some(labels),
+            owner_references: Some(vec![build::node_owner(&self.config().node_name, node_uid)]),
+            ..Default::default()
+        }
+    }
+
+    async fn create(
+        &mut self,
+        generation: i64,
+        count: usize,
+        chunk: Vec<wire::Device>,
+        node_uid: &str,
+    ) -> Result<(), Failure> {
+        let metadata = ObjectMeta {
+            generate_name: Some(build::generate_name(self.config())),
+            ..self.metadata(BTreeMap::new(), node_uid)
+        };
+        let (object, sent) = self.object(metadata, generation, count, chunk);
+        let params = PostParams::default();
+        let stored = self
+            .publisher
+            .call("creating a resource slice", || {
+                self.api.create(&params, &object)
+            })
+            .await?;
+        self.report.created += 1;
+        self.written(&sent, stored);
+        Ok(())
+    }
+
+    async fn update(
+        &mut self,
+        slice: &Existing,
+        generation: i64,
+        count: usize,
+        chunk: Vec<wire::Device>,
+        node_uid: &str,
+    ) -> Result<(), Failure> {
+        let metadata = ObjectMeta {
+            name: Some(slice.name.clone()),
+            resource_version: slice.resource_version.clone(),
+            ..self.metadata(slice.labels.clone(), node_uid)
+        };
+        let (object, sent) = self.object(metadata, generation, count, chunk);
+        let params = PostParams::default();
+        let action = format!("updating resource slice {}", slice.name);
+        let stored = self
+            .publisher
+            .call(&action, || self.api.replace(&slice.name, &params, &object))
+            .await?;
+        self.report.updated += 1;
+        self.written(&sent, stored);
+        Ok(())
+    }
+
+    async fn delete(&mut self, slice: &Existing) -> Result<(), Failure> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: slice.resource_version.clone(),
+                uid: None,
+            }),
+            ..Default::default()
+        };
+        let action = format!("deleting resource slice {}", slice.name);
+        let result = self
+            .publisher
+            .call(&action, || async {
+                match self.api.delete(&slice.name, &params).await {
+                    // Already gone is what we wanted.
+                    Err(::kube::Error::Api(status))
+                        if status.code == 404
+                            && !status.details.as_ref().is_none_or(|d| d.name.is_empty()) =>
+                    {
+                        Ok(())
+                    }
+                    other => other.map(|_| ()),
+                }
+            })
+            .await;
+        result?;
+        self.report.deleted += 1;
+        Ok(())
+    }
+
+    /// Remembers our write and what the API server dropped from it.
+    fn written(&mut self, sent: &Value, stored: DynamicObject) {
+        if let Some(rv) = stored.metadata.resource_version {
+            self.state.written.insert(rv);
+        }
+        let stored_spec = stored.data.get("spec").cloned().unwrap_or(Value::Null);
+        for field in dropped_fields(sent, &stored_spec) {
+            if self.state.dropped.insert(field.clone()) {
+                tracing::warn!(
+                    field = %field,
+                    api_version = %self.version,
+                    "the api server dropped a field of our resource slices: its feature gate is off (see docs/kubernetes.md)"
+                );
+                self.report.dropped_fields.push(field.to_string());
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The error and its sources on one line, for logs.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
+}

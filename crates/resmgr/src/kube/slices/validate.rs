@@ -1,0 +1,583 @@
+//! The API server's ResourceSlice rules, checked before the API server sees our devices.
+//!
+//! A slice the API server refuses leaves the node without published devices and the reason in a
+//! log line far from its cause. Checking here names the device and the field instead. The
+//! limits are those of `resource.k8s.io/v1` (Kubernetes 1.34-1.36); v1beta1 and v1beta2 have
+//! the same ones.
+
+use std::collections::BTreeSet;
+
+use policy::{AttributeValue, Capacity, Device, Quantity, RequestPolicy, ValidValues};
+
+/// Attributes and capacities together, per device.
+pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+/// Characters of a string or version attribute value.
+pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
+/// Characters of the domain of a qualified name.
+pub const MAX_DOMAIN_LEN: usize = 63;
+/// Characters of the identifier of a qualified name.
+pub const MAX_ID_LEN: usize = 32;
+/// Entries of a request policy's valid values.
+pub const MAX_VALID_VALUES: usize = 10;
+
+/// A device the API server would refuse, naming the device and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("device {device:?}: {field}: {reason}")]
+pub struct DeviceValidationError {
+    /// The device's name as the policy gave it.
+    pub device: String,
+    /// The offending field (`name`, `attributes[numaNode]`, `capacity[cpu].requestPolicy`).
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Checks every device and that their names are unique. `driver` is the domain bare names
+/// belong to.
+pub fn validate_devices(driver: &str, devices: &[Device]) -> Result<(), DeviceValidationError> {
+    let mut names = BTreeSet::new();
+    for device in devices {
+        validate_device(driver, device)?;
+        if !names.insert(device.name.as_str()) {
+            return Err(error(device, "name", "used by another device".to_owned()));
+        }
+    }
+    Ok(())
+}
+
+/// Checks one device.
+pub fn validate_device(driver: &str, device: &Device) -> Result<(), DeviceValidationError> {
+    dns_label(&device.name).map_err(|reason| error(device, "name", reason))?;
+    let count = device.attributes.len() + device.capacities.len();
+    if count > MAX_ATTRIBUTES_AND_CAPACITIES {
+        return Err(error(
+            device,
+            "attributes",
+            format!(
+                "{count} attributes and capacities, at most {MAX_ATTRIBUTES_AND_CAPACITIES} allowed"
+            ),
+        ));
+    }
+    let mut qualified = BTreeSet::new();
+    for (name, value) in &device.attributes {
+        let field = format!("attributes[{name}]");
+        qualified_name(name).map_err(|reason| error(device, &field, reason))?;
+        if !qualified.insert(fully_qualified(driver, name)) {
+            return Err(error(
+                device,
+                &field,
+                "names the same attribute as another one".to_owned(),
+            ));
+        }
+        attribute_value(value).map_err(|reason| error(device, &field, reason))?;
+    }
+    let mut qualified = BTreeSet::new();
+    for (name, capacity) in &device.capacities {
+        let field = format!("capacity[{name}]");
+        qualified_name(name).map_err(|reason| error(device, &field, reason))?;
+        if !qualified.insert(fully_qualified(driver, name)) {
+            return Err(error(
+                device,
+                &field,
+                "names the same capacity as another one".to_owned(),
+            ));
+        }
+        if let Some(policy) = &capacity.request_policy {
+            let field = format!("{field}.requestPolicy");
+            if !device.allow_multiple_allocations {
+                return Err(error(
+                    device,
+                    &field,
+                    "only devices that allow multiple allocations may have a request policy"
+                        .to_owned(),
+                ));
+            }
+            request_policy(capacity, policy).map_err(|reason| error(device, &field, reason))?;
+        }
+    }
+    Ok(())
+}
+
+/// A v1 slice spec the API server would refuse, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("resource slice: {field}: {reason}")]
+pub struct SliceValidationError {
+    /// The offending field (`devices[3].attributes[numaNode]`).
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Checks a v1 slice spec as the API server does, for what we publish: one node, at most 128
+/// devices with valid, unique names, qualified attribute and capacity names, one value per
+/// attribute, and request policies only on devices that allow multiple allocations. Used to check
+/// what actually went over the wire.
+pub fn validate_slice_spec(
+    spec: &k8s_openapi::api::resource::v1::ResourceSliceSpec,
+) -> Result<(), SliceValidationError> {
+    let error = |field: String, reason: String| SliceValidationError { field, reason };
+    dns_subdomain(&spec.driver, 63).map_err(|r| error("driver".into(), r))?;
+    if spec.pool.name.is_empty() || spec.pool.name.len() > 253 {
+        return Err(error(
+            "pool.name".into(),
+            "must be 1 to 253 characters".into(),
+        ));
+    }
+    if spec.pool.generation < 0 || spec.pool.resource_slice_count <= 0 {
+        return Err(error(
+            "pool".into(),
+            "generation must be >= 0 and resourceSliceCount > 0".into(),
+        ));
+    }
+    match &spec.node_name {
+        Some(node) => dns_subdomain(node, 253).map_err(|r| error("nodeName".into(), r))?,
+        None => {
+            return Err(error(
+                "nodeName".into(),
+                "required for a node-local pool".into(),
+            ));
+        }
+    }
+    let devices = spec.devices.as_deref().unwrap_or_default();
+    if devices.len() > crate::kube::slices::build::MAX_DEVICES_PER_SLICE {
+        return Err(error(
+            "devices".into(),
+            format!("{} devices, at most 128 allowed", devices.len()),
+        ));
+    }
+    let mut names = BTreeSet::new();
+    for (i, device) in devices.iter().enumerate() {
+        let at = |field: &str| format!("devices[{i}].{field}");
+        dns_label(&device.name).map_err(|r| error(at("name"), r))?;
+        if !names.insert(device.name.as_str()) {
+            return Err(error(at("name"), "duplicate".into()));
+        }
+        let attributes = device.attributes.as_ref().map_or(0, |a| a.len());
+        let capacities = device.capacity.as_ref().map_or(0, |c| c.len());
+        if attributes + capacities > MAX_ATTRIBUTES_AND_CAPACITIES {
+            return Err(error(
+                at("attributes"),
+                "more than 32 attributes and capacities".into(),
+            ));
+        }
+        for (name, value) in device.attributes.iter().flatten() {
+            let field = at(&format!("attributes[{name}]"));
+            qualified_name(name).map_err(|r| error(field.clone(), r))?;
+            let set = [
+                value.int.is_some(),
+                value.bool.is_some(),
+                value.string.is_some(),
+                value.version.is_some(),
+            ];
+            if set.iter().filter(|s| **s).count() != 1 {
+                return Err(error(field, "exactly one value must be set".into()));
+            }
+            for s in value.string.iter().chain(&value.version) {
+                max_len(s, MAX_ATTRIBUTE_VALUE_LEN).map_err(|r| error(field.clone(), r))?;
+            }
+        }
+        for (name, capacity) in device.capacity.iter().flatten() {
+            let field = at(&format!("capacity[{name}]"));
+            qualified_name(name).map_err(|r| error(field.clone(), r))?;
+            if capacity.request_policy.is_some() && device.allow_multiple_allocations != Some(true)
+            {
+                return Err(error(
+                    field,
+                    "a request policy needs allowMultipleAllocations".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn error(device: &Device, field: &str, reason: String) -> DeviceValidationError {
+    DeviceValidationError {
+        device: device.name.clone(),
+        field: field.to_owned(),
+        reason,
+    }
+}
+
+/// A name as the API server compares it: a bare name belongs to the driver's domain.
+fn fully_qualified(driver: &str, name: &str) -> String {
+    if name.contains('/') {
+        name.to_owned()
+    } else {
+        format!("{driver}/{name}")
+    }
+}
+
+fn attribute_value(value: &AttributeValue) -> Result<(), String> {
+    match value {
+        AttributeValue::Int(_) | AttributeValue::Bool(_) => Ok(()),
+        AttributeValue::String(s) => max_len(s, MAX_ATTRIBUTE_VALUE_LEN),
+        AttributeValue::Version(v) => {
+            max_len(v, MAX_ATTRIBUTE_VALUE_LEN)?;
+            semver::Version::parse(v)
+                .map(|_| ())
+                .map_err(|e| format!("{v:?} is not a semantic version: {e}"))
+        }
+    }
+}
+
+fn max_len(s: &str, max: usize) -> Result<(), String> {
+    let len = s.chars().count();
+    if len > max {
+        Err(format!("{len} characters, at most {max} allowed"))
+    } else {
+        Ok(())
+    }
+}
+
+/// The request policy rules the API server applies (see `CapacityRequestPolicy`).
+fn request_policy(capacity: &Capacity, policy: &RequestPolicy) -> Result<(), String> {
+    let total = capacity.value;
+    let default = policy.default.ok_or_else(|| {
+        "a request policy with valid values or a range needs a default".to_owned()
+    })?;
+    if default > total {
+        return Err(format!("default {default} exceeds the capacity {total}"));
+    }
+    match &policy.valid {
+        ValidValues::Values(values) => {
+            if values.is_empty() || values.len() > MAX_VALID_VALUES {
+                return Err(format!(
+                    "{} valid values, between 1 and {MAX_VALID_VALUES} allowed",
+                    values.len()
+                ));
+            }
+            if values.windows(2).any(|w| w[0] >= w[1]) {
+                return Err("valid values must be sorted ascending and unique".to_owned());
+            }
+            if let Some(big) = values.iter().find(|v| **v > total) {
+                return Err(format!("valid value {big} exceeds the capacity {total}"));
+            }
+            if !values.contains(&default) {
+                return Err(format!("default {default} is not one of the valid values"));
+            }
+        }
+        ValidValues::Range { min, max, step } => {
+            if *min > total {
+                return Err(format!("range min {min} exceeds the capacity {total}"));
+            }
+            if default < *min {
+                return Err(format!("default {default} is below the range min {min}"));
+            }
+            if let Some(max) = max {
+                if *max > total || *max < *min || default > *max {
+                    return Err(format!(
+                        "range max {max} must lie between min {min} and the capacity {total}, and not below the default {default}"
+                    ));
+                }
+            }
+            if let Some(step) = step {
+                multiple_of(default, *step, "default")?;
+                if let Some(max) = max {
+                    multiple_of(*max, *step, "range max")?;
+                }
+                if min.milli().saturating_add(step.milli()) > total.milli() {
+                    return Err(format!(
+                        "range min {min} plus step {step} exceeds the capacity {total}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn multiple_of(value: Quantity, step: Quantity, what: &str) -> Result<(), String> {
+    if step.milli() == 0 {
+        return Err("range step must be positive".to_owned());
+    }
+    if value.milli() % step.milli() != 0 {
+        return Err(format!(
+            "{what} {value} is not a multiple of the step {step}"
+        ));
+    }
+    Ok(())
+}
+
+/// A DNS label (RFC 1123): 1-63 of `a-z0-9-`, starting and ending alphanumeric. Device names.
+pub fn dns_label(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 63 {
+        return Err(format!("{name:?} must be 1 to 63 characters"));
+    }
+    let ok = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)"
+        ))
+    }
+}
+
+/// A DNS subdomain (RFC 1123): dot-separated DNS labels, at most `max` characters in all.
+/// Driver names (63) and node and pool names (253).
+pub fn dns_subdomain(name: &str, max: usize) -> Result<(), String> {
+    if name.is_empty() || name.len() > max {
+        return Err(format!("{name:?} must be 1 to {max} characters"));
+    }
+    name.split('.')
+        .try_for_each(dns_label)
+        .map_err(|_| format!("{name:?} is not a DNS subdomain (DNS labels joined by '.')"))
+}
+
+/// A qualified name of an attribute or capacity: `domain/id` or a bare `id`, where the domain is
+/// a DNS subdomain of at most 63 characters and the id a C identifier of at most 32.
+pub fn qualified_name(name: &str) -> Result<(), String> {
+    let id = match name.split_once('/') {
+        Some((domain, id)) => {
+            dns_subdomain(domain, MAX_DOMAIN_LEN)
+                .map_err(|reason| format!("domain of {name:?}: {reason}"))?;
+            id
+        }
+        None => name,
+    };
+    let c_identifier = id
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !c_identifier || id.len() > MAX_ID_LEN {
+        return Err(format!(
+            "{name:?}: {id:?} is not a C identifier of at most {MAX_ID_LEN} characters"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn device(name: &str) -> Device {
+        Device {
+            name: name.to_owned(),
+            attributes: BTreeMap::new(),
+            capacities: BTreeMap::new(),
+            allow_multiple_allocations: false,
+        }
+    }
+
+    fn q(s: &str) -> Quantity {
+        s.parse().unwrap()
+    }
+
+    fn capacity(value: &str, policy: Option<RequestPolicy>) -> Capacity {
+        Capacity {
+            value: q(value),
+            request_policy: policy,
+        }
+    }
+
+    fn field_of(result: Result<(), DeviceValidationError>) -> String {
+        result.unwrap_err().field
+    }
+
+    #[test]
+    fn accepts_a_typical_cpu_device() {
+        let mut d = device("numa-0");
+        d.allow_multiple_allocations = true;
+        d.attributes.insert(
+            "resource.kubernetes.io/numaNode".into(),
+            AttributeValue::Int(0),
+        );
+        d.attributes
+            .insert("smtEnabled".into(), AttributeValue::Bool(true));
+        d.attributes.insert(
+            "driverVersion".into(),
+            AttributeValue::Version("1.2.3-rc.1".into()),
+        );
+        d.capacities.insert(
+            "cpu".into(),
+            capacity(
+                "16",
+                Some(RequestPolicy {
+                    default: Some(q("1")),
+                    valid: ValidValues::Range {
+                        min: q("1"),
+                        max: Some(q("16")),
+                        step: Some(q("1")),
+                    },
+                }),
+            ),
+        );
+        validate_devices("cpu.resmgr.io", &[d]).unwrap();
+    }
+
+    #[test]
+    fn refuses_names_that_are_not_dns_labels() {
+        for bad in ["", "Numa0", "numa_0", "-numa", "numa-", &"n".repeat(64)] {
+            let err = validate_device("d.io", &device(bad)).unwrap_err();
+            assert_eq!(err.field, "name", "{bad:?}");
+            assert_eq!(err.device, bad);
+        }
+        validate_device("d.io", &device(&"n".repeat(63))).unwrap();
+    }
+
+    #[test]
+    fn refuses_duplicate_device_names() {
+        let err = validate_devices("d.io", &[device("a"), device("b"), device("a")]).unwrap_err();
+        assert_eq!((err.device.as_str(), err.field.as_str()), ("a", "name"));
+    }
+
+    #[test]
+    fn refuses_more_than_32_attributes_and_capacities() {
+        let mut d = device("dev");
+        for i in 0..20 {
+            d.attributes.insert(format!("a{i}"), AttributeValue::Int(i));
+        }
+        for i in 0..12 {
+            d.capacities.insert(format!("c{i}"), capacity("1", None));
+        }
+        validate_device("d.io", &d).unwrap();
+        d.capacities.insert("c12".into(), capacity("1", None));
+        let err = validate_device("d.io", &d).unwrap_err();
+        assert_eq!(err.field, "attributes");
+        assert!(err.reason.contains("33"), "{err}");
+    }
+
+    #[test]
+    fn refuses_bad_qualified_names() {
+        for bad in [
+            "1abc",
+            "a-b",
+            "",
+            "Dom.io/x",
+            "d.io/",
+            "d.io/a.b",
+            &"x".repeat(33),
+            &format!("{}/x", "d".repeat(64)),
+        ] {
+            let mut d = device("dev");
+            d.attributes
+                .insert(bad.to_owned(), AttributeValue::Bool(true));
+            assert_eq!(
+                field_of(validate_device("d.io", &d)),
+                format!("attributes[{bad}]"),
+                "{bad:?}"
+            );
+        }
+        for good in [
+            "_x",
+            "numaNode",
+            "resource.kubernetes.io/pcieRoot",
+            &"x".repeat(32),
+        ] {
+            let mut d = device("dev");
+            d.attributes
+                .insert(good.to_owned(), AttributeValue::Bool(true));
+            validate_device("d.io", &d).unwrap();
+        }
+    }
+
+    #[test]
+    fn refuses_a_bare_name_and_its_driver_qualified_twin() {
+        let mut d = device("dev");
+        d.attributes.insert("numa".into(), AttributeValue::Int(0));
+        d.attributes
+            .insert("d.io/numa".into(), AttributeValue::Int(0));
+        assert!(field_of(validate_device("d.io", &d)).starts_with("attributes["));
+        // In another domain the same id is a different attribute.
+        validate_device("other.io", &d).unwrap();
+    }
+
+    #[test]
+    fn refuses_long_strings_and_bad_versions() {
+        let mut d = device("dev");
+        d.attributes
+            .insert("model".into(), AttributeValue::String("x".repeat(65)));
+        assert_eq!(field_of(validate_device("d.io", &d)), "attributes[model]");
+        d.attributes
+            .insert("model".into(), AttributeValue::String("x".repeat(64)));
+        validate_device("d.io", &d).unwrap();
+        d.attributes
+            .insert("v".into(), AttributeValue::Version("v1.2".into()));
+        assert_eq!(field_of(validate_device("d.io", &d)), "attributes[v]");
+    }
+
+    #[test]
+    fn refuses_request_policies_the_api_server_would() {
+        let policy = |default: Option<&str>, valid: ValidValues| RequestPolicy {
+            default: default.map(q),
+            valid,
+        };
+        let values = |v: &[&str]| ValidValues::Values(v.iter().map(|s| q(s)).collect());
+        let range = |min: &str, max: Option<&str>, step: Option<&str>| ValidValues::Range {
+            min: q(min),
+            max: max.map(q),
+            step: step.map(q),
+        };
+        let cases = [
+            (policy(None, values(&["1"])), "needs a default"),
+            (policy(Some("2"), values(&["1", "4"])), "not one of"),
+            (policy(Some("1"), values(&["4", "1"])), "sorted"),
+            (policy(Some("1"), values(&["1", "1"])), "sorted"),
+            (policy(Some("1"), values(&["1", "9"])), "exceeds"),
+            (
+                policy(
+                    Some("1"),
+                    values(&[
+                        "1", "2", "3", "4", "5", "6", "7", "8", "8500m", "8600m", "8700m",
+                    ]),
+                ),
+                "between 1 and 10",
+            ),
+            (
+                policy(Some("1"), range("2", None, None)),
+                "below the range min",
+            ),
+            (policy(Some("3"), range("1", Some("2"), None)), "range max"),
+            (policy(Some("1"), range("1", Some("9"), None)), "range max"),
+            (
+                policy(Some("3"), range("1", None, Some("2"))),
+                "multiple of the step",
+            ),
+            (
+                policy(Some("2"), range("1", None, Some("0"))),
+                "step must be positive",
+            ),
+            (policy(Some("8"), range("4", None, Some("8"))), "plus step"),
+            (policy(Some("9"), values(&["9"])), "exceeds the capacity"),
+        ];
+        for (policy, reason) in cases {
+            let mut d = device("dev");
+            d.allow_multiple_allocations = true;
+            d.capacities
+                .insert("cpu".into(), capacity("8", Some(policy.clone())));
+            let err = validate_device("d.io", &d).unwrap_err();
+            assert_eq!(err.field, "capacity[cpu].requestPolicy", "{policy:?}");
+            assert!(err.reason.contains(reason), "{policy:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn refuses_a_request_policy_on_an_exclusive_device() {
+        let mut d = device("dev");
+        let policy = RequestPolicy {
+            default: Some(q("1")),
+            valid: ValidValues::Values(vec![q("1")]),
+        };
+        d.capacities
+            .insert("cpu".into(), capacity("8", Some(policy)));
+        let err = validate_device("d.io", &d).unwrap_err();
+        assert!(err.reason.contains("multiple allocations"), "{err}");
+    }
+
+    #[test]
+    fn checks_subdomains() {
+        dns_subdomain("cpu.resmgr.io", 63).unwrap();
+        for bad in ["", "a..b", "A.b", ".a", "a.", &"a".repeat(64)] {
+            dns_subdomain(bad, 63).unwrap_err();
+        }
+    }
+}
