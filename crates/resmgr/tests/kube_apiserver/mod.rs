@@ -586,17 +586,20 @@ fn stream_response(
 /// configured dropped fields.
 /// `Err` is the 422 message.
 fn admit_slice(store: &Store, version: &str, object: &mut Value) -> Result<(), String> {
-    let devices = object["spec"]["devices"]
-        .as_array_mut()
+    // `get_mut`, not indexing: indexing a missing key would insert a null.
+    let devices = object
+        .get_mut("spec")
+        .and_then(|spec| spec.get_mut("devices"))
+        .and_then(Value::as_array_mut)
         .into_iter()
         .flatten();
     for device in devices {
         let fields = if version == "v1beta1" {
-            &mut device["basic"]
+            device.get_mut("basic")
         } else {
-            device
+            Some(device)
         };
-        if let Value::Object(fields) = fields {
+        if let Some(Value::Object(fields)) = fields {
             for dropped in &store.dropped_device_fields {
                 fields.remove(dropped);
             }

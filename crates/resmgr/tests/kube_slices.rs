@@ -1,0 +1,475 @@
+//! Publishing ResourceSlices through real kube-rs against the fake API server: chunking, the
+//! pool's generation and size, the empty slice, owner and labels, updates in place, republishing
+//! after deletion, other nodes' and drivers' slices left alone, v1beta1 nesting, fields the API
+//! server drops, and what reaches the wire fitting k8s-openapi's types exactly.
+
+mod kube_apiserver;
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use hyper::Method;
+use k8s_openapi::api::resource::{v1, v1beta1};
+use kube_apiserver::FakeApiServer;
+use policy::{AttributeValue, Capacity, Device, Quantity};
+use resmgr::kube::{
+    DevicePublisher, NodeAllocatableCpu, PublishError, PublisherConfig, ResourceApiVersions,
+    RetryPolicy, SlicePublisher, slices::validate::validate_slice_spec,
+};
+use serde_json::{Value, json};
+
+const DRIVER: &str = "cpu.resmgr.io";
+const NODE: &str = "node-a";
+const NODE_UID: &str = "node-a-uid";
+const OURS: &str = "spec.nodeName=node-a,spec.driver=cpu.resmgr.io";
+
+fn device(name: &str, cpus: u64) -> Device {
+    Device {
+        name: name.to_owned(),
+        attributes: BTreeMap::from([
+            (
+                "resource.kubernetes.io/numaNode".to_owned(),
+                AttributeValue::Int(0),
+            ),
+            ("smtEnabled".to_owned(), AttributeValue::Bool(true)),
+        ]),
+        capacities: BTreeMap::from([(
+            "cpu".to_owned(),
+            Capacity {
+                value: Quantity::from_units(cpus),
+                request_policy: None,
+            },
+        )]),
+        allow_multiple_allocations: true,
+    }
+}
+
+fn devices(n: usize) -> Vec<Device> {
+    (0..n).map(|i| device(&format!("cpu-{i}"), 1)).collect()
+}
+
+fn config() -> PublisherConfig {
+    PublisherConfig {
+        retry: RetryPolicy {
+            attempt_timeout: Duration::from_secs(5),
+            budget: Duration::from_millis(200),
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+        },
+        resync_backoff: Duration::from_millis(10),
+        max_resync_backoff: Duration::from_millis(50),
+        ..PublisherConfig::new(DRIVER, NODE)
+    }
+}
+
+async fn start(versions: &[&str], config: PublisherConfig) -> (FakeApiServer, SlicePublisher) {
+    let server = FakeApiServer::start(versions).await;
+    server.insert_node(NODE, NODE_UID);
+    let versions = Arc::new(ResourceApiVersions::discover(server.client()));
+    let publisher = SlicePublisher::new(config, versions).unwrap();
+    (server, publisher)
+}
+
+/// Runs [`SlicePublisher::maintain`] until dropped.
+struct Maintained(tokio::task::JoinHandle<()>);
+
+impl Drop for Maintained {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn maintain(publisher: &SlicePublisher) -> Maintained {
+    let publisher = publisher.clone();
+    Maintained(tokio::spawn(async move { publisher.maintain().await }))
+}
+
+fn ours(slices: &[Value]) -> Vec<Value> {
+    slices
+        .iter()
+        .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == DRIVER)
+        .cloned()
+        .collect()
+}
+
+fn device_names(slice: &Value) -> Vec<String> {
+    slice["spec"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn generation(slice: &Value) -> i64 {
+    slice["spec"]["pool"]["generation"].as_i64().unwrap()
+}
+
+/// Whether our pool is complete: `count` slices, one generation, the right size, `names` in order.
+fn pool_is(slices: &[Value], names: &[String]) -> bool {
+    let ours = ours(slices);
+    let count = names.len().div_ceil(128).max(1);
+    let generations: std::collections::BTreeSet<i64> = ours.iter().map(generation).collect();
+    ours.len() == count
+        && generations.len() == 1
+        && ours
+            .iter()
+            .all(|s| s["spec"]["pool"]["resourceSliceCount"] == count)
+        && ours.iter().flat_map(device_names).collect::<Vec<_>>() == names
+}
+
+fn names(devices: &[Device]) -> Vec<String> {
+    devices.iter().map(|d| d.name.clone()).collect()
+}
+
+/// The stored object, read into k8s-openapi's v1 type and written back, is unchanged: no field
+/// we sent is unknown to the Kubernetes API schema. And it passes our own slice validation.
+fn assert_fits_v1(slice: &Value) {
+    let typed: v1::ResourceSlice = serde_json::from_value(slice.clone()).unwrap();
+    assert_eq!(
+        &serde_json::to_value(&typed).unwrap(),
+        slice,
+        "fields unknown to v1::ResourceSlice"
+    );
+    validate_slice_spec(&typed.spec).unwrap();
+}
+
+fn writes(server: &FakeApiServer) -> Vec<(Method, String)> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/resourceslices") && r.method != Method::GET)
+        .map(|r| (r.method, r.path))
+        .collect()
+}
+
+#[tokio::test]
+async fn publishes_one_pool_in_slices_of_128_owned_by_the_node() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let wanted = devices(300);
+    let report = publisher.publish(wanted.clone()).await.unwrap();
+    assert_eq!(
+        (
+            report.slices,
+            report.created,
+            report.updated,
+            report.deleted
+        ),
+        (3, 3, 0, 0)
+    );
+
+    let slices = server.slices();
+    assert!(pool_is(&slices, &names(&wanted)), "{slices:#?}");
+    let sizes: Vec<usize> = slices.iter().map(|s| device_names(s).len()).collect();
+    assert_eq!(sizes, [128, 128, 44]);
+    for slice in &slices {
+        assert_eq!(slice["apiVersion"], "resource.k8s.io/v1");
+        assert_eq!(slice["spec"]["pool"]["name"], NODE);
+        assert_eq!(generation(slice), report.generation);
+        assert_eq!(
+            slice["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "resmgr"
+        );
+        assert_eq!(
+            slice["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE_UID, "controller": true}])
+        );
+        assert!(
+            slice["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("node-a-cpu.resmgr.io-")
+        );
+        assert_fits_v1(slice);
+    }
+    assert_eq!(
+        slices[0]["spec"]["devices"][0],
+        json!({
+            "name": "cpu-0",
+            "allowMultipleAllocations": true,
+            "attributes": {"resource.kubernetes.io/numaNode": {"int": 0}, "smtEnabled": {"bool": true}},
+            "capacity": {"cpu": {"value": "1"}},
+        })
+    );
+}
+
+#[tokio::test]
+async fn no_devices_is_one_empty_slice() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let report = publisher.publish(Vec::new()).await.unwrap();
+    assert_eq!((report.slices, report.created), (1, 1));
+    let slices = server.slices();
+    assert_eq!(slices.len(), 1);
+    assert!(
+        slices[0]["spec"].get("devices").is_none(),
+        "{:#}",
+        slices[0]
+    );
+    assert_eq!(slices[0]["spec"]["pool"]["resourceSliceCount"], 1);
+    assert_fits_v1(&slices[0]);
+}
+
+#[tokio::test]
+async fn changed_devices_update_the_slices_in_place_with_a_new_generation() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let first = publisher.publish(devices(2)).await.unwrap();
+    let before = server.slices();
+
+    let mut changed = devices(2);
+    changed[1] = device("cpu-1", 2);
+    let second = publisher.publish(changed).await.unwrap();
+
+    assert_eq!((second.created, second.updated, second.deleted), (0, 1, 0));
+    assert_eq!(second.generation, first.generation + 1);
+    let after = server.slices();
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        after[0]["metadata"]["name"], before[0]["metadata"]["name"],
+        "updated, not re-created"
+    );
+    assert_eq!(after[0]["metadata"]["uid"], before[0]["metadata"]["uid"]);
+    assert_eq!(generation(&after[0]), second.generation);
+    assert_eq!(
+        after[0]["spec"]["devices"][1]["capacity"]["cpu"]["value"],
+        "2"
+    );
+    assert_fits_v1(&after[0]);
+}
+
+#[tokio::test]
+async fn a_shrinking_pool_deletes_its_surplus_slices_first() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let first = publisher.publish(devices(300)).await.unwrap();
+    let report = publisher.publish(devices(10)).await.unwrap();
+    assert_eq!(
+        (
+            report.slices,
+            report.created,
+            report.updated,
+            report.deleted
+        ),
+        (1, 0, 1, 2)
+    );
+    assert!(report.generation > first.generation);
+    assert!(pool_is(&server.slices(), &names(&devices(10))));
+    let methods: Vec<Method> = writes(&server)
+        .into_iter()
+        .map(|(m, _)| m)
+        .skip(3)
+        .collect();
+    assert_eq!(methods, [Method::DELETE, Method::DELETE, Method::PUT]);
+}
+
+#[tokio::test]
+async fn the_same_devices_again_write_nothing() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let first = publisher.publish(devices(130)).await.unwrap();
+    let writes_before = writes(&server).len();
+    let again = publisher.publish(devices(130)).await.unwrap();
+    assert_eq!((again.created, again.updated, again.deleted), (0, 0, 0));
+    assert_eq!(again.generation, first.generation);
+    assert_eq!(writes(&server).len(), writes_before);
+}
+
+#[tokio::test]
+async fn slices_deleted_by_the_kubelet_are_published_again() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let _maintained = maintain(&publisher);
+    let wanted = names(&devices(200));
+    publisher.publish(devices(200)).await.unwrap();
+
+    // The kubelet's wipe at its start: DeleteCollection of everything on the node.
+    assert_eq!(server.delete_slices("spec.nodeName=node-a"), 2);
+    let slices = server
+        .wait_for_slices("the wiped pool to come back", |s| pool_is(s, &wanted))
+        .await;
+    slices.iter().for_each(assert_fits_v1);
+
+    // One slice of two deleted: the other still describes the pool, so it comes back as it was.
+    let generation_before = generation(&slices[0]);
+    let victim = slices[1]["metadata"]["name"].as_str().unwrap().to_owned();
+    assert_eq!(server.delete_slices(&format!("metadata.name={victim}")), 1);
+    let slices = server
+        .wait_for_slices("the deleted slice to come back", |s| {
+            pool_is(s, &wanted) && !s.iter().any(|x| x["metadata"]["name"] == victim.as_str())
+        })
+        .await;
+    assert!(slices.iter().all(|s| generation(s) == generation_before));
+}
+
+#[tokio::test]
+async fn a_slice_changed_by_someone_else_is_restored() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let _maintained = maintain(&publisher);
+    let wanted = names(&devices(3));
+    publisher.publish(devices(3)).await.unwrap();
+    let mut edited = server.slices()[0].clone();
+    edited["spec"]["devices"].as_array_mut().unwrap().pop();
+    server.insert(edited);
+    let slices = server
+        .wait_for_slices("the edit to be undone", |s| pool_is(s, &wanted))
+        .await;
+    slices.iter().for_each(assert_fits_v1);
+}
+
+#[tokio::test]
+async fn other_nodes_and_other_drivers_slices_are_left_alone() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let foreign = |name: &str, node: &str, driver: &str| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 7, "resourceSliceCount": 1},
+                     "devices": [{"name": "other"}]},
+        })
+    };
+    let other_node = server.insert(foreign("node-b-ours", "node-b", DRIVER));
+    let other_driver = server.insert(foreign("node-a-gpu", NODE, "gpu.example.com"));
+    let _maintained = maintain(&publisher);
+    publisher.publish(devices(2)).await.unwrap();
+    publisher.publish(devices(3)).await.unwrap();
+    server.delete_slices(OURS);
+    server
+        .wait_for_slices("our pool to come back", |s| pool_is(s, &names(&devices(3))))
+        .await;
+
+    let slices = server.slices();
+    assert!(
+        slices.contains(&other_node) && slices.contains(&other_driver),
+        "{slices:#?}"
+    );
+    for (_, path) in writes(&server) {
+        assert!(
+            !path.ends_with("node-b-ours") && !path.ends_with("node-a-gpu"),
+            "touched {path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn on_kubernetes_1_32_slices_are_v1beta1_with_device_fields_under_basic() {
+    let (server, publisher) = start(&["v1beta1"], config()).await;
+    publisher.publish(devices(2)).await.unwrap();
+    let slices = server.slices();
+    assert_eq!(slices.len(), 1);
+    let slice = &slices[0];
+    assert_eq!(slice["apiVersion"], "resource.k8s.io/v1beta1");
+    assert_eq!(slice["spec"]["devices"][0]["name"], "cpu-0");
+    assert_eq!(
+        slice["spec"]["devices"][0]["basic"]["capacity"]["cpu"]["value"],
+        "1"
+    );
+    let typed: v1beta1::ResourceSlice = serde_json::from_value(slice.clone()).unwrap();
+    assert_eq!(
+        &serde_json::to_value(&typed).unwrap(),
+        slice,
+        "fields unknown to v1beta1::ResourceSlice"
+    );
+    // Unchanged devices compare equal through the nesting: nothing is rewritten.
+    let again = publisher.publish(devices(2)).await.unwrap();
+    assert_eq!((again.created, again.updated, again.deleted), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn without_v1_slices_are_v1beta2() {
+    let (server, publisher) = start(&["v1beta2", "v1beta1"], config()).await;
+    publisher.publish(devices(2)).await.unwrap();
+    let slices = server.slices();
+    assert_eq!(slices[0]["apiVersion"], "resource.k8s.io/v1beta2");
+    let typed: k8s_openapi::api::resource::v1beta2::ResourceSlice =
+        serde_json::from_value(slices[0].clone()).unwrap();
+    assert_eq!(serde_json::to_value(&typed).unwrap(), slices[0]);
+}
+
+#[tokio::test]
+async fn fields_the_api_server_drops_are_reported_and_not_rewritten_forever() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    // DRAConsumableCapacity off (Kubernetes 1.34/1.35 default).
+    server.drop_device_fields(&["allowMultipleAllocations"]);
+    let first = publisher.publish(devices(2)).await.unwrap();
+    assert_eq!(first.dropped_fields, ["devices[].allowMultipleAllocations"]);
+    let again = publisher.publish(devices(2)).await.unwrap();
+    assert_eq!((again.created, again.updated, again.deleted), (0, 0, 0));
+    assert!(again.dropped_fields.is_empty(), "reported once");
+}
+
+#[tokio::test]
+async fn node_allocatable_mapping_is_published_only_when_switched_on() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    publisher.publish(vec![device("numa-0", 8)]).await.unwrap();
+    assert!(
+        server.slices()[0]["spec"]["devices"][0]
+            .get("nodeAllocatableResourceMappings")
+            .is_none()
+    );
+
+    let on = PublisherConfig {
+        node_allocatable_cpu: Some(NodeAllocatableCpu::default()),
+        ..config()
+    };
+    let (server, publisher) = start(&["v1"], on).await;
+    publisher.publish(vec![device("numa-0", 8)]).await.unwrap();
+    let slice = &server.slices()[0];
+    assert_eq!(
+        slice["spec"]["devices"][0]["nodeAllocatableResourceMappings"],
+        json!({"cpu": {"capacityKey": "cpu"}})
+    );
+    assert_fits_v1(slice);
+}
+
+#[tokio::test]
+async fn invalid_devices_never_reach_the_api_server() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    let mut bad = devices(2);
+    bad[1]
+        .attributes
+        .insert("not a name".to_owned(), AttributeValue::Bool(true));
+    let error = publisher.publish(bad).await.unwrap_err();
+    let PublishError::Invalid(invalid) = &error else {
+        panic!("expected invalid, got {error:?}")
+    };
+    assert_eq!(
+        (invalid.device.as_str(), invalid.field.as_str()),
+        ("cpu-1", "attributes[not a name]")
+    );
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+}
+
+#[tokio::test]
+async fn a_write_conflict_starts_the_reconciliation_over() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    publisher.publish(devices(2)).await.unwrap();
+    server.fail(Method::PUT, "/resourceslices/", 409, 1);
+    let report = publisher.publish(devices(3)).await.unwrap();
+    assert_eq!(report.updated, 1);
+    assert!(pool_is(&server.slices(), &names(&devices(3))));
+    let puts = writes(&server)
+        .into_iter()
+        .filter(|(m, _)| *m == Method::PUT)
+        .count();
+    assert_eq!(
+        puts, 2,
+        "the conflicting update and the one after listing again"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_publication_is_retried_in_the_background() {
+    let (server, publisher) = start(&["v1"], config()).await;
+    server.fail(Method::POST, "/resourceslices", 500, 40);
+    let error = publisher.publish(devices(2)).await.unwrap_err();
+    assert!(matches!(error, PublishError::Api { .. }), "{error:?}");
+    assert!(
+        error
+            .to_string()
+            .contains("creating a resource slice of node node-a"),
+        "{error}"
+    );
+    assert!(server.slices().is_empty());
+    let _maintained = maintain(&publisher);
+    server
+        .wait_for_slices("the retried publication", |s| {
+            pool_is(s, &names(&devices(2)))
+        })
+        .await;
+}
