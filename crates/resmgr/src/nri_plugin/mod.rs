@@ -1,0 +1,232 @@
+//! The resource manager as an NRI plugin: runtime events in, placement decisions out.
+//!
+//! [`ResmgrPlugin`] implements the nri crate's [`nri::Plugin`] by translating each event into
+//! domain terms ([`translate`]) and handing it to the [`Manager`]; [`NriRuntime`] implements the
+//! manager's [`Runtime`] over the stub's unsolicited `UpdateContainers`. [`connect`] wires the two
+//! and opens the claim gate once the Synchronize reply is out.
+//!
+//! Subscribed events: CreateContainer, UpdateContainer and StopContainer (whose replies carry
+//! updates to other containers) and RemoveContainer (which arrives as StateChange, or as its own
+//! call on NRI v0.12 runtimes, and carries none). Pod events change nothing the policy decides.
+
+pub mod translate;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, OnceLock},
+};
+
+use nri::{
+    EventSet, Plugin, PluginError, StateChange,
+    api::{self, Event},
+};
+use policy::ContainerUpdate;
+use tracing::{info, warn};
+
+use crate::{
+    errors::chain,
+    manager::Manager,
+    runtime::{BoxFuture, Runtime, RuntimeError},
+};
+
+/// The manager's runtime, over the NRI connection once there is one.
+#[derive(Debug, Default)]
+pub struct NriRuntime {
+    handle: OnceLock<nri::Handle>,
+}
+
+impl NriRuntime {
+    /// Attaches the live connection. Only the first call has an effect.
+    pub fn attach(&self, handle: nri::Handle) {
+        let _ = self.handle.set(handle);
+    }
+}
+
+impl Runtime for NriRuntime {
+    fn update_containers(
+        &self,
+        updates: Vec<ContainerUpdate>,
+    ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
+        Box::pin(async move {
+            let handle = self.handle.get().ok_or(RuntimeError::Disconnected)?;
+            let updates = updates.iter().map(translate::update).collect();
+            match handle.update_containers(updates).await {
+                // We never set ignore_failure, so nothing comes back on success.
+                Ok(failed) => Ok(failed.into_iter().map(|u| u.container_id).collect()),
+                Err(e) => Err(RuntimeError::Refused(chain(&e))),
+            }
+        })
+    }
+}
+
+/// The resource manager's NRI plugin.
+#[derive(Debug)]
+pub struct ResmgrPlugin {
+    manager: Arc<Manager>,
+}
+
+impl ResmgrPlugin {
+    /// A plugin serving `manager`.
+    pub fn new(manager: Arc<Manager>) -> Self {
+        Self { manager }
+    }
+}
+
+fn missing(call: &str, what: &str) -> PluginError {
+    PluginError::new(format!("{call} request without a {what}"))
+}
+
+fn updates(updates: &[ContainerUpdate]) -> Vec<api::ContainerUpdate> {
+    updates.iter().map(translate::update).collect()
+}
+
+impl Plugin for ResmgrPlugin {
+    fn events(&self) -> EventSet {
+        EventSet::of(&[
+            Event::CreateContainer,
+            Event::UpdateContainer,
+            Event::StopContainer,
+            Event::RemoveContainer,
+        ])
+    }
+
+    async fn synchronize(
+        &self,
+        pods: Vec<api::PodSandbox>,
+        containers: Vec<api::Container>,
+    ) -> Result<Vec<api::ContainerUpdate>, PluginError> {
+        let pods: HashMap<&str, &api::PodSandbox> =
+            pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        let mut live = Vec::new();
+        for c in &containers {
+            let state = api::ContainerState::try_from(c.state)
+                .unwrap_or(api::ContainerState::ContainerUnknown);
+            if matches!(
+                state,
+                api::ContainerState::ContainerStopped | api::ContainerState::ContainerUnknown
+            ) {
+                continue;
+            }
+            match pods.get(c.pod_sandbox_id.as_str()) {
+                Some(pod) => live.push(translate::container(pod, c)),
+                None => {
+                    warn!(container = %c.id, pod = %c.pod_sandbox_id, "container of an unknown pod left alone")
+                }
+            }
+        }
+        let result = self.manager.synchronize(&live).await;
+        result
+            .map(|u| updates(&u))
+            .map_err(|e| PluginError::new(chain(&e)))
+    }
+
+    async fn create_container(
+        &self,
+        request: api::CreateContainerRequest,
+    ) -> Result<api::CreateContainerResponse, PluginError> {
+        let pod = request
+            .pod
+            .as_ref()
+            .ok_or_else(|| missing("CreateContainer", "pod"))?;
+        let c = request
+            .container
+            .as_ref()
+            .ok_or_else(|| missing("CreateContainer", "container"))?;
+        let allocation = self
+            .manager
+            .create_container(&translate::container(pod, c))
+            .await
+            .map_err(|e| PluginError::new(chain(&e)))?;
+        Ok(api::CreateContainerResponse {
+            adjust: translate::adjustment(&allocation.adjustment),
+            update: updates(&allocation.updates),
+            evict: Vec::new(),
+        })
+    }
+
+    async fn update_container(
+        &self,
+        request: api::UpdateContainerRequest,
+    ) -> Result<api::UpdateContainerResponse, PluginError> {
+        let pod = request
+            .pod
+            .as_ref()
+            .ok_or_else(|| missing("UpdateContainer", "pod"))?;
+        let c = request
+            .container
+            .as_ref()
+            .ok_or_else(|| missing("UpdateContainer", "container"))?;
+        let resources = translate::resources_of(request.linux_resources.as_ref());
+        let u = self
+            .manager
+            .update_container(&translate::container(pod, c), &resources)
+            .await
+            .map_err(|e| PluginError::new(chain(&e)))?;
+        Ok(api::UpdateContainerResponse {
+            update: updates(&u),
+            evict: Vec::new(),
+        })
+    }
+
+    async fn stop_container(
+        &self,
+        request: api::StopContainerRequest,
+    ) -> Result<api::StopContainerResponse, PluginError> {
+        let pod = request
+            .pod
+            .as_ref()
+            .ok_or_else(|| missing("StopContainer", "pod"))?;
+        let c = request
+            .container
+            .as_ref()
+            .ok_or_else(|| missing("StopContainer", "container"))?;
+        let u = self
+            .manager
+            .stop_container(&translate::container(pod, c))
+            .await;
+        Ok(api::StopContainerResponse {
+            update: updates(&u),
+        })
+    }
+
+    async fn state_change(&self, change: StateChange) -> Result<(), PluginError> {
+        if change.event != Event::RemoveContainer {
+            return Ok(());
+        }
+        let c = change
+            .container
+            .as_ref()
+            .ok_or_else(|| missing("RemoveContainer", "container"))?;
+        let pod = change.pod.unwrap_or_default();
+        self.manager
+            .remove_container(&translate::container(&pod, c))
+            .await;
+        Ok(())
+    }
+}
+
+/// Connects the manager to the runtime: registers `plugin`, attaches the connection to
+/// `runtime`, and, in the background, opens the claim gate once the Synchronize reply has been
+/// written and then keeps retrying undelivered updates. Returns the connection's handle; its
+/// [`nri::Handle::closed`] resolves when the runtime goes away, which must end the process.
+pub async fn connect(
+    manager: Arc<Manager>,
+    runtime: &NriRuntime,
+    config: nri::StubConfig,
+    endpoint: nri::Endpoint,
+) -> Result<nri::Handle, nri::StubError> {
+    let plugin = Arc::new(ResmgrPlugin::new(manager.clone()));
+    let handle = nri::connect(plugin, config, endpoint).await?;
+    runtime.attach(handle.clone());
+    let sync = handle.clone();
+    tokio::spawn(async move {
+        match sync.synchronized().await {
+            Ok(()) => {
+                manager.synchronized().await;
+                manager.run_retries().await;
+            }
+            Err(e) => info!(reason = %e, "connection ended before synchronization"),
+        }
+    });
+    Ok(handle)
+}
