@@ -2,8 +2,22 @@
 //!
 //! NRI events from the runtime and claim requests from the kubelet meet here, under one lock, with
 //! durable state and the claim lifecycle (prepare = allocate, commit, write the CDI spec; unprepare
-//! = remove the spec, release, commit). See ARCHITECTURE.md for the invariants this crate keeps.
+//! = remove the spec, release, commit). See ARCHITECTURE.md for the invariants this crate keeps,
+//! and [`manager`] for the lock and the commit.
 
+pub mod claims;
+pub mod crash;
+pub mod errors;
+pub mod events;
+pub mod gate;
 pub mod kube;
+pub mod manager;
+pub mod nri_plugin;
+pub mod pending;
+pub mod runtime;
+pub mod state;
 
+pub use claims::{ClaimAnswers, ClaimError, ClaimRef, ClaimSource, RequestError};
+pub use manager::{DeliveryError, Manager, ManagerConfig, StartError};
 pub use policy;
+pub use runtime::{BoxFuture, Runtime, RuntimeError};
