@@ -114,7 +114,11 @@ mod tests {
     #[test]
     fn old_runtimes_never_get_bits_they_do_not_know() {
         let set = EventSet::of(&[Event::CreateContainer, Event::UpdatePodSandbox]);
-        for v in [None, Some(NriVersion::new(0, 8, 0)), Some(NriVersion::new(0, 9, 1))] {
+        for v in [
+            None,
+            Some(NriVersion::new(0, 8, 0)),
+            Some(NriVersion::new(0, 9, 1)),
+        ] {
             let (ok, dropped) = set.split_for(v);
             assert_eq!(ok.mask(), 0x8, "{v:?}");
             assert_eq!(dropped.mask(), 0x800, "{v:?}");

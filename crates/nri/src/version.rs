@@ -173,10 +173,10 @@ mod tests {
             runtime_nri_version("v0.12.1", "containerd", "v2.1.0"),
             v(0, 12, 1)
         );
+        assert_eq!(runtime_nri_version("", "containerd", "v2.1.0"), v(0, 8, 0));
         assert_eq!(
-            runtime_nri_version("", "containerd", "v2.1.0"),
-            v(0, 8, 0)
+            runtime_nri_version("unknown", "fake-runtime", "0.0.1"),
+            None
         );
-        assert_eq!(runtime_nri_version("unknown", "fake-runtime", "0.0.1"), None);
     }
 }

@@ -32,7 +32,9 @@ pub const MESSAGE_TYPE_DATA: u8 = 0x03;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     /// A mux frame header announced more than [`MAX_FRAME_PAYLOAD`] bytes.
-    #[error("mux frame for connection {conn} announces {len} payload bytes, over the {MAX_FRAME_PAYLOAD}-byte limit")]
+    #[error(
+        "mux frame for connection {conn} announces {len} payload bytes, over the {MAX_FRAME_PAYLOAD}-byte limit"
+    )]
     FrameTooLarge { conn: u32, len: usize },
     /// We were asked to send a ttrpc payload over [`MAX_MESSAGE_LEN`].
     #[error("ttrpc message of {len} bytes is over the {MAX_MESSAGE_LEN}-byte limit")]
@@ -124,7 +126,10 @@ impl MessageHeader {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Inbound {
     /// A complete message.
-    Message { header: MessageHeader, payload: Bytes },
+    Message {
+        header: MessageHeader,
+        payload: Bytes,
+    },
     /// A message over [`MAX_MESSAGE_LEN`]: its payload is discarded as it arrives, without
     /// buffering, and the stream stays usable (the Go peer answers such a stream with
     /// ResourceExhausted and keeps the connection; so do we).

@@ -148,7 +148,9 @@ async fn read_replies(mut inbound: mpsc::Receiver<Bytes>, state: Arc<Mutex<State
         buf.extend_from_slice(&chunk);
         while let Some(item) = decoder.decode(&mut buf) {
             let (id, delivery) = match item {
-                Inbound::Message { header, payload } => (header.stream_id, reply(header.kind, payload)),
+                Inbound::Message { header, payload } => {
+                    (header.stream_id, reply(header.kind, payload))
+                }
                 Inbound::Oversized { header } => (
                     header.stream_id,
                     Err(ReplyError::Status(Status::new(

@@ -115,7 +115,9 @@ async fn serve_loop<S: Service>(
                 respond(&writer, conn, id, Err(status).into());
                 continue;
             }
-            let fut = service.clone().call(request.method.clone(), request.payload.into());
+            let fut = service
+                .clone()
+                .call(request.method.clone(), request.payload.into());
             let deadline = u64::try_from(request.timeout_nano)
                 .ok()
                 .filter(|&n| n > 0)
@@ -168,15 +170,21 @@ fn respond(writer: &MuxWriter, conn: u32, id: u32, reply: Reply) {
     };
     let bytes = envelope(reply.result);
     let mut written = reply.written;
-    let frames = wire::message_frames(conn, id, wire::MESSAGE_TYPE_RESPONSE, &bytes).or_else(|_| {
-        // The reply the service meant is not what goes out: nobody may be told it was written.
-        written = None;
-        let status = Status::new(
-            code::RESOURCE_EXHAUSTED,
-            format!("reply of {} bytes is over the 4 MiB limit", bytes.len()),
-        );
-        wire::message_frames(conn, id, wire::MESSAGE_TYPE_RESPONSE, &envelope(Err(status)))
-    });
+    let frames =
+        wire::message_frames(conn, id, wire::MESSAGE_TYPE_RESPONSE, &bytes).or_else(|_| {
+            // The reply the service meant is not what goes out: nobody may be told it was written.
+            written = None;
+            let status = Status::new(
+                code::RESOURCE_EXHAUSTED,
+                format!("reply of {} bytes is over the 4 MiB limit", bytes.len()),
+            );
+            wire::message_frames(
+                conn,
+                id,
+                wire::MESSAGE_TYPE_RESPONSE,
+                &envelope(Err(status)),
+            )
+        });
     match frames {
         Ok(frames) => {
             let sent = writer.send(Outgoing { frames, written });

@@ -50,7 +50,9 @@ const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 /// Why the stub could not connect.
 #[derive(Debug, thiserror::Error)]
 pub enum StubError {
-    #[error("plugin name {name:?} is invalid: it must be non-empty and use only A-Z a-z 0-9 _ . + -")]
+    #[error(
+        "plugin name {name:?} is invalid: it must be non-empty and use only A-Z a-z 0-9 _ . + -"
+    )]
     InvalidName { name: String },
     #[error("plugin index {index:?} is invalid: it must be exactly two ASCII digits")]
     InvalidIndex { index: String },
@@ -201,10 +203,9 @@ where
     validate(&config, &*plugin)?;
     let mux = mux::start(trunk, &[PLUGIN_CONN, RUNTIME_CONN]);
     let mut inbound = mux.inbound;
-    let (Some(plugin_rx), Some(runtime_rx)) = (
-        inbound.remove(&PLUGIN_CONN),
-        inbound.remove(&RUNTIME_CONN),
-    ) else {
+    let (Some(plugin_rx), Some(runtime_rx)) =
+        (inbound.remove(&PLUGIN_CONN), inbound.remove(&RUNTIME_CONN))
+    else {
         // mux::start opens exactly the connections it was given.
         unreachable!("mux::start did not open connections 1 and 2");
     };

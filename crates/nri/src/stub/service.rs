@@ -161,7 +161,10 @@ impl<P: Plugin> PluginService<P> {
             ));
         }
         let mask = i32::try_from(events.mask()).map_err(|_| {
-            Status::new(code::UNKNOWN, format!("event mask {:#x} overflows", events.mask()))
+            Status::new(
+                code::UNKNOWN,
+                format!("event mask {:#x} overflows", events.mask()),
+            )
         })?;
         tracing::info!(
             runtime = %runtime.name,
@@ -223,9 +226,7 @@ impl<P: Plugin> PluginService<P> {
 
 impl<P: Plugin> Service for PluginService<P> {
     fn call(self: Arc<Self>, method: String, payload: Bytes) -> ReplyFuture {
-        Box::pin(IN_EVENT_HANDLER.scope((), async move {
-            self.dispatch(&method, payload).await
-        }))
+        Box::pin(IN_EVENT_HANDLER.scope((), async move { self.dispatch(&method, payload).await }))
     }
 }
 

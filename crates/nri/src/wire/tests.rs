@@ -1,8 +1,8 @@
 //! Golden byte vectors (reference §7) and split-invariance properties of the frame codecs.
 
 use bytes::{Bytes, BytesMut};
-use prost::Message as _;
 use proptest::prelude::*;
+use prost::Message as _;
 
 use super::*;
 use crate::{api, envelope};
@@ -184,7 +184,11 @@ fn an_oversized_message_is_skipped_and_the_stream_goes_on() {
         while let Some(item) = decoder.decode(&mut src) {
             out.push(item);
         }
-        assert!(src.len() <= 64 * 1024, "decoder buffered {} bytes", src.len());
+        assert!(
+            src.len() <= 64 * 1024,
+            "decoder buffered {} bytes",
+            src.len()
+        );
     }
     assert_eq!(out.len(), 2);
     assert!(matches!(out[0], Inbound::Oversized { header } if header.stream_id == 5));
@@ -200,10 +204,7 @@ fn an_oversized_message_is_skipped_and_the_stream_goes_on() {
 // === properties: any split of the byte stream decodes the same ===
 
 fn frames_strategy() -> impl Strategy<Value = Vec<(u32, Vec<u8>)>> {
-    prop::collection::vec(
-        (0u32..4, prop::collection::vec(any::<u8>(), 0..300)),
-        0..12,
-    )
+    prop::collection::vec((0u32..4, prop::collection::vec(any::<u8>(), 0..300)), 0..12)
 }
 
 /// Cut points into a stream of `len` bytes.
