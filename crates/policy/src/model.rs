@@ -11,18 +11,19 @@ use serde::{Deserialize, Serialize};
 use crate::{idset::CpuSet, idset::NodeSet, quantity::Quantity};
 
 /// A pod's Kubernetes quality-of-service class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum QosClass {
     /// Every container has equal CPU and memory requests and limits.
     Guaranteed,
     /// Some request or limit is set, not Guaranteed.
     Burstable,
-    /// No requests or limits.
+    /// No requests or limits (the default, as for a pod that sets nothing).
+    #[default]
     BestEffort,
 }
 
 /// A pod, as far as placement cares.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pod {
     /// The Kubernetes UID of the pod.
     pub uid: String,
@@ -50,7 +51,7 @@ pub struct Resources {
 }
 
 /// A container, as far as placement cares.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Container {
     /// The runtime's container ID.
     pub id: String,
@@ -75,7 +76,7 @@ pub struct Container {
 }
 
 /// One DRA allocation result of a claim, for our driver.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationResult {
     /// The request it satisfies, `<request>` or `<request>/<subrequest>`.
     pub request: String,
@@ -90,7 +91,7 @@ pub struct AllocationResult {
 }
 
 /// A ResourceClaim allocated to our driver.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
     /// The claim's UID.
     pub uid: String,

@@ -46,6 +46,11 @@ pub fn options(
     container: &Container,
     reserved_namespaces: &[String],
 ) -> Result<Options, PolicyError> {
+    let ours = |m: &BTreeMap<String, String>| m.keys().any(|k| k.contains(DOMAIN));
+    if !ours(&container.annotations) && !ours(&container.pod.annotations) {
+        // The common case, without formatting fifteen keys to look up.
+        return Ok(defaults(container, reserved_namespaces));
+    }
     let in_reserved_ns = reserved_namespaces.contains(&container.pod.namespace);
     Ok(Options {
         prefer_shared: flag(container, "prefer-shared-cpus")?.unwrap_or(false),

@@ -44,22 +44,24 @@ fn mib(bytes: u64) -> u64 {
 impl Ledger {
     /// Every node of `topo`, nothing charged.
     pub fn new(topo: &Topology) -> Self {
-        Self {
-            nodes: topo
-                .numa_nodes
-                .iter()
-                .map(|n| NodeMemory {
-                    id: n.id,
-                    kind: n.kind,
-                    capacity: n.memory_bytes,
-                    used: 0,
-                })
-                .collect(),
-        }
+        let mut nodes: Vec<NodeMemory> = topo
+            .numa_nodes
+            .iter()
+            .map(|n| NodeMemory {
+                id: n.id,
+                kind: n.kind,
+                capacity: n.memory_bytes,
+                used: 0,
+            })
+            .collect();
+        nodes.sort_by_key(|n| n.id);
+        Self { nodes }
     }
 
     fn node(&self, id: u32) -> Option<&NodeMemory> {
-        self.nodes.iter().find(|n| n.id == id)
+        // Nodes are in ascending order (the topology's).
+        let i = self.nodes.binary_search_by_key(&id, |n| n.id).ok()?;
+        self.nodes.get(i)
     }
 
     /// Bytes still free on node `id`.

@@ -64,7 +64,7 @@ use crate::{
         Adjustment, Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device,
         Resources,
     },
-    topology::Topology,
+    topology::{MemoryKind, Topology},
 };
 
 /// Which CPUs are reserved for system pods.
@@ -177,6 +177,8 @@ pub struct TopologyAware {
     /// Online, isolated, not reserved.
     isolated: CpuSet,
     claimable: BTreeMap<u32, CpuSet>,
+    /// Memory-only nodes: (node, kind, the CPU node closest to it).
+    attached: Vec<(u32, MemoryKind, u32)>,
     /// Cut out of the shared CPUs: exclusive container grants and claims.
     taken: CpuSet,
     isolated_taken: CpuSet,
@@ -188,8 +190,37 @@ pub struct TopologyAware {
     ledger: Ledger,
 }
 
-/// Updates keyed by container, so a call reports each container once with its final state.
-type Updates = BTreeMap<String, ContainerUpdate>;
+/// The updates a call collects. A container may be queued several times (a ripple, then its
+/// own move); only its last update is reported, once, in container order.
+#[derive(Debug, Default)]
+struct Updates(Vec<ContainerUpdate>);
+
+impl Updates {
+    fn new() -> Self {
+        Self::default()
+    }
+
+    fn push(&mut self, update: ContainerUpdate) {
+        self.0.push(update);
+    }
+
+    fn remove(&mut self, id: &str) -> Option<ContainerUpdate> {
+        let last = self.0.iter().rposition(|u| u.container_id == id)?;
+        let update = self.0.remove(last);
+        self.0.retain(|u| u.container_id != id);
+        Some(update)
+    }
+
+    fn into_vec(self) -> Vec<ContainerUpdate> {
+        let mut all = self.0;
+        // Stable: among equal ids the last queued stays last, and dedup keeps the first, so
+        // reverse first.
+        all.reverse();
+        all.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+        all.dedup_by(|later, earlier| later.container_id == earlier.container_id);
+        all
+    }
+}
 
 impl TopologyAware {
     /// A policy for `topo`, holding nothing.
@@ -211,7 +242,21 @@ impl TopologyAware {
         let isolated = topo.isolated.difference(&reserved);
         let claimable = claims::claimable(&topo, &reserved);
         let ledger = Ledger::new(&topo);
+        let attached = topo
+            .numa_nodes
+            .iter()
+            .filter(|m| m.is_memory_only())
+            .filter_map(|m| {
+                let closest = topo
+                    .numa_nodes
+                    .iter()
+                    .filter(|n| !n.is_memory_only())
+                    .min_by_key(|n| (m.distance_to(n.id).min(n.distance_to(m.id)), n.id))?;
+                Some((m.id, m.kind, closest.id))
+            })
+            .collect();
         let mut policy = Self {
+            attached,
             load: vec![PoolLoad::default(); pools.len()],
             shared: vec![CpuSet::new(); pools.len()],
             pools,
@@ -335,14 +380,16 @@ impl TopologyAware {
             if let Some(slot) = self.shared.get_mut(i) {
                 *slot = now;
             }
-            let members: Vec<String> = self
-                .load
-                .get(i)
-                .map(|l| l.members.iter().cloned().collect())
-                .unwrap_or_default();
-            for id in members {
-                if let Some(u) = self.update_of(&id) {
-                    updates.insert(id, u);
+            let (Some(load), Some(cpus)) = (self.load.get(i), self.shared.get(i)) else {
+                continue;
+            };
+            for id in &load.members {
+                if let Some(p) = self.containers.get(id) {
+                    updates.push(ContainerUpdate {
+                        container_id: id.clone(),
+                        cpus: Some(cpus.clone()),
+                        mems: p.mems.clone(),
+                    });
                 }
             }
         }
@@ -443,7 +490,7 @@ fn to_i64(n: usize) -> i64 {
 }
 
 fn into_vec(updates: Updates) -> Vec<ContainerUpdate> {
-    updates.into_values().collect()
+    updates.into_vec()
 }
 
 impl Policy for TopologyAware {

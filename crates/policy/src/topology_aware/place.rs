@@ -140,21 +140,20 @@ impl TopologyAware {
         } else {
             NodeSet::new()
         };
-        for m in self.topo.numa_nodes.iter().filter(|n| n.is_memory_only()) {
-            if !kinds.contains(&m.kind) {
-                continue;
-            }
-            let closest = self
-                .topo
-                .numa_nodes
-                .iter()
-                .filter(|n| !n.is_memory_only())
-                .min_by_key(|n| (m.distance_to(n.id).min(n.distance_to(m.id)), n.id));
-            if closest.is_some_and(|n| dram.contains(n.id)) {
-                zone.insert(m.id);
-            }
-        }
+        zone.extend(self.attached_to(dram, kinds));
         zone
+    }
+
+    /// Memory-only nodes of `kinds` whose closest CPU node is in `dram`.
+    fn attached_to<'a>(
+        &'a self,
+        dram: &'a NodeSet,
+        kinds: &'a [MemoryKind],
+    ) -> impl Iterator<Item = u32> + 'a {
+        self.attached
+            .iter()
+            .filter(move |(_, kind, closest)| kinds.contains(kind) && dram.contains(*closest))
+            .map(|(node, _, _)| *node)
     }
 
     /// Plans pinning and charging the container's memory near DRAM nodes `dram`.
@@ -180,15 +179,19 @@ impl TopologyAware {
     }
 
     fn memory_fits(&self, c: &Container, opts: &Options, dram: &NodeSet) -> bool {
-        if !opts.pin_memory {
+        let request = c.resources.memory_request_bytes;
+        if !opts.pin_memory || request == 0 {
             return true;
         }
-        let free: u64 = self
-            .zone(dram, &opts.memory_kinds)
-            .iter()
+        // Called for every candidate pool: sums without building the zone.
+        let mut free: u64 = self
+            .attached_to(dram, &opts.memory_kinds)
             .map(|n| self.ledger.free(n))
             .sum();
-        free >= c.resources.memory_request_bytes
+        if opts.memory_kinds.contains(&MemoryKind::Dram) {
+            free += dram.iter().map(|n| self.ledger.free(n)).sum::<u64>();
+        }
+        free >= request
     }
 
     fn plan_exclusive(
