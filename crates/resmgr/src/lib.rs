@@ -11,6 +11,7 @@ pub mod errors;
 pub mod events;
 pub mod gate;
 pub mod kube;
+pub mod kubelet;
 pub mod manager;
 pub mod nri_plugin;
 pub mod pending;

@@ -1,0 +1,71 @@
+//! The kubelet-facing gRPC servers: plugin registration and the DRA service, over unix sockets.
+//!
+//! [`KubeletPlugin::start`] serves two sockets:
+//!
+//! | socket | default path | services |
+//! |---|---|---|
+//! | DRA | `/var/lib/kubelet/plugins/<driver>/dra.sock` | `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` |
+//! | registration | `/var/lib/kubelet/plugins_registry/<driver>-reg.sock` | `pluginregistration.Registration` |
+//!
+//! Both directories are configurable ([`KubeletConfig`]), for kubelets with a relocated root
+//! directory. Mount them into the container at the same paths as on the host: the DRA socket's
+//! path is what we tell the kubelet, and the kubelet resolves it on the host.
+//!
+//! # Which kubelet speaks which version to us
+//!
+//! `GetInfo` offers `["v1.DRAPlugin", "v1beta1.DRAPlugin"]`, most preferred first, and both are
+//! served from the same [`ClaimHandler`]:
+//!
+//! | kubelet | DRA service it calls | how it dials the DRA socket |
+//! |---|---|---|
+//! | 1.32, 1.33 | `v1beta1.DRAPlugin` (the only one of ours it knows) | by path: percent-encoded `:authority` |
+//! | 1.34 | `v1.DRAPlugin` (first of our list it supports) | `unix:` target: `:authority` `localhost` |
+//! | 1.35 and later | `v1.DRAPlugin`; reads `share_id` | `unix:` target |
+//!
+//! Every kubelet dials the registration socket by path, with the percent-encoded path as
+//! `:authority`; the `authority` module explains why our servers need a rewrite to answer it. 1.32 and
+//! 1.33 also need the DRA feature gate on; without it they answer `NotifyRegistrationStatus`
+//! with "no handler registered for plugin type", which we log and publish as
+//! [`RegistrationState::Rejected`].
+//!
+//! The DRA resource-health service (`v1alpha1.DRAResourceHealth`) is declined: not listed in
+//! `GetInfo` and not served, so calls to it get `Unimplemented` (1.34/1.35 kubelets with the
+//! alpha gate on try it anyway, every 5 s, and only log the refusal).
+//!
+//! # Limits and errors
+//!
+//! DRA requests are decoded up to [`MAX_DRA_REQUEST`] bytes and responses capped at
+//! [`MAX_DRA_RESPONSE`] (grpc-go's default receive limit, which the kubelet keeps); larger
+//! messages are refused by tonic with `OutOfRange`. A request that does not decode, or names a
+//! claim without namespace, UID or name, or names a UID twice, is `InvalidArgument`; nothing a
+//! client sends can panic the server. Refusals of a whole call come from the handler
+//! ([`RequestError`]); everything else is answered per claim.
+//!
+//! # Modules
+//!
+//! - `plugin`: start-up and shutdown order, the servers' settings;
+//! - `socket`: directories, locking, stale sockets, atomic appearance, removal;
+//! - `registration`: `GetInfo` and the registration state;
+//! - `dra`, `wire`, `handler`: the DRA service over one handler, version conversion;
+//! - `authority`: the `:authority` rewrite in front of both servers.
+
+mod authority;
+mod dra;
+mod handler;
+mod plugin;
+mod registration;
+mod socket;
+mod wire;
+
+pub use self::{
+    handler::{
+        ClaimError, ClaimHandler, ClaimRef, PrepareResults, PreparedDevice, RequestError,
+        UnprepareResults,
+    },
+    plugin::{
+        KubeletConfig, KubeletError, KubeletPlugin, MAX_DRA_REQUEST, MAX_DRA_RESPONSE,
+        MAX_REGISTRATION_MESSAGE,
+    },
+    registration::{PLUGIN_TYPE, RegistrationState, SUPPORTED_VERSIONS},
+    socket::{DIR_MODE, SOCKET_MODE, SocketError},
+};
