@@ -1,6 +1,8 @@
 //! Cross-crate integration tests of resmgr.
 //!
-//! The library is empty on purpose: the tests live in `tests/tests/*.rs`, each a scenario that
-//! crosses crate boundaries (the resource manager driven through its real front ends). Protocol
-//! conformance against the upstream Go implementations lives in `tests/conformance`, a Go module
-//! run by `cargo xtask test`.
+//! The tests live in `tests/tests/*.rs`, each a scenario that crosses crate boundaries (the
+//! resource manager driven through its real front ends); the library holds the test doubles they
+//! share ([`fakes`]). Protocol conformance against the upstream Go implementations lives in
+//! `tests/conformance`, a Go module run by `cargo xtask test`.
+
+pub mod fakes;

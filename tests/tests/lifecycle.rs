@@ -2,12 +2,10 @@
 //! claim source and a small test policy: what prepare answers, what is on disk after each step
 //! and each failure, what stays pending, the gate, and start-up reconciliation.
 
-mod support;
-
 use std::fs;
 
+use integration_tests::fakes::{self as support, Harness, TestPolicy, claim, claim_ref, container};
 use resmgr::{RequestError, state::StateFile};
-use support::{Harness, TestPolicy, claim, claim_ref, container};
 
 fn spec_path(h: &Harness, uid: &str) -> std::path::PathBuf {
     h.cdi_dir()

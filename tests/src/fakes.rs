@@ -1,7 +1,5 @@
-//! Test doubles for the resource manager's tests: a small deterministic policy, a fake runtime
-//! that records what it applied and fails on demand, and a fake claim source.
-
-#![allow(dead_code)] // each test binary uses a different part of the support code
+//! Test doubles for the resource manager: a small deterministic policy, a fake runtime that
+//! records what it applied and fails on demand, and a fake claim source.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -317,10 +315,17 @@ pub fn container(id: &str, pod: &str) -> Container {
 }
 
 /// A manager over temporary directories.
+#[derive(Debug)]
 pub struct Harness {
     pub dir: tempfile::TempDir,
     pub runtime: Arc<FakeRuntime>,
     pub claims: Arc<FakeClaims>,
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Harness {
@@ -411,5 +416,61 @@ pub fn saved_claims(state_dir: &Path) -> Vec<String> {
                 .collect()
         }
         Err(_) => Vec::new(),
+    }
+}
+
+/// The containers a [`FileRuntime`] runs: pod UID and current cpuset, by container ID.
+pub type RuntimeFile = BTreeMap<String, (String, CpuSet)>;
+
+/// A runtime whose containers live in a JSON file, so that what it applied survives the crash of
+/// the process that called it, as a real runtime's state survives ours.
+#[derive(Debug)]
+pub struct FileRuntime {
+    pub path: PathBuf,
+}
+
+impl FileRuntime {
+    pub fn read(&self) -> RuntimeFile {
+        serde_json::from_slice(&std::fs::read(&self.path).unwrap()).unwrap()
+    }
+
+    pub fn write(&self, containers: &RuntimeFile) {
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec(containers).unwrap()).unwrap();
+        std::fs::rename(&tmp, &self.path).unwrap();
+    }
+
+    /// Applies updates (from a reply or an UpdateContainers call).
+    pub fn apply(&self, updates: &[ContainerUpdate]) {
+        let mut containers = self.read();
+        for u in updates {
+            if let (Some(c), Some(cpus)) = (containers.get_mut(&u.container_id), &u.cpus) {
+                c.1 = cpus.clone();
+            }
+        }
+        self.write(&containers);
+    }
+
+    /// The running containers, as Synchronize reports them.
+    pub fn containers(&self) -> Vec<Container> {
+        self.read()
+            .into_iter()
+            .map(|(id, (pod, cpus))| Container {
+                cpus: Some(cpus),
+                ..container(&id, &pod)
+            })
+            .collect()
+    }
+}
+
+impl Runtime for FileRuntime {
+    fn update_containers(
+        &self,
+        updates: Vec<ContainerUpdate>,
+    ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
+        Box::pin(async move {
+            self.apply(&updates);
+            Ok(Vec::new())
+        })
     }
 }
