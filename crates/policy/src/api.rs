@@ -1,45 +1,74 @@
 //! The `Policy` trait: the swap point between the resource manager and placement decisions.
 //!
+//! This page is all a team needs to write its own policy. `examples/first_fit.rs` is a complete
+//! one in under 150 lines; the topology-aware policy ([`crate::topology_aware`]) is the full one.
+//!
 //! # Contract
 //!
-//! A policy is a pure state machine. The resource manager owns it, calls it under one lock, and
-//! does all IO: it persists [`Policy::snapshot`], delivers the [`ContainerUpdate`]s the policy
-//! returns to the runtime, writes the CDI specs built from [`ClaimAllocation::edits`], and
-//! publishes [`Policy::devices`] as ResourceSlices. A policy does no IO (topology discovery at
-//! construction is the one exception) and returns the same decisions for the same inputs.
+//! A policy is a pure state machine. The resource manager owns it (as a `Box<dyn Policy>`),
+//! calls it under one lock, one call at a time, and does all IO: it persists
+//! [`Policy::snapshot`], delivers the [`ContainerUpdate`]s the policy returns to the runtime,
+//! writes the CDI specs built from [`ClaimAllocation::edits`], and publishes
+//! [`Policy::devices`] as ResourceSlices. A policy does no IO (topology discovery at
+//! construction is the one exception), spawns nothing, and returns the same decisions for the
+//! same inputs (iterate ordered maps, break every tie on an id).
 //!
 //! The life of a policy:
 //!
 //! 1. construction (policy-specific: topology, configuration);
-//! 2. [`Policy::restore`] with the last [`Policy::snapshot`] the resource manager saved, if any;
-//!    a policy restores its claims from it (claims cannot be rebuilt from running containers);
+//! 2. [`Policy::restore`] with the last [`Policy::snapshot`] the resource manager saved, if
+//!    there is a saved state at all (a fresh node skips this step);
 //! 3. [`Policy::sync`] with every container the runtime reports as running: the policy rebuilds
 //!    container placement, keeping every restored claim where it is;
-//! 4. then, interleaved: [`Policy::allocate`] / [`Policy::update`] / [`Policy::release`] for
-//!    container events and [`Policy::allocate_claim`] / [`Policy::release_claim`] for DRA claims.
+//! 4. then, interleaved, in the order events happen: [`Policy::allocate`] / [`Policy::update`] /
+//!    [`Policy::release`] for container events, [`Policy::allocate_claim`] /
+//!    [`Policy::release_claim`] for DRA claims, and [`Policy::sync`] again whenever the runtime
+//!    reconnects.
 //!
-//! Every mutating call returns the updates it made to *other* running containers (a shared pool
-//! that shrinks when an exclusive grant is cut out of it, and grows back on release). Updates are
-//! level-triggered: each carries the full desired cpuset/mems, so the latest one for a container
-//! supersedes earlier ones.
+//! # Cpusets, memory nodes and updates
+//!
+//! A policy answers in [`crate::CpuSet`]s and [`crate::NodeSet`]s (kernel numbering; they print
+//! in the `cpuset.cpus` list format). `None` in an [`crate::Adjustment`] or a
+//! [`ContainerUpdate`] means "leave the runtime's value alone"; an empty set is never a valid
+//! cpuset.
+//!
+//! Every mutating call returns the updates it made to *other* running containers: for example a
+//! shared pool that shrinks when an exclusive grant is cut out of it, and grows back on release.
+//! Updates are level-triggered: each carries the full desired cpuset (and memory nodes, when the
+//! policy pins them), so the latest one for a container supersedes earlier ones and a lost one
+//! is repaired by the next. Report a container at most once per call, never the container the
+//! call is about in [`Allocation::updates`] (its answer is the adjustment), and only containers
+//! that are running (allocated or synced, not released).
 //!
 //! # Claims
 //!
+//! A claim is a ResourceClaim the scheduler allocated on devices this policy published. The
+//! resource manager calls [`Policy::allocate_claim`] when the kubelet prepares it, turns each
+//! result's edits into the CDI device `<driver>/device=claim-<uid>-<i>` (`i` is the result's
+//! index), and calls [`Policy::release_claim`] when the kubelet unprepares it.
+//!
 //! - [`Policy::allocate_claim`] returns exactly one [`cdi::ContainerEdits`] per allocation result,
-//!   each non-empty (CDI refuses a device without edits). It is idempotent: allocating a claim UID
-//!   the policy already holds returns the same edits and changes nothing. It is called on every
-//!   prepare, including re-prepares after a reboot.
+//!   in result order, each non-empty (CDI refuses a device without edits). It is idempotent:
+//!   allocating a claim UID the policy already holds returns the same edits and changes nothing
+//!   else. It is called on every prepare, including re-prepares after a restart.
 //! - [`Policy::release_claim`] of an unknown UID is success.
 //! - [`Policy::claims`] lists the UIDs the policy accounts for; the resource manager removes CDI
-//!   specs of any other claim at start-up.
+//!   specs of any other claim at start-up. Claims are durable: they must survive a restart
+//!   through [`Policy::snapshot`] and [`Policy::restore`], because running containers do not say
+//!   which CPUs a claim held.
+//! - A container using a claim carries the claim's CDI device name in [`Container::cdi_devices`]
+//!   (when the runtime reports them) and the edits' environment in [`Container::env`]. Only the
+//!   device name is proof: a pod can set any environment variable, so a policy that trusts the
+//!   environment must check the pod against [`Claim::reserved_for`].
 //! - A policy that does not serve claims returns [`PolicyError::NoDraClaims`] from
 //!   [`Policy::devices`] and [`Policy::allocate_claim`]; the resource manager then publishes no
 //!   devices and fails every claim with a clear message.
 //!
 //! # Errors
 //!
-//! [`PolicyError`] says what did not fit and where. A failed call must leave the policy as it was
-//! before the call.
+//! [`PolicyError`] says what did not fit and where, in words an operator can act on. A failed
+//! call must leave the policy exactly as it was before the call: plan on the unchanged state,
+//! then commit. Input from outside the process (annotations, claims, snapshots) never panics.
 
 use crate::model::{
     Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Resources,
@@ -78,44 +107,70 @@ pub enum PolicyError {
 
 /// Placement decisions for containers and DRA claims. See the module docs for the contract.
 pub trait Policy: Send + std::fmt::Debug {
-    /// A short name for logs and metrics, for example `topology-aware`.
+    /// A short name for logs and metrics, for example `topology-aware`. The resource manager
+    /// also stores it with the saved state and refuses to restore another policy's state, so it
+    /// must not change between versions.
     fn name(&self) -> &str;
 
-    /// Restores durable state saved by [`Policy::snapshot`]. Called at most once, before
-    /// anything else.
+    /// Restores durable state saved by [`Policy::snapshot`] (possibly by an older version of the
+    /// same policy). Called at most once, before anything else, and only when there is a saved
+    /// state. Refuse with [`PolicyError::Restore`] what cannot be put back exactly (CPUs that
+    /// no longer exist, two claims on one CPU), holding nothing from it: the resource manager
+    /// will not start on a state it cannot honour.
     fn restore(&mut self, snapshot: &serde_json::Value) -> Result<(), PolicyError>;
 
     /// The policy's durable state: whatever it must get back through [`Policy::restore`] after a
-    /// restart (its claims and their CPUs). Container placement is rebuilt by [`Policy::sync`].
+    /// restart (its claims and their CPUs). Container placement is rebuilt by [`Policy::sync`],
+    /// so it does not belong here. Called after every mutating call; the resource manager saves
+    /// the value when it changed, so equal states must produce equal values. A policy without
+    /// durable state returns `Value::Null`.
     fn snapshot(&self) -> serde_json::Value;
 
-    /// Rebuilds container placement from the running containers the runtime reports; returns
-    /// updates for those whose placement changed.
+    /// Rebuilds container placement from the running containers the runtime reports, replacing
+    /// whatever placement the policy had, and keeping its claims. Each container's
+    /// [`Container::cpus`] and [`Container::mems`] say what it runs on now; keeping them where
+    /// possible avoids moving running workloads. Returns an update for every container whose
+    /// desired cpuset or memory nodes differ from what it reported. A running container cannot
+    /// be refused: one that no longer fits is placed as well as possible (for example on shared
+    /// CPUs), not dropped.
     fn sync(&mut self, containers: &[Container]) -> Result<Vec<ContainerUpdate>, PolicyError>;
 
-    /// Places a container being created.
+    /// Places a container being created: its [`crate::Adjustment`] and the updates the placement
+    /// made to other containers. Refuse with [`PolicyError::DoesNotFit`] or
+    /// [`PolicyError::Invalid`] (the runtime then fails the container). Allocating a container
+    /// id the policy already holds returns its current placement and changes nothing.
     fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError>;
 
     /// A running container's requests or limits changed; returns updates, the container's own
-    /// last.
+    /// last (it is always included). An unknown id is [`PolicyError::UnknownContainer`]; a
+    /// refusal keeps the container where it was.
     fn update(
         &mut self,
         container_id: &str,
         resources: &Resources,
     ) -> Result<Vec<ContainerUpdate>, PolicyError>;
 
-    /// A container stopped; releases what it held. An unknown container is success.
+    /// A container stopped; releases what it held and returns the updates for containers that
+    /// gain from it. An unknown container is success.
     fn release(&mut self, container_id: &str) -> Result<Vec<ContainerUpdate>, PolicyError>;
 
-    /// The devices to publish for DRA.
+    /// The devices to publish for DRA, in a stable order. The resource manager republishes
+    /// when the list changes, so it should depend on the machine and configuration only, not on
+    /// what is allocated (consumable capacity is accounted by the scheduler).
     fn devices(&self) -> Result<Vec<Device>, PolicyError>;
 
-    /// Allocates a claim's results; idempotent per claim UID.
+    /// Allocates a claim's results: one non-empty set of edits per result, in result order,
+    /// plus the updates the allocation made to running containers. Idempotent per claim UID
+    /// (see the module docs). A result naming a device this policy does not publish is
+    /// [`PolicyError::Invalid`]; one that cannot be satisfied is [`PolicyError::DoesNotFit`],
+    /// and then no result of the claim is allocated.
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError>;
 
-    /// Releases a whole claim; an unknown UID is success.
+    /// Releases a whole claim and returns the updates for containers that gain from it; an
+    /// unknown UID is success. Containers still using the claim keep their cpusets until they
+    /// are released or synced.
     fn release_claim(&mut self, uid: &str) -> Result<Vec<ContainerUpdate>, PolicyError>;
 
-    /// The UIDs of the claims the policy accounts for.
+    /// The UIDs of the claims the policy accounts for, sorted.
     fn claims(&self) -> Vec<String>;
 }
