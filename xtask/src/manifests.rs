@@ -1,13 +1,18 @@
 //! `cargo xtask manifests`: renders the plain manifests (deploy/manifests/resmgr.yaml) from the
 //! Helm chart, or with `--check` fails when the committed file differs from what the chart
-//! renders.
+//! renders. With `--values FILE... --out FILE` it renders other values instead, which is how the
+//! Go conformance test compares our renderer with Helm's on more than the committed values.
 
-use std::{fs, path::Path};
+use std::{fs, path::Path, path::PathBuf};
 
 use anyhow::{Context, bail};
-use xtask::chart;
+use xtask::chart::{self, Chart, Release};
 
-pub fn run(root: &Path, check: bool) -> anyhow::Result<()> {
+pub fn run(root: &Path, check: bool, values: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
+    if !values.is_empty() || out.is_some() {
+        let out = out.context("--values renders into the file named by --out")?;
+        return render_with(root, values, out);
+    }
     let rendered = chart::render_plain(root, None)?;
     let path = root.join(chart::PLAIN_MANIFESTS);
     if check {
@@ -24,6 +29,26 @@ pub fn run(root: &Path, check: bool) -> anyhow::Result<()> {
     }
     fs::write(&path, rendered).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", chart::PLAIN_MANIFESTS);
+    Ok(())
+}
+
+/// Renders the chart with its values overlaid by `values` (in order) into `out`, as release
+/// resmgr in namespace resmgr-system, in the format of the plain manifests.
+fn render_with(root: &Path, values: &[PathBuf], out: &Path) -> anyhow::Result<()> {
+    let chart = Chart::load(&root.join(chart::CHART_DIR))?;
+    let overrides = values
+        .iter()
+        .map(|p| chart::read_yaml(p))
+        .collect::<Result<Vec<serde_yaml_ng::Value>, _>>()?;
+    let rendered = chart.render(
+        &Release {
+            name: chart::PLAIN_RELEASE_NAME,
+            namespace: chart::PLAIN_NAMESPACE,
+        },
+        &overrides,
+    )?;
+    let text = chart::join_manifests(&chart.meta.name, &rendered);
+    fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
     Ok(())
 }
 

@@ -1,0 +1,106 @@
+package deploy
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+)
+
+// `cargo xtask release` (with a stand-in binary, to spare a release build) writes the binary,
+// the manifests with the version as image tag, a chart package that Helm loads and renders into
+// exactly those manifests, and checksums that match every file.
+func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
+	root := repoRoot(t)
+	work := t.TempDir()
+	binary := filepath.Join(work, "resmgr")
+	if err := os.WriteFile(binary, []byte("stand-in for the stripped binary\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(work, "dist")
+	runXtask(t, "release", "--out", out, "--binary", binary)
+
+	meta, err := loader.Load(filepath.Join(root, "deploy", "helm", "resmgr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := meta.Metadata.Version
+	arch := map[string]string{"amd64": "x86_64", "arm64": "aarch64"}[runtime.GOARCH]
+	want := []string{
+		"SHA256SUMS",
+		"resmgr-" + version + "-" + arch + "-linux",
+		"resmgr-" + version + ".tgz",
+		"resmgr-" + version + ".yaml",
+	}
+	entries, err := os.ReadDir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("dist holds %v, want %v", got, want)
+	}
+
+	// Every file but SHA256SUMS is listed once, with its SHA-256, in `sha256sum -c` format.
+	sums, err := os.Open(filepath.Join(out, "SHA256SUMS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sums.Close()
+	var listed []string
+	scanner := bufio.NewScanner(sums)
+	for scanner.Scan() {
+		digest, name, ok := strings.Cut(scanner.Text(), "  ")
+		if !ok {
+			t.Fatalf("malformed SHA256SUMS line %q", scanner.Text())
+		}
+		b, err := os.ReadFile(filepath.Join(out, name))
+		if err != nil {
+			t.Fatalf("SHA256SUMS lists %s: %v", name, err)
+		}
+		sum := sha256.Sum256(b)
+		if hex.EncodeToString(sum[:]) != digest {
+			t.Errorf("%s: checksum %s does not match its content", name, digest)
+		}
+		listed = append(listed, name)
+	}
+	slices.Sort(listed)
+	if !slices.Equal(listed, want[1:]) {
+		t.Errorf("SHA256SUMS lists %v, want %v", listed, want[1:])
+	}
+
+	bin, err := os.ReadFile(filepath.Join(out, want[1]))
+	if err != nil || string(bin) != "stand-in for the stripped binary\n" {
+		t.Errorf("the shipped binary is not the one given: %q, %v", bin, err)
+	}
+
+	// Helm loads the package, and renders it with the plain values and the release's image tag
+	// into exactly the release's manifests.
+	packaged, err := loader.LoadFile(filepath.Join(out, want[2]))
+	if err != nil {
+		t.Fatalf("helm cannot load the packaged chart: %v", err)
+	}
+	if packaged.Metadata.Version != version || packaged.Metadata.AppVersion != version {
+		t.Errorf("packaged chart has version %s, appVersion %s, want %s", packaged.Metadata.Version, packaged.Metadata.AppVersion, version)
+	}
+	tag := filepath.Join(work, "tag.yaml")
+	if err := os.WriteFile(tag, []byte("image: {tag: \""+version+"\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	helm := helmRender(t, packaged, filepath.Join(root, "deploy", "manifests.values.yaml"), tag)
+	manifests := readFile(t, filepath.Join(out, want[3]))
+	requireSameTemplates(t, "release manifests", helm, splitSources(manifests))
+	if !strings.Contains(manifests, "image: ghcr.io/resmgr/resmgr:"+version+"\n") {
+		t.Errorf("the release manifests do not use %s as the image tag", version)
+	}
+}
