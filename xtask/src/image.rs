@@ -70,7 +70,10 @@ fn probe(engine: &str) -> Result<(), String> {
     let out = Command::new(engine)
         .arg("info")
         .output()
-        .map_err(|e| format!("not usable ({e})"))?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => "not installed".to_owned(),
+            _ => format!("cannot be started ({e})"),
+        })?;
     if out.status.success() {
         return Ok(());
     }
@@ -140,8 +143,8 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_program_is_reported_as_not_usable() {
+    fn a_missing_program_is_reported_as_not_installed() {
         let why = probe("resmgr-no-such-engine").unwrap_err();
-        assert!(why.starts_with("not usable"), "{why}");
+        assert_eq!(why, "not installed");
     }
 }
