@@ -49,13 +49,17 @@ func TestKubeletRegistrationClientRuns(t *testing.T) {
 	}
 }
 
-// dialLikeTheKubelet dials a socket by bare path with a custom unix dialer, as the kubelet's plugin
-// watcher does (grpc.DialContext, whose default resolver passes the path through to the dialer).
-// grpc-go then sends the percent-encoded path as the :authority.
+// dialLikeTheKubelet dials a socket by bare path with a custom unix dialer, blocking until
+// connected, as the kubelet's plugin watcher does (grpc.DialContext, whose default resolver
+// passes the path through to the dialer). grpc-go then sends the percent-encoded path as the
+// :authority.
 func dialLikeTheKubelet(socket string) (*grpc.ClientConn, error) {
-	//lint:ignore SA1019 the kubelet dials with DialContext; we reproduce it on purpose.
-	return grpc.DialContext(context.Background(), socket,
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	//lint:ignore SA1019 the kubelet dials with DialContext and WithBlock; we reproduce it on purpose.
+	return grpc.DialContext(ctx, socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithBlock(),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
 		}))
