@@ -477,3 +477,59 @@ async fn an_invalid_driver_name_is_refused_before_touching_the_filesystem() {
         .collect();
     assert!(created.is_empty(), "created {created:?}");
 }
+
+/// The `:authority` rewrite in front of our servers enforces their HTTP/2 limits and mirrors a
+/// client HPACK table of at most 4096 bytes (src/kubelet/authority/mod.rs). This pins what the
+/// servers actually advertise, so a changed tonic or hyper default cannot silently break that.
+#[tokio::test]
+async fn servers_advertise_the_settings_the_authority_rewrite_assumes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let root = tempfile::tempdir().unwrap();
+    let config = config(root.path());
+    let plugin = start(&config).await;
+    for socket in [config.dra_socket(), config.registration_socket()] {
+        let mut io = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        io.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let mut header = [0u8; 9];
+        io.read_exact(&mut header).await.unwrap();
+        assert_eq!(header[3], 0x4, "the server's first frame is SETTINGS");
+        let len = usize::from(header[1]) << 8 | usize::from(header[2]);
+        let mut payload = vec![0u8; len];
+        io.read_exact(&mut payload).await.unwrap();
+        let settings: Vec<(u16, u32)> = payload
+            .chunks_exact(6)
+            .map(|s| {
+                (
+                    u16::from_be_bytes([s[0], s[1]]),
+                    u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+                )
+            })
+            .collect();
+        let get = |id: u16| settings.iter().find(|(i, _)| *i == id).map(|(_, v)| *v);
+        // SETTINGS_HEADER_TABLE_SIZE: absent means the default, 4096.
+        assert_eq!(
+            get(0x1).unwrap_or(4096),
+            4096,
+            "{}: {settings:?}",
+            socket.display()
+        );
+        // SETTINGS_MAX_FRAME_SIZE: absent means the default, 16384.
+        assert_eq!(
+            get(0x5).unwrap_or(16_384),
+            16_384,
+            "{}: {settings:?}",
+            socket.display()
+        );
+        // SETTINGS_MAX_HEADER_LIST_SIZE: set explicitly to 16 KiB.
+        assert_eq!(
+            get(0x6),
+            Some(16 * 1024),
+            "{}: {settings:?}",
+            socket.display()
+        );
+    }
+    plugin.shutdown().await.unwrap();
+}

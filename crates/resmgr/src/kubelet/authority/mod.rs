@@ -65,7 +65,7 @@ use std::{
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use self::frames::{AuthorityRewriter, Limits};
 
@@ -160,7 +160,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for RewritingStream<S> {
             }
             if let Err(e) = this.rewriter.feed(filled) {
                 // A connection error in HTTP/2 terms; the server sees a failed read and closes.
-                debug!(error = %e, "closing a kubelet-facing connection");
+                warn!(error = %e, "closing a kubelet-facing connection");
                 this.read = ReadState::Failed(format!("http/2 client broke framing: {e}"));
             }
         }
