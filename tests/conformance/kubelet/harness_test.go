@@ -32,7 +32,7 @@ const driverName = "test.resmgr.io"
 
 // plugin is a running kubelet test plugin.
 type plugin struct {
-	t           *testing.T
+	t           testing.TB
 	cmd         *exec.Cmd
 	pluginsDir  string
 	registryDir string
@@ -71,7 +71,7 @@ func (w lockedWriter) Write(b []byte) (int, error) {
 // startPlugin runs the test plugin with fresh directories and waits until it is serving. The
 // directories are short (unix socket paths are limited to 108 bytes), so they live directly
 // under the system temp directory rather than under t.TempDir().
-func startPlugin(t *testing.T, extraArgs ...string) *plugin {
+func startPlugin(t testing.TB, extraArgs ...string) *plugin {
 	t.Helper()
 	bin, err := rustbin.Path("examples/kubelet-test-plugin")
 	if err != nil {
@@ -161,7 +161,7 @@ func (p *plugin) stop() {
 // dialStyle is one way the kubelet dials a plugin socket.
 type dialStyle struct {
 	name string
-	dial func(t *testing.T, socket string) *grpc.ClientConn
+	dial func(t testing.TB, socket string) *grpc.ClientConn
 }
 
 // dialStyles are both of them:
@@ -171,7 +171,7 @@ type dialStyle struct {
 //   - "unix-target": a `unix:` target, as 1.34+ kubelets dial the DRA socket; :authority is
 //     "localhost".
 var dialStyles = []dialStyle{
-	{"bare-path", func(t *testing.T, socket string) *grpc.ClientConn {
+	{"bare-path", func(t testing.TB, socket string) *grpc.ClientConn {
 		t.Helper()
 		conn, err := dialLikeTheKubelet(socket)
 		if err != nil {
@@ -180,7 +180,7 @@ var dialStyles = []dialStyle{
 		t.Cleanup(func() { _ = conn.Close() })
 		return conn
 	}},
-	{"unix-target", func(t *testing.T, socket string) *grpc.ClientConn {
+	{"unix-target", func(t testing.TB, socket string) *grpc.ClientConn {
 		t.Helper()
 		conn, err := grpc.NewClient("unix:"+socket,
 			grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -193,7 +193,7 @@ var dialStyles = []dialStyle{
 }
 
 // callContext is the deadline for one call: the kubelet's own are 1 s (GetInfo) to 45 s.
-func callContext(t *testing.T) context.Context {
+func callContext(t testing.TB) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	t.Cleanup(cancel)
@@ -238,7 +238,7 @@ func unixDial(path string) error {
 }
 
 // mustContain fails unless s contains every one of subs.
-func mustContain(t *testing.T, what, s string, subs ...string) {
+func mustContain(t testing.TB, what, s string, subs ...string) {
 	t.Helper()
 	for _, sub := range subs {
 		if !strings.Contains(s, sub) {
