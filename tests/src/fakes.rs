@@ -11,7 +11,9 @@ use policy::{
     Adjustment, Allocation, AllocationResult, Claim, ClaimAllocation, Container, ContainerUpdate,
     CpuSet, Device, Policy, PolicyError, Quantity, Resources, cdi::ContainerEdits,
 };
-use resmgr::{BoxFuture, ClaimRef, ClaimSource, Manager, ManagerConfig, Runtime, RuntimeError};
+use resmgr::{
+    BoxFuture, ClaimRef, Manager, ManagerConfig, Runtime, RuntimeError, kube::fake::StaticClaims,
+};
 
 pub const DRIVER: &str = "test.resmgr.io";
 
@@ -238,36 +240,6 @@ impl Runtime for FakeRuntime {
     }
 }
 
-/// Claims by UID, or an error to answer for a UID.
-#[derive(Debug, Default)]
-pub struct FakeClaims {
-    pub claims: Mutex<BTreeMap<String, Result<Claim, String>>>,
-}
-
-impl FakeClaims {
-    pub fn add(&self, claim: Claim) {
-        self.claims
-            .lock()
-            .unwrap()
-            .insert(claim.uid.clone(), Ok(claim));
-    }
-}
-
-impl ClaimSource for FakeClaims {
-    fn claim<'a>(
-        &'a self,
-        claim: &'a ClaimRef,
-    ) -> BoxFuture<'a, Result<Claim, Box<dyn std::error::Error + Send + Sync>>> {
-        Box::pin(async move {
-            match self.claims.lock().unwrap().get(&claim.uid) {
-                Some(Ok(c)) => Ok(c.clone()),
-                Some(Err(e)) => Err(e.clone().into()),
-                None => Err(format!("resourceclaims {:?} not found", claim.name).into()),
-            }
-        })
-    }
-}
-
 /// A claim of `cpus` CPUs from device `numa0`, reserved for pod `pod`.
 pub fn claim(uid: &str, pod: &str, cpus: u64) -> Claim {
     Claim {
@@ -319,7 +291,7 @@ pub fn container(id: &str, pod: &str) -> Container {
 pub struct Harness {
     pub dir: tempfile::TempDir,
     pub runtime: Arc<FakeRuntime>,
-    pub claims: Arc<FakeClaims>,
+    pub claims: Arc<StaticClaims>,
 }
 
 impl Default for Harness {
@@ -333,7 +305,7 @@ impl Harness {
         Self {
             dir: tempfile::tempdir().unwrap(),
             runtime: Arc::new(FakeRuntime::default()),
-            claims: Arc::new(FakeClaims::default()),
+            claims: Arc::new(StaticClaims::new()),
         }
     }
 

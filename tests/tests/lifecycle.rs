@@ -23,7 +23,7 @@ async fn prepare_answers_each_result_in_order_and_grants_it_by_spec() {
         share_id: None,
         consumed_capacity: [("cpu".to_owned(), policy::Quantity::from_units(1))].into(),
     });
-    h.claims.add(c);
+    h.claims.insert(c);
     let m = h.ready(TestPolicy::new(8), &[]).await;
 
     let answers = m.prepare(&[claim_ref("c1")]).await.unwrap();
@@ -68,7 +68,7 @@ async fn prepare_answers_each_result_in_order_and_grants_it_by_spec() {
 #[tokio::test]
 async fn claims_are_refused_until_the_synchronize_reply_is_out() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h.start(TestPolicy::new(8)).unwrap();
     assert_eq!(
         m.prepare(&[claim_ref("c1")]).await.unwrap_err(),
@@ -112,8 +112,8 @@ async fn a_malformed_uid_fails_the_whole_request_and_touches_nothing() {
 #[tokio::test]
 async fn each_claim_of_a_batch_is_answered_on_its_own() {
     let h = Harness::new();
-    h.claims.add(claim("good", "pod-db", 2));
-    h.claims.add(claim("huge", "pod-db", 100));
+    h.claims.insert(claim("good", "pod-db", 2));
+    h.claims.insert(claim("huge", "pod-db", 100));
     let m = h.ready(TestPolicy::new(8), &[]).await;
     let answers = m
         .prepare(&[claim_ref("good"), claim_ref("missing"), claim_ref("huge")])
@@ -122,12 +122,12 @@ async fn each_claim_of_a_batch_is_answered_on_its_own() {
     assert!(answers["good"].is_ok());
     let missing = answers["missing"].as_ref().unwrap_err().to_string();
     assert!(
-        missing.starts_with("claim default/claim-missing (missing): reading the claim: "),
+        missing.starts_with("claim default/claim-missing (uid missing): reading the claim: resource claim default/claim-missing (uid missing) not found"),
         "{missing}"
     );
     let huge = answers["huge"].as_ref().unwrap_err().to_string();
     assert!(
-        huge.contains("(huge): allocating: claim huge does not fit: needs 100 CPUs"),
+        huge.contains("(uid huge): allocating: claim huge does not fit: needs 100 CPUs"),
         "{huge}"
     );
     assert_eq!(h.specs(), ["good"]);
@@ -139,7 +139,7 @@ async fn a_claim_without_our_results_is_an_empty_success() {
     let h = Harness::new();
     let mut c = claim("c1", "pod-db", 2);
     c.results.clear();
-    h.claims.add(c);
+    h.claims.insert(c);
     let m = h.ready(TestPolicy::new(8), &[]).await;
     assert_eq!(
         m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"],
@@ -151,7 +151,7 @@ async fn a_claim_without_our_results_is_an_empty_success() {
 #[tokio::test]
 async fn prepare_shrinks_the_shared_containers_before_the_spec_appears() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
@@ -166,7 +166,7 @@ async fn prepare_shrinks_the_shared_containers_before_the_spec_appears() {
 #[tokio::test]
 async fn a_failed_update_rolls_a_new_claim_back_and_keeps_the_updates_pending() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
@@ -212,7 +212,7 @@ async fn a_failed_update_rolls_a_new_claim_back_and_keeps_the_updates_pending() 
 #[tokio::test]
 async fn a_failed_state_save_rolls_a_new_claim_back() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
@@ -243,7 +243,7 @@ async fn a_failed_state_save_rolls_a_new_claim_back() {
 #[tokio::test]
 async fn a_failed_spec_write_rolls_a_new_claim_back() {
     let h = Harness::new();
-    h.claims.add(claim("bad1", "pod-db", 2));
+    h.claims.insert(claim("bad1", "pod-db", 2));
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
@@ -273,7 +273,7 @@ async fn a_failed_spec_write_rolls_a_new_claim_back() {
 #[tokio::test]
 async fn a_failed_re_prepare_keeps_the_allocation() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
@@ -308,7 +308,7 @@ async fn a_failed_re_prepare_keeps_the_allocation() {
 #[tokio::test]
 async fn re_prepare_rewrites_a_spec_a_reboot_removed() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h.ready(TestPolicy::new(8), &[]).await;
     m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
         .as_ref()
@@ -328,7 +328,7 @@ async fn re_prepare_rewrites_a_spec_a_reboot_removed() {
 #[tokio::test]
 async fn unprepare_removes_the_spec_releases_and_commits() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
@@ -350,7 +350,7 @@ async fn unprepare_removes_the_spec_releases_and_commits() {
 #[tokio::test]
 async fn an_unprepare_whose_updates_fail_succeeds_and_leaves_them_pending() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
@@ -369,7 +369,7 @@ async fn an_unprepare_whose_updates_fail_succeeds_and_leaves_them_pending() {
 #[tokio::test]
 async fn one_container_the_runtime_refuses_does_not_hold_back_the_others() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     let m = h
         .ready(
             TestPolicy::new(8),
@@ -393,7 +393,7 @@ async fn one_container_the_runtime_refuses_does_not_hold_back_the_others() {
 #[tokio::test]
 async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     {
         let m = h.ready(TestPolicy::new(8), &[]).await;
         m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
@@ -418,7 +418,7 @@ async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() 
 #[tokio::test]
 async fn start_up_removes_specs_no_claim_accounts_for() {
     let h = Harness::new();
-    h.claims.add(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c1", "pod-db", 2));
     {
         let m = h.ready(TestPolicy::new(8), &[]).await;
         m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]

@@ -26,47 +26,19 @@
 //! kubelet records and retries per claim. Only what is wrong with the whole request (the gate is
 //! closed, a malformed UID that cannot key an answer) fails the whole request.
 
-use std::{collections::BTreeMap, error::Error as StdError, fmt};
+use std::collections::BTreeMap;
 
 use cdi::ClaimUid;
 use policy::Claim;
 use tracing::{info, warn};
 
 use crate::{
+    claim_ref::ClaimRef,
     crash::crash_point,
     errors::chain,
     manager::{Inner, Manager},
-    runtime::BoxFuture,
     state::{ClaimRecord, PreparedDevice},
 };
-
-/// A claim as the kubelet names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRef {
-    /// Namespace of the claim.
-    pub namespace: String,
-    /// Name of the claim.
-    pub name: String,
-    /// UID of the claim.
-    pub uid: String,
-}
-
-impl fmt::Display for ClaimRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "claim {}/{} ({})", self.namespace, self.name, self.uid)
-    }
-}
-
-/// Where the claim's allocation comes from: the API server in production, fakes in tests and the
-/// simulator.
-pub trait ClaimSource: Send + Sync + fmt::Debug {
-    /// The claim with only our driver's allocation results (none: nothing to prepare), or an
-    /// error saying why it cannot be prepared (missing, another UID, not allocated, API errors).
-    fn claim<'a>(
-        &'a self,
-        claim: &'a ClaimRef,
-    ) -> BoxFuture<'a, Result<Claim, Box<dyn StdError + Send + Sync>>>;
-}
 
 /// Why a whole request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -81,7 +53,7 @@ pub enum RequestError {
 
 /// Why one claim failed: the claim, the step, the cause.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{claim}: {step}: {cause}")]
+#[error("claim {claim}: {step}: {cause}")]
 pub struct ClaimError {
     /// The claim.
     pub claim: ClaimRef,
@@ -135,7 +107,7 @@ impl Manager {
     fn admit(&self, claims: &[ClaimRef]) -> Result<(), RequestError> {
         for claim in claims {
             ClaimUid::new(&claim.uid)
-                .map_err(|e| RequestError::InvalidArgument(format!("{claim}: {e}")))?;
+                .map_err(|e| RequestError::InvalidArgument(format!("claim {claim}: {e}")))?;
         }
         if !self.gate.is_open() {
             return Err(RequestError::NotSynchronized);
@@ -151,10 +123,10 @@ impl Manager {
         };
         let uid = claim_ref.uid.as_str();
         let claim = self
-            .claim_source
-            .claim(claim_ref)
+            .claim_reader
+            .get_claim(claim_ref)
             .await
-            .map_err(|e| fail("reading the claim", chain(&*e)))?;
+            .map_err(|e| fail("reading the claim", chain(&e)))?;
         if claim.results.is_empty() {
             info!(claim = %claim_ref, "no allocation results for this driver: nothing to prepare");
             return Ok(Vec::new());

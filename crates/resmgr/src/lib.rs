@@ -5,6 +5,7 @@
 //! = remove the spec, release, commit). See ARCHITECTURE.md for the invariants this crate keeps,
 //! and [`manager`] for the lock and the commit.
 
+pub mod claim_ref;
 pub mod claims;
 pub mod crash;
 pub mod errors;
@@ -18,7 +19,9 @@ pub mod pending;
 pub mod runtime;
 pub mod state;
 
-pub use claims::{ClaimAnswers, ClaimError, ClaimRef, ClaimSource, RequestError};
+pub use claim_ref::ClaimRef;
+pub use claims::{ClaimAnswers, ClaimError, RequestError};
+pub use kube::{ClaimReadError, ClaimReader};
 pub use manager::{DeliveryError, Manager, ManagerConfig, StartError};
 pub use policy;
 pub use runtime::{BoxFuture, Runtime, RuntimeError};

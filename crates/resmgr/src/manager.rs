@@ -32,9 +32,9 @@ use tokio::sync::{Mutex, MutexGuard, Notify};
 use tracing::{debug, info, warn};
 
 use crate::{
-    claims::ClaimSource,
     crash::crash_point,
     gate::Gate,
+    kube::ClaimReader,
     pending::PendingUpdates,
     runtime::{Runtime, RuntimeError},
     state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile},
@@ -139,7 +139,7 @@ pub struct Manager {
     /// Serializes deliveries, so they reach the runtime in the order they were begun.
     delivery: Mutex<()>,
     runtime: Arc<dyn Runtime>,
-    pub(crate) claim_source: Arc<dyn ClaimSource>,
+    pub(crate) claim_reader: Arc<dyn ClaimReader>,
     pub(crate) gate: Gate,
     pending_changed: Notify,
     pub(crate) config: ManagerConfig,
@@ -155,7 +155,7 @@ impl Manager {
         state_file: StateFile,
         specs: cdi::SpecStore,
         runtime: Arc<dyn Runtime>,
-        claim_source: Arc<dyn ClaimSource>,
+        claim_reader: Arc<dyn ClaimReader>,
     ) -> Result<Self, StartError> {
         let state = state_file.load(policy.name())?;
         let records = match state {
@@ -197,7 +197,7 @@ impl Manager {
             }),
             delivery: Mutex::new(()),
             runtime,
-            claim_source,
+            claim_reader,
             gate: Gate::default(),
             pending_changed: Notify::new(),
             config,

@@ -3,12 +3,8 @@
 //! The NRI connection implements it in production; tests and the simulator use fakes. Keeping the
 //! manager behind this trait is what lets the claim lifecycle be tested without a runtime.
 
-use std::{future::Future, pin::Pin};
-
+pub use futures::future::BoxFuture;
 use policy::ContainerUpdate;
-
-/// A boxed future, for object-safe async traits.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why the runtime did not take updates.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

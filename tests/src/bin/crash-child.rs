@@ -9,8 +9,8 @@
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
-use integration_tests::fakes::{FakeClaims, FileRuntime, TestPolicy, claim, claim_ref};
-use resmgr::{Manager, ManagerConfig, state::StateFile};
+use integration_tests::fakes::{FileRuntime, TestPolicy, claim, claim_ref};
+use resmgr::{Manager, ManagerConfig, kube::fake::StaticClaims, state::StateFile};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -22,8 +22,8 @@ fn main() -> ExitCode {
     let runtime = Arc::new(FileRuntime {
         path: dir.join("runtime.json"),
     });
-    let claims = Arc::new(FakeClaims::default());
-    claims.add(claim("c1", "pod-db", 2));
+    let claims = Arc::new(StaticClaims::new());
+    claims.insert(claim("c1", "pod-db", 2));
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
