@@ -209,10 +209,13 @@ fn step(p: &mut TopologyAware, line: &str) -> String {
 }
 
 fn run(machine: &Machine, rows: &[(&str, &str)]) {
-    let mut p = policy(machine);
+    run_on(&mut policy(machine), rows);
+}
+
+fn run_on(p: &mut TopologyAware, rows: &[(&str, &str)]) {
     let mut failures = Vec::new();
     for (line, want) in rows {
-        let got = step(&mut p, line);
+        let got = step(p, line);
         let ok = if line.starts_with("fail") || want.starts_with('~') {
             got.contains(want.trim_start_matches('~'))
         } else {
@@ -360,6 +363,43 @@ fn offline_and_isolated_cpus() {
             ("fail g6 guaranteed cpu=1", "needs 1 exclusive cpus"),
             ("release g3", "b1=8-9,11"),
         ],
+    );
+}
+
+#[test]
+fn pools_carry_reserved_isolated_shared_and_exclusive_cpus() {
+    let machine = Machine {
+        source: TopologySource::Synthetic("pack:1 numa:2 core:4 pu:2".into()),
+        sysfs: Some(("0-13\n", "6-7,12-13\n")),
+        reserved: ReservedCpus::Count(1),
+    };
+    let mut p = policy(&machine);
+    run_on(
+        &mut p,
+        &[
+            (
+                "alloc g1 guaranteed cpu=2 prefer-isolated-cpus=true",
+                "cpus=12-13 mems=1",
+            ),
+            ("alloc g2 guaranteed cpu=2", "cpus=8-9 mems=1"),
+        ],
+    );
+    let names: Vec<&str> = p.pools().iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["root", "numa0", "numa1"]);
+    let split = |i| {
+        let c = p.pool_cpus(i).unwrap();
+        format!(
+            "reserved {} isolated {} isolated-granted {} shared {} exclusive {}",
+            c.reserved, c.isolated, c.isolated_granted, c.shared, c.exclusive
+        )
+    };
+    assert_eq!(
+        split(0),
+        "reserved 0 isolated 6-7 isolated-granted 12-13 shared 1-5,10-11 exclusive 8-9"
+    );
+    assert_eq!(
+        split(2),
+        "reserved  isolated  isolated-granted 12-13 shared 10-11 exclusive 8-9"
     );
 }
 

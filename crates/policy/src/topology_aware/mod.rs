@@ -180,6 +180,21 @@ pub struct Placement {
     pub mems: Option<NodeSet>,
 }
 
+/// A pool's CPUs, split by use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCpus {
+    /// Reserved for system pods.
+    pub reserved: CpuSet,
+    /// Kernel-isolated, free.
+    pub isolated: CpuSet,
+    /// Kernel-isolated, granted to containers.
+    pub isolated_granted: CpuSet,
+    /// Shared by the pool's shared containers.
+    pub shared: CpuSet,
+    /// Granted exclusively to containers and claims.
+    pub exclusive: CpuSet,
+}
+
 /// The topology-aware policy. See the module docs.
 #[derive(Debug, Clone)]
 pub struct TopologyAware {
@@ -303,6 +318,19 @@ impl TopologyAware {
     /// The reserved CPUs.
     pub fn reserved_cpus(&self) -> &CpuSet {
         &self.reserved
+    }
+
+    /// Pool `pool`'s CPUs, split into reserved, isolated, shared and exclusively granted.
+    pub fn pool_cpus(&self, pool: usize) -> Option<PoolCpus> {
+        let p = self.pools.get(pool)?;
+        let isolated = p.cpus.intersection(&self.isolated);
+        Some(PoolCpus {
+            reserved: p.cpus.intersection(&self.reserved),
+            isolated_granted: isolated.intersection(&self.isolated_taken),
+            isolated: isolated.difference(&self.isolated_taken),
+            shared: self.shared.get(pool).cloned().unwrap_or_default(),
+            exclusive: p.cpus.intersection(&self.taken),
+        })
     }
 
     /// The shared CPUs of the root pool: every CPU not reserved, isolated or taken.
