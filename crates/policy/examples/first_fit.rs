@@ -34,7 +34,7 @@ impl FirstFit {
 
     fn place(&mut self, c: &Container) -> Result<(), PolicyError> {
         let milli = c.resources.cpu_request_milli;
-        if c.pod.qos != QosClass::Guaranteed || milli < 1000 || milli % 1000 != 0 {
+        if c.pod.qos != QosClass::Guaranteed || milli < 1000 || !milli.is_multiple_of(1000) {
             self.shared.insert(c.id.clone());
             return Ok(());
         }

@@ -106,7 +106,7 @@ impl FromStr for Quantity {
 /// and the Kubernetes API accepts both.
 impl fmt::Display for Quantity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.milli % 1000 == 0 {
+        if self.milli.is_multiple_of(1000) {
             write!(f, "{}", self.milli / 1000)
         } else {
             write!(f, "{}m", self.milli)

@@ -186,10 +186,10 @@ pub fn used_by(
 ) -> BTreeMap<String, Vec<usize>> {
     let mut used: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for dev in &container.cdi_devices {
-        if let Some((uid, i)) = claim_of_device(dev) {
-            if claims.get(uid).is_some_and(|c| i < c.results.len()) {
-                used.entry(uid.to_owned()).or_default().push(i);
-            }
+        if let Some((uid, i)) = claim_of_device(dev)
+            && claims.get(uid).is_some_and(|c| i < c.results.len())
+        {
+            used.entry(uid.to_owned()).or_default().push(i);
         }
     }
     if !used.is_empty() {

@@ -67,7 +67,7 @@ impl TopologyAware {
         let milli = c.resources.cpu_request_milli;
         if c.pod.qos == QosClass::Guaranteed
             && milli >= 1000
-            && milli % 1000 == 0
+            && milli.is_multiple_of(1000)
             && !opts.prefer_shared
         {
             let n = usize::try_from(milli / 1000).unwrap_or(usize::MAX);
