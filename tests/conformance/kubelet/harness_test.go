@@ -5,7 +5,6 @@ package kubelet
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -38,9 +36,7 @@ type plugin struct {
 	registryDir string
 	lines       chan string // stdout, one event per line
 	exited      chan error
-
-	mu     sync.Mutex
-	stderr bytes.Buffer
+	stderr      string // the file the plugin logs to
 }
 
 // draSocket is the DRA socket's path, as GetInfo must report it.
@@ -53,19 +49,15 @@ func (p *plugin) registrationSocket() string {
 	return filepath.Join(p.registryDir, driverName+"-reg.sock")
 }
 
-// logs is what the plugin logged so far.
+// logs is what the plugin logged so far. The plugin writes its log file directly (no pipe in
+// between), so everything it logged before printing an event line is here once that line has
+// been read.
 func (p *plugin) logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
-
-type lockedWriter struct{ p *plugin }
-
-func (w lockedWriter) Write(b []byte) (int, error) {
-	w.p.mu.Lock()
-	defer w.p.mu.Unlock()
-	return w.p.stderr.Write(b)
+	b, err := os.ReadFile(p.stderr)
+	if err != nil {
+		p.t.Fatalf("reading the plugin's log: %v", err)
+	}
+	return string(b)
 }
 
 // startPlugin runs the test plugin with fresh directories and waits until it is serving. The
@@ -88,6 +80,7 @@ func startPlugin(t testing.TB, extraArgs ...string) *plugin {
 		registryDir: filepath.Join(root, "plugins_registry"),
 		lines:       make(chan string, 64),
 		exited:      make(chan error, 1),
+		stderr:      filepath.Join(root, "plugin.log"),
 	}
 	args := append([]string{
 		"--driver", driverName,
@@ -96,7 +89,12 @@ func startPlugin(t testing.TB, extraArgs ...string) *plugin {
 	}, extraArgs...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), "RUST_LOG=info")
-	p.cmd.Stderr = lockedWriter{p}
+	logFile, err := os.Create(p.stderr)
+	if err != nil {
+		t.Fatalf("creating the plugin's log file: %v", err)
+	}
+	defer logFile.Close() // the child has its own descriptor
+	p.cmd.Stderr = logFile
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatalf("stdout pipe: %v", err)
