@@ -1,8 +1,16 @@
 //! Pure placement decisions: domain types, the `Policy` trait, topology, the topology-aware policy.
 //!
 //! The policy decides which CPUs and memory nodes each container and each DRA claim gets. It does
-//! no IO except topology discovery and knows nothing of gRPC, NRI wire types or files. Teams that
-//! want other decisions implement [`Policy`] (see [`api`] for the contract).
+//! no IO except topology discovery and knows nothing of gRPC, NRI wire types or files.
+//!
+//! - [`api`]: the [`Policy`] trait and its contract. Teams that want other decisions implement it;
+//!   `examples/first_fit.rs` is a whole policy in under 150 lines.
+//! - [`model`]: the domain types the resource manager translates wire messages into.
+//! - [`topology`]: the machine (packages, dies, NUMA nodes, L3 groups, cores, threads, online and
+//!   isolated CPUs), discovered through hwloc from the live machine, a synthetic description or
+//!   an XML export.
+//! - [`topology_aware`]: the policy resmgr ships, with its measured cost.
+//! - [`idset`], [`quantity`]: the kernel's cpu/node list format and Kubernetes quantities.
 
 pub mod api;
 pub mod idset;
