@@ -1,7 +1,25 @@
 //! `resmgr`: the node agent binary.
+//!
+//! - `resmgr run`: the agent (NRI plugin and kubelet DRA plugin), see [`run`];
+//! - `resmgr simulate SCENARIO`: the real resource manager and policy against a simulated node,
+//!   see [`simulate`];
+//! - `resmgr topology`: the machine, its pools and DRA devices, as the policy sees them.
+//!
+//! Only this crate reads the environment and the command line, and only it uses `anyhow`.
+
+mod config;
+mod logging;
+mod run;
+mod simulate;
+mod topology;
+mod values;
+mod view;
+
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-use policy::topology::{Topology, TopologySource};
+
+use crate::values::Format;
 
 /// Decides which CPUs and memory nodes every container gets, and grants CPUs to DRA claims.
 #[derive(Debug, Parser)]
@@ -13,28 +31,101 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the topology as the policy sees it.
+    /// Run the agent: the NRI plugin and the kubelet DRA plugin.
+    Run(Box<config::RunFlags>),
+    /// Run the resource manager and policy against a simulated node, from a scenario file.
+    Simulate {
+        /// The scenario (YAML; see examples/scenarios/).
+        scenario: PathBuf,
+        /// Where to write the CDI specs [default: a temporary directory].
+        #[arg(long, value_name = "DIR")]
+        cdi_dir: Option<PathBuf>,
+        /// `text` or `json`.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+        /// Also draw the machine, coloured by who holds each CPU, into this SVG file.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+    },
+    /// Print the topology as the policy sees it, with its pools and the DRA devices it publishes.
     Topology {
-        /// `live`, `synthetic:<description>` or `xml:<path>`.
+        /// `live`, `synthetic:<description>` or `xml:<file>`.
         #[arg(long, default_value = "live")]
         topology: String,
+        /// CPUs for system pods: a count (`2`) or a cpuset (`0-1`).
+        #[arg(long, default_value = "1", value_name = "COUNT|CPUSET")]
+        reserved_cpus: String,
+        /// `text` or `json`.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
     },
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Topology { topology } => {
-            let source = match topology.split_once(':') {
-                Some(("synthetic", desc)) => TopologySource::Synthetic(desc.to_owned()),
-                Some(("xml", path)) => TopologySource::Xml(path.into()),
-                None if topology == "live" => TopologySource::Live,
-                _ => anyhow::bail!(
-                    "--topology {topology:?}: expected `live`, `synthetic:<description>` or `xml:<path>`"
-                ),
-            };
-            let topo = Topology::load(&source)?;
-            print!("{topo}");
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(flags) => run::main(&flags, std::env::var("NODE_NAME").ok()),
+        Command::Simulate {
+            scenario,
+            cdi_dir,
+            output,
+            svg,
+        } => simulate_main(&scenario, cdi_dir, output, svg.as_deref()),
+        Command::Topology {
+            topology,
+            reserved_cpus,
+            format,
+        } => topology::main(&topology, &reserved_cpus, format),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("resmgr: {e:#}");
+            ExitCode::FAILURE
         }
     }
-    Ok(())
+}
+
+fn simulate_main(
+    path: &std::path::Path,
+    cdi_dir: Option<PathBuf>,
+    output: Format,
+    svg: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    logging::init(Format::Text, "warn");
+    let scenario = simulate::scenario::load(path)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("resmgr-simulate-")
+        .tempdir()?;
+    let cdi = match cdi_dir {
+        Some(dir) => dir,
+        None => scratch.path().join("cdi"),
+    };
+    let dirs = simulate::Dirs {
+        cdi: cdi.clone(),
+        state: scratch.path().join("state"),
+    };
+    // The name only: reports must not depend on where the scenario was run from.
+    let file = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(simulate::run(&scenario, &file, dirs))?;
+    match output {
+        Format::Text => print!("{}", outcome.report.text()),
+        Format::Json => print!("{}", outcome.report.json()),
+    }
+    eprintln!("CDI specs written to {}", cdi.display());
+    if let Some(svg) = svg {
+        let title = format!("resmgr simulate {file}");
+        std::fs::write(
+            svg,
+            simulate::svg::render(&outcome.topology, &outcome.inventory, &title),
+        )
+        .map_err(|e| anyhow::anyhow!("--svg {}: cannot write it: {e}", svg.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,519 @@
+//! The scenario file: a machine and a list of steps, in YAML, checked with line numbers.
+//!
+//! ```yaml
+//! topology: "pack:2 numa:2 core:8 pu:2"     # a synthetic description, or live, or xml:<file>
+//! reserved-cpus: "0-1"                      # a count or a cpuset (default 1)
+//! steps:
+//!   - pod: {name: web, namespace: default, qos: Burstable}
+//!   - container: {pod: web, name: app, cpu-request: 500m, memory: 256Mi}
+//!   - pod: {name: db, qos: Guaranteed}
+//!   - claim: {name: db-cpus, pod: db, results: [{request: cpus, device: numa1, cpu: 4}]}
+//!   - container: {pod: db, name: postgres, cpu-request: 4, memory: 1Gi, claims: [db-cpus]}
+//!   - update: {pod: web, container: app, cpu-request: 2}
+//!   - restart
+//!   - remove: {pod: web}
+//! ```
+//!
+//! Shape errors come from the YAML decoder with its line and column; meaning errors (a container
+//! of a pod never declared, a claim used before it exists) are found here, with the line of the
+//! step, before anything runs.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    path::Path,
+};
+
+use policy::{QosClass, Quantity, TopologySource, topology_aware::ReservedCpus};
+use serde::{Deserialize, Deserializer};
+
+use crate::values;
+
+/// A checked scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub description: Option<String>,
+    pub topology: TopologySource,
+    /// The line of the `topology:` key, for errors found when loading it.
+    pub topology_line: Option<usize>,
+    pub reserved_cpus: ReservedCpus,
+    pub reserved_namespaces: Option<Vec<String>>,
+    pub node_name: String,
+    /// Steps with their 1-based line, when it could be found.
+    pub steps: Vec<(Option<usize>, Step)>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct File {
+    #[serde(default)]
+    description: Option<String>,
+    topology: String,
+    #[serde(default)]
+    reserved_cpus: Option<Scalar>,
+    #[serde(default)]
+    reserved_namespaces: Option<Vec<String>>,
+    #[serde(default)]
+    node_name: Option<String>,
+    // Steps are written `- pod: {...}`: a map with the variant's name as its one key.
+    #[serde(with = "serde_yaml_ng::with::singleton_map_recursive")]
+    steps: Vec<Step>,
+}
+
+/// One thing that happens on the node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub enum Step {
+    /// A pod is scheduled to the node.
+    Pod(PodStep),
+    /// A claim is allocated (by the scheduler) and prepared (by the kubelet).
+    Claim(ClaimStep),
+    /// A container is created and started.
+    Container(ContainerStep),
+    /// A container's resources change.
+    Update(UpdateStep),
+    /// A container, or a whole pod with its claims, goes away.
+    Remove(RemoveStep),
+    /// The agent restarts: state reloaded from disk, runtime synchronized again.
+    Restart,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PodStep {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    #[serde(default = "default_qos")]
+    pub qos: QosClass,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn default_qos() -> QosClass {
+    QosClass::Burstable
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ClaimStep {
+    pub name: String,
+    /// The pod the claim is reserved for; the claim lives in its namespace.
+    pub pod: String,
+    pub results: Vec<ResultStep>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ResultStep {
+    pub request: String,
+    pub device: String,
+    /// CPUs consumed from the device.
+    pub cpu: Qty,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ContainerStep {
+    pub pod: String,
+    pub name: String,
+    #[serde(default)]
+    pub cpu_request: Option<Qty>,
+    #[serde(default)]
+    pub cpu_limit: Option<Qty>,
+    #[serde(default)]
+    pub memory: Option<Qty>,
+    #[serde(default)]
+    pub memory_limit: Option<Qty>,
+    /// Claims (by name) whose devices the container uses.
+    #[serde(default)]
+    pub claims: Vec<String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct UpdateStep {
+    pub pod: String,
+    pub container: String,
+    #[serde(default)]
+    pub cpu_request: Option<Qty>,
+    #[serde(default)]
+    pub cpu_limit: Option<Qty>,
+    #[serde(default)]
+    pub memory: Option<Qty>,
+    #[serde(default)]
+    pub memory_limit: Option<Qty>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RemoveStep {
+    pub pod: String,
+    /// Only this container; without it, the whole pod and its claims.
+    #[serde(default)]
+    pub container: Option<String>,
+}
+
+/// A Kubernetes quantity written as a string (`500m`, `256Mi`) or a number (`4`, `0.5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Qty(pub Quantity);
+
+impl<'de> Deserialize<'de> for Qty {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = Scalar::deserialize(d)?.0;
+        text.parse::<Quantity>()
+            .map(Qty)
+            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a quantity: {e}")))
+    }
+}
+
+/// A string or a number, as text.
+#[derive(Debug, Clone)]
+struct Scalar(String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            S(String),
+            U(u64),
+            F(f64),
+        }
+        Ok(Scalar(match Raw::deserialize(d)? {
+            Raw::S(s) => s,
+            Raw::U(u) => u.to_string(),
+            Raw::F(f) => f.to_string(),
+        }))
+    }
+}
+
+/// A scenario error, with the file and, where known, the line.
+#[derive(Debug)]
+pub struct ScenarioError {
+    pub file: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}: line {line}: {}", self.file, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+impl Step {
+    /// What the step does, for reports.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Pod(p) => format!("pod {}/{} ({:?})", p.namespace, p.name, p.qos),
+            Self::Claim(c) => format!("claim {} for pod {}", c.name, c.pod),
+            Self::Container(c) => format!("container {}/{}", c.pod, c.name),
+            Self::Update(u) => format!("update {}/{}", u.pod, u.container),
+            Self::Remove(r) => match &r.container {
+                Some(c) => format!("remove container {}/{c}", r.pod),
+                None => format!("remove pod {}", r.pod),
+            },
+            Self::Restart => "restart the agent".into(),
+        }
+    }
+}
+
+/// Reads and checks a scenario file.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: path.display().to_string(),
+        line: None,
+        message: format!("cannot read it: {e}"),
+    })?;
+    parse(&path.display().to_string(), &text, path.parent())
+}
+
+/// Parses and checks scenario text; `base` resolves relative `xml:` paths.
+pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
+    let err = |line: Option<usize>, message: String| ScenarioError {
+        file: file.to_owned(),
+        line,
+        message,
+    };
+    let raw: File = serde_yaml_ng::from_str(text).map_err(|e| {
+        let line = e.location().map(|l| l.line());
+        // The decoder's message repeats the position at its end; the prefix says it already.
+        let mut message = e.to_string();
+        if let Some(at) = message.rfind(" at line ") {
+            message.truncate(at);
+        }
+        err(line, message)
+    })?;
+    let key_line = |key: &str| {
+        text.lines()
+            .position(|l| l.starts_with(&format!("{key}:")))
+            .map(|i| i + 1)
+    };
+    let t = raw.topology.trim();
+    let topology_text = if t == "live" || t.starts_with("synthetic:") || t.starts_with("xml:") {
+        raw.topology.clone()
+    } else {
+        format!("synthetic:{}", raw.topology)
+    };
+    let topology = values::topology(&topology_text, base)
+        .map_err(|e| err(key_line("topology"), format!("topology: {e}")))?;
+    let reserved_cpus = match &raw.reserved_cpus {
+        None => ReservedCpus::Count(1),
+        Some(v) => values::reserved_cpus(&v.0)
+            .map_err(|e| err(key_line("reserved-cpus"), format!("reserved-cpus: {e}")))?,
+    };
+    let lines = step_lines(text, raw.steps.len());
+    let steps: Vec<(Option<usize>, Step)> = lines.into_iter().zip(raw.steps).collect();
+    check(&steps).map_err(|(line, message)| err(line, message))?;
+    if steps.is_empty() {
+        return Err(err(
+            key_line("steps"),
+            "steps: the scenario has no steps".into(),
+        ));
+    }
+    Ok(Scenario {
+        description: raw.description,
+        topology,
+        topology_line: key_line("topology"),
+        reserved_cpus,
+        reserved_namespaces: raw.reserved_namespaces,
+        node_name: raw.node_name.unwrap_or_else(|| "sim-node".into()),
+        steps,
+    })
+}
+
+/// Checks that every step refers to what earlier steps created.
+fn check(steps: &[(Option<usize>, Step)]) -> Result<(), (Option<usize>, String)> {
+    // Pod name -> (containers, claims) currently existing.
+    let mut pods: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    let mut claims: BTreeMap<String, String> = BTreeMap::new();
+    let known = |pods: &BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)>| {
+        if pods.is_empty() {
+            "no pod exists at this point".to_owned()
+        } else {
+            format!(
+                "pods at this point: {}",
+                pods.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        }
+    };
+    for (line, step) in steps {
+        let fail = |m: String| Err((*line, m));
+        match step {
+            Step::Pod(p) => {
+                if p.name.is_empty() {
+                    return fail("pod: name must not be empty".into());
+                }
+                if pods.contains_key(&p.name) {
+                    return fail(format!("pod {:?} already exists", p.name));
+                }
+                pods.insert(p.name.clone(), Default::default());
+            }
+            Step::Claim(c) => {
+                let Some((_, pod_claims)) = pods.get_mut(&c.pod) else {
+                    return fail(format!(
+                        "claim {:?}: pod {:?} does not exist ({})",
+                        c.name,
+                        c.pod,
+                        known(&pods)
+                    ));
+                };
+                if c.name.is_empty() {
+                    return fail("claim: name must not be empty".into());
+                }
+                if claims.contains_key(&c.name) {
+                    return fail(format!("claim {:?} already exists", c.name));
+                }
+                if c.results.is_empty() {
+                    return fail(format!(
+                        "claim {:?}: results must list at least one device",
+                        c.name
+                    ));
+                }
+                pod_claims.insert(c.name.clone());
+                claims.insert(c.name.clone(), c.pod.clone());
+            }
+            Step::Container(c) => {
+                let Some((containers, _)) = pods.get_mut(&c.pod) else {
+                    return fail(format!(
+                        "container {:?}: pod {:?} does not exist ({})",
+                        c.name,
+                        c.pod,
+                        known(&pods)
+                    ));
+                };
+                if c.name.is_empty() {
+                    return fail("container: name must not be empty".into());
+                }
+                if !containers.insert(c.name.clone()) {
+                    return fail(format!(
+                        "container {:?} already exists in pod {:?}",
+                        c.name, c.pod
+                    ));
+                }
+                for claim in &c.claims {
+                    match claims.get(claim) {
+                        Some(pod) if *pod == c.pod => {}
+                        Some(pod) => {
+                            return fail(format!(
+                                "container {:?}: claim {claim:?} is reserved for pod {pod:?}, not {:?}",
+                                c.name, c.pod
+                            ));
+                        }
+                        None => {
+                            return fail(format!(
+                                "container {:?}: claim {claim:?} does not exist (declare it with a claim step first)",
+                                c.name
+                            ));
+                        }
+                    }
+                }
+            }
+            Step::Update(u) => {
+                let exists = pods
+                    .get(&u.pod)
+                    .is_some_and(|(c, _)| c.contains(&u.container));
+                if !exists {
+                    return fail(format!(
+                        "update: container {:?} of pod {:?} does not exist",
+                        u.container, u.pod
+                    ));
+                }
+            }
+            Step::Remove(r) => match &r.container {
+                None => {
+                    let Some((_, pod_claims)) = pods.remove(&r.pod) else {
+                        return fail(format!(
+                            "remove: pod {:?} does not exist ({})",
+                            r.pod,
+                            known(&pods)
+                        ));
+                    };
+                    for claim in pod_claims {
+                        claims.remove(&claim);
+                    }
+                }
+                Some(name) => {
+                    let removed = pods.get_mut(&r.pod).is_some_and(|(c, _)| c.remove(name));
+                    if !removed {
+                        return fail(format!(
+                            "remove: container {name:?} of pod {:?} does not exist",
+                            r.pod
+                        ));
+                    }
+                }
+            },
+            Step::Restart => {}
+        }
+    }
+    Ok(())
+}
+
+/// The 1-based line of each item of the top-level `steps:` list, found by indentation; `None`
+/// for all when the list is not written in block style.
+fn step_lines(text: &str, count: usize) -> Vec<Option<usize>> {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(start) = lines.iter().position(|l| l.trim_end() == "steps:") else {
+        return vec![None; count];
+    };
+    let mut found = Vec::new();
+    let mut indent = None;
+    for (i, line) in lines.iter().enumerate().skip(start + 1) {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let depth = line.len() - trimmed.len();
+        let item = trimmed == "-" || trimmed.starts_with("- ");
+        match indent {
+            None if item => indent = Some(depth),
+            None => break,
+            Some(d) if depth < d || (depth == d && !item) => break,
+            Some(_) => {}
+        }
+        if item && Some(depth) == indent {
+            found.push(Some(i + 1));
+        }
+    }
+    if found.len() == count {
+        found
+    } else {
+        vec![None; count]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "topology: \"pack:1 numa:2 core:2 pu:2\"
+reserved-cpus: 1
+steps:
+  # a comment
+  - pod: {name: web, qos: Burstable}
+  - container: {pod: web, name: app, cpu-request: 500m, memory: 256Mi}
+  - pod:
+      name: db
+      qos: Guaranteed
+  - claim: {name: c, pod: db, results: [{request: cpus, device: numa1, cpu: 2}]}
+  - container: {pod: db, name: pg, cpu-request: 2, claims: [c]}
+  - restart
+  - remove: {pod: web}
+";
+
+    #[test]
+    fn parses_steps_with_their_lines() {
+        let s = parse("s.yaml", GOOD, None).unwrap();
+        let lines: Vec<Option<usize>> = s.steps.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lines, [5, 6, 7, 10, 11, 12, 13].map(Some).to_vec());
+        assert_eq!(
+            s.topology,
+            TopologySource::Synthetic("pack:1 numa:2 core:2 pu:2".into())
+        );
+        assert!(matches!(s.steps[5].1, Step::Restart));
+        let Step::Container(c) = &s.steps[1].1 else {
+            panic!()
+        };
+        assert_eq!(c.cpu_request, Some(Qty(Quantity::from_milli(500))));
+    }
+
+    #[test]
+    fn meaning_errors_name_the_step_line() {
+        let bad = GOOD.replace("claims: [c]", "claims: [nope]");
+        let e = parse("s.yaml", &bad, None).unwrap_err();
+        assert_eq!(e.line, Some(11), "{e}");
+        assert!(
+            e.to_string().contains("claim \"nope\" does not exist"),
+            "{e}"
+        );
+
+        let bad = GOOD.replace("remove: {pod: web}", "remove: {pod: nobody}");
+        let e = parse("s.yaml", &bad, None).unwrap_err();
+        assert_eq!(e.line, Some(13), "{e}");
+    }
+
+    #[test]
+    fn shape_errors_carry_the_decoders_line() {
+        let bad = GOOD.replace("cpu-request: 500m", "cpus: 500m");
+        let e = parse("s.yaml", &bad, None).unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.to_string().contains("unknown field `cpus`"), "{e}");
+
+        let bad = GOOD.replace("memory: 256Mi", "memory: lots");
+        let e = parse("s.yaml", &bad, None).unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.to_string().contains("\"lots\" is not a quantity"), "{e}");
+    }
+}

@@ -1,0 +1,111 @@
+//! The simulated world around the resource manager: a container runtime that applies what it is
+//! told, and an API server that holds the scenario's claims.
+//!
+//! Both are deliberately dumb: the decisions under test are the real manager's and the real
+//! policy's, and these only record their effects so the report can show them.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Mutex, MutexGuard, PoisonError},
+};
+
+use policy::{Claim, ContainerUpdate, CpuSet, NodeSet};
+use resmgr::{BoxFuture, ClaimReadError, ClaimReader, ClaimRef, Runtime, RuntimeError};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Plain data; a panic elsewhere cannot leave it half-written in a way that matters here.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A container as the runtime has it applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub cpus: Option<CpuSet>,
+    pub mems: Option<NodeSet>,
+}
+
+/// A runtime that applies every update it gets to its table of running containers.
+#[derive(Debug, Default)]
+pub struct SimRuntime {
+    containers: Mutex<BTreeMap<String, Applied>>,
+}
+
+impl SimRuntime {
+    /// A container starts with what its creation reply said.
+    pub fn start(&self, id: &str, applied: Applied) {
+        lock(&self.containers).insert(id.to_owned(), applied);
+    }
+
+    /// A container is gone.
+    pub fn remove(&self, id: &str) {
+        lock(&self.containers).remove(id);
+    }
+
+    /// Applies updates, from a reply or an `UpdateContainers` call; unknown containers are
+    /// reported as failed, as a real runtime does.
+    pub fn apply(&self, updates: &[ContainerUpdate]) -> Vec<String> {
+        let mut table = lock(&self.containers);
+        let mut failed = Vec::new();
+        for u in updates {
+            match table.get_mut(&u.container_id) {
+                Some(c) => {
+                    if let Some(cpus) = &u.cpus {
+                        c.cpus = Some(cpus.clone());
+                    }
+                    if let Some(mems) = &u.mems {
+                        c.mems = Some(mems.clone());
+                    }
+                }
+                None => failed.push(u.container_id.clone()),
+            }
+        }
+        failed
+    }
+
+    /// Every running container and what it runs on.
+    pub fn table(&self) -> BTreeMap<String, Applied> {
+        lock(&self.containers).clone()
+    }
+}
+
+impl Runtime for SimRuntime {
+    fn update_containers(
+        &self,
+        updates: Vec<ContainerUpdate>,
+    ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
+        let failed = self.apply(&updates);
+        Box::pin(std::future::ready(Ok(failed)))
+    }
+}
+
+/// The API server's claims, by UID.
+#[derive(Debug, Default)]
+pub struct SimClaims {
+    claims: Mutex<BTreeMap<String, Claim>>,
+}
+
+impl SimClaims {
+    pub fn insert(&self, claim: Claim) {
+        lock(&self.claims).insert(claim.uid.clone(), claim);
+    }
+
+    pub fn remove(&self, uid: &str) {
+        lock(&self.claims).remove(uid);
+    }
+}
+
+impl ClaimReader for SimClaims {
+    fn get_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Claim, ClaimReadError>> {
+        let found =
+            lock(&self.claims)
+                .get(&claim.uid)
+                .cloned()
+                .ok_or_else(|| ClaimReadError::NotFound {
+                    claim: claim.clone(),
+                });
+        Box::pin(std::future::ready(found))
+    }
+}

@@ -1,0 +1,93 @@
+//! `resmgr topology`: the machine as the policy sees it, its pool tree, and the DRA devices the
+//! agent would publish.
+
+use std::process::ExitCode;
+
+use policy::{Policy as _, Topology, TopologyAware, topology_aware::Config};
+use serde::Serialize;
+
+use crate::{
+    simulate::report::DeviceSummary,
+    values::{self, Format},
+    view,
+};
+
+#[derive(Serialize)]
+struct Out<'a> {
+    topology: &'a Topology,
+    reserved: String,
+    pools: Vec<view::PoolUse>,
+    devices: Vec<policy::Device>,
+}
+
+pub fn main(topology: &str, reserved: &str, format: Format) -> anyhow::Result<ExitCode> {
+    let source =
+        values::topology(topology, None).map_err(|e| anyhow::anyhow!("--topology: {e}"))?;
+    let reserved_cpus =
+        values::reserved_cpus(reserved).map_err(|e| anyhow::anyhow!("--reserved-cpus: {e}"))?;
+    let topo =
+        Topology::load(&source).map_err(|e| anyhow::anyhow!("--topology {topology:?}: {e}"))?;
+    let policy = TopologyAware::new(
+        topo.clone(),
+        Config {
+            reserved_cpus,
+            ..Config::default()
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("--reserved-cpus {reserved:?}: {e}"))?;
+    let devices = policy.devices()?;
+    let inventory = view::inventory(&policy);
+    match format {
+        Format::Json => {
+            let out = Out {
+                topology: &topo,
+                reserved: inventory.reserved.clone(),
+                pools: inventory.pools,
+                devices,
+            };
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        Format::Text => {
+            print!("{topo}");
+            println!("reserved cpus {}", inventory.reserved);
+            println!("pools:");
+            let depth = |name: &str| {
+                policy
+                    .pools()
+                    .iter()
+                    .find(|p| p.name == name)
+                    .map_or(0, |p| p.depth)
+            };
+            for p in &inventory.pools {
+                println!(
+                    "  {}{} ({}): cpus {}, {} shared, {} reserved",
+                    "  ".repeat(depth(&p.name)),
+                    p.name,
+                    p.kind,
+                    p.cpus,
+                    p.shared,
+                    p.reserved
+                );
+            }
+            println!("DRA devices:");
+            for d in &devices {
+                let s = DeviceSummary::of(d);
+                let numa = s
+                    .numa_node
+                    .map(|n| format!(", numa node {n}"))
+                    .unwrap_or_default();
+                println!(
+                    "  {}: {} cpus to claim{numa}{}",
+                    s.name,
+                    s.cpu,
+                    if d.allow_multiple_allocations {
+                        ", shared by claims"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,451 @@
+//! Tests of the built `resmgr` binary, run as a user runs it: flags, the config file, the
+//! simulator on every shipped scenario against its checked-in expected output, the SVG drawing,
+//! the topology command, and signal handling of `resmgr run`.
+//!
+//! Expected outputs live next to the scenarios (`<name>.txt`, `<name>.json`). After an intended
+//! change of the output, regenerate them with `RESMGR_BLESS=1 cargo test -p plugin-bin --test
+//! cli` and review the diff.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+fn resmgr() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_resmgr"));
+    cmd.env_remove("NODE_NAME").env_remove("RUST_LOG");
+    cmd
+}
+
+fn scenarios_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/scenarios")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("the binary runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    out
+}
+
+fn run_err(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("the binary runs");
+    assert!(
+        !out.status.success(),
+        "{cmd:?} succeeded:\n{}",
+        text(&out.stdout)
+    );
+    text(&out.stderr)
+}
+
+#[test]
+fn every_flag_refuses_a_bad_value_naming_the_flag_the_value_and_what_is_allowed() {
+    // (flag, bad value, words of the allowed values)
+    let cases: &[(&str, &str, &str)] = &[
+        ("--node-name", "Not_A_Node", "DNS subdomain"),
+        ("--driver-name", "nodots", "DNS subdomain"),
+        ("--driver-name", "UPPER.case.io", "DNS subdomain"),
+        ("--nri-socket", "", "non-empty path"),
+        ("--nri-plugin-index", "9", "exactly two digits"),
+        ("--nri-plugin-index", "100", "exactly two digits"),
+        ("--nri-plugin-index", "ab", "exactly two digits"),
+        ("--kubelet-plugins-dir", "", "non-empty path"),
+        ("--kubelet-registry-dir", " ", "non-empty path"),
+        ("--cdi-dir", "", "non-empty path"),
+        ("--state-dir", "", "non-empty path"),
+        ("--kubeconfig", "", "kubeconfig file"),
+        ("--topology", "hwloc:thing", "`live`, `synthetic:"),
+        ("--topology", "synthetic:", "`live`, `synthetic:"),
+        ("--reserved-cpus", "0", "a count of CPUs"),
+        ("--reserved-cpus", "3-1", "a count of CPUs"),
+        ("--reserved-cpus", "many", "a count of CPUs"),
+        ("--metrics-addr", "localhost", "IP address and port"),
+        ("--metrics-addr", "127.0.0.1", "IP address and port"),
+        ("--log-format", "xml", "`text` or `json`"),
+    ];
+    for (flag, value, allowed) in cases {
+        let mut cmd = resmgr();
+        cmd.args(["run", "--print-config", flag, value])
+            .env("NODE_NAME", "node-1");
+        let err = run_err(&mut cmd);
+        assert!(err.contains(flag), "{flag} {value:?}: {err}");
+        assert!(
+            err.contains(&format!("{value:?}")),
+            "{flag} {value:?}: {err}"
+        );
+        assert!(err.contains(allowed), "{flag} {value:?}: {err}");
+    }
+}
+
+#[test]
+fn the_node_name_comes_from_the_flag_the_file_or_node_name_and_is_required() {
+    let err = run_err(resmgr().args(["run", "--print-config"]));
+    assert!(err.contains("--node-name is not set"), "{err}");
+    let out = run_ok(
+        resmgr()
+            .args(["run", "--print-config"])
+            .env("NODE_NAME", "from-env"),
+    );
+    assert!(text(&out.stdout).contains("\"node_name\": \"from-env\""));
+    let out = run_ok(
+        resmgr()
+            .args(["run", "--print-config", "--node-name", "from-flag"])
+            .env("NODE_NAME", "from-env"),
+    );
+    assert!(text(&out.stdout).contains("\"node_name\": \"from-flag\""));
+}
+
+#[test]
+fn the_config_file_sets_every_key_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("resmgr.yaml");
+    std::fs::write(
+        &file,
+        "node-name: file-node\n\
+         driver-name: cpu.example.io\n\
+         nri-socket: /file/nri.sock\n\
+         nri-plugin-index: 10\n\
+         kubelet-plugins-dir: /file/plugins\n\
+         kubelet-registry-dir: /file/registry\n\
+         cdi-dir: /file/cdi\n\
+         state-dir: /file/state\n\
+         kubeconfig: /file/kubeconfig\n\
+         topology: \"synthetic:pack:1 core:2 pu:1\"\n\
+         reserved-cpus: \"0-1\"\n\
+         metrics-addr: \"0.0.0.0:9000\"\n\
+         log-format: json\n",
+    )
+    .unwrap();
+    let out = run_ok(
+        resmgr()
+            .args(["run", "--print-config", "--config"])
+            .arg(&file),
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want = serde_json::json!({
+        "node_name": "file-node",
+        "driver_name": "cpu.example.io",
+        "nri_socket": "/file/nri.sock",
+        "nri_plugin_index": "10",
+        "kubelet_plugins_dir": "/file/plugins",
+        "kubelet_registry_dir": "/file/registry",
+        "cdi_dir": "/file/cdi",
+        "state_dir": "/file/state",
+        "kubeconfig": "/file/kubeconfig",
+        "topology": "synthetic:pack:1 core:2 pu:1",
+        "reserved_cpus": "0-1",
+        "metrics_addr": "0.0.0.0:9000",
+        "log_format": "json",
+    });
+    assert_eq!(got, want);
+
+    let out = run_ok(
+        resmgr()
+            .args(["run", "--print-config", "--config"])
+            .arg(&file)
+            .args([
+                "--nri-plugin-index",
+                "20",
+                "--reserved-cpus",
+                "3",
+                "--log-format",
+                "text",
+            ]),
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["nri_plugin_index"], "20", "the flag wins");
+    assert_eq!(got["reserved_cpus"], "3");
+    assert_eq!(got["log_format"], "text");
+    assert_eq!(got["cdi_dir"], "/file/cdi", "the file still sets the rest");
+}
+
+#[test]
+fn bad_config_files_are_refused_naming_the_file_line_key_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("resmgr.yaml");
+    let check = |body: &str, wanted: &[&str]| {
+        std::fs::write(&file, body).unwrap();
+        let err = run_err(
+            resmgr()
+                .args(["run", "--node-name", "n", "--print-config", "--config"])
+                .arg(&file),
+        );
+        assert!(err.contains(&file.display().to_string()), "{err}");
+        for w in wanted {
+            assert!(err.contains(w), "{body:?}: wanted {w:?} in {err}");
+        }
+    };
+    check(
+        "log-format: json\nnri-plugin-index: 7\n",
+        &["line 2", "nri-plugin-index", "\"7\"", "exactly two digits"],
+    );
+    check(
+        "cdi-dir: /x\nnode_name: n\n",
+        &["line 2", "unknown key \"node_name\"", "node-name"],
+    );
+    check(
+        "topology: [a, b]\n",
+        &["line 1", "topology", "a single value"],
+    );
+    check("- a list\n", &["a mapping of settings"]);
+    check("topology: \"\n", &["not valid YAML"]);
+    // A bad value in the file is not an error when a flag overrides it.
+    std::fs::write(&file, "log-format: xml\n").unwrap();
+    run_ok(
+        resmgr()
+            .args([
+                "run",
+                "--node-name",
+                "n",
+                "--print-config",
+                "--log-format",
+                "json",
+                "--config",
+            ])
+            .arg(&file),
+    );
+    let err = run_err(
+        resmgr()
+            .args(["run", "--print-config", "--config"])
+            .arg(dir.path().join("missing.yaml")),
+    );
+    assert!(
+        err.contains("--config") && err.contains("missing.yaml"),
+        "{err}"
+    );
+}
+
+fn shipped_scenarios() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(scenarios_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    found.sort();
+    assert!(
+        found.len() >= 3,
+        "the shipped scenarios are missing: {found:?}"
+    );
+    found
+}
+
+/// Compares `got` with the checked-in file, or writes it with RESMGR_BLESS=1.
+fn expect(path: &Path, got: &str) {
+    if std::env::var_os("RESMGR_BLESS").is_some() {
+        std::fs::write(path, got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e} (generate it with RESMGR_BLESS=1)", path.display()));
+    assert!(
+        got == want,
+        "{} differs from the output; rerun with RESMGR_BLESS=1 if the change is intended\n--- got ---\n{got}",
+        path.display()
+    );
+}
+
+#[test]
+fn every_shipped_scenario_prints_its_expected_output_in_text_and_json() {
+    for scenario in shipped_scenarios() {
+        let cdi = tempfile::tempdir().unwrap();
+        let out = run_ok(
+            resmgr()
+                .arg("simulate")
+                .arg(&scenario)
+                .arg("--cdi-dir")
+                .arg(cdi.path()),
+        );
+        expect(&scenario.with_extension("txt"), &text(&out.stdout));
+        let out = run_ok(
+            resmgr()
+                .arg("simulate")
+                .arg(&scenario)
+                .args(["--output", "json"]),
+        );
+        let json = text(&out.stdout);
+        serde_json::from_str::<serde_json::Value>(&json).unwrap();
+        expect(&scenario.with_extension("json"), &json);
+    }
+}
+
+#[test]
+fn simulate_writes_the_claims_cdi_specs_to_the_cdi_dir() {
+    let cdi = tempfile::tempdir().unwrap();
+    let scenario = scenarios_dir().join("web-and-db.yaml");
+    // Stop before the claim's pod is removed, so its spec is still there.
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut.yaml");
+    let body = std::fs::read_to_string(&scenario).unwrap();
+    let body = body.replace("  - remove: {pod: db}\n", "");
+    assert_ne!(body, std::fs::read_to_string(&scenario).unwrap());
+    std::fs::write(&cut, body).unwrap();
+    let out = run_ok(
+        resmgr()
+            .arg("simulate")
+            .arg(&cut)
+            .arg("--cdi-dir")
+            .arg(cdi.path()),
+    );
+    let specs: Vec<String> = std::fs::read_dir(cdi.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(specs.len(), 1, "{specs:?}");
+    assert!(
+        text(&out.stdout).contains(&specs[0]),
+        "the report names the spec file"
+    );
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cdi.path().join(&specs[0])).unwrap()).unwrap();
+    let env = spec["devices"][0]["containerEdits"]["env"].to_string();
+    assert!(env.contains("DRA_CPUSET_"), "{spec}");
+}
+
+#[test]
+fn json_output_is_stable_and_complete() {
+    let scenario = scenarios_dir().join("web-and-db.yaml");
+    let once = run_ok(
+        resmgr()
+            .arg("simulate")
+            .arg(&scenario)
+            .args(["--output", "json"]),
+    )
+    .stdout;
+    let twice = run_ok(
+        resmgr()
+            .arg("simulate")
+            .arg(&scenario)
+            .args(["--output", "json"]),
+    )
+    .stdout;
+    assert_eq!(once, twice, "the same scenario gives the same bytes");
+    let v: serde_json::Value = serde_json::from_slice(&once).unwrap();
+    for key in ["scenario", "machine", "devices", "steps", "allocation"] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 9);
+    assert_eq!(steps[3]["line"], 11);
+    assert!(
+        steps[3]["changes"]
+            .to_string()
+            .contains("\"change\":\"claimed\"")
+    );
+}
+
+#[test]
+fn the_svg_is_well_formed_and_draws_every_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    for scenario in shipped_scenarios() {
+        let svg = dir.path().join("m.svg");
+        let out = run_ok(
+            resmgr()
+                .arg("simulate")
+                .arg(&scenario)
+                .args(["--output", "json", "--svg"])
+                .arg(&svg),
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let online: policy::CpuSet = report["machine"]["online"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let body = std::fs::read_to_string(&svg).unwrap();
+        let doc = roxmltree::Document::parse(&body)
+            .unwrap_or_else(|e| panic!("{}: not well-formed: {e}", scenario.display()));
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let drawn: Vec<u32> = doc
+            .descendants()
+            .filter_map(|n| n.attribute("id")?.strip_prefix("cpu-")?.parse().ok())
+            .collect();
+        let want: Vec<u32> = online.iter().collect();
+        assert_eq!(drawn, want, "{}", scenario.display());
+        // Every claim in the final allocation has its own legend entry.
+        for claim in report["allocation"]["claims"].as_array().unwrap() {
+            let name = claim["name"].as_str().unwrap();
+            assert!(
+                body.contains(&format!("claim {name}")),
+                "{name} not in the legend"
+            );
+        }
+    }
+}
+
+#[test]
+fn invalid_scenarios_are_refused_with_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.yaml");
+    let cases: &[(&str, &str)] = &[
+        (
+            "topology: \"pack:1 core:2 pu:1\"\nsteps:\n  - pod: {name: a}\n  - container: {pod: b, name: c}\n",
+            "line 4: container \"c\": pod \"b\" does not exist",
+        ),
+        (
+            "topology: \"pack:1 core:2 pu:1\"\nsteps:\n  - pod: {name: a}\n  - container: {pod: a, name: c, cpu: 1}\n",
+            "line 4",
+        ),
+        (
+            "topology: \"pack:1 core:2 pu:1\"\nsteps:\n  - pod: {name: a}\n  - launch: {pod: a}\n",
+            "line 4",
+        ),
+        (
+            "topology: \"hwloc:x\"\nsteps:\n  - pod: {name: a}\n",
+            "line 1: topology",
+        ),
+        (
+            "topology: \"pack:1 core:2 pu:1\"\nreserved-cpus: none\nsteps:\n  - pod: {name: a}\n",
+            "line 2: reserved-cpus",
+        ),
+    ];
+    for (body, wanted) in cases {
+        std::fs::write(&file, body).unwrap();
+        let err = run_err(resmgr().arg("simulate").arg(&file));
+        assert!(err.contains("bad.yaml: "), "{err}");
+        assert!(err.contains(wanted), "{body:?}: wanted {wanted:?} in {err}");
+    }
+}
+
+#[test]
+fn topology_prints_pools_and_devices_as_text_and_json() {
+    let out = run_ok(resmgr().args([
+        "topology",
+        "--topology",
+        "synthetic:pack:2 numa:2 core:2 pu:2",
+        "--reserved-cpus",
+        "0-1",
+    ]));
+    let t = text(&out.stdout);
+    for wanted in [
+        "pools:",
+        "socket1 (socket)",
+        "numa3 (numa)",
+        "DRA devices:",
+        "numa0: 2 cpus to claim",
+    ] {
+        assert!(t.contains(wanted), "{wanted:?} not in\n{t}");
+    }
+    let out = run_ok(resmgr().args([
+        "topology",
+        "--topology",
+        "synthetic:pack:2 numa:2 core:2 pu:2",
+        "--format",
+        "json",
+    ]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["devices"].as_array().unwrap().len(), 4);
+    assert_eq!(v["pools"][0]["name"], "root");
+    let err = run_err(resmgr().args(["topology", "--topology", "nonsense"]));
+    assert!(
+        err.contains("--topology") && err.contains("\"nonsense\""),
+        "{err}"
+    );
+}
