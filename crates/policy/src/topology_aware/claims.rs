@@ -8,7 +8,8 @@
 //!
 //! A claim's result `i` is granted through CDI edits that set `DRA_CPUSET_<uid>=<cpus>` and
 //! `DRA_MEMS_<uid>=<nodes>`. A container uses a claim when the runtime reports the CDI device
-//! `<vendor>/<class>=claim-<uid>-<i>` (the resource manager's naming, see ARCHITECTURE.md),
+//! `<vendor>/device=claim-<uid>-<i>` (the resource manager's naming, parsed with
+//! [`cdi::claim_of_device`]),
 //! which only the kubelet can inject; failing that (runtimes that do not report CDI devices)
 //! when its environment has `DRA_CPUSET_<uid>`, and then only if its pod is among the claim's
 //! reserved-for pods, because a pod can set any environment variable it likes.
@@ -167,18 +168,6 @@ pub fn devices(topo: &Topology, claimable: &BTreeMap<u32, CpuSet>) -> Vec<Device
         .collect()
 }
 
-/// Parses a CDI device name `vendor/class=claim-<uid>-<i>` into the claim UID and result index.
-/// The UID itself contains dashes, so it ends at the last one.
-pub fn claim_of_device(qualified: &str) -> Option<(&str, usize)> {
-    let (_kind, name) = qualified.split_once('=')?;
-    let rest = name.strip_prefix("claim-")?;
-    let (uid, index) = rest.rsplit_once('-')?;
-    if uid.is_empty() || index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((uid, index.parse().ok()?))
-}
-
 /// The claims and result indexes `container` uses among `claims`: see the module docs.
 pub fn used_by(
     container: &Container,
@@ -186,10 +175,16 @@ pub fn used_by(
 ) -> BTreeMap<String, Vec<usize>> {
     let mut used: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for dev in &container.cdi_devices {
-        if let Some((uid, i)) = claim_of_device(dev)
-            && claims.get(uid).is_some_and(|c| i < c.results.len())
+        // The resource manager names a claim's devices through the cdi crate; parse them back
+        // the same way. Devices of other drivers simply do not parse or name no claim of ours.
+        if let Ok(d) = cdi::claim_of_device(dev)
+            && claims
+                .get(d.uid.as_str())
+                .is_some_and(|c| d.index < c.results.len())
         {
-            used.entry(uid.to_owned()).or_default().push(i);
+            used.entry(d.uid.as_str().to_owned())
+                .or_default()
+                .push(d.index);
         }
     }
     if !used.is_empty() {
@@ -238,23 +233,52 @@ fn dedup(mut used: BTreeMap<String, Vec<usize>>) -> BTreeMap<String, Vec<usize>>
 mod tests {
     use super::*;
 
-    #[test]
-    fn parses_claim_device_names() {
-        let uid = "0b6c2a4e-7f3d-4c5e-9a1b-2c3d4e5f6a7b";
-        assert_eq!(
-            claim_of_device(&format!("cpu.resmgr.io/device=claim-{uid}-3")),
-            Some((uid, 3))
-        );
-        for bad in [
-            "cpu.resmgr.io/device=gpu-0",
-            "cpu.resmgr.io/device=claim-",
-            "cpu.resmgr.io/device=claim-abc",
-            "cpu.resmgr.io/device=claim-abc-",
-            "cpu.resmgr.io/device=claim-abc-x",
-            "claim-abc-1",
-        ] {
-            assert_eq!(claim_of_device(bad), None, "{bad}");
+    fn held(uid: &str, pods: &[&str]) -> ClaimRecord {
+        let result = |cpus: &str| ResultRecord {
+            request: "cpus".into(),
+            device: "numa0".into(),
+            cpus: cpus.parse().unwrap(),
+            mems: "0".parse().unwrap(),
+        };
+        ClaimRecord {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: "c".into(),
+            reserved_for: pods.iter().map(|p| (*p).to_owned()).collect(),
+            results: vec![result("2-3"), result("4-5")],
         }
+    }
+
+    #[test]
+    fn containers_use_claims_by_cdi_device_or_by_environment_of_a_reserved_pod() {
+        let uid = "0b6c2a4e-7f3d-4c5e-9a1b-2c3d4e5f6a7b";
+        let claims = BTreeMap::from([(uid.to_owned(), held(uid, &["pod-a"]))]);
+        let mut c = Container::default();
+        c.pod.uid = "pod-b".into();
+        c.cdi_devices = vec![
+            format!("cpu.resmgr.io/device=claim-{uid}-1"),
+            "gpu.example.com/device=claim-someone-elses-0".into(),
+            format!("cpu.resmgr.io/device=claim-{uid}-7"),
+        ];
+        // The device is proof enough, whatever the pod; unknown claims and indexes are ignored.
+        assert_eq!(
+            used_by(&c, &claims),
+            BTreeMap::from([(uid.to_owned(), vec![1])])
+        );
+
+        c.cdi_devices.clear();
+        c.env = vec![format!("{CPUSET_ENV}{uid}=4-5")];
+        assert!(used_by(&c, &claims).is_empty(), "pod-b is not reserved for");
+        c.pod.uid = "pod-a".into();
+        assert_eq!(
+            used_by(&c, &claims),
+            BTreeMap::from([(uid.to_owned(), vec![1])])
+        );
+        c.env = vec![format!("{CPUSET_ENV}{uid}=edited")];
+        assert_eq!(
+            used_by(&c, &claims),
+            BTreeMap::from([(uid.to_owned(), vec![0, 1])])
+        );
     }
 
     #[test]
