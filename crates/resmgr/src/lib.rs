@@ -8,6 +8,7 @@
 pub mod claim_ref;
 pub mod claims;
 pub mod crash;
+pub mod dra_handler;
 pub mod errors;
 pub mod events;
 pub mod gate;

@@ -264,12 +264,12 @@ fn request_policy(capacity: &Capacity, policy: &RequestPolicy) -> Result<(), Str
             if default < *min {
                 return Err(format!("default {default} is below the range min {min}"));
             }
-            if let Some(max) = max {
-                if *max > total || *max < *min || default > *max {
-                    return Err(format!(
-                        "range max {max} must lie between min {min} and the capacity {total}, and not below the default {default}"
-                    ));
-                }
+            if let Some(max) = max
+                && (*max > total || *max < *min || default > *max)
+            {
+                return Err(format!(
+                    "range max {max} must lie between min {min} and the capacity {total}, and not below the default {default}"
+                ));
             }
             if let Some(step) = step {
                 multiple_of(default, *step, "default")?;
@@ -291,7 +291,7 @@ fn multiple_of(value: Quantity, step: Quantity, what: &str) -> Result<(), String
     if step.milli() == 0 {
         return Err("range step must be positive".to_owned());
     }
-    if value.milli() % step.milli() != 0 {
+    if !value.milli().is_multiple_of(step.milli()) {
         return Err(format!(
             "{what} {value} is not a multiple of the step {step}"
         ));

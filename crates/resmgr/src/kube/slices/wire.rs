@@ -43,10 +43,10 @@ pub fn from_wire(
 ) -> Result<wire::ResourceSliceSpec, serde_json::Error> {
     if version == ResourceApiVersion::V1beta1 {
         for device in devices_mut(&mut value) {
-            if let Value::Object(fields) = device {
-                if let Some(Value::Object(basic)) = fields.remove("basic") {
-                    fields.extend(basic);
-                }
+            if let Value::Object(fields) = device
+                && let Some(Value::Object(basic)) = fields.remove("basic")
+            {
+                fields.extend(basic);
             }
         }
     }

@@ -1,0 +1,98 @@
+//! The claim lifecycle as the kubelet servers' [`ClaimHandler`].
+//!
+//! Each kubelet call runs in a task of its own. The kubelet abandons a call when its deadline
+//! passes, and the server then drops the call's future; a lifecycle cut off part-way would be a
+//! crash in miniature (safe, by the ordering, but leaving work for the retry). In its own task a
+//! prepare or unprepare always runs to the end, and the kubelet's retry finds it done.
+
+use std::sync::Arc;
+
+use crate::{
+    claim_ref::ClaimRef,
+    claims::RequestError as LifecycleRefusal,
+    kubelet::{self, ClaimHandler, PrepareResults, PreparedDevice, RequestError, UnprepareResults},
+    manager::Manager,
+};
+
+/// The manager, serving the kubelet.
+#[derive(Debug, Clone)]
+pub struct LifecycleHandler {
+    manager: Arc<Manager>,
+}
+
+impl LifecycleHandler {
+    /// A handler serving `manager`'s claim lifecycle.
+    pub fn new(manager: Arc<Manager>) -> Self {
+        Self { manager }
+    }
+}
+
+fn refs(claims: &[kubelet::ClaimRef]) -> Vec<ClaimRef> {
+    claims
+        .iter()
+        .map(|c| ClaimRef::new(&c.namespace, &c.name, &c.uid))
+        .collect()
+}
+
+fn refusal(e: LifecycleRefusal) -> RequestError {
+    match e {
+        LifecycleRefusal::NotSynchronized => RequestError::Unavailable(e.to_string()),
+        LifecycleRefusal::InvalidArgument(_) => RequestError::InvalidArgument(e.to_string()),
+    }
+}
+
+fn lost(e: tokio::task::JoinError) -> RequestError {
+    RequestError::Internal(format!("the claim lifecycle task failed: {e}"))
+}
+
+impl ClaimHandler for LifecycleHandler {
+    async fn prepare(&self, claims: &[kubelet::ClaimRef]) -> Result<PrepareResults, RequestError> {
+        let manager = self.manager.clone();
+        let claims = refs(claims);
+        let answers = tokio::spawn(async move { manager.prepare(&claims).await })
+            .await
+            .map_err(lost)?
+            .map_err(refusal)?;
+        Ok(answers
+            .into_iter()
+            .map(|(uid, answer)| {
+                let answer = answer
+                    .map(|devices| {
+                        devices
+                            .into_iter()
+                            .map(|d| PreparedDevice {
+                                request_names: d.request_names,
+                                pool: d.pool,
+                                device: d.device,
+                                cdi_device_ids: vec![d.cdi_device_id],
+                                share_id: d.share_id,
+                            })
+                            .collect()
+                    })
+                    .map_err(|e| kubelet::ClaimError::new(e.to_string()));
+                (uid, answer)
+            })
+            .collect())
+    }
+
+    async fn unprepare(
+        &self,
+        claims: &[kubelet::ClaimRef],
+    ) -> Result<UnprepareResults, RequestError> {
+        let manager = self.manager.clone();
+        let claims = refs(claims);
+        let answers = tokio::spawn(async move { manager.unprepare(&claims).await })
+            .await
+            .map_err(lost)?
+            .map_err(refusal)?;
+        Ok(answers
+            .into_iter()
+            .map(|(uid, answer)| {
+                (
+                    uid,
+                    answer.map_err(|e| kubelet::ClaimError::new(e.to_string())),
+                )
+            })
+            .collect())
+    }
+}
