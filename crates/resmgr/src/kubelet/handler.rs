@@ -9,13 +9,9 @@
 use std::{collections::BTreeMap, future::Future};
 
 /// A claim the kubelet asks about: what `NodePrepareResources` and `NodeUnprepareResources`
-/// carry. All three fields are non-empty (the servers refuse requests where they are not).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ClaimRef {
-    pub namespace: String,
-    pub uid: String,
-    pub name: String,
-}
+/// carry. The servers hand the handler only claims whose three fields are non-empty. It is the
+/// crate's one claim reference, shared with the claim lifecycle and the API client.
+pub use crate::claim_ref::ClaimRef;
 
 /// One device prepared for a claim, as the kubelet is told about it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
