@@ -24,11 +24,13 @@ impl NriVersion {
         }
     }
 
-    /// Parses `v0.12.5`, `0.8.0` or `v0.3.1-0.20230504231226-94185418e253`; None for anything else
-    /// (including the `unknown` and `devel` markers runtimes send).
+    /// Parses `v0.12.5`, `0.8.0` or `v0.3.1-0.20230504231226-94185418e253`; None for anything else,
+    /// including the `unknown` and `devel` markers and the `0.0.0-unknown` a runtime built without
+    /// module information sends (there is no NRI v0.0.0).
     pub fn parse(text: &str) -> Option<Self> {
         let (major, minor, patch) = parse_triple(text)?;
-        Some(Self::new(major, minor, patch))
+        let version = Self::new(major, minor, patch);
+        (version != Self::new(0, 0, 0)).then_some(version)
     }
 }
 
@@ -126,6 +128,7 @@ mod tests {
         );
         assert_eq!(NriVersion::parse("unknown"), None);
         assert_eq!(NriVersion::parse("devel"), None);
+        assert_eq!(NriVersion::parse("0.0.0-unknown"), None);
         assert_eq!(NriVersion::parse(""), None);
         assert_eq!(NriVersion::parse("v1.2"), None);
     }

@@ -1,3 +1,5 @@
+//go:build !nri_v080
+
 // Smoke test: the upstream NRI runtime side builds and runs here, and a plugin made with the
 // upstream stub registers, synchronizes and receives CreateContainer through it.
 package nri
