@@ -253,7 +253,7 @@ fn expect(path: &Path, got: &str) {
 }
 
 #[test]
-fn every_shipped_scenario_prints_its_expected_output_in_text_and_json() {
+fn every_shipped_scenario_prints_its_expected_output_in_text_json_and_svg() {
     for scenario in shipped_scenarios() {
         let cdi = tempfile::tempdir().unwrap();
         let out = run_ok(
@@ -273,24 +273,31 @@ fn every_shipped_scenario_prints_its_expected_output_in_text_and_json() {
         let json = text(&out.stdout);
         serde_json::from_str::<serde_json::Value>(&json).unwrap();
         expect(&scenario.with_extension("json"), &json);
+        let dir = tempfile::tempdir().unwrap();
+        let svg = dir.path().join("m.svg");
+        run_ok(
+            resmgr()
+                .arg("simulate")
+                .arg(&scenario)
+                .arg("--svg")
+                .arg(&svg),
+        );
+        expect(
+            &scenario.with_extension("svg"),
+            &std::fs::read_to_string(&svg).unwrap(),
+        );
     }
 }
 
 #[test]
 fn simulate_writes_the_claims_cdi_specs_to_the_cdi_dir() {
     let cdi = tempfile::tempdir().unwrap();
+    // The database pod and its claim are still there when the scenario ends.
     let scenario = scenarios_dir().join("web-and-db.yaml");
-    // Stop before the claim's pod is removed, so its spec is still there.
-    let dir = tempfile::tempdir().unwrap();
-    let cut = dir.path().join("cut.yaml");
-    let body = std::fs::read_to_string(&scenario).unwrap();
-    let body = body.replace("  - remove: {pod: db}\n", "");
-    assert_ne!(body, std::fs::read_to_string(&scenario).unwrap());
-    std::fs::write(&cut, body).unwrap();
     let out = run_ok(
         resmgr()
             .arg("simulate")
-            .arg(&cut)
+            .arg(&scenario)
             .arg("--cdi-dir")
             .arg(cdi.path()),
     );
@@ -332,7 +339,7 @@ fn json_output_is_stable_and_complete() {
         assert!(v.get(key).is_some(), "missing {key}: {v}");
     }
     let steps = v["steps"].as_array().unwrap();
-    assert_eq!(steps.len(), 9);
+    assert_eq!(steps.len(), 8);
     assert_eq!(steps[3]["line"], 11);
     assert!(
         steps[3]["changes"]
@@ -448,4 +455,17 @@ fn topology_prints_pools_and_devices_as_text_and_json() {
         err.contains("--topology") && err.contains("\"nonsense\""),
         "{err}"
     );
+}
+
+#[test]
+fn the_readme_shows_the_demo_scenarios_current_output() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let demo = std::fs::read_to_string(scenarios_dir().join("web-and-db.txt")).unwrap();
+    assert!(
+        readme.contains(&demo),
+        "README.md's `resmgr simulate` section is out of date: paste examples/scenarios/web-and-db.txt into it"
+    );
+    assert!(readme.contains("](examples/scenarios/web-and-db.svg)"));
 }
