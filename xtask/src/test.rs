@@ -6,7 +6,7 @@
 //! 4. clippy with `-D warnings` over all targets;
 //! 5. `cargo test --workspace`, which includes the tidy tests;
 //! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
-//!    passed in through `RESMGR_BIN_DIR`.
+//!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0.
 
 use std::{
     path::{Path, PathBuf},
@@ -60,8 +60,27 @@ fn conformance(root: &Path) -> anyhow::Result<()> {
                 .args(["test", "-count=1", "./..."]),
         )?;
     }
+    // The NRI suite once more against the adaptation of NRI v0.8.0 (containerd 1.7.26 to 2.1),
+    // through an alternate module file; the nri_v080 tag selects that version's API glue.
+    util::run(
+        Command::new("go")
+            .current_dir(root.join("tests/conformance"))
+            .env("RESMGR_BIN_DIR", &bin_dir)
+            .env("GOFLAGS", go_flags())
+            .args(NRI_V080_TEST)
+            .arg("./nri/..."),
+    )?;
     Ok(())
 }
+
+/// `go test` arguments (before the package pattern) that run the NRI conformance suite against
+/// github.com/containerd/nri v0.8.0; relative to tests/conformance.
+const NRI_V080_TEST: [&str; 4] = [
+    "test",
+    "-count=1",
+    "-modfile=nri/v080.mod",
+    "-tags=nri_no_wasm,nri_v080",
+];
 
 /// Builds every binary and example of the workspace (debug) and returns the directory they are in.
 pub fn build_test_binaries(root: &Path) -> anyhow::Result<PathBuf> {
