@@ -19,12 +19,12 @@ use policy::{
     AllocationResult, Claim, Container, Pod, QosClass, Quantity, Resources, Topology,
     TopologyAware, cdi, topology_aware::Config,
 };
-use resmgr::{ClaimRef, Manager, ManagerConfig, state::StateFile};
+use resmgr::{ClaimRef, Manager, ManagerConfig, kube::fake::StaticClaims, state::StateFile};
 
 use self::{
     report::{Change, DeviceSummary, Report, StepReport},
     scenario::{ContainerStep, Qty, Scenario, Step},
-    world::{Applied, SimClaims, SimRuntime},
+    world::{Applied, SimRuntime},
 };
 use crate::view::{self, Inventory, PolicyView};
 
@@ -72,7 +72,7 @@ struct Sim {
     manager: Manager,
     view: PolicyView,
     runtime: Arc<SimRuntime>,
-    api: Arc<SimClaims>,
+    api: Arc<StaticClaims>,
     devices: Vec<DeviceSummary>,
     pods: BTreeMap<String, SimPod>,
     claims: BTreeMap<String, SimClaim>,
@@ -99,7 +99,7 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         config.reserved_namespaces = ns.clone();
     }
     let runtime = Arc::new(SimRuntime::default());
-    let api = Arc::new(SimClaims::default());
+    let api = Arc::new(StaticClaims::new());
     let (manager, view) = start(&driver, &topology, &config, &dirs, &runtime, &api)
         .with_context(|| format!("{file}: starting the resource manager"))?;
     manager.synchronize(&[]).await?;
@@ -172,7 +172,7 @@ fn start(
     config: &Config,
     dirs: &Dirs,
     runtime: &Arc<SimRuntime>,
-    api: &Arc<SimClaims>,
+    api: &Arc<StaticClaims>,
 ) -> anyhow::Result<(Manager, PolicyView)> {
     let policy = TopologyAware::new(topology.clone(), config.clone())
         .map_err(|e| anyhow::anyhow!("reserved-cpus: {e}"))?;
@@ -533,7 +533,7 @@ impl Sim {
         }
         for name in &p.claims {
             if let Some(c) = self.claims.remove(name) {
-                self.api.remove(&c.reference.uid);
+                self.api.remove(&c.reference.namespace, &c.reference.name);
             }
         }
         self.pods.remove(pod);

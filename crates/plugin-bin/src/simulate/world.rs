@@ -1,16 +1,16 @@
-//! The simulated world around the resource manager: a container runtime that applies what it is
-//! told, and an API server that holds the scenario's claims.
+//! The simulated container runtime: it applies what it is told. (The simulated API server is
+//! resmgr's own in-memory claim store, `resmgr::kube::fake::StaticClaims`.)
 //!
-//! Both are deliberately dumb: the decisions under test are the real manager's and the real
-//! policy's, and these only record their effects so the report can show them.
+//! It is deliberately dumb: the decisions under test are the real manager's and the real
+//! policy's, and it only records their effects so the report can show them.
 
 use std::{
     collections::BTreeMap,
     sync::{Mutex, MutexGuard, PoisonError},
 };
 
-use policy::{Claim, ContainerUpdate, CpuSet, NodeSet};
-use resmgr::{BoxFuture, ClaimReadError, ClaimReader, ClaimRef, Runtime, RuntimeError};
+use policy::{ContainerUpdate, CpuSet, NodeSet};
+use resmgr::{BoxFuture, Runtime, RuntimeError};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain data; a panic elsewhere cannot leave it half-written in a way that matters here.
@@ -75,37 +75,5 @@ impl Runtime for SimRuntime {
     ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
         let failed = self.apply(&updates);
         Box::pin(std::future::ready(Ok(failed)))
-    }
-}
-
-/// The API server's claims, by UID.
-#[derive(Debug, Default)]
-pub struct SimClaims {
-    claims: Mutex<BTreeMap<String, Claim>>,
-}
-
-impl SimClaims {
-    pub fn insert(&self, claim: Claim) {
-        lock(&self.claims).insert(claim.uid.clone(), claim);
-    }
-
-    pub fn remove(&self, uid: &str) {
-        lock(&self.claims).remove(uid);
-    }
-}
-
-impl ClaimReader for SimClaims {
-    fn get_claim<'a>(
-        &'a self,
-        claim: &'a ClaimRef,
-    ) -> BoxFuture<'a, Result<Claim, ClaimReadError>> {
-        let found =
-            lock(&self.claims)
-                .get(&claim.uid)
-                .cloned()
-                .ok_or_else(|| ClaimReadError::NotFound {
-                    claim: claim.clone(),
-                });
-        Box::pin(std::future::ready(found))
     }
 }
