@@ -350,18 +350,18 @@ impl AuthorityRewriter {
         } else if let Some(block) = &mut self.block {
             block.fragment.extend_from_slice(payload);
         }
-        if let Some(block) = &self.block {
-            if block.fragment.len() > self.limits.max_block_size {
-                return Err(RewriteError::BlockTooLarge {
-                    stream_id: block.stream_id,
-                    limit: self.limits.max_block_size,
-                });
-            }
+        if let Some(block) = &self.block
+            && block.fragment.len() > self.limits.max_block_size
+        {
+            return Err(RewriteError::BlockTooLarge {
+                stream_id: block.stream_id,
+                limit: self.limits.max_block_size,
+            });
         }
-        if frame.flags & END_HEADERS != 0 {
-            if let Some(block) = self.block.take() {
-                self.end_block(block)?;
-            }
+        if frame.flags & END_HEADERS != 0
+            && let Some(block) = self.block.take()
+        {
+            self.end_block(block)?;
         }
         Ok(())
     }
