@@ -8,7 +8,9 @@
 //! Only this crate reads the environment and the command line, and only it uses `anyhow`.
 
 mod config;
+mod http;
 mod logging;
+mod metrics;
 mod run;
 mod simulate;
 mod topology;

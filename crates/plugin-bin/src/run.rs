@@ -1,8 +1,56 @@
-//! `resmgr run`: the agent.
+//! `resmgr run`: the agent, wired in the order the design needs.
+//!
+//! Start-up: state, topology, policy restore and CDI reconciliation (all in
+//! [`resmgr::Manager::start`]), the HTTP endpoints, the NRI connection (retried with backoff
+//! while the runtime is not up), the runtime's Synchronize, the claim gate, kubelet plugin
+//! registration, and last ResourceSlice publication: the kubelet learns about us only once we can
+//! serve its calls, and the scheduler learns about our devices only once the kubelet can reach
+//! us.
+//!
+//! Shutdown on SIGTERM (or SIGINT): deregister from the kubelet (the registration socket goes
+//! first), stop accepting claims and answer the calls in flight (the DRA server stops
+//! gracefully), save the state under the manager's lock (so a lifecycle step in flight finishes
+//! first), exit 0. Losing the runtime connection ends the process with a non-zero status: the
+//! gate never closes, so the agent restarts (the DaemonSet does it) and synchronizes afresh.
 
-use std::process::ExitCode;
+use std::{
+    path::Path,
+    process::ExitCode,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
-use crate::config::RunFlags;
+use anyhow::Context as _;
+use policy::{Topology, TopologyAware, topology_aware::Config, topology_aware::ReservedCpus};
+use resmgr::{
+    Manager, ManagerConfig,
+    dra_handler::LifecycleHandler,
+    kube::{self, PublisherConfig, ResourceApiVersions, RetryPolicy, SlicePublisher},
+    kubelet::{
+        self, ClaimHandler, KubeletConfig, KubeletPlugin, PrepareResults, RequestError,
+        UnprepareResults,
+    },
+    nri_plugin::NriRuntime,
+    policy::cdi,
+    state::StateFile,
+};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::watch,
+};
+use tracing::{error, info, warn};
+
+use crate::{
+    config::{RunConfig, RunFlags},
+    http::{self, Endpoints},
+    logging,
+    metrics::Metrics,
+    view,
+};
+
+/// First wait between attempts to reach the runtime; doubles up to [`MAX_RUNTIME_BACKOFF`].
+const RUNTIME_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_RUNTIME_BACKOFF: Duration = Duration::from_secs(10);
 
 pub fn main(flags: &RunFlags, node_name_env: Option<String>) -> anyhow::Result<ExitCode> {
     let config = flags.resolve(node_name_env)?;
@@ -10,5 +58,306 @@ pub fn main(flags: &RunFlags, node_name_env: Option<String>) -> anyhow::Result<E
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(ExitCode::SUCCESS);
     }
-    Ok(ExitCode::SUCCESS)
+    logging::init(config.log_format, "info");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let code = runtime.block_on(agent(config))?;
+    // Tasks still running (the retry loop, the slice watcher) are dropped with the runtime.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(code)
+}
+
+/// Why the agent stops.
+#[derive(Debug)]
+enum Stop {
+    Signal(&'static str),
+    RuntimeLost(String),
+}
+
+async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
+    info!(config = %serde_json::to_string(&config).unwrap_or_default(), "starting");
+    // Signals are installed first, so that a SIGTERM during start-up is a clean stop too.
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let (stop_tx, stop_rx) = watch::channel(None::<&'static str>);
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = sigterm.recv() => "SIGTERM",
+            _ = sigint.recv() => "SIGINT",
+        };
+        info!(signal = name, "stopping");
+        let _ = stop_tx.send(Some(name));
+    });
+
+    // State, topology, policy restore, CDI reconciliation.
+    let topology = Topology::load(&config.topology)
+        .map_err(|e| anyhow::anyhow!("--topology {}: {e}", show_topology(&config.topology)))?;
+    check_reserved(&config.reserved_cpus, &topology)?;
+    let policy = TopologyAware::new(
+        topology,
+        Config {
+            reserved_cpus: config.reserved_cpus.clone(),
+            ..Config::default()
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("--reserved-cpus: {e}"))?;
+    let (policy, policy_view) = view::share(policy);
+    let client = kube::connect(config.kubeconfig.as_deref())
+        .await
+        .context("the Kubernetes API client")?;
+    let versions = Arc::new(ResourceApiVersions::discover(client));
+    let claims = Arc::new(kube::KubeClaimReader::new(
+        versions.clone(),
+        &config.driver_name,
+        RetryPolicy::default(),
+    ));
+    let nri_runtime = Arc::new(NriRuntime::default());
+    let specs = cdi::SpecStore::new(&config.cdi_dir, &config.driver_name)
+        .with_context(|| format!("--cdi-dir {}", config.cdi_dir.display()))?;
+    let manager = Arc::new(
+        Manager::start(
+            ManagerConfig::new(&config.driver_name),
+            Box::new(policy),
+            StateFile::new(&config.state_dir),
+            specs,
+            nri_runtime.clone(),
+            claims,
+        )
+        .context("starting the resource manager")?,
+    );
+
+    // Observability.
+    let metrics = Arc::new(Metrics::new());
+    let registration = Arc::new(OnceLock::new());
+    let endpoints = Endpoints {
+        node: config.node_name.clone(),
+        driver: config.driver_name.clone(),
+        manager: manager.clone(),
+        view: policy_view.clone(),
+        metrics: metrics.clone(),
+        registration: registration.clone(),
+    };
+    let http_stop = stopped(stop_rx.clone());
+    let (addr, http_task) = http::serve(config.metrics_addr, endpoints, async move {
+        http_stop.await;
+    })
+    .await?;
+    info!(addr = %addr, "serving /metrics, /healthz, /readyz and /debug/state");
+
+    // The runtime. Until it answers, nothing else may start: claims need the gate.
+    let connection = tokio::select! {
+        c = connect_runtime(&config, &manager, &nri_runtime) => c?,
+        name = stopped(stop_rx.clone()) => {
+            finish(&manager, None).await?;
+            let _ = http_task.await;
+            info!(signal = name, "stopped before the runtime connected");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    tokio::select! {
+        () = manager.gate().opened() => {}
+        why = connection.closed() => {
+            error!(reason = %why, "lost the runtime connection before it synchronized");
+            finish(&manager, None).await?;
+            return Ok(ExitCode::FAILURE);
+        }
+        name = stopped(stop_rx.clone()) => {
+            finish(&manager, None).await?;
+            info!(signal = name, "stopped while synchronizing with the runtime");
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+
+    // The kubelet, then the API server.
+    let kubelet_config = KubeletConfig {
+        driver_name: config.driver_name.clone(),
+        plugins_dir: config.kubelet_plugins_dir.clone(),
+        registry_dir: config.kubelet_registry_dir.clone(),
+    };
+    let handler = Arc::new(Measured {
+        inner: LifecycleHandler::new(manager.clone()),
+        metrics: metrics.clone(),
+    });
+    let plugin = KubeletPlugin::start(&kubelet_config, handler)
+        .await
+        .context("starting the kubelet plugin")?;
+    let _ = registration.set(plugin.registration_state());
+    let publisher = SlicePublisher::new(
+        PublisherConfig::new(&config.driver_name, &config.node_name),
+        versions,
+    )
+    .map_err(|e| anyhow::anyhow!("--node-name/--driver-name: {e}"))?;
+    match policy_view.devices() {
+        Ok(devices) => {
+            use kube::DevicePublisher as _;
+            match publisher.publish(devices).await {
+                Ok(report) => info!(?report, "published our devices"),
+                // The maintainer below retries.
+                Err(e) => {
+                    warn!(error = %resmgr::errors::chain(&e), "publishing our devices failed; retrying")
+                }
+            }
+        }
+        Err(e) => warn!(error = %e, "the policy publishes no devices"),
+    }
+    let maintainer = tokio::spawn(async move { publisher.maintain().await });
+
+    let stop = tokio::select! {
+        name = stopped(stop_rx.clone()) => Stop::Signal(name),
+        why = connection.closed() => Stop::RuntimeLost(why),
+    };
+    maintainer.abort();
+    finish(&manager, Some(plugin)).await?;
+    let _ = http_task.await;
+    match stop {
+        Stop::Signal(name) => {
+            info!(signal = name, "stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Stop::RuntimeLost(why) => {
+            error!(reason = %why, "lost the runtime connection: exiting to be restarted");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Resolves with the signal's name once a stop signal arrived.
+async fn stopped(mut rx: watch::Receiver<Option<&'static str>>) -> &'static str {
+    // The sender lives in the signal task for the life of the process.
+    let _ = rx.wait_for(Option::is_some).await;
+    rx.borrow().unwrap_or("signal")
+}
+
+/// Deregisters from the kubelet (which also lets the calls in flight finish), then saves the
+/// state under the manager's lock.
+async fn finish(manager: &Manager, plugin: Option<KubeletPlugin>) -> anyhow::Result<()> {
+    if let Some(plugin) = plugin
+        && let Err(e) = plugin.shutdown().await
+    {
+        warn!(error = %resmgr::errors::chain(&e), "stopping the kubelet plugin");
+    }
+    manager.save_state().await.context("saving the state")?;
+    info!("state saved");
+    Ok(())
+}
+
+/// The runtime connection as `run` needs it.
+trait Connection {
+    /// Resolves with the reason once the runtime is gone.
+    async fn closed(&self) -> String;
+}
+
+/// Reaches the runtime's NRI socket, retrying with backoff while it is not there.
+async fn connect_runtime(
+    config: &RunConfig,
+    manager: &Arc<Manager>,
+    runtime: &Arc<NriRuntime>,
+) -> anyhow::Result<impl Connection> {
+    let mut backoff = RUNTIME_BACKOFF;
+    loop {
+        if config.nri_socket.exists() {
+            return nri_connect(config, manager, runtime).await;
+        }
+        warn!(
+            socket = %config.nri_socket.display(),
+            retry_in = ?backoff,
+            "waiting for the container runtime: its NRI socket is not there yet"
+        );
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_RUNTIME_BACKOFF);
+    }
+}
+
+/// INTEGRATION POINT (NRI). `resmgr::nri_plugin::connect(manager, runtime, nri::StubConfig::new(
+/// "resmgr", index), nri::Endpoint::Socket(path))` registers the plugin, and its handle's
+/// `closed()` is the connection loss; but `StubConfig` and `Endpoint` are the nri crate's types,
+/// which this crate may not name (ARCHITECTURE.md: plugin-bin reaches nri only through resmgr).
+/// Once resmgr re-exports them (`pub use nri;`, as it does `policy`), this function becomes:
+///
+/// ```text
+/// let endpoint = nri::Endpoint::Socket(config.nri_socket.clone());
+/// let stub = nri::StubConfig::new("resmgr", &config.nri_plugin_index);
+/// let handle = nri_plugin::connect(manager.clone(), runtime, stub, endpoint).await?;
+/// Ok(NriConnection(handle))   // closed(): handle.closed().await.to_string()
+/// ```
+async fn nri_connect(
+    config: &RunConfig,
+    _manager: &Arc<Manager>,
+    _runtime: &Arc<NriRuntime>,
+) -> anyhow::Result<Unconnected> {
+    anyhow::bail!(
+        "{}: the NRI socket is there, but this build cannot register with the runtime yet (the NRI connection is not wired into `resmgr run`)",
+        config.nri_socket.display()
+    )
+}
+
+/// Stands in for the NRI connection until it is wired.
+#[derive(Debug)]
+struct Unconnected;
+
+impl Connection for Unconnected {
+    async fn closed(&self) -> String {
+        std::future::pending().await
+    }
+}
+
+/// The claim lifecycle as the kubelet calls it, timed for the metrics.
+#[derive(Debug)]
+struct Measured {
+    inner: LifecycleHandler,
+    metrics: Arc<Metrics>,
+}
+
+impl ClaimHandler for Measured {
+    async fn prepare(&self, claims: &[kubelet::ClaimRef]) -> Result<PrepareResults, RequestError> {
+        let start = std::time::Instant::now();
+        let answer = self.inner.prepare(claims).await;
+        self.metrics
+            .prepare_seconds
+            .observe(start.elapsed().as_secs_f64());
+        if let Ok(results) = &answer {
+            let ok = results.values().filter(|r| r.is_ok()).count();
+            self.metrics
+                .claims_prepared
+                .inc_by(u64::try_from(ok).unwrap_or(u64::MAX));
+        }
+        answer
+    }
+
+    async fn unprepare(
+        &self,
+        claims: &[kubelet::ClaimRef],
+    ) -> Result<UnprepareResults, RequestError> {
+        let start = std::time::Instant::now();
+        let answer = self.inner.unprepare(claims).await;
+        self.metrics
+            .unprepare_seconds
+            .observe(start.elapsed().as_secs_f64());
+        answer
+    }
+}
+
+/// Refuses a reserved cpuset naming CPUs that are not online (the policy would drop them
+/// silently).
+fn check_reserved(reserved: &ReservedCpus, topology: &Topology) -> anyhow::Result<()> {
+    if let ReservedCpus::Set(set) = reserved {
+        let missing = set.difference(&topology.online);
+        if !missing.is_empty() {
+            anyhow::bail!(
+                "--reserved-cpus {set}: cpus {missing} are not online on this machine (online: {})",
+                topology.online
+            );
+        }
+    }
+    Ok(())
+}
+
+fn show_topology(t: &policy::TopologySource) -> String {
+    match t {
+        policy::TopologySource::Live => "live".into(),
+        policy::TopologySource::Synthetic(d) => format!("synthetic:{d}"),
+        policy::TopologySource::Xml(p) => format!("xml:{}", Path::new(p).display()),
+    }
 }

@@ -326,4 +326,16 @@ impl Manager {
     pub async fn pending_updates(&self) -> usize {
         self.lock().await.pending.len()
     }
+
+    /// Every prepared claim's record, by UID: what `/debug/state` shows.
+    pub async fn claim_records(&self) -> std::collections::BTreeMap<String, ClaimRecord> {
+        self.lock().await.records.clone()
+    }
+
+    /// Saves the durable state once more, under the lock, so any operation in flight finishes
+    /// first: the last step of a graceful shutdown. Every commit has saved already; this makes
+    /// the file exist, and current, even when nothing was ever committed.
+    pub async fn save_state(&self) -> Result<(), StateError> {
+        self.lock().await.save()
+    }
 }

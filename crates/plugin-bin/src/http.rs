@@ -1,0 +1,129 @@
+//! The agent's HTTP endpoints: `/metrics`, `/healthz`, `/readyz` and `/debug/state`.
+//!
+//! Ready means the claim gate is open (the runtime has synchronized) and the kubelet has
+//! accepted our registration: before that the kubelet cannot send us claims, or we would refuse
+//! them. `/debug/state` is the current allocation as JSON: prepared claims as answered to the
+//! kubelet, and every container's and claim's CPUs as the policy holds them.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, OnceLock},
+};
+
+use axum::{
+    Json, Router,
+    extract::State,
+    http::{StatusCode, header},
+    response::IntoResponse,
+    routing::get,
+};
+use resmgr::{Manager, kubelet::RegistrationState};
+use tokio::sync::watch;
+
+use crate::{metrics::Metrics, view::PolicyView};
+
+/// What the endpoints read.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub node: String,
+    pub driver: String,
+    pub manager: Arc<Manager>,
+    pub view: PolicyView,
+    pub metrics: Arc<Metrics>,
+    /// Set once the kubelet plugin is serving.
+    pub registration: Arc<OnceLock<watch::Receiver<RegistrationState>>>,
+}
+
+impl Endpoints {
+    fn registration(&self) -> Option<RegistrationState> {
+        self.registration.get().map(|r| r.borrow().clone())
+    }
+}
+
+/// Binds `addr` and serves until `stop` resolves. Returns the bound address (port 0 picks one).
+pub async fn serve(
+    addr: SocketAddr,
+    endpoints: Endpoints,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics-addr {addr}: cannot listen: {e}"))?;
+    let bound = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/debug/state", get(debug_state))
+        .with_state(endpoints);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+        {
+            tracing::error!(error = %e, "the metrics server failed");
+        }
+    });
+    Ok((bound, task))
+}
+
+async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
+    let pending = e.manager.pending_updates().await;
+    e.metrics.refresh(&e.view.inventory(), pending);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        e.metrics.encode(),
+    )
+}
+
+async fn readyz(State(e): State<Endpoints>) -> impl IntoResponse {
+    let gate = e.manager.gate().is_open();
+    let registration = e.registration();
+    let registered = registration
+        .as_ref()
+        .is_some_and(RegistrationState::is_ready);
+    if gate && registered {
+        return (StatusCode::OK, "ready\n".to_owned());
+    }
+    let mut missing = Vec::new();
+    if !gate {
+        missing.push("the container runtime has not synchronized yet".to_owned());
+    }
+    match registration {
+        None => missing.push("the kubelet plugin is not serving yet".to_owned()),
+        Some(RegistrationState::Pending) => {
+            missing.push("the kubelet has not confirmed our registration".to_owned());
+        }
+        Some(RegistrationState::Rejected { error }) => {
+            missing.push(format!("the kubelet rejected our registration: {error}"));
+        }
+        Some(RegistrationState::Registered) => {}
+    }
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("not ready: {}\n", missing.join("; ")),
+    )
+}
+
+async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
+    let claims = e.manager.claim_records().await;
+    let pending = e.manager.pending_updates().await;
+    let kubelet = match e.registration() {
+        None => "not serving".to_owned(),
+        Some(RegistrationState::Pending) => "pending".to_owned(),
+        Some(RegistrationState::Registered) => "registered".to_owned(),
+        Some(RegistrationState::Rejected { error }) => format!("rejected: {error}"),
+    };
+    Json(serde_json::json!({
+        "node": e.node,
+        "driver": e.driver,
+        "runtime_synchronized": e.manager.gate().is_open(),
+        "kubelet": kubelet,
+        "pending_updates": pending,
+        "prepared_claims": claims,
+        "allocation": e.view.inventory(),
+    }))
+}

@@ -1,0 +1,191 @@
+//! Prometheus metrics, served at `/metrics` in the OpenMetrics text format.
+//!
+//! | metric | type | what |
+//! |---|---|---|
+//! | `resmgr_prepare_duration_seconds` | histogram | one kubelet NodePrepareResources call, end to end |
+//! | `resmgr_unprepare_duration_seconds` | histogram | one NodeUnprepareResources call |
+//! | `resmgr_claims_prepared_total` | counter | claims prepared successfully |
+//! | `resmgr_nri_events_total{kind}` | counter | NRI events handled, by kind |
+//! | `resmgr_pool_cpus{pool,kind}` | gauge | CPUs of each pool that are reserved, shared, exclusive or claimed |
+//! | `resmgr_pending_updates` | gauge | containers with updates the runtime does not have yet |
+//!
+//! The gauges are read from the policy and the manager when scraped, so they are never stale.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+use crate::view::Inventory;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabel {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: String,
+    kind: String,
+}
+
+/// Every metric the agent exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub prepare_seconds: Histogram,
+    pub unprepare_seconds: Histogram,
+    pub claims_prepared: Counter,
+    #[cfg_attr(not(test), allow(dead_code))] // reason: see `Metrics::nri_event`
+    nri_events: Family<EventLabel, Counter>,
+    pool_cpus: Family<PoolLabel, Gauge>,
+    pending: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("resmgr");
+        // 100 µs to ~6.5 s: a prepare is two fsync'd writes and maybe an UpdateContainers call.
+        let prepare_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 17));
+        let unprepare_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 17));
+        let claims_prepared = Counter::default();
+        let nri_events = Family::<EventLabel, Counter>::default();
+        let pool_cpus = Family::<PoolLabel, Gauge>::default();
+        let pending = Gauge::default();
+        registry.register(
+            "prepare_duration_seconds",
+            "Duration of kubelet NodePrepareResources calls",
+            prepare_seconds.clone(),
+        );
+        registry.register(
+            "unprepare_duration_seconds",
+            "Duration of kubelet NodeUnprepareResources calls",
+            unprepare_seconds.clone(),
+        );
+        registry.register(
+            "claims_prepared",
+            "Claims prepared successfully",
+            claims_prepared.clone(),
+        );
+        registry.register(
+            "nri_events",
+            "NRI events handled, by kind",
+            nri_events.clone(),
+        );
+        registry.register(
+            "pool_cpus",
+            "CPUs of each pool by use: reserved, shared, exclusive, claimed",
+            pool_cpus.clone(),
+        );
+        registry.register(
+            "pending_updates",
+            "Containers with updates the runtime does not have yet",
+            pending.clone(),
+        );
+        Self {
+            registry,
+            prepare_seconds,
+            unprepare_seconds,
+            claims_prepared,
+            nri_events,
+            pool_cpus,
+            pending,
+        }
+    }
+
+    /// Counts one NRI event of `kind` (for example `create-container`).
+    // reason: called by the NRI plugin once `resmgr run` is connected to it (see run.rs).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn nri_event(&self, kind: &str) {
+        self.nri_events
+            .get_or_create(&EventLabel { kind: kind.into() })
+            .inc();
+    }
+
+    /// Sets the gauges from what the policy and the manager hold now.
+    pub fn refresh(&self, inventory: &Inventory, pending_updates: usize) {
+        for pool in &inventory.pools {
+            for (kind, n) in [
+                ("reserved", pool.reserved),
+                ("shared", pool.shared),
+                ("exclusive", pool.exclusive),
+                ("claimed", pool.claimed),
+            ] {
+                self.pool_cpus
+                    .get_or_create(&PoolLabel {
+                        pool: pool.name.clone(),
+                        kind: kind.into(),
+                    })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+        self.pending
+            .set(i64::try_from(pending_updates).unwrap_or(i64::MAX));
+    }
+
+    /// The OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::PoolUse;
+
+    #[test]
+    fn exports_every_metric_with_pool_gauges() {
+        let m = Metrics::new();
+        m.claims_prepared.inc();
+        m.prepare_seconds.observe(0.002);
+        m.nri_event("create-container");
+        let inventory = Inventory {
+            reserved: "0".into(),
+            shared: "1-3".into(),
+            pools: vec![PoolUse {
+                name: "root".into(),
+                kind: "root",
+                cpus: "0-3".into(),
+                reserved: 1,
+                shared: 3,
+                exclusive: 0,
+                claimed: 0,
+            }],
+            containers: Vec::new(),
+            claims: Vec::new(),
+            exclusive_cpus: Default::default(),
+            claim_cpus: Default::default(),
+            reserved_set: "0".parse().unwrap(),
+            shared_set: "1-3".parse().unwrap(),
+        };
+        m.refresh(&inventory, 2);
+        let text = m.encode();
+        for wanted in [
+            "resmgr_prepare_duration_seconds_count 1",
+            "resmgr_unprepare_duration_seconds_count 0",
+            "resmgr_claims_prepared_total 1",
+            "resmgr_nri_events_total{kind=\"create-container\"} 1",
+            "resmgr_pool_cpus{pool=\"root\",kind=\"shared\"} 3",
+            "resmgr_pool_cpus{pool=\"root\",kind=\"reserved\"} 1",
+            "resmgr_pending_updates 2",
+        ] {
+            assert!(text.contains(wanted), "{wanted:?} not in\n{text}");
+        }
+    }
+}
