@@ -48,7 +48,17 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             });
         }
     }
-    let bin_dir = test::build_test_binaries(root)?;
+    // Benchmarks measure optimized code: the Go side is compiled with optimizations, so the Rust
+    // binaries and examples the Go benchmarks drive are built with the release profile.
+    util::run(util::cargo().current_dir(root).args([
+        "build",
+        "--workspace",
+        "--bins",
+        "--examples",
+        "--release",
+        "--locked",
+    ]))?;
+    let bin_dir = test::target_dir(root)?.join("release");
     for module in test::go_modules(&root.join("tests/conformance"))? {
         let out = util::output(
             Command::new("go")

@@ -38,7 +38,7 @@ type syncResult struct {
 // fakeRuntime is the runtime behind the adaptation's callbacks: it owns the existing pods and
 // containers handed to Synchronize and records (and answers) unsolicited container updates.
 type fakeRuntime struct {
-	t      *testing.T
+	t      testing.TB
 	r      *adaptation.Adaptation
 	socket string
 
@@ -52,7 +52,7 @@ type fakeRuntime struct {
 	updateReply func([]*api.ContainerUpdate) ([]*api.ContainerUpdate, error)
 }
 
-func newFakeRuntime(t *testing.T, pods []*api.PodSandbox, ctrs []*api.Container, opts ...adaptation.Option) *fakeRuntime {
+func newFakeRuntime(t testing.TB, pods []*api.PodSandbox, ctrs []*api.Container, opts ...adaptation.Option) *fakeRuntime {
 	t.Helper()
 	dir := t.TempDir()
 	f := &fakeRuntime{
@@ -175,7 +175,7 @@ func (f *fakeRuntime) createContainer(ctx context.Context, pod *api.PodSandbox, 
 
 // plugin is a running plugin process with its stdout as a stream of lines.
 type plugin struct {
-	t      *testing.T
+	t      testing.TB
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan string
@@ -202,7 +202,7 @@ func (b *lockedBuffer) String() string {
 }
 
 // startPlugin runs a Rust example (e.g. "scripted") with args; it is killed when the test ends.
-func startPlugin(t *testing.T, example string, args ...string) *plugin {
+func startPlugin(t testing.TB, example string, args ...string) *plugin {
 	t.Helper()
 	bin, err := rustbin.Path("examples/" + example)
 	if err != nil {
@@ -310,7 +310,7 @@ func (p *plugin) waitExit() error {
 	}
 }
 
-func testContext(t *testing.T) context.Context {
+func testContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	t.Cleanup(cancel)
 	return ctx

@@ -2,8 +2,9 @@
 //!
 //! Like the Go server it rejects even and non-increasing stream IDs (InvalidArgument), answers
 //! unknown services and methods with Unimplemented, answers an oversized request with
-//! ResourceExhausted and keeps the connection, and enforces the caller's `timeout_nano`
-//! (DeadlineExceeded). Requests run concurrently, so replies may leave out of order.
+//! ResourceExhausted and keeps the connection, and abandons a call that overruns the caller's
+//! `timeout_nano` without replying (see below). Requests run concurrently, so replies may leave
+//! out of order.
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
@@ -126,14 +127,21 @@ async fn serve_loop<S: Service>(
             tokio::spawn(async move {
                 let reply = match deadline {
                     None => fut.await,
-                    Some(d) => tokio::time::timeout(d, fut).await.unwrap_or_else(|_| {
-                        tracing::warn!(method = %request.method, "handler exceeded the runtime's deadline");
-                        Err(Status::new(
-                            code::DEADLINE_EXCEEDED,
-                            format!("{} exceeded its {} ms deadline", request.method, d.as_millis()),
-                        ))
-                        .into()
-                    }),
+                    Some(d) => match tokio::time::timeout(d, fut).await {
+                        Ok(reply) => reply,
+                        Err(_) => {
+                            // The caller has stopped waiting. No reply: a late one is useless,
+                            // and one that beat the caller's own timer would turn "plugin timed
+                            // out" (the runtime drops the plugin, the operation proceeds) into
+                            // "plugin refused" (the operation fails).
+                            tracing::warn!(
+                                method = %request.method,
+                                deadline_ms = d.as_millis(),
+                                "abandoning a call that overran the runtime's deadline"
+                            );
+                            return;
+                        }
+                    },
                 };
                 respond(&writer, conn, id, reply);
             });
