@@ -179,6 +179,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
     let handler = Arc::new(Measured {
         inner: LifecycleHandler::new(manager.clone()),
         metrics: metrics.clone(),
+        view: policy_view.clone(),
     });
     let plugin = KubeletPlugin::start(&kubelet_config, handler)
         .await
@@ -303,11 +304,14 @@ impl Connection for Unconnected {
     }
 }
 
-/// The claim lifecycle as the kubelet calls it, timed for the metrics.
+/// The claim lifecycle as the kubelet calls it, timed for the metrics, and logged with the CPUs
+/// each claim got or gave back (the manager logs claims by device; only the binary can ask the
+/// policy which CPUs those are).
 #[derive(Debug)]
 struct Measured {
     inner: LifecycleHandler,
     metrics: Arc<Metrics>,
+    view: view::PolicyView,
 }
 
 impl ClaimHandler for Measured {
@@ -322,6 +326,14 @@ impl ClaimHandler for Measured {
             self.metrics
                 .claims_prepared
                 .inc_by(u64::try_from(ok).unwrap_or(u64::MAX));
+            let inventory = self.view.inventory();
+            for c in inventory
+                .claims
+                .iter()
+                .filter(|c| matches!(results.get(&c.uid), Some(Ok(_))))
+            {
+                info!(claim = %c.name, uid = %c.uid, cpus = %c.cpus, mems = %c.mems, "claim holds cpus");
+            }
         }
         answer
     }
@@ -330,11 +342,21 @@ impl ClaimHandler for Measured {
         &self,
         claims: &[kubelet::ClaimRef],
     ) -> Result<UnprepareResults, RequestError> {
+        let before = self.view.inventory();
         let start = std::time::Instant::now();
         let answer = self.inner.unprepare(claims).await;
         self.metrics
             .unprepare_seconds
             .observe(start.elapsed().as_secs_f64());
+        if let Ok(results) = &answer {
+            for c in before
+                .claims
+                .iter()
+                .filter(|c| matches!(results.get(&c.uid), Some(Ok(()))))
+            {
+                info!(claim = %c.name, uid = %c.uid, cpus = %c.cpus, "claim gave back cpus");
+            }
+        }
         answer
     }
 }
@@ -359,5 +381,74 @@ fn show_topology(t: &policy::TopologySource) -> String {
         policy::TopologySource::Live => "live".into(),
         policy::TopologySource::Synthetic(d) => format!("synthetic:{d}"),
         policy::TopologySource::Xml(p) => format!("xml:{}", Path::new(p).display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use policy::{AllocationResult, Claim, Quantity};
+    use resmgr::kube::fake::StaticClaims;
+
+    use super::*;
+    use crate::simulate::world::SimRuntime;
+
+    #[tokio::test]
+    async fn the_kubelet_handler_times_and_counts_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let topology = Topology::load(&policy::TopologySource::Synthetic(
+            "pack:1 numa:2 core:2 pu:1".into(),
+        ))
+        .unwrap();
+        let (policy, view) = view::share(TopologyAware::new(topology, Config::default()).unwrap());
+        let claims = Arc::new(StaticClaims::new());
+        let driver = crate::config::DEFAULT_DRIVER;
+        let manager = Arc::new(
+            Manager::start(
+                ManagerConfig::new(driver),
+                Box::new(policy),
+                StateFile::new(dir.path().join("state")),
+                cdi::SpecStore::new(dir.path().join("cdi"), driver).unwrap(),
+                Arc::new(SimRuntime::default()),
+                claims.clone(),
+            )
+            .unwrap(),
+        );
+        manager.synchronize(&[]).await.unwrap();
+        manager.synchronized().await;
+        claims.insert(Claim {
+            uid: "uid-1".into(),
+            namespace: "ns".into(),
+            name: "c".into(),
+            reserved_for: vec!["pod".into()],
+            results: vec![AllocationResult {
+                request: "cpus".into(),
+                pool: "node".into(),
+                device: "numa1".into(),
+                share_id: None,
+                consumed_capacity: [("cpu".to_owned(), Quantity::from_units(1))].into(),
+            }],
+        });
+        let metrics = Arc::new(Metrics::new());
+        let handler = Measured {
+            inner: LifecycleHandler::new(manager.clone()),
+            metrics: metrics.clone(),
+            view: view.clone(),
+        };
+        let refs = [
+            kubelet::ClaimRef::new("ns", "c", "uid-1"),
+            kubelet::ClaimRef::new("ns", "missing", "uid-2"),
+        ];
+        let answers = handler.prepare(&refs).await.unwrap();
+        assert!(answers["uid-1"].is_ok() && answers["uid-2"].is_err());
+        handler.unprepare(&refs[..1]).await.unwrap();
+        let text = metrics.encode();
+        for wanted in [
+            "resmgr_claims_prepared_total 1",
+            "resmgr_prepare_duration_seconds_count 1",
+            "resmgr_unprepare_duration_seconds_count 1",
+        ] {
+            assert!(text.contains(wanted), "{wanted:?} not in\n{text}");
+        }
+        assert!(view.inventory().claims.is_empty(), "the claim was released");
     }
 }

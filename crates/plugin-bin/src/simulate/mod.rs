@@ -10,7 +10,7 @@
 pub mod report;
 pub mod scenario;
 pub mod svg;
-mod world;
+pub(crate) mod world;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
