@@ -99,6 +99,7 @@ fn simulate_main(
     let scratch = tempfile::Builder::new()
         .prefix("resmgr-simulate-")
         .tempdir()?;
+    let cdi_given = cdi_dir.is_some();
     let cdi = match cdi_dir {
         Some(dir) => dir,
         None => scratch.path().join("cdi"),
@@ -120,7 +121,13 @@ fn simulate_main(
         Format::Text => print!("{}", outcome.report.text()),
         Format::Json => print!("{}", outcome.report.json()),
     }
-    eprintln!("CDI specs written to {}", cdi.display());
+    if cdi_given {
+        eprintln!("CDI specs written to {}", cdi.display());
+    } else {
+        eprintln!(
+            "CDI specs were written to a temporary directory, removed now; pass --cdi-dir to keep them"
+        );
+    }
     if let Some(svg) = svg {
         let title = format!("resmgr simulate {file}");
         std::fs::write(
