@@ -104,12 +104,16 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         .with_context(|| format!("{file}: starting the resource manager"))?;
     manager.synchronize(&[]).await?;
     manager.synchronized().await;
-    let devices = view
-        .devices()
-        .context("the policy's devices")?
-        .iter()
-        .map(DeviceSummary::of)
-        .collect();
+    let published = view.devices().context("the policy's devices")?;
+    // The simulated API server checks the devices as a real one would check the ResourceSlice.
+    {
+        use resmgr::kube::DevicePublisher as _;
+        resmgr::kube::fake::RecordingPublisher::new(&driver)
+            .publish(published.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("{file}: the API server refuses the devices: {e}"))?;
+    }
+    let devices = published.iter().map(DeviceSummary::of).collect();
     let mut sim = Sim {
         driver,
         node: scenario.node_name.clone(),
