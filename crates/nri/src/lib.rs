@@ -46,6 +46,22 @@
 //! socket (not merely computed); [`Handle::closed`] resolves when the connection is lost, with the
 //! reason. The stub does not reconnect.
 //!
+//! # Deadlines
+//!
+//! Every runtime call carries the runtime's request timeout. A handler that overruns it is
+//! abandoned (its future dropped) and **not answered**: the runtime has already given up, dropped
+//! the plugin and let the operation proceed; an error reply that raced ahead of the runtime's own
+//! timer would instead be taken as the plugin refusing, failing the CRI operation.
+//!
+//! # Runtime quirks seen in the conformance suite
+//!
+//! - The adaptation's `Stop` does not close external plugins' connections; a runtime that exits
+//!   does (the suite cuts a proxy to simulate that).
+//! - Chunked Synchronize (v0.8.0 and v0.12.5) scales the pods per chunk by a size ratio and
+//!   truncates: with a single pod and over 4 MiB of containers the pod count per chunk becomes 0
+//!   and the runtime sends empty `more` chunks until the request timeout, then drops the plugin.
+//!   We answer each correctly; the loop is upstream's.
+//!
 //! # Tested against
 //!
 //! The conformance suite (`tests/conformance/nri`, run by `cargo xtask test`) drives this crate's
