@@ -1,0 +1,181 @@
+//! NodePrepareResources for one claim, end to end over the DRA socket, against its floor.
+//!
+//! A prepare is, at the least, one gRPC round trip over a unix socket and two durable file writes
+//! (the state, then the CDI spec), each written to a temporary file, fsynced, renamed and its
+//! directory fsynced. The floor is exactly that, measured in the same run, interleaved with the
+//! prepares so both see the same disk and the same load: an empty NodePrepareResources (answered
+//! by the server without touching the lifecycle) plus two such writes in the same file system.
+//! Target: the prepare's median under 1.5 times the floor's.
+//!
+//! Everything else a prepare does is here too: the real topology-aware policy on a 64-thread
+//! synthetic machine with shared containers to shrink, the claim read (from memory), the CDI
+//! spec's validation, the delivery of updates to a runtime (in memory).
+//!
+//! Prints `bench: {json}` lines (see xtask/src/bench.rs).
+
+use std::{
+    fs,
+    io::Write,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use dra_proto::v1;
+use integration_tests::fakes::{FakeRuntime, claim, container};
+use policy::{Topology, TopologyAware, TopologySource};
+use resmgr::{
+    Manager, ManagerConfig,
+    dra_handler::LifecycleHandler,
+    kube::fake::StaticClaims,
+    kubelet::{KubeletConfig, KubeletPlugin},
+    state::StateFile,
+};
+use tonic::transport::Endpoint;
+
+const DRIVER: &str = "topology-aware.resmgr.io";
+const ITERATIONS: usize = 200;
+
+fn durable_write(dir: &Path, name: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = fs::File::create(&tmp).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs::rename(&tmp, dir.join(name)).unwrap();
+    fs::File::open(dir).unwrap().sync_all().unwrap();
+}
+
+fn percentile(samples: &mut [Duration], q: f64) -> f64 {
+    samples.sort();
+    // q is in [0, 1] and there is at least one sample, so the index is in range.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((samples.len() - 1) as f64 * q).round() as usize;
+    samples[i].as_nanos() as f64
+}
+
+fn report(name: &str, samples: &mut [Duration], target: &str) -> f64 {
+    let median = percentile(samples, 0.5);
+    let line = serde_json::json!({
+        "name": name, "unit": "ns", "median": median, "p99": percentile(samples, 0.99), "target": target,
+    });
+    println!("bench: {line}");
+    median
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    // Benchmarks run under `cargo bench`; `cargo test --benches` only checks that it builds.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let topology = Topology::load(&TopologySource::Synthetic(
+        "pack:2 numa:2 core:8 pu:2".into(),
+    ))
+    .unwrap();
+    let policy = TopologyAware::new(topology, policy::Config::default()).unwrap();
+    let claims = Arc::new(StaticClaims::new());
+    for i in 0..ITERATIONS {
+        let mut c = claim(&format!("c{i}"), "pod-db", 2);
+        c.results[0].device = "numa1".into();
+        claims.insert(c);
+    }
+    let runtime = Arc::new(FakeRuntime::default());
+    let manager = Arc::new(
+        Manager::start(
+            ManagerConfig::new(DRIVER),
+            Box::new(policy),
+            StateFile::new(dir.path().join("state")),
+            cdi::SpecStore::new(dir.path().join("cdi"), DRIVER).unwrap(),
+            runtime.clone(),
+            claims,
+        )
+        .unwrap(),
+    );
+    let containers: Vec<_> = (0..20)
+        .map(|i| container(&format!("web-{i}"), "pod-web"))
+        .collect();
+    runtime.apply_reply(&manager.synchronize(&containers).await.unwrap());
+    manager.synchronized().await;
+    let config = KubeletConfig {
+        driver_name: DRIVER.into(),
+        plugins_dir: dir.path().join("plugins"),
+        registry_dir: dir.path().join("registry"),
+    };
+    let plugin = KubeletPlugin::start(&config, Arc::new(LifecycleHandler::new(manager.clone())))
+        .await
+        .unwrap();
+    let socket = plugin.dra_socket().to_owned();
+    let channel = Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
+    let floor_dir = dir.path().join("floor");
+    fs::create_dir_all(&floor_dir).unwrap();
+    let state = fs::read(dir.path().join("state/state.json")).unwrap_or_default();
+
+    let (mut prepares, mut floors) = (Vec::new(), Vec::new());
+    for i in 0..ITERATIONS {
+        let start = Instant::now();
+        client
+            .node_prepare_resources(v1::NodePrepareResourcesRequest::default())
+            .await
+            .unwrap();
+        durable_write(&floor_dir, "state.json", &state);
+        durable_write(&floor_dir, "spec.json", b"{\"cdiVersion\":\"0.3.0\"}");
+        floors.push(start.elapsed());
+
+        let uid = format!("c{i}");
+        let claim = v1::Claim {
+            namespace: "default".into(),
+            uid: uid.clone(),
+            name: format!("claim-{uid}"),
+        };
+        let start = Instant::now();
+        let answer = client
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![claim.clone()],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        prepares.push(start.elapsed());
+        assert_eq!(answer.claims[&uid].error, "", "prepare {uid}");
+        let answer = client
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                claims: vec![claim],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.claims[&uid].error, "", "unprepare {uid}");
+    }
+    let floor = report(
+        "resmgr/prepare-floor (1 round trip + 2 durable writes)",
+        &mut floors,
+        "",
+    );
+    let prepare = report(
+        "resmgr/prepare-one-claim",
+        &mut prepares,
+        "median < 1.5 x floor",
+    );
+    println!(
+        "bench: {}",
+        serde_json::json!({"name": "resmgr/prepare-over-floor", "unit": "x", "median": prepare / floor, "target": "< 1.5"})
+    );
+    plugin.shutdown().await.unwrap();
+}
