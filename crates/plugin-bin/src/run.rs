@@ -30,7 +30,8 @@ use resmgr::{
         self, ClaimHandler, KubeletConfig, KubeletPlugin, PrepareResults, RequestError,
         UnprepareResults,
     },
-    nri_plugin::NriRuntime,
+    nri,
+    nri_plugin::{self, NriRuntime},
     policy::cdi,
     state::StateFile,
 };
@@ -271,36 +272,34 @@ async fn connect_runtime(
     }
 }
 
-/// INTEGRATION POINT (NRI). `resmgr::nri_plugin::connect(manager, runtime, nri::StubConfig::new(
-/// "resmgr", index), nri::Endpoint::Socket(path))` registers the plugin, and its handle's
-/// `closed()` is the connection loss; but `StubConfig` and `Endpoint` are the nri crate's types,
-/// which this crate may not name (ARCHITECTURE.md: plugin-bin reaches nri only through resmgr).
-/// Once resmgr re-exports them (`pub use nri;`, as it does `policy`), this function becomes:
-///
-/// ```text
-/// let endpoint = nri::Endpoint::Socket(config.nri_socket.clone());
-/// let stub = nri::StubConfig::new("resmgr", &config.nri_plugin_index);
-/// let handle = nri_plugin::connect(manager.clone(), runtime, stub, endpoint).await?;
-/// Ok(NriConnection(handle))   // closed(): handle.closed().await.to_string()
-/// ```
+/// Registers with the runtime as an external plugin named `resmgr` at the configured index. The
+/// manager opens the claim gate by itself once the Synchronize reply is out.
 async fn nri_connect(
     config: &RunConfig,
-    _manager: &Arc<Manager>,
-    _runtime: &Arc<NriRuntime>,
-) -> anyhow::Result<Unconnected> {
-    anyhow::bail!(
-        "{}: the NRI socket is there, but this build cannot register with the runtime yet (the NRI connection is not wired into `resmgr run`)",
-        config.nri_socket.display()
-    )
+    manager: &Arc<Manager>,
+    runtime: &Arc<NriRuntime>,
+) -> anyhow::Result<NriConnection> {
+    let endpoint = nri::Endpoint::Socket(config.nri_socket.clone());
+    let stub = nri::StubConfig::new("resmgr", config.nri_plugin_index.clone());
+    let handle = nri_plugin::connect(manager.clone(), runtime, stub, endpoint)
+        .await
+        .with_context(|| {
+            format!(
+                "--nri-socket {}: registering with the runtime",
+                config.nri_socket.display()
+            )
+        })?;
+    info!(socket = %config.nri_socket.display(), "registered with the container runtime");
+    Ok(NriConnection(handle))
 }
 
-/// Stands in for the NRI connection until it is wired.
+/// The live NRI connection.
 #[derive(Debug)]
-struct Unconnected;
+struct NriConnection(nri::Handle);
 
-impl Connection for Unconnected {
+impl Connection for NriConnection {
     async fn closed(&self) -> String {
-        std::future::pending().await
+        self.0.closed().await.to_string()
     }
 }
 

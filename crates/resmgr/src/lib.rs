@@ -24,5 +24,6 @@ pub use claim_ref::ClaimRef;
 pub use claims::{ClaimAnswers, ClaimError, RequestError};
 pub use kube::{ClaimReadError, ClaimReader};
 pub use manager::{DeliveryError, Manager, ManagerConfig, StartError};
+pub use nri;
 pub use policy;
 pub use runtime::{BoxFuture, Runtime, RuntimeError};
