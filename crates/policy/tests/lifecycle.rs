@@ -330,3 +330,51 @@ fn a_malformed_annotation_is_refused_naming_it() {
     );
     assert!(p.container_ids().is_empty());
 }
+
+#[test]
+fn sync_keeps_running_shared_containers_in_the_pool_they_run_in() {
+    // b1 runs on NUMA node 3's shared CPUs, where a new container would not go (below). An
+    // agent restart must not move it.
+    let mut p = machine();
+    let mut b1 = container("b1", QosClass::Burstable, 500);
+    b1.cpus = Some(set("48-63"));
+    b1.mems = Some(set("3"));
+    let updates = p.sync(std::slice::from_ref(&b1)).unwrap();
+    assert!(updates.is_empty(), "{updates:?}");
+    assert_eq!(p.placement("b1").unwrap().cpus, set("48-63"));
+
+    // A new container goes elsewhere: where a container runs only speaks for running ones.
+    let mut fresh = machine();
+    let placed = fresh
+        .allocate(&container("b1", QosClass::Burstable, 500))
+        .unwrap();
+    assert_eq!(placed.adjustment.cpus, Some(set("16-31")));
+}
+
+#[test]
+fn an_update_keeps_a_shared_container_in_its_pool() {
+    let mut p = machine();
+    let mut b1 = container("b1", QosClass::Burstable, 500);
+    b1.cpus = Some(set("48-63"));
+    p.sync(std::slice::from_ref(&b1)).unwrap();
+    let more = Resources {
+        cpu_request_milli: 2000,
+        ..Resources::default()
+    };
+    let updates = p.update("b1", &more).unwrap();
+    let cpus: Vec<(&str, String)> = updates
+        .iter()
+        .map(|u| {
+            (
+                u.container_id.as_str(),
+                u.cpus.as_ref().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        cpus,
+        [("b1", "48-63".to_owned())],
+        "only its own update, in place"
+    );
+    assert_eq!(p.placement("b1").unwrap().cpus, set("48-63"));
+}

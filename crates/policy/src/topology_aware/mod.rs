@@ -635,11 +635,12 @@ impl Policy for TopologyAware {
         };
         let mut container = old.container.clone();
         container.resources = *resources;
+        container.cpus = Some(self.cpus_of(&old.grant));
         let mut updates = Updates::new();
         let Some(old) = self.uncommit(container_id, &mut updates) else {
             return Err(PolicyError::UnknownContainer(container_id.to_owned()));
         };
-        match self.plan(&container) {
+        match self.plan_again(&container) {
             Ok(placed) => {
                 self.commit(container_id, placed, &mut updates);
                 let own = updates

@@ -86,6 +86,17 @@ impl TopologyAware {
         self.plan_class(c, &opts, &class)
     }
 
+    /// Plans a running container again (its resources changed), preferring, when it stays
+    /// shared, the pool whose CPUs it runs on (`c.cpus`): an update does not move it elsewhere.
+    pub(super) fn plan_again(&self, c: &Container) -> Result<Placed, PolicyError> {
+        let opts = annotations::options(c, &self.config.reserved_namespaces)?;
+        let class = self.classify(c, &opts);
+        match class {
+            Class::Shared { milli } => self.plan_shared(c, &opts, milli, c.cpus.as_ref()),
+            _ => self.plan_class(c, &opts, &class),
+        }
+    }
+
     fn plan_class(
         &self,
         c: &Container,
@@ -103,7 +114,7 @@ impl TopologyAware {
                 Ok(self.placed(c, Grant::Reserved, mems, charge))
             }
             Class::Exclusive { n, isolated } => self.plan_exclusive(c, opts, *n, *isolated),
-            Class::Shared { milli } => self.plan_shared(c, opts, *milli),
+            Class::Shared { milli } => self.plan_shared(c, opts, *milli, None),
         }
     }
 
@@ -295,14 +306,25 @@ impl TopologyAware {
             .unwrap_or(0)
     }
 
+    /// Picks the pool for a shared container. `running_on` is the cpuset a running container
+    /// has now (on sync): among pools that fit, the one whose shared CPUs cover most of it wins,
+    /// so that restarting the agent does not move running containers between NUMA nodes.
     fn plan_shared(
         &self,
         c: &Container,
         opts: &Options,
         milli: u64,
+        running_on: Option<&CpuSet>,
     ) -> Result<Placed, PolicyError> {
         let want = i64::try_from(milli).unwrap_or(i64::MAX);
         let limit = c.resources.cpu_limit_milli;
+        let overlap = |pool: usize| {
+            running_on.map_or(0, |cur| {
+                self.shared
+                    .get(pool)
+                    .map_or(0, |s| s.intersection(cur).len())
+            })
+        };
         let best = self
             .pools
             .iter()
@@ -317,6 +339,7 @@ impl TopologyAware {
                 (
                     !self.memory_fits(c, opts, &p.nodes),
                     !limit_room,
+                    Reverse(overlap(p.id)),
                     Reverse(p.depth),
                     self.load.get(p.id).map_or(0, |l| l.count),
                     Reverse(room),
@@ -478,8 +501,13 @@ impl TopologyAware {
         let shared = Class::Shared {
             milli: c.resources.cpu_request_milli,
         };
-        let placed = self
-            .plan_class(c, opts, class)
+        let where_it_runs = match class {
+            Class::Shared { milli } => self.plan_shared(c, opts, *milli, c.cpus.as_ref()).ok(),
+            _ => None,
+        };
+        let placed = where_it_runs
+            .map(Ok)
+            .unwrap_or_else(|| self.plan_class(c, opts, class))
             .or_else(|_| self.plan_class(c, &unpinned, class))
             .or_else(|_| self.plan_class(c, &unpinned, &shared))
             .ok()
