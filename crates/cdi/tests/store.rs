@@ -317,10 +317,10 @@ fn the_longest_vendor_and_uid_still_make_writable_file_names() {
 /// virtual disk, and the test is about visibility, not durability.
 fn tmpfs_dir() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        if let Ok(dir) = tempfile::tempdir_in(shm) {
-            return dir;
-        }
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::tempdir_in(shm)
+    {
+        return dir;
     }
     tempfile::tempdir().unwrap()
 }
