@@ -42,7 +42,6 @@ pub struct Metrics {
     pub prepare_seconds: Histogram,
     pub unprepare_seconds: Histogram,
     pub claims_prepared: Counter,
-    #[cfg_attr(not(test), allow(dead_code))] // reason: see `Metrics::nri_event`
     nri_events: Family<EventLabel, Counter>,
     pool_cpus: Family<PoolLabel, Gauge>,
     pending: Gauge,
@@ -106,8 +105,6 @@ impl Metrics {
     }
 
     /// Counts one NRI event of `kind` (for example `create-container`).
-    // reason: called by the NRI plugin once `resmgr run` is connected to it (see run.rs).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn nri_event(&self, kind: &str) {
         self.nri_events
             .get_or_create(&EventLabel { kind: kind.into() })
@@ -141,6 +138,13 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// The NRI plugin counts its events here.
+impl resmgr::nri_plugin::EventObserver for Metrics {
+    fn event(&self, kind: &'static str) {
+        self.nri_event(kind);
     }
 }
 

@@ -149,7 +149,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
 
     // The runtime. Until it answers, nothing else may start: claims need the gate.
     let connection = tokio::select! {
-        c = connect_runtime(&config, &manager, &nri_runtime) => c?,
+        c = connect_runtime(&config, &manager, &nri_runtime, metrics.clone()) => c?,
         name = stopped(stop_rx.clone()) => {
             finish(&manager, None).await?;
             let _ = http_task.await;
@@ -256,11 +256,12 @@ async fn connect_runtime(
     config: &RunConfig,
     manager: &Arc<Manager>,
     runtime: &Arc<NriRuntime>,
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<impl Connection> {
     let mut backoff = RUNTIME_BACKOFF;
     loop {
         if config.nri_socket.exists() {
-            return nri_connect(config, manager, runtime).await;
+            return nri_connect(config, manager, runtime, metrics).await;
         }
         warn!(
             socket = %config.nri_socket.display(),
@@ -278,10 +279,11 @@ async fn nri_connect(
     config: &RunConfig,
     manager: &Arc<Manager>,
     runtime: &Arc<NriRuntime>,
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<NriConnection> {
     let endpoint = nri::Endpoint::Socket(config.nri_socket.clone());
     let stub = nri::StubConfig::new("resmgr", config.nri_plugin_index.clone());
-    let handle = nri_plugin::connect(manager.clone(), runtime, stub, endpoint)
+    let handle = nri_plugin::connect(manager.clone(), runtime, metrics, stub, endpoint)
         .await
         .with_context(|| {
             format!(

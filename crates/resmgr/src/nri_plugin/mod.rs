@@ -59,16 +59,29 @@ impl Runtime for NriRuntime {
     }
 }
 
+/// Told about every runtime event the plugin handles, for metrics.
+pub trait EventObserver: Send + Sync + std::fmt::Debug {
+    /// One event of `kind`: `synchronize`, `create-container`, `update-container`,
+    /// `stop-container` or `remove-container`.
+    fn event(&self, kind: &'static str);
+}
+
+/// Observes nothing.
+impl EventObserver for () {
+    fn event(&self, _kind: &'static str) {}
+}
+
 /// The resource manager's NRI plugin.
 #[derive(Debug)]
 pub struct ResmgrPlugin {
     manager: Arc<Manager>,
+    observer: Arc<dyn EventObserver>,
 }
 
 impl ResmgrPlugin {
-    /// A plugin serving `manager`.
-    pub fn new(manager: Arc<Manager>) -> Self {
-        Self { manager }
+    /// A plugin serving `manager`, telling `observer` about each event.
+    pub fn new(manager: Arc<Manager>, observer: Arc<dyn EventObserver>) -> Self {
+        Self { manager, observer }
     }
 }
 
@@ -193,6 +206,7 @@ impl Plugin for ResmgrPlugin {
         if change.event != Event::RemoveContainer {
             return Ok(());
         }
+        self.observer.event("remove-container");
         let c = change
             .container
             .as_ref()
@@ -212,10 +226,11 @@ impl Plugin for ResmgrPlugin {
 pub async fn connect(
     manager: Arc<Manager>,
     runtime: &NriRuntime,
+    observer: Arc<dyn EventObserver>,
     config: nri::StubConfig,
     endpoint: nri::Endpoint,
 ) -> Result<nri::Handle, nri::StubError> {
-    let plugin = Arc::new(ResmgrPlugin::new(manager.clone()));
+    let plugin = Arc::new(ResmgrPlugin::new(manager.clone(), observer));
     let handle = nri::connect(plugin, config, endpoint).await?;
     runtime.attach(handle.clone());
     let sync = handle.clone();
