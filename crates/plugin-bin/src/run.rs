@@ -212,6 +212,10 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
     };
     maintainer.abort();
     finish(&manager, Some(plugin)).await?;
+    if matches!(stop, Stop::RuntimeLost(_)) {
+        // The endpoints stop on a signal by themselves; without one they would serve forever.
+        http_task.abort();
+    }
     let _ = http_task.await;
     match stop {
         Stop::Signal(name) => {

@@ -108,6 +108,7 @@ impl Plugin for ResmgrPlugin {
         pods: Vec<api::PodSandbox>,
         containers: Vec<api::Container>,
     ) -> Result<Vec<api::ContainerUpdate>, PluginError> {
+        self.observer.event("synchronize");
         let pods: HashMap<&str, &api::PodSandbox> =
             pods.iter().map(|p| (p.id.as_str(), p)).collect();
         let mut live = Vec::new();
@@ -137,6 +138,7 @@ impl Plugin for ResmgrPlugin {
         &self,
         request: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, PluginError> {
+        self.observer.event("create-container");
         let pod = request
             .pod
             .as_ref()
@@ -161,6 +163,7 @@ impl Plugin for ResmgrPlugin {
         &self,
         request: api::UpdateContainerRequest,
     ) -> Result<api::UpdateContainerResponse, PluginError> {
+        self.observer.event("update-container");
         let pod = request
             .pod
             .as_ref()
@@ -185,6 +188,7 @@ impl Plugin for ResmgrPlugin {
         &self,
         request: api::StopContainerRequest,
     ) -> Result<api::StopContainerResponse, PluginError> {
+        self.observer.event("stop-container");
         let pod = request
             .pod
             .as_ref()

@@ -128,9 +128,14 @@ impl FakeApiServer {
         Self { addr, shared, task }
     }
 
+    /// The server's base URL, `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// A real kube-rs client for this server.
     pub fn client(&self) -> kube::Client {
-        let url = format!("http://{}", self.addr).parse().unwrap();
+        let url = self.url().parse().unwrap();
         kube::Client::try_from(kube::Config::new(url)).unwrap()
     }
 

@@ -1,0 +1,446 @@
+// The whole agent, end to end, against the real peers: `resmgr run` registers with containerd's
+// own NRI runtime side (pkg/adaptation, with a fake runtime behind it), with a kubelet made of
+// the kubelet's generated gRPC clients dialed the way the kubelet dials, and with an API server
+// (resmgr's fake, driven through kube-rs); the claim it grants is resolved by the CDI cache the
+// runtimes use. Nothing here is a double of our own code.
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/resmgr/resmgr/tests/conformance/internal/rustbin"
+)
+
+const (
+	driver   = "topology-aware.resmgr.io"
+	node     = "node-a"
+	claimUID = "c0ffee00-0000-4000-8000-000000000001"
+	podDB    = "pod-db-uid"
+	// waitLimit bounds every wait for the agent's reaction; reaching it is a failure.
+	waitLimit = 30 * time.Second
+)
+
+// cluster is what the agent runs against.
+type cluster struct {
+	t       *testing.T
+	dir     string
+	runtime *adaptation.Adaptation
+	// cut makes the runtime go away, as if it exited.
+	cut     func()
+	active  chan int
+	updates chan []*api.ContainerUpdate
+	agent   *exec.Cmd
+	exited  chan error
+	logs    *lockedBuffer
+	metrics string
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// pluginCount reports the adaptation's active plugin count: the adaptation inserts a plugin
+// into its invocation list only after Synchronize, and this is the signal of that.
+type pluginCount chan int
+
+func (pluginCount) RecordPluginInvocation(string, string, error)                               {}
+func (pluginCount) RecordPluginLatency(string, string, time.Duration)                          {}
+func (pluginCount) RecordPluginAdjustments(string, string, *api.ContainerAdjustment, int, int) {}
+func (c pluginCount) UpdatePluginCount(n int)                                                  { c <- n }
+
+func (c *cluster) path(p ...string) string { return filepath.Join(append([]string{c.dir}, p...)...) }
+
+// start brings up the API server, the runtime (with a running web container on NUMA node 1's
+// CPUs) and the agent.
+func start(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{t: t, dir: t.TempDir(), active: make(pluginCount, 8),
+		updates: make(chan []*api.ContainerUpdate, 16), logs: &lockedBuffer{}}
+	kubeconfig := c.startAPIServer()
+
+	web := &api.PodSandbox{Id: "sb-web", Name: "web", Uid: "pod-web-uid", Namespace: "default",
+		Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-burstable-podweb.slice"}}
+	app := &api.Container{Id: "web-app", PodSandboxId: "sb-web", Name: "app", State: api.ContainerState_CONTAINER_RUNNING,
+		Linux: &api.LinuxContainer{Resources: &api.LinuxResources{Cpu: &api.LinuxCPU{
+			Shares: &api.OptionalUInt64{Value: 512}, Cpus: "8-15", Mems: "1"}}}}
+	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
+		_, err := cb(ctx, []*api.PodSandbox{web}, []*api.Container{app})
+		return err
+	}
+	updateFn := func(_ context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		c.updates <- u
+		return nil, nil
+	}
+	r, err := adaptation.New("containerd", "v2.1.0", syncFn, updateFn,
+		adaptation.WithSocketPath(c.path("nri.sock")), adaptation.WithPluginPath(c.path("nri-plugins")),
+		adaptation.WithPluginConfigPath(c.path("nri-conf")), adaptation.WithMetrics(pluginCount(c.active)))
+	if err != nil {
+		t.Fatalf("adaptation.New: %v", err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatalf("adaptation.Start: %v", err)
+	}
+	c.runtime = r
+	t.Cleanup(r.Stop)
+	c.cut = runtimeProxy(t, c.path("nri-front.sock"), c.path("nri.sock"))
+
+	bin, err := rustbin.Path("resmgr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.metrics = freeAddr(t)
+	c.agent = exec.Command(bin, "run",
+		"--node-name", node, "--driver-name", driver,
+		"--nri-socket", c.path("nri-front.sock"), "--nri-plugin-index", "90",
+		"--kubelet-plugins-dir", c.path("plugins"), "--kubelet-registry-dir", c.path("plugins_registry"),
+		"--cdi-dir", c.path("cdi"), "--state-dir", c.path("state"), "--kubeconfig", kubeconfig,
+		"--topology", "synthetic:pack:1 numa:2 core:4 pu:2", "--reserved-cpus", "cpuset:0",
+		"--metrics-addr", c.metrics)
+	c.agent.Stdout, c.agent.Stderr = c.logs, c.logs
+	if err := c.agent.Start(); err != nil {
+		t.Fatalf("starting resmgr run: %v", err)
+	}
+	c.exited = make(chan error, 1)
+	go func() { c.exited <- c.agent.Wait() }()
+	t.Cleanup(func() {
+		_ = c.agent.Process.Kill()
+		if t.Failed() {
+			t.Logf("resmgr run logs:\n%s", c.logs.String())
+		}
+	})
+	return c
+}
+
+// startAPIServer runs resmgr's fake API server with our node and one allocated claim.
+func (c *cluster) startAPIServer() string {
+	objects := []map[string]any{
+		{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": node, "uid": "node-uid"}},
+		{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+			"metadata": map[string]any{"name": "db-cpus", "namespace": "default", "uid": claimUID},
+			"spec":     map[string]any{"devices": map[string]any{"requests": []any{}}},
+			"status": map[string]any{
+				"allocation": map[string]any{"devices": map[string]any{"results": []any{
+					map[string]any{"request": "cpus", "driver": driver, "pool": node, "device": "numa1",
+						"shareID": "5a4e0000-0000-4000-8000-000000000001", "consumedCapacity": map[string]any{"cpu": "2"}},
+					map[string]any{"request": "gpu", "driver": "gpu.example.com", "pool": node, "device": "gpu0"},
+				}}},
+				"reservedFor": []any{map[string]any{"resource": "pods", "name": "db", "uid": podDB}},
+			}},
+	}
+	data, err := json.Marshal(objects)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := os.WriteFile(c.path("objects.json"), data, 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	bin, err := rustbin.Path("examples/fake-apiserver")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	kubeconfig := c.path("kubeconfig")
+	cmd := exec.Command(bin, c.path("objects.json"), kubeconfig)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("starting the fake API server: %v", err)
+	}
+	c.t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "ready ") {
+		c.t.Fatalf("the fake API server did not start: %q %v", line, err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	return kubeconfig
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// waitFor polls a condition until it holds or the wait limit passes: the agent's sockets and
+// files appear in its own time, and a file has no other signal to wait on.
+func (c *cluster) waitFor(what string, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		select {
+		case err := <-c.exited:
+			c.t.Fatalf("resmgr run exited (%v) while waiting for %s", err, what)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func exists(p string) func() bool {
+	return func() bool { _, err := os.Stat(p); return err == nil }
+}
+
+// nextUpdate waits for the runtime's next unsolicited update of a container.
+func (c *cluster) nextUpdate(id string) *api.ContainerUpdate {
+	c.t.Helper()
+	timeout := time.After(waitLimit)
+	for {
+		select {
+		case batch := <-c.updates:
+			for _, u := range batch {
+				if u.ContainerId == id {
+					return u
+				}
+			}
+		case <-timeout:
+			c.t.Fatalf("no update of %s reached the runtime", id)
+		}
+	}
+}
+
+// registerLikeTheKubelet dials the registration socket by path (grpc-go then sends the
+// percent-encoded path as :authority), asks GetInfo and accepts the registration.
+func (c *cluster) registerLikeTheKubelet() string {
+	c.t.Helper()
+	socket := c.path("plugins_registry", driver+"-reg.sock")
+	c.waitFor("the registration socket", exists(socket))
+	//lint:ignore SA1019 the kubelet's plugin watcher dials with DialContext.
+	conn, err := grpc.DialContext(context.Background(), socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
+		}))
+	if err != nil {
+		c.t.Fatalf("dialing the registration socket: %v", err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	client := registerapi.NewRegistrationClient(conn)
+	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		c.t.Fatalf("GetInfo: %v", err)
+	}
+	if info.Type != "DRAPlugin" || info.Name != driver || len(info.SupportedVersions) == 0 || info.SupportedVersions[0] != "v1.DRAPlugin" {
+		c.t.Fatalf("GetInfo answered %+v", info)
+	}
+	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		c.t.Fatalf("NotifyRegistrationStatus: %v", err)
+	}
+	return info.Endpoint
+}
+
+func draClient(t *testing.T, endpoint string) drav1.DRAPluginClient {
+	conn, err := grpc.NewClient("unix:"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("dialing the DRA socket: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return drav1.NewDRAPluginClient(conn)
+}
+
+func get(t *testing.T, url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func TestTheAgentGrantsAClaimEndToEnd(t *testing.T) {
+	c := start(t)
+	for n := 0; n != 1; {
+		select {
+		case n = <-c.active:
+		case err := <-c.exited:
+			t.Fatalf("resmgr run exited (%v) before registering with the runtime", err)
+		case <-time.After(waitLimit):
+			t.Fatal("resmgr never became an active NRI plugin")
+		}
+	}
+	endpoint := c.registerLikeTheKubelet()
+	c.waitFor("/readyz to say ready", func() bool {
+		code, _ := get(t, "http://"+c.metrics+"/readyz")
+		return code == http.StatusOK
+	})
+
+	// The scheduler's view: one pool of our devices for this node.
+	c.waitFor("our ResourceSlice", func() bool {
+		_, body := get(t, kubeURL(t, c.path("kubeconfig"))+"/apis/resource.k8s.io/v1/resourceslices")
+		return strings.Contains(body, `"numa1"`) && strings.Contains(body, `"nodeName":"`+node+`"`)
+	})
+
+	// The kubelet prepares the claim.
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	dra := draClient(t, endpoint)
+	claim := &drav1.Claim{Namespace: "default", Name: "db-cpus", Uid: claimUID}
+	resp, err := dra.NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: []*drav1.Claim{claim}})
+	if err != nil {
+		t.Fatalf("NodePrepareResources: %v", err)
+	}
+	got := resp.Claims[claimUID]
+	if got == nil || got.Error != "" || len(got.Devices) != 1 {
+		t.Fatalf("prepare answered %+v", got)
+	}
+	dev := got.Devices[0]
+	cdiID := fmt.Sprintf("%s/device=claim-%s-0", driver, claimUID)
+	if dev.PoolName != node || dev.DeviceName != "numa1" || len(dev.CdiDeviceIds) != 1 || dev.CdiDeviceIds[0] != cdiID ||
+		dev.GetShareId() != "5a4e0000-0000-4000-8000-000000000001" || strings.Join(dev.RequestNames, ",") != "cpus" {
+		t.Fatalf("prepared device %+v", dev)
+	}
+
+	// The runtime's CDI cache resolves it.
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(c.path("cdi")), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("CDI cache: %v", err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}}
+	if _, err := cache.InjectDevices(spec, cdiID); err != nil {
+		t.Fatalf("injecting %s: %v", cdiID, err)
+	}
+	prefix := "DRA_CPUSET_" + claimUID + "="
+	claimed := ""
+	for _, e := range spec.Process.Env {
+		if strings.HasPrefix(e, prefix) {
+			claimed = strings.TrimPrefix(e, prefix)
+		}
+	}
+	if claimed == "" {
+		t.Fatalf("injected env %v has no %s", spec.Process.Env, prefix)
+	}
+
+	// The web container, which shared NUMA node 1, was shrunk away from the claim's CPUs.
+	web := c.nextUpdate("web-app").GetLinux().GetResources().GetCpu().GetCpus()
+	if web == "" || overlaps(web, claimed) {
+		t.Fatalf("web-app updated to %q; the claim holds %q", web, claimed)
+	}
+
+	// The claim's container is created: the runtime pins it to the claim's CPUs.
+	created, err := c.runtime.CreateContainer(ctx, &api.CreateContainerRequest{
+		Pod: &api.PodSandbox{Id: "sb-db", Name: "db", Uid: podDB, Namespace: "default",
+			Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-poddb.slice"}},
+		Container: &api.Container{Id: "db-postgres", PodSandboxId: "sb-db", Name: "postgres",
+			Env: spec.Process.Env, CDIDevices: []*api.CDIDevice{{Name: cdiID}}},
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	if cpus := created.GetAdjust().GetLinux().GetResources().GetCpu().GetCpus(); cpus != claimed {
+		t.Fatalf("the claim's container was pinned to %q, want %q", cpus, claimed)
+	}
+	if mems := created.GetAdjust().GetLinux().GetResources().GetCpu().GetMems(); mems != "1" {
+		t.Fatalf("the claim's container got memory nodes %q, want 1", mems)
+	}
+
+	// Metrics saw it all.
+	_, metrics := get(t, "http://"+c.metrics+"/metrics")
+	for _, want := range []string{`resmgr_claims_prepared_total 1`, `resmgr_nri_events_total{kind="create-container"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+
+	// Unprepare: the spec goes, the web container gets its CPUs back.
+	if _, err := c.runtime.StopContainer(ctx, &api.StopContainerRequest{
+		Pod:       &api.PodSandbox{Id: "sb-db", Uid: podDB, Namespace: "default", Name: "db"},
+		Container: &api.Container{Id: "db-postgres", PodSandboxId: "sb-db", Name: "postgres"},
+	}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	un, err := dra.NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: []*drav1.Claim{claim}})
+	if err != nil || un.Claims[claimUID] == nil || un.Claims[claimUID].Error != "" {
+		t.Fatalf("NodeUnprepareResources: %+v %v", un, err)
+	}
+	if exists(c.path("cdi", driver+"-device_"+claimUID+".json"))() {
+		t.Fatal("the claim's CDI spec is still there after unprepare")
+	}
+	if grown := c.nextUpdate("web-app").GetLinux().GetResources().GetCpu().GetCpus(); !overlaps(grown, claimed) {
+		t.Fatalf("web-app got %q back, not the released %q", grown, claimed)
+	}
+
+	// SIGTERM: deregistered, state saved, exit 0.
+	if err := c.agent.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-c.exited:
+		if err != nil {
+			t.Fatalf("resmgr run exited with %v after SIGTERM", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("resmgr run did not stop after SIGTERM")
+	}
+	if exists(c.path("plugins_registry", driver+"-reg.sock"))() {
+		t.Fatal("the registration socket outlived the agent")
+	}
+	if !exists(c.path("state", "state.json"))() {
+		t.Fatal("no state file after SIGTERM")
+	}
+}
+
+func TestLosingTheRuntimeEndsTheAgent(t *testing.T) {
+	c := start(t)
+	for n := 0; n != 1; {
+		select {
+		case n = <-c.active:
+		case err := <-c.exited:
+			t.Fatalf("resmgr run exited (%v) before registering with the runtime", err)
+		case <-time.After(waitLimit):
+			t.Fatal("resmgr never became an active NRI plugin")
+		}
+	}
+	c.cut()
+	select {
+	case err := <-c.exited:
+		var exit *exec.ExitError
+		if err == nil || !asExitError(err, &exit) || exit.ExitCode() == 0 {
+			t.Fatalf("resmgr run ended with %v after losing the runtime, want a non-zero exit", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("resmgr run kept running without its runtime")
+	}
+}
