@@ -17,23 +17,15 @@ use std::{
     fs,
     io::Write,
     path::Path,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
 use dra_proto::v1;
-use integration_tests::fakes::{FakeRuntime, claim, container};
-use policy::{Topology, TopologyAware, TopologySource};
-use resmgr::{
-    Manager, ManagerConfig,
-    dra_handler::LifecycleHandler,
-    kube::fake::StaticClaims,
-    kubelet::{KubeletConfig, KubeletPlugin},
-    state::StateFile,
+use integration_tests::{
+    fakes::{claim, container},
+    node::Node,
 };
-use tonic::transport::Endpoint;
 
-const DRIVER: &str = "topology-aware.resmgr.io";
 const ITERATIONS: usize = 200;
 
 fn durable_write(dir: &Path, name: &str, bytes: &[u8]) {
@@ -73,59 +65,21 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let topology = Topology::load(&TopologySource::Synthetic(
-        "pack:2 numa:2 core:8 pu:2".into(),
-    ))
-    .unwrap();
-    let policy = TopologyAware::new(topology, policy::Config::default()).unwrap();
-    let claims = Arc::new(StaticClaims::new());
-    for i in 0..ITERATIONS {
+    let claims = (0..ITERATIONS).map(|i| {
         let mut c = claim(&format!("c{i}"), "pod-db", 2);
         c.results[0].device = "numa1".into();
-        claims.insert(c);
-    }
-    let runtime = Arc::new(FakeRuntime::default());
-    let manager = Arc::new(
-        Manager::start(
-            ManagerConfig::new(DRIVER),
-            Box::new(policy),
-            StateFile::new(dir.path().join("state")),
-            cdi::SpecStore::new(dir.path().join("cdi"), DRIVER).unwrap(),
-            runtime.clone(),
-            claims,
-        )
-        .unwrap(),
-    );
+        c
+    });
+    let node = Node::start("pack:2 numa:2 core:8 pu:2", claims).await;
     let containers: Vec<_> = (0..20)
         .map(|i| container(&format!("web-{i}"), "pod-web"))
         .collect();
-    runtime.apply_reply(&manager.synchronize(&containers).await.unwrap());
-    manager.synchronized().await;
-    let config = KubeletConfig {
-        driver_name: DRIVER.into(),
-        plugins_dir: dir.path().join("plugins"),
-        registry_dir: dir.path().join("registry"),
-    };
-    let plugin = KubeletPlugin::start(&config, Arc::new(LifecycleHandler::new(manager.clone())))
-        .await
-        .unwrap();
-    let socket = plugin.dra_socket().to_owned();
-    let channel = Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                tokio::net::UnixStream::connect(socket)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
-        .await
-        .unwrap();
+    node.synchronize(&containers).await;
+    let channel = node.dra_channel().await;
     let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
-    let floor_dir = dir.path().join("floor");
+    let floor_dir = node.dir.path().join("floor");
     fs::create_dir_all(&floor_dir).unwrap();
-    let state = fs::read(dir.path().join("state/state.json")).unwrap_or_default();
+    let state = fs::read(node.dir.path().join("state/state.json")).unwrap_or_default();
 
     let (mut prepares, mut floors) = (Vec::new(), Vec::new());
     for i in 0..ITERATIONS {
@@ -177,5 +131,5 @@ async fn main() {
         "bench: {}",
         serde_json::json!({"name": "resmgr/prepare-over-floor", "unit": "x", "median": prepare / floor, "target": "< 1.5"})
     );
-    plugin.shutdown().await.unwrap();
+    node.plugin.shutdown().await.unwrap();
 }

@@ -2,99 +2,25 @@
 //! servers on unix sockets, the real topology-aware policy on a synthetic machine, and the
 //! generated DRA clients (v1 and v1beta1) as the kubelet.
 
-use std::sync::Arc;
-
 use dra_proto::{v1, v1beta1};
-use integration_tests::fakes::{FakeRuntime, claim, container};
-use policy::{Topology, TopologyAware, TopologySource};
-use resmgr::{
-    Manager, ManagerConfig,
-    dra_handler::LifecycleHandler,
-    kube::fake::StaticClaims,
-    kubelet::{KubeletConfig, KubeletPlugin},
-    state::StateFile,
+use integration_tests::{
+    fakes::{claim, container},
+    node::{DRIVER, Node},
 };
-use tonic::transport::{Channel, Endpoint};
 
-const DRIVER: &str = "topology-aware.resmgr.io";
-
-struct Node {
-    _dir: tempfile::TempDir,
-    manager: Arc<Manager>,
-    plugin: KubeletPlugin,
-    runtime: Arc<FakeRuntime>,
-    cdi_dir: std::path::PathBuf,
-}
-
-/// A node with 2 packages x 2 NUMA nodes x 4 cores x 2 threads and one claim per UID in `uids`,
-/// each reserved for pod `pod-db` and taking 2 CPUs of `numa1`.
+/// A node whose API server holds one claim per UID in `uids`, each reserved for pod `pod-db` and
+/// taking 2 CPUs of `numa1`, on 2 packages x 2 NUMA nodes x 4 cores x 2 threads.
 async fn node(uids: &[&str]) -> Node {
-    let dir = tempfile::tempdir().unwrap();
-    let topology = Topology::load(&TopologySource::Synthetic(
-        "pack:2 numa:2 core:4 pu:2".into(),
-    ))
-    .unwrap();
-    let policy = TopologyAware::new(topology, policy::Config::default()).unwrap();
-    let claims = Arc::new(StaticClaims::new());
-    for uid in uids {
+    let claims = uids.iter().map(|uid| {
         let mut c = claim(uid, "pod-db", 2);
         c.results[0].device = "numa1".into();
-        claims.insert(c);
-    }
-    let runtime = Arc::new(FakeRuntime::default());
-    let cdi_dir = dir.path().join("cdi");
-    let manager = Arc::new(
-        Manager::start(
-            ManagerConfig::new(DRIVER),
-            Box::new(policy),
-            StateFile::new(dir.path().join("state")),
-            cdi::SpecStore::new(&cdi_dir, DRIVER).unwrap(),
-            runtime.clone(),
-            claims,
-        )
-        .unwrap(),
-    );
-    let config = KubeletConfig {
-        driver_name: DRIVER.into(),
-        plugins_dir: dir.path().join("plugins"),
-        registry_dir: dir.path().join("plugins_registry"),
-    };
-    let plugin = KubeletPlugin::start(&config, Arc::new(LifecycleHandler::new(manager.clone())))
-        .await
-        .unwrap();
-    Node {
-        _dir: dir,
-        manager,
-        plugin,
-        runtime,
-        cdi_dir,
-    }
+        c
+    });
+    Node::start("pack:2 numa:2 core:4 pu:2", claims).await
 }
 
 async fn synchronize(node: &Node) {
-    let updates = node
-        .manager
-        .synchronize(&[container("web", "pod-web")])
-        .await
-        .unwrap();
-    node.runtime.apply_reply(&updates);
-    node.manager.synchronized().await;
-}
-
-/// A channel to a unix socket, the way tonic dials one.
-async fn channel(socket: &std::path::Path) -> Channel {
-    let socket = socket.to_owned();
-    Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                tokio::net::UnixStream::connect(socket)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
-        .await
-        .unwrap()
+    node.synchronize(&[container("web", "pod-web")]).await;
 }
 
 fn v1_claim(uid: &str) -> v1::Claim {
@@ -108,8 +34,7 @@ fn v1_claim(uid: &str) -> v1::Claim {
 #[tokio::test]
 async fn a_claim_is_refused_until_synchronized_then_prepared_on_v1_with_its_share() {
     let node = node(&["c1"]).await;
-    let mut client =
-        v1::dra_plugin_client::DraPluginClient::new(channel(node.plugin.dra_socket()).await);
+    let mut client = v1::dra_plugin_client::DraPluginClient::new(node.dra_channel().await);
     let request = v1::NodePrepareResourcesRequest {
         claims: vec![v1_claim("c1")],
     };
@@ -169,7 +94,7 @@ async fn v1beta1_prepares_and_both_versions_unprepare() {
     let node = node(&["c1", "c2"]).await;
     synchronize(&node).await;
     let web_before = node.runtime.cpus("web").unwrap();
-    let channel = channel(node.plugin.dra_socket()).await;
+    let channel = node.dra_channel().await;
     let mut beta = v1beta1::dra_plugin_client::DraPluginClient::new(channel.clone());
     let answer = beta
         .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
@@ -217,8 +142,7 @@ async fn v1beta1_prepares_and_both_versions_unprepare() {
 async fn a_claim_uid_that_tries_path_traversal_is_invalid_argument() {
     let node = node(&[]).await;
     synchronize(&node).await;
-    let mut client =
-        v1::dra_plugin_client::DraPluginClient::new(channel(node.plugin.dra_socket()).await);
+    let mut client = v1::dra_plugin_client::DraPluginClient::new(node.dra_channel().await);
     let status = client
         .node_prepare_resources(v1::NodePrepareResourcesRequest {
             claims: vec![v1_claim("../../../etc/x")],

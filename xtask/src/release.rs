@@ -145,13 +145,7 @@ fn build_release(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
 }
 
 pub fn workspace_version(root: &Path) -> anyhow::Result<String> {
-    let meta = util::output(util::cargo().current_dir(root).args([
-        "metadata",
-        "--format-version",
-        "1",
-        "--no-deps",
-    ]))?;
-    let meta: serde_json::Value = serde_json::from_str(&meta)?;
+    let meta = util::metadata(root)?;
     meta["packages"]
         .as_array()
         .and_then(|p| p.iter().find(|p| p["name"] == "plugin-bin"))

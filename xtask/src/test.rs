@@ -132,13 +132,7 @@ pub fn go_modules(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 /// Cargo's target directory, honouring CARGO_TARGET_DIR and config.
 pub fn target_dir(root: &Path) -> anyhow::Result<PathBuf> {
-    let meta = util::output(util::cargo().current_dir(root).args([
-        "metadata",
-        "--format-version",
-        "1",
-        "--no-deps",
-    ]))?;
-    let meta: serde_json::Value = serde_json::from_str(&meta).context("parsing cargo metadata")?;
+    let meta = util::metadata(root)?;
     meta["target_directory"]
         .as_str()
         .map(PathBuf::from)

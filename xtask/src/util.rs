@@ -50,6 +50,17 @@ pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
     String::from_utf8(out.stdout).with_context(|| format!("`{}` printed non-UTF-8", show(cmd)))
 }
 
+/// `cargo metadata --no-deps` of the workspace at `root`, parsed.
+pub fn metadata(root: &Path) -> anyhow::Result<serde_json::Value> {
+    let meta = output(cargo().current_dir(root).args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--no-deps",
+    ]))?;
+    serde_json::from_str(&meta).context("parsing cargo metadata")
+}
+
 /// Whether a program can be found on PATH.
 pub fn have(program: &str) -> bool {
     Command::new(program)

@@ -1,0 +1,98 @@
+//! A node as the kubelet sees it: the resource manager with the real topology-aware policy on a
+//! synthetic machine, serving the real DRA and registration sockets, over a fake runtime and
+//! in-memory claims; plus a channel to dial its DRA socket the way tonic dials a unix socket.
+
+use std::{path::Path, sync::Arc};
+
+use policy::{Claim, Container, Topology, TopologyAware, TopologySource};
+use resmgr::{
+    Manager, ManagerConfig,
+    dra_handler::LifecycleHandler,
+    kube::fake::StaticClaims,
+    kubelet::{KubeletConfig, KubeletPlugin},
+    state::StateFile,
+};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::fakes::FakeRuntime;
+
+/// The driver name the node serves.
+pub const DRIVER: &str = "topology-aware.resmgr.io";
+
+/// A running node in a temporary directory.
+#[derive(Debug)]
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub manager: Arc<Manager>,
+    pub plugin: KubeletPlugin,
+    pub runtime: Arc<FakeRuntime>,
+    pub cdi_dir: std::path::PathBuf,
+}
+
+impl Node {
+    /// Starts a node on the hwloc synthetic machine `topology`, whose API server holds `claims`.
+    pub async fn start(topology: &str, claims: impl IntoIterator<Item = Claim>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let topology = Topology::load(&TopologySource::Synthetic(topology.into())).unwrap();
+        let policy = TopologyAware::new(topology, policy::Config::default()).unwrap();
+        let reader = Arc::new(StaticClaims::new());
+        for claim in claims {
+            reader.insert(claim);
+        }
+        let runtime = Arc::new(FakeRuntime::default());
+        let cdi_dir = dir.path().join("cdi");
+        let manager = Arc::new(
+            Manager::start(
+                ManagerConfig::new(DRIVER),
+                Box::new(policy),
+                StateFile::new(dir.path().join("state")),
+                cdi::SpecStore::new(&cdi_dir, DRIVER).unwrap(),
+                runtime.clone(),
+                reader,
+            )
+            .unwrap(),
+        );
+        let config = KubeletConfig {
+            driver_name: DRIVER.into(),
+            plugins_dir: dir.path().join("plugins"),
+            registry_dir: dir.path().join("plugins_registry"),
+        };
+        let handler = Arc::new(LifecycleHandler::new(manager.clone()));
+        let plugin = KubeletPlugin::start(&config, handler).await.unwrap();
+        Self {
+            dir,
+            manager,
+            plugin,
+            runtime,
+            cdi_dir,
+        }
+    }
+
+    /// The runtime synchronizes with `containers` running; the claim gate opens.
+    pub async fn synchronize(&self, containers: &[Container]) {
+        let updates = self.manager.synchronize(containers).await.unwrap();
+        self.runtime.apply_reply(&updates);
+        self.manager.synchronized().await;
+    }
+
+    /// A channel to the node's DRA socket.
+    pub async fn dra_channel(&self) -> Channel {
+        unix_channel(self.plugin.dra_socket()).await
+    }
+}
+
+/// A gRPC channel to a unix socket.
+pub async fn unix_channel(socket: &Path) -> Channel {
+    let socket = socket.to_owned();
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .unwrap()
+}
