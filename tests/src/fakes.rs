@@ -446,3 +446,26 @@ impl Runtime for FileRuntime {
         })
     }
 }
+
+/// A runtime whose `UpdateContainers` does not answer until released, like a runtime that holds
+/// its NRI lock while an event is in flight.
+#[derive(Debug, Default)]
+pub struct StalledRuntime {
+    /// Notified when a call has arrived.
+    pub called: tokio::sync::Notify,
+    /// Notify to let the calls answer.
+    pub release: tokio::sync::Notify,
+}
+
+impl Runtime for StalledRuntime {
+    fn update_containers(
+        &self,
+        _updates: Vec<ContainerUpdate>,
+    ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
+        Box::pin(async move {
+            self.called.notify_one();
+            self.release.notified().await;
+            Ok(Vec::new())
+        })
+    }
+}

@@ -468,3 +468,44 @@ async fn an_unreadable_state_stops_start_up_and_deletes_nothing() {
         b"{ truncated"
     );
 }
+
+#[tokio::test]
+async fn runtime_events_are_served_while_a_delivery_waits_on_the_runtime() {
+    // The runtime holds its lock while it waits for our answer to an event, and serves our
+    // UpdateContainers under that lock. If a commit kept the manager lock while it waited for
+    // UpdateContainers, the event below could not be answered until the runtime timed us out.
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let runtime = std::sync::Arc::new(support::StalledRuntime::default());
+    let m = std::sync::Arc::new(
+        resmgr::Manager::start(
+            resmgr::ManagerConfig::new(support::DRIVER),
+            Box::new(TestPolicy::new(8)),
+            StateFile::new(h.state_dir()),
+            cdi::SpecStore::new(h.cdi_dir(), support::DRIVER).unwrap(),
+            runtime.clone(),
+            h.claims.clone(),
+        )
+        .unwrap(),
+    );
+    m.synchronize(&[container("a", "pod-web")]).await.unwrap();
+    m.synchronized().await;
+    let called = runtime.called.notified();
+    let prepare = tokio::spawn({
+        let m = m.clone();
+        async move { m.prepare(&[claim_ref("c1")]).await }
+    });
+    called.await; // the prepare's delivery is now stuck in the runtime
+
+    let created = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        m.create_container(&container("b", "pod-web")),
+    )
+    .await
+    .expect("an event handler waited for a delivery in flight");
+    assert!(created.is_ok());
+
+    runtime.release.notify_one();
+    let answers = prepare.await.unwrap().unwrap();
+    assert!(answers["c1"].is_ok(), "{:?}", answers["c1"]);
+}
