@@ -199,7 +199,7 @@ fn the_chart_renders_typed_objects_with_defaults_and_every_option_flipped() {
     assert!(defaults.contains(&"ValidatingAdmissionPolicy".to_owned()));
 
     let flipped = render_chart(
-        "{namespace: {create: true}, admissionPolicy: {enabled: false}, reservedCpus: '0-1'}",
+        "{namespace: {create: true}, admissionPolicy: {enabled: false}, reservedCpus: '0-1', nodeAllocatableCpu: true}",
     );
     let kinds = check_all("chart with options flipped", &flipped);
     assert!(kinds.contains(&"Namespace".to_owned()), "{kinds:?}");

@@ -68,10 +68,14 @@ pub struct RunFlags {
     /// `text` or `json` [default: text].
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
+    /// `true` to map each device's `cpu` capacity to the node's allocatable cpu in the
+    /// published ResourceSlices (needs DRANodeAllocatableResources, Kubernetes 1.36) [default: false].
+    #[arg(long, value_name = "BOOL")]
+    pub node_allocatable_cpu: Option<String>,
 }
 
 /// The keys of the config file, which are the flags' names.
-pub const KEYS: [&str; 13] = [
+pub const KEYS: [&str; 14] = [
     "node-name",
     "driver-name",
     "nri-socket",
@@ -85,6 +89,7 @@ pub const KEYS: [&str; 13] = [
     "reserved-cpus",
     "metrics-addr",
     "log-format",
+    "node-allocatable-cpu",
 ];
 
 /// The checked configuration of `resmgr run`.
@@ -106,6 +111,7 @@ pub struct RunConfig {
     pub metrics_addr: SocketAddr,
     #[serde(serialize_with = "show_format")]
     pub log_format: Format,
+    pub node_allocatable_cpu: bool,
 }
 
 fn show_topology<S: serde::Serializer>(t: &TopologySource, s: S) -> Result<S::Ok, S::Error> {
@@ -240,7 +246,7 @@ impl RunFlags {
             Some(path) => FileValues::read(path)?,
             None => FileValues::default(),
         };
-        let flags: [(&'static str, &Option<String>); 13] = [
+        let flags: [(&'static str, &Option<String>); 14] = [
             ("node-name", &self.node_name),
             ("driver-name", &self.driver_name),
             ("nri-socket", &self.nri_socket),
@@ -254,6 +260,7 @@ impl RunFlags {
             ("reserved-cpus", &self.reserved_cpus),
             ("metrics-addr", &self.metrics_addr),
             ("log-format", &self.log_format),
+            ("node-allocatable-cpu", &self.node_allocatable_cpu),
         ];
         let get =
             |key: &'static str, default: Option<(String, Origin)>| -> Option<(String, Origin)> {
@@ -365,6 +372,15 @@ impl RunFlags {
             .parse()
             .map_err(|_| refuse(&origin, &value, "expected `text` or `json`"))?;
 
+        let (value, origin) = get(
+            "node-allocatable-cpu",
+            fixed("node-allocatable-cpu", "false"),
+        )
+        .unwrap_or_default_pair();
+        let node_allocatable_cpu: bool = value
+            .parse()
+            .map_err(|_| refuse(&origin, &value, "expected `true` or `false`"))?;
+
         Ok(RunConfig {
             node_name,
             driver_name,
@@ -379,6 +395,7 @@ impl RunFlags {
             reserved_cpus,
             metrics_addr,
             log_format,
+            node_allocatable_cpu,
         })
     }
 }

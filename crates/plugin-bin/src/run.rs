@@ -187,7 +187,12 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         .context("starting the kubelet plugin")?;
     let _ = registration.set(plugin.registration_state());
     let publisher = SlicePublisher::new(
-        PublisherConfig::new(&config.driver_name, &config.node_name),
+        PublisherConfig {
+            node_allocatable_cpu: config
+                .node_allocatable_cpu
+                .then(kube::NodeAllocatableCpu::default),
+            ..PublisherConfig::new(&config.driver_name, &config.node_name)
+        },
         versions,
     )
     .map_err(|e| anyhow::anyhow!("--node-name/--driver-name: {e}"))?;

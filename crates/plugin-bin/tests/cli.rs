@@ -70,6 +70,7 @@ fn every_flag_refuses_a_bad_value_naming_the_flag_the_value_and_what_is_allowed(
         ("--metrics-addr", "localhost", "IP address and port"),
         ("--metrics-addr", "127.0.0.1", "IP address and port"),
         ("--log-format", "xml", "`text` or `json`"),
+        ("--node-allocatable-cpu", "yes", "`true` or `false`"),
     ];
     for (flag, value, allowed) in cases {
         let mut cmd = resmgr();
@@ -121,7 +122,8 @@ fn the_config_file_sets_every_key_and_flags_win() {
          topology: \"synthetic:pack:1 core:2 pu:1\"\n\
          reserved-cpus: \"0-1\"\n\
          metrics-addr: \"0.0.0.0:9000\"\n\
-         log-format: json\n",
+         log-format: json\n\
+         node-allocatable-cpu: true\n",
     )
     .unwrap();
     let out = run_ok(
@@ -144,6 +146,7 @@ fn the_config_file_sets_every_key_and_flags_win() {
         "reserved_cpus": "0-1",
         "metrics_addr": "0.0.0.0:9000",
         "log_format": "json",
+        "node_allocatable_cpu": true,
     });
     assert_eq!(got, want);
 

@@ -121,6 +121,7 @@ func TestOurRendererAgreesWithHelmOnOtherValues(t *testing.T) {
 		"flipped": `namespace: {create: true}
 admissionPolicy: {enabled: false}
 reservedCpus: "0,4"
+nodeAllocatableCpu: true
 driverName: cpus.example.com
 deviceClass: {name: example-cpus}
 image: {repository: registry.example/resmgr, tag: "9.9.9", pullPolicy: Always}
