@@ -52,12 +52,12 @@ pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
 
 /// `cargo metadata --no-deps` of the workspace at `root`, parsed.
 pub fn metadata(root: &Path) -> anyhow::Result<serde_json::Value> {
-    let meta = output(cargo().current_dir(root).args([
-        "metadata",
-        "--format-version",
-        "1",
-        "--no-deps",
-    ]))?;
+    let meta =
+        output(
+            cargo()
+                .current_dir(root)
+                .args(["metadata", "--format-version", "1", "--no-deps"]),
+        )?;
     serde_json::from_str(&meta).context("parsing cargo metadata")
 }
 
