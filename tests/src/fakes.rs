@@ -27,6 +27,9 @@ pub struct TestPolicy {
     pub cpus: u32,
     pub claims: BTreeMap<String, (Vec<String>, CpuSet)>,
     pub containers: BTreeMap<String, Container>,
+    /// Also keep the IDs of the containers it placed in its snapshot (as a policy with durable
+    /// per-container state would): the snapshot is then `{"claims": …, "containers": […]}`.
+    pub durable_containers: bool,
 }
 
 impl TestPolicy {
@@ -77,15 +80,23 @@ impl Policy for TestPolicy {
     }
 
     fn restore(&mut self, snapshot: &serde_json::Value) -> Result<(), PolicyError> {
-        let claims: BTreeMap<String, (Vec<String>, CpuSet)> =
-            serde_json::from_value(snapshot.clone())
-                .map_err(|e| PolicyError::Restore(e.to_string()))?;
-        self.claims = claims;
+        let claims = if self.durable_containers {
+            &snapshot["claims"]
+        } else {
+            snapshot
+        };
+        self.claims = serde_json::from_value(claims.clone())
+            .map_err(|e| PolicyError::Restore(e.to_string()))?;
         Ok(())
     }
 
     fn snapshot(&self) -> serde_json::Value {
-        serde_json::to_value(&self.claims).unwrap()
+        let claims = serde_json::to_value(&self.claims).unwrap();
+        if self.durable_containers {
+            serde_json::json!({"claims": claims, "containers": self.containers.keys().collect::<Vec<_>>()})
+        } else {
+            claims
+        }
     }
 
     fn sync(&mut self, containers: &[Container]) -> Result<Vec<ContainerUpdate>, PolicyError> {
@@ -188,6 +199,8 @@ impl Policy for TestPolicy {
 #[derive(Debug, Default)]
 pub struct FakeRuntime {
     pub state: Mutex<RuntimeState>,
+    /// Notified after every call, whatever its outcome.
+    pub called: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -200,6 +213,11 @@ pub struct RuntimeState {
     pub fail_calls: usize,
     /// Containers whose updates the runtime refuses (as if gone), failing the call.
     pub refuse: BTreeSet<String>,
+    /// Containers whose updates fail but were marked to be ignored: reported back as failed in
+    /// a successful answer.
+    pub report_failed: BTreeSet<String>,
+    /// When each call arrived (tokio's clock, so paused-time tests see virtual time).
+    pub call_times: Vec<tokio::time::Instant>,
 }
 
 impl Runtime for FakeRuntime {
@@ -208,8 +226,19 @@ impl Runtime for FakeRuntime {
         updates: Vec<ContainerUpdate>,
     ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
         Box::pin(async move {
+            let result = self.apply_call(updates);
+            self.called.notify_waiters();
+            result
+        })
+    }
+}
+
+impl FakeRuntime {
+    fn apply_call(&self, updates: Vec<ContainerUpdate>) -> Result<Vec<String>, RuntimeError> {
+        {
             let mut s = self.state.lock().unwrap();
             s.calls.push(updates.clone());
+            s.call_times.push(tokio::time::Instant::now());
             if s.fail_calls > 0 {
                 s.fail_calls -= 1;
                 return Err(RuntimeError::Refused("injected failure".into()));
@@ -230,13 +259,16 @@ impl Runtime for FakeRuntime {
                     "NRI update of some containers failed".into(),
                 ));
             }
+            let mut failed = Vec::new();
             for u in &updates {
-                if let Some(c) = &u.cpus {
+                if s.report_failed.contains(&u.container_id) {
+                    failed.push(u.container_id.clone());
+                } else if let Some(c) = &u.cpus {
                     s.cpus.insert(u.container_id.clone(), c.clone());
                 }
             }
-            Ok(Vec::new())
-        })
+            Ok(failed)
+        }
     }
 }
 

@@ -85,7 +85,9 @@ async fn claims_are_refused_until_the_synchronize_reply_is_out() {
         RequestError::NotSynchronized,
         "synchronized by the policy but the reply is not written yet"
     );
+    assert!(!m.gate().is_open());
     m.synchronized().await;
+    assert!(m.gate().is_open());
     assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
     assert!(h.specs() == ["c1"] && h.saved_claims() == ["c1"]);
 }
@@ -508,4 +510,91 @@ async fn runtime_events_are_served_while_a_delivery_waits_on_the_runtime() {
     runtime.release.notify_one();
     let answers = prepare.await.unwrap().unwrap();
     assert!(answers["c1"].is_ok(), "{:?}", answers["c1"]);
+}
+
+#[tokio::test]
+async fn a_runtime_event_that_changes_durable_policy_state_is_saved() {
+    let h = Harness::new();
+    let policy = TestPolicy {
+        durable_containers: true,
+        ..TestPolicy::new(8)
+    };
+    let m = h.ready(policy, &[]).await;
+    m.create_container(&container("a", "pod-web"))
+        .await
+        .unwrap();
+    let saved: serde_json::Value =
+        serde_json::from_slice(&fs::read(StateFile::new(h.state_dir()).path()).unwrap()).unwrap();
+    assert_eq!(
+        saved["policy_state"]["containers"],
+        serde_json::json!(["a"])
+    );
+}
+
+#[tokio::test]
+async fn updates_the_runtime_reports_as_failed_stay_pending_and_are_named() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(
+            TestPolicy::new(8),
+            &[container("a", "pod-web"), container("b", "pod-web")],
+        )
+        .await;
+    h.runtime
+        .state
+        .lock()
+        .unwrap()
+        .report_failed
+        .insert("a".into());
+    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(r#"the runtime failed updates of {"a"}"#),
+        "{err}"
+    );
+    assert_eq!(
+        h.runtime.cpus("b").as_deref(),
+        Some("0-7"),
+        "b shrank, then grew back"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_background_retry_delivers_what_a_commit_could_not_with_doubling_backoff() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = std::sync::Arc::new(
+        h.ready(TestPolicy::new(8), &[container("a", "pod-web")])
+            .await,
+    );
+    m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .as_ref()
+        .unwrap();
+    // The release's delivery and the next two retries fail; the third retry gets through.
+    h.runtime.state.lock().unwrap().fail_calls = 3;
+    let calls_before = h.runtime.state.lock().unwrap().calls.len();
+    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(m.pending_updates().await, 1);
+
+    let retries = tokio::spawn({
+        let m = m.clone();
+        async move { m.run_retries().await }
+    });
+    while m.pending_updates().await > 0 {
+        h.runtime.called.notified().await;
+    }
+    retries.abort();
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-7"));
+    let s = h.runtime.state.lock().unwrap();
+    let times = &s.call_times[calls_before..];
+    assert_eq!(times.len(), 4, "the commit's delivery and three retries");
+    let gaps: Vec<u128> = times
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis())
+        .collect();
+    // The first retry follows the commit's failure at once; then 500 ms, then 1 s.
+    assert_eq!(gaps, [0, 500, 1000]);
 }

@@ -216,6 +216,30 @@ mod tests {
     }
 
     #[test]
+    fn a_finished_delivery_is_no_longer_in_flight() {
+        let mut p = PendingUpdates::default();
+        assert!(p.is_empty());
+        p.record([upd("a", "0-3")]);
+        assert!(!p.is_empty());
+        let first = p.begin();
+        let second = p.begin(); // two deliveries carry a
+        p.finish(&first, |_| true);
+        p.delivered_in_reply(&[upd("a", "0-5")]);
+        assert_eq!(
+            cpus(&p, "a").as_deref(),
+            Some("0-5"),
+            "one delivery is still in flight"
+        );
+        p.finish(&second, |_| true);
+        p.delivered_in_reply(&[upd("a", "0-7")]);
+        assert_eq!(
+            cpus(&p, "a"),
+            None,
+            "nothing in flight: the reply delivered it"
+        );
+    }
+
+    #[test]
     fn forgotten_containers_are_not_sent() {
         let mut p = PendingUpdates::default();
         p.record([upd("a", "0-3")]);
