@@ -611,3 +611,99 @@ async fn the_background_retry_delivers_what_a_commit_could_not_with_doubling_bac
     // The first retry follows the commit's failure at once; then 500 ms, then 1 s.
     assert_eq!(gaps, [0, 500, 1000]);
 }
+
+/// The runtime events with the real topology-aware policy: one NUMA node of 4 cores x 2 threads,
+/// a shared container `web` and an exclusive `batch` (2 whole CPUs).
+mod events {
+    use integration_tests::{fakes::container, node::Node};
+    use policy::{CpuSet, QosClass, Resources};
+
+    fn exclusive(id: &str, cpus: u64) -> policy::Container {
+        let mut c = container(id, "pod-batch");
+        c.pod.qos = QosClass::Guaranteed;
+        c.resources = Resources {
+            cpu_request_milli: cpus * 1000,
+            cpu_limit_milli: Some(cpus * 1000),
+            ..Resources::default()
+        };
+        c
+    }
+
+    /// The node and the CPUs `batch` holds.
+    async fn node_with_web_and_batch() -> (Node, CpuSet) {
+        let node = Node::start("pack:1 core:4 pu:2", []).await;
+        node.synchronize(&[]).await;
+        let web = node
+            .manager
+            .create_container(&container("web", "pod-web"))
+            .await
+            .unwrap();
+        node.runtime.apply_reply(&[policy::ContainerUpdate {
+            container_id: "web".into(),
+            cpus: web.adjustment.cpus,
+            mems: None,
+        }]);
+        let batch = node
+            .manager
+            .create_container(&exclusive("batch", 2))
+            .await
+            .unwrap();
+        node.runtime.apply_reply(&batch.updates);
+        (node, batch.adjustment.cpus.unwrap())
+    }
+
+    #[tokio::test]
+    async fn stopping_an_exclusive_container_gives_its_cpus_back_in_the_reply() {
+        let (node, batch) = node_with_web_and_batch().await;
+        let updates = node.manager.stop_container(&exclusive("batch", 2)).await;
+        let web = updates
+            .iter()
+            .find(|u| u.container_id == "web")
+            .expect("web grows back");
+        assert!(
+            web.cpus.as_ref().unwrap().is_superset(&batch),
+            "{updates:?}"
+        );
+        assert_eq!(
+            node.manager.pending_updates().await,
+            0,
+            "the reply delivers them"
+        );
+    }
+
+    #[tokio::test]
+    async fn removing_a_container_that_never_stopped_delivers_in_the_background() {
+        let (node, batch) = node_with_web_and_batch().await;
+        node.manager.remove_container(&exclusive("batch", 2)).await;
+        assert_eq!(
+            node.manager.pending_updates().await,
+            1,
+            "a RemoveContainer reply carries nothing"
+        );
+        node.manager.deliver().await.unwrap();
+        let web: CpuSet = node.runtime.cpus("web").unwrap().parse().unwrap();
+        assert!(web.is_superset(&batch), "web {web}, released {batch}");
+    }
+
+    #[tokio::test]
+    async fn resizing_a_container_answers_with_its_own_update_last() {
+        let (node, _) = node_with_web_and_batch().await;
+        let now = node.runtime.cpus("web").unwrap();
+        let bigger = Resources {
+            cpu_request_milli: 1500,
+            ..Resources::default()
+        };
+        let updates = node
+            .manager
+            .update_container(&container("web", "pod-web"), &bigger)
+            .await
+            .unwrap();
+        let last = updates.last().expect("the container's own update");
+        assert_eq!(last.container_id, "web");
+        assert_eq!(
+            last.cpus.as_ref().unwrap().to_string(),
+            now,
+            "resized in place"
+        );
+    }
+}

@@ -50,6 +50,9 @@ mod tests {
     async fn opens_once_and_wakes_waiters() {
         let gate = Gate::default();
         assert!(!gate.is_open());
+        // A zero timeout polls the wait exactly once: closed, it is still pending.
+        let early = tokio::time::timeout(std::time::Duration::ZERO, gate.opened()).await;
+        assert!(early.is_err(), "opened() returned before the gate opened");
         let waiter = tokio::spawn({
             let gate = gate.clone();
             async move { gate.opened().await }

@@ -260,6 +260,16 @@ mod tests {
     }
 
     #[test]
+    fn a_state_file_that_cannot_be_read_is_an_error_not_a_fresh_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path());
+        // A directory where the file should be: reading fails, and not with "not found".
+        fs::create_dir(file.path()).unwrap();
+        let err = file.load("p").unwrap_err();
+        assert!(matches!(err, StateError::Read { .. }), "{err}");
+    }
+
+    #[test]
     fn refuses_other_versions_and_other_policies() {
         let dir = tempfile::tempdir().unwrap();
         let file = StateFile::new(dir.path());
