@@ -1,7 +1,8 @@
 // Conformance of our CDI spec store (crates/cdi) with the CDI cache containerd and CRI-O use:
 // the upstream cache loads the directory our store wrote without errors, resolves every qualified
 // name the store returned, and injecting a name yields exactly the edits we wrote; a claim our
-// store removed is gone after a refresh; a claim UID starting with a digit loads at the version
+// store removed is gone after a refresh; an auto-refreshing cache (inotify) sees every write whole;
+// a claim UID starting with a digit loads at the version
 // we declared. Our minimum-version computation and validation are checked against upstream's.
 //
 // The store is driven through the `cdi_store` example (crates/cdi/examples/cdi_store.rs).
@@ -19,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
@@ -459,4 +461,56 @@ func TestValidationAgreesWithUpstream(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitForCache polls an auto-refreshing cache until done reports true, failing the test when
+// the cache records an error at any poll (a spec seen half-written) or when the watcher has not
+// caught up within the deadline.
+func waitForCache(t *testing.T, cache *cdi.Cache, what string, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		requireNoCacheErrors(t, cache)
+		if done() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the auto-refreshing cache did not see %s within 10 s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// CRI-O and containerd's CDI cache refresh themselves from an inotify watch of the spec
+// directory. Our store writes a temporary file that the watcher ignores and renames it into
+// place, so the watcher sees each spec whole: every write, rewrite and removal shows up without
+// an explicit Refresh, and the cache never records a parse error on the way.
+func TestAutoRefreshingCacheSeesEveryWriteWhole(t *testing.T) {
+	dir := t.TempDir()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(true))
+	if err != nil {
+		t.Fatalf("NewCache: %v", err)
+	}
+	t.Cleanup(func() { _ = cache.Configure(cdi.WithAutoRefresh(false)) })
+
+	injected := func(name string) []string {
+		spec := freshOCISpec()
+		if _, err := cache.InjectDevices(spec, name); err != nil {
+			return nil
+		}
+		return spec.Process.Env
+	}
+	var names []string
+	for i := range 20 {
+		want := "REVISION=" + strconv.Itoa(i)
+		names = writeClaim(t, dir, digitUID, []cdispec.ContainerEdits{envEdits(want, "PADDING="+strings.Repeat("x", 64*1024))})
+		waitForCache(t, cache, "revision "+strconv.Itoa(i), func() bool {
+			return slices.Contains(injected(names[0]), want)
+		})
+	}
+
+	removeClaim(t, dir, digitUID)
+	waitForCache(t, cache, "the removal", func() bool {
+		return len(cache.ListDevices()) == 0 && cache.GetDevice(names[0]) == nil
+	})
 }
