@@ -2,7 +2,8 @@
 // the upstream cache loads the directory our store wrote without errors, resolves every qualified
 // name the store returned, and injecting a name yields exactly the edits we wrote; a claim our
 // store removed is gone after a refresh; an auto-refreshing cache (inotify) sees every write whole;
-// a claim UID starting with a digit loads at the version we declared. Our minimum-version computation and validation are checked against upstream's.
+// a claim UID starting with a digit loads at the version we declared. Our minimum-version
+// computation and validation are checked against upstream's.
 //
 // The store is driven through the `cdi_store` example (crates/cdi/examples/cdi_store.rs).
 package cdi
