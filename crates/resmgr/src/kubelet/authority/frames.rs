@@ -631,6 +631,59 @@ mod tests {
         assert_eq!(out, whole);
     }
 
+    /// A frame from the kinds and flags the rewriter looks at, with a payload that is sometimes a
+    /// valid header block.
+    fn arbitrary_frame() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        (
+            prop_oneof![
+                4 => Just(HEADERS),
+                2 => Just(0x0),
+                1 => Just(CONTINUATION),
+                1 => Just(0x4),
+                1 => Just(PUSH_PROMISE),
+                1 => any::<u8>(),
+            ],
+            prop_oneof![
+                4 => Just(END_HEADERS),
+                1 => Just(0),
+                1 => Just(END_HEADERS | PADDED | PRIORITY),
+                1 => any::<u8>(),
+            ],
+            prop_oneof![4 => (0u32..4).prop_map(|i| 2 * i + 1), 1 => Just(0u32), 1 => any::<u32>()],
+            prop_oneof![
+                3 => Just(encode(&mut TestEncoder::new(), &request(SOCKET_AUTHORITY, "/p"))),
+                2 => proptest::collection::vec(any::<u8>(), 0..64),
+            ],
+        )
+            .prop_map(|(kind, flags, stream, payload)| frame(kind, flags, stream, &payload))
+    }
+
+    proptest::proptest! {
+        /// The bytes come from the kubelet: any frames after the preface are rewritten or refused,
+        /// never a panic, and where the input is cut makes no difference to the output or the
+        /// verdict.
+        #[test]
+        fn arbitrary_frames_are_handled_the_same_however_the_input_is_cut(
+            frames in proptest::collection::vec(arbitrary_frame(), 0..8),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+        ) {
+            let mut input = PREFACE.to_vec();
+            for f in &frames {
+                input.extend_from_slice(f);
+            }
+            let whole = rewrite(&input);
+            let cut = cut.index(input.len() + 1);
+            let mut r = AuthorityRewriter::new(LIMITS);
+            let pieces = r.feed(&input[..cut]).and_then(|()| r.feed(&input[cut..]));
+            let pieces = pieces.map(|()| r.output().split().to_vec());
+            proptest::prop_assert_eq!(whole.is_ok(), pieces.is_ok());
+            if let (Ok(whole), Ok(pieces)) = (whole, pieces) {
+                proptest::prop_assert_eq!(whole, pieces);
+            }
+        }
+    }
+
     #[test]
     fn continuation_frames_padding_and_priority_are_handled() {
         let mut enc = TestEncoder::new();

@@ -639,6 +639,60 @@ mod tests {
         assert_eq!(errors, block.len() - 2);
     }
 
+    proptest::proptest! {
+        /// Header blocks come from the kubelet: any bytes decode or fail, never panic.
+        #[test]
+        fn arbitrary_blocks_never_panic(
+            block in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+        ) {
+            let _ = Decoder::new(4096).decode(&block, 64 * 1024);
+        }
+
+        /// Valid blocks of random fields: they decode to exactly those fields when within the
+        /// list limit, and are refused when over it.
+        #[test]
+        fn valid_blocks_decode_exactly_or_are_refused_over_the_limit(
+            fields in proptest::collection::vec(("[a-z-]{1,12}", "[ -~]{0,40}"), 1..12),
+            limit in 0usize..1024,
+        ) {
+            let list: Vec<(&str, &str)> =
+                fields.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            let block = TestEncoder::new().encode(&list);
+            let size: usize = list.iter().map(|(n, v)| n.len() + v.len() + 32).sum();
+            match Decoder::new(4096).decode(&block, limit) {
+                Ok(decoded) => {
+                    proptest::prop_assert!(size <= limit, "{size} bytes decoded over a limit of {limit}");
+                    proptest::prop_assert_eq!(pairs(&decoded), owned(&list));
+                }
+                Err(e) => proptest::prop_assert!(
+                    size > limit,
+                    "{size} bytes within a limit of {limit} refused: {e}"
+                ),
+            }
+        }
+
+        /// A valid block with bytes flipped: still no panic, and the dynamic table stays within
+        /// the size the decoder allows.
+        #[test]
+        fn corrupted_blocks_never_panic(
+            flips in proptest::collection::vec((0usize..64, proptest::prelude::any::<u8>()), 1..8),
+        ) {
+            let mut enc = TestEncoder::new();
+            let mut block = enc.encode(&[
+                (":authority", "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fx-reg.sock"),
+                (":path", "/v1.DRAPlugin/NodePrepareResources"),
+                ("grpc-timeout", "44999m"),
+            ]);
+            for (at, byte) in flips {
+                let at = at % block.len();
+                block[at] ^= byte;
+            }
+            let mut dec = Decoder::new(256);
+            let _ = dec.decode(&block, usize::MAX);
+            proptest::prop_assert!(dec.table.size <= 256);
+        }
+    }
+
     #[test]
     fn oversized_integers_are_rejected() {
         // Indexed field, 7-bit prefix full, then continuation bytes forever.
