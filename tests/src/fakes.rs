@@ -286,6 +286,7 @@ pub fn claim(uid: &str, pod: &str, cpus: u64) -> Claim {
             share_id: Some(format!("share-{uid}")),
             consumed_capacity: [("cpu".to_owned(), Quantity::from_units(cpus))].into(),
         }],
+        config: Vec::new(),
     }
 }
 

@@ -437,6 +437,7 @@ mod tests {
                 share_id: None,
                 consumed_capacity: [("cpu".to_owned(), Quantity::from_units(1))].into(),
             }],
+            config: Vec::new(),
         });
         let metrics = Arc::new(Metrics::new());
         let handler = Measured {

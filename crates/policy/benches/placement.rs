@@ -121,6 +121,7 @@ fn bench_claim(p: &mut TopologyAware) {
                     share_id: None,
                     consumed_capacity: BTreeMap::from([("cpu".into(), Quantity::from_units(2))]),
                 }],
+                config: Vec::new(),
             };
             let start = Instant::now();
             let a = p.allocate_claim(&claim).expect("fits");

@@ -60,6 +60,10 @@
 //!   (when the runtime reports them) and the edits' environment in [`Container::env`]. Only the
 //!   device name is proof: a pod can set any environment variable, so a policy that trusts the
 //!   environment must check the pod against [`Claim::reserved_for`].
+//! - [`Claim::config`] carries the opaque configurations for our driver that the workload owner
+//!   (claim) or the administrator (DeviceClass) wrote; [`crate::ClaimConfig`] states which apply
+//!   to a result and which wins. A policy either honours them or refuses the claim
+//!   ([`PolicyError::ClaimConfig`]): silently ignoring a configuration it was given is a bug.
 //! - A policy that does not serve claims returns [`PolicyError::NoDraClaims`] from
 //!   [`Policy::devices`] and [`Policy::allocate_claim`]; the resource manager then publishes no
 //!   devices and fails every claim with a clear message.
@@ -95,6 +99,19 @@ pub enum PolicyError {
         /// What the request was about.
         subject: String,
         /// What was wrong with it.
+        reason: String,
+    },
+    /// A claim's configuration for this policy cannot be decoded or honoured.
+    #[error("claim {claim}: configuration for {requests}: {field}: {reason}")]
+    ClaimConfig {
+        /// The claim, `namespace/name (uid)`.
+        claim: String,
+        /// The requests the configuration applies to, for example `request cpus` or
+        /// `all requests`.
+        requests: String,
+        /// The offending field of the parameters, for example `memoryPinning`.
+        field: String,
+        /// What is wrong with it.
         reason: String,
     },
     /// The call names a container the policy does not know.

@@ -23,7 +23,8 @@ pub use api::{Policy, PolicyError};
 pub use idset::{CpuSet, IdSet, IdSetParseError, NodeSet};
 pub use model::{
     Adjustment, Allocation, AllocationResult, AttributeValue, Capacity, Claim, ClaimAllocation,
-    Container, ContainerUpdate, Device, Pod, QosClass, RequestPolicy, Resources, ValidValues,
+    ClaimConfig, ConfigSource, Container, ContainerUpdate, Device, Pod, QosClass, RequestPolicy,
+    Resources, ValidValues,
 };
 pub use quantity::{Quantity, QuantityParseError};
 pub use topology::{Topology, TopologyError, TopologySource};

@@ -103,6 +103,69 @@ pub struct Claim {
     pub reserved_for: Vec<String>,
     /// The claim's allocation results for our driver, in the claim's order.
     pub results: Vec<AllocationResult>,
+    /// The opaque configurations for our driver the allocation carries (from the DeviceClass
+    /// and from the claim), in the API's order; see [`ClaimConfig`] for which apply to a result.
+    #[serde(default)]
+    pub config: Vec<ClaimConfig>,
+}
+
+impl Claim {
+    /// The configurations that apply to a result for `request`, lowest precedence first: see
+    /// [`ClaimConfig`].
+    pub fn configs_for<'a>(&'a self, request: &'a str) -> impl Iterator<Item = &'a ClaimConfig> {
+        let class = self
+            .config
+            .iter()
+            .filter(|c| c.source == ConfigSource::Class);
+        let claim = self
+            .config
+            .iter()
+            .filter(|c| c.source == ConfigSource::Claim);
+        class.chain(claim).filter(move |c| c.applies_to(request))
+    }
+}
+
+/// Where a claim's configuration came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConfigSource {
+    /// The DeviceClass of the request (`FromClass`): set by the cluster administrator.
+    Class,
+    /// The ResourceClaim itself (`FromClaim`): set by the workload owner.
+    Claim,
+}
+
+/// One opaque configuration for our driver in a claim's allocation
+/// (`status.allocation.devices.config[]`).
+///
+/// Which configurations apply to an allocation result, and in what order:
+///
+/// - a configuration applies to a result when its `requests` is empty (all requests) or names
+///   the result's request, either in full (`req/sub`) or by its base name (`req`, which covers
+///   all its subrequests);
+/// - the class's configurations come before the claim's, each in the API's order;
+/// - later ones override earlier ones field by field: a field a later configuration does not
+///   set keeps the earlier value. So a claim overrides its class, and among a claim's own
+///   configurations the last one listed wins, whether it names the request or not.
+///
+/// [`Claim::configs_for`] yields them in that order. What `parameters` means is the policy's
+/// business; a policy refuses a claim whose parameters it cannot decode rather than ignore them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimConfig {
+    /// Class or claim.
+    pub source: ConfigSource,
+    /// The requests it applies to; empty means all of them.
+    #[serde(default)]
+    pub requests: Vec<String>,
+    /// The opaque parameters, as the API server stored them.
+    pub parameters: serde_json::Value,
+}
+
+impl ClaimConfig {
+    /// Whether it applies to a result for `request` (`req` or `req/sub`).
+    pub fn applies_to(&self, request: &str) -> bool {
+        let base = request.split_once('/').map_or(request, |(base, _)| base);
+        self.requests.is_empty() || self.requests.iter().any(|r| r == request || r == base)
+    }
 }
 
 /// What the policy sets on a container being created.

@@ -66,6 +66,7 @@ fn claim(uid: &str, results: &[(&str, u64)]) -> Claim {
                 consumed_capacity: BTreeMap::from([("cpu".into(), Quantity::from_units(*n))]),
             })
             .collect(),
+        config: Vec::new(),
     }
 }
 

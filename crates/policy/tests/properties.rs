@@ -136,6 +136,7 @@ fn claim(uid: u8, node: u8, cpus: u64) -> Claim {
             share_id: None,
             consumed_capacity: BTreeMap::from([("cpu".into(), Quantity::from_units(cpus))]),
         }],
+        config: Vec::new(),
     }
 }
 

@@ -170,6 +170,7 @@ fn step(p: &mut TopologyAware, line: &str) -> String {
                 name: format!("name-{}", words[1]),
                 reserved_for: vec![],
                 results: vec![],
+                config: Vec::new(),
             };
             for w in &words[2..] {
                 if let Some(pods) = w.strip_prefix("pods=") {

@@ -1,5 +1,5 @@
 //! Reading ResourceClaims through real kube-rs against the fake API server: found, missing, wrong
-//! UID, not allocated, other drivers' results, version fallback, retries.
+//! UID, not allocated, other drivers' results, our configurations, version fallback, retries.
 
 mod kube_apiserver;
 
@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use hyper::Method;
 use kube_apiserver::FakeApiServer;
-use policy::{AllocationResult, Quantity};
+use policy::{AllocationResult, ClaimConfig, ConfigSource, Quantity};
 use resmgr::kube::{
     ClaimReadError, ClaimReader, ClaimRef, DiscoveryError, KubeClaimReader, ResourceApiVersions,
     RetryPolicy,
@@ -353,4 +353,103 @@ async fn a_cluster_without_dra_says_so() {
         matches!(**source, DiscoveryError::GroupNotServed),
         "{error:?}"
     );
+}
+
+fn opaque(source: &str, requests: Value, driver: &str, parameters: Value) -> Value {
+    json!({
+        "source": source,
+        "requests": requests,
+        "opaque": {"driver": driver, "parameters": parameters},
+    })
+}
+
+fn with_config(results: Value, config: Value) -> Value {
+    let mut status = allocated(results);
+    status["allocation"]["devices"]["config"] = config;
+    status
+}
+
+async fn read_config(version: &str, config: Value) -> Result<Vec<ClaimConfig>, ClaimReadError> {
+    let server = FakeApiServer::start(&[version]).await;
+    let mut object = claim(
+        version,
+        "c1",
+        "uid-1",
+        with_config(json!([result(DRIVER, "cpus", "numa-0")]), config),
+    );
+    if version == "v1beta1" {
+        object["spec"] = json!({"devices": {"requests": [{"name": "cpus", "deviceClassName": "cpu", "count": 1}]}});
+    }
+    server.insert(object);
+    reader(&server, quick())
+        .get_claim(&ClaimRef::new("team", "c1", "uid-1"))
+        .await
+        .map(|c| c.config)
+}
+
+#[tokio::test]
+async fn our_configurations_are_carried_in_order_and_others_dropped() {
+    let ours = |n: u32| json!({"apiVersion": "resmgr.io/v1alpha1", "kind": "CpuConfig", "n": n});
+    let config = json!([
+        opaque("FromClass", json!([]), DRIVER, ours(1)),
+        opaque("FromClaim", json!(["gpu"]), "gpu.example.com", json!({"sharing": "time"})),
+        // A configuration that is not opaque (a kind a later API may add) is not ours.
+        {"source": "FromClaim", "requests": ["cpus"]},
+        opaque("FromClaim", json!(["cpus", "more/sub"]), DRIVER, ours(2)),
+    ]);
+    let want = vec![
+        ClaimConfig {
+            source: ConfigSource::Class,
+            requests: vec![],
+            parameters: ours(1),
+        },
+        ClaimConfig {
+            source: ConfigSource::Claim,
+            requests: vec!["cpus".into(), "more/sub".into()],
+            parameters: ours(2),
+        },
+    ];
+    assert_eq!(read_config("v1", config.clone()).await.unwrap(), want);
+    // The same JSON in v1beta1 (Kubernetes 1.32), where requests are flat and
+    // `requests: null` means all requests.
+    let mut old = config;
+    old[0]["requests"] = Value::Null;
+    assert_eq!(read_config("v1beta1", old).await.unwrap(), want);
+}
+
+#[tokio::test]
+async fn a_malformed_configuration_of_ours_is_refused_naming_its_path() {
+    let params = json!({"apiVersion": "resmgr.io/v1alpha1", "kind": "CpuConfig"});
+    let cases = [
+        (
+            json!([opaque("FromNowhere", json!([]), DRIVER, params.clone())]),
+            "status.allocation.devices.config[0].source",
+        ),
+        (
+            json!([
+                opaque("FromClass", json!([]), DRIVER, params.clone()),
+                opaque("FromClaim", json!(["cpus", ""]), DRIVER, params.clone()),
+            ]),
+            "status.allocation.devices.config[1].requests[1]",
+        ),
+        (
+            json!([{"source": "FromClaim", "opaque": {"driver": DRIVER}}]),
+            "status.allocation.devices.config[0].opaque.parameters",
+        ),
+        (
+            json!([opaque("FromClaim", json!("cpus"), DRIVER, params.clone())]),
+            "status.allocation.devices.config[0]",
+        ),
+        (json!({"not": "a list"}), "status.allocation.devices.config"),
+    ];
+    for (config, want) in cases {
+        let error = read_config("v1", config).await.unwrap_err();
+        match &error {
+            ClaimReadError::Invalid { claim, field, .. } => {
+                assert_eq!((claim.name.as_str(), field.as_str()), ("c1", want));
+            }
+            other => panic!("expected invalid, got {other:?}"),
+        }
+        assert!(error.to_string().contains("team/c1"), "{error}");
+    }
 }

@@ -345,6 +345,7 @@ impl Sim {
                     consumed_capacity: [("cpu".to_owned(), r.cpu.0)].into(),
                 })
                 .collect(),
+            config: Vec::new(),
         };
         self.api.insert(claim);
         let reference = ClaimRef {

@@ -13,6 +13,9 @@
 //! which only the kubelet can inject; failing that (runtimes that do not report CDI devices)
 //! when its environment has `DRA_CPUSET_<uid>`, and then only if its pod is among the claim's
 //! reserved-for pods, because a pod can set any environment variable it likes.
+//!
+//! A result whose claim configuration turns `memoryPinning` off ([`super::claim_config`]) gets
+//! no `DRA_MEMS_<uid>`, and containers using it get no memory nodes from it.
 
 use std::collections::BTreeMap;
 
@@ -43,6 +46,21 @@ pub struct ResultRecord {
     pub cpus: CpuSet,
     /// The memory nodes granted.
     pub mems: NodeSet,
+    /// Whether containers using it are pinned to `mems` (the claim's `memoryPinning`, see
+    /// [`super::claim_config`]). When not, its edits carry no `DRA_MEMS_<uid>`. Absent from
+    /// snapshots of claims that pin, which is how every claim was before configurations.
+    #[serde(default = "pinned", skip_serializing_if = "is_pinned")]
+    pub memory_pinning: bool,
+}
+
+fn pinned() -> bool {
+    true
+}
+
+// serde's skip_serializing_if passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_pinned(pinning: &bool) -> bool {
+    *pinning
 }
 
 /// A claim the policy holds: the durable DRA truth.
@@ -68,15 +86,17 @@ impl ClaimRecord {
             .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus))
     }
 
-    /// The CDI edits of every result, in result order.
+    /// The CDI edits of every result, in result order: its CPUs, and its memory nodes when
+    /// it pins memory (a container is told only what it is held to).
     pub fn edits(&self) -> Vec<cdi::ContainerEdits> {
         self.results
             .iter()
             .map(|r| {
-                cdi::ContainerEdits::with_env([
-                    format!("{CPUSET_ENV}{}={}", self.uid, r.cpus),
-                    format!("{MEMS_ENV}{}={}", self.uid, r.mems),
-                ])
+                let cpus = format!("{CPUSET_ENV}{}={}", self.uid, r.cpus);
+                let mems = format!("{MEMS_ENV}{}={}", self.uid, r.mems);
+                cdi::ContainerEdits::with_env(
+                    std::iter::once(cpus).chain(r.memory_pinning.then_some(mems)),
+                )
             })
             .collect()
     }
@@ -239,6 +259,7 @@ mod tests {
             device: "numa0".into(),
             cpus: cpus.parse().unwrap(),
             mems: "0".parse().unwrap(),
+            memory_pinning: true,
         };
         ClaimRecord {
             uid: uid.into(),

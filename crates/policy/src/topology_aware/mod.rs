@@ -33,7 +33,8 @@
 //!
 //! See [`claims`]: one device per NUMA node, CPUs picked whole cores first out of the node's
 //! shared CPUs (rippling shared containers away), recorded durably and granted through CDI
-//! environment edits; containers using a claim are pinned to it.
+//! environment edits; containers using a claim are pinned to it. A claim's configuration
+//! ([`claim_config`]) may leave its memory unpinned or ask for whole cores only.
 //!
 //! # Determinism and cost
 //!
@@ -57,6 +58,7 @@
 //! container of every pool that lost CPUs, which is the answer itself.
 
 pub mod annotations;
+pub mod claim_config;
 pub mod claims;
 pub mod cpus;
 pub mod memory;
@@ -720,6 +722,7 @@ impl ResultRecord {
             device: claims::device_name(node),
             cpus,
             mems: NodeSet::from_iter([node]),
+            memory_pinning: true,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::{cmp::Reverse, collections::BTreeMap};
 use super::{
     Grant, Placed, TopologyAware, Updates,
     annotations::{self, Options, describe},
+    claim_config,
     claims::{self, ClaimRecord, ResultRecord},
     cpus::{self, Spare},
     to_i64,
@@ -22,10 +23,11 @@ use crate::{
 /// What a container asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Class {
-    /// Uses claims: their CPUs and nodes.
+    /// Uses claims: their CPUs and nodes; memory pinned only when every result used pins it.
     Claim {
         cpus: CpuSet,
         mems: NodeSet,
+        pin_memory: bool,
     },
     Reserved,
     Exclusive {
@@ -50,6 +52,7 @@ impl TopologyAware {
         if !used.is_empty() {
             let mut cpus = CpuSet::new();
             let mut mems = NodeSet::new();
+            let mut pin_memory = true;
             for (uid, indexes) in &used {
                 let Some(claim) = self.claims.get(uid) else {
                     continue;
@@ -57,9 +60,16 @@ impl TopologyAware {
                 for r in indexes.iter().filter_map(|&i| claim.results.get(i)) {
                     cpus = cpus.union(&r.cpus);
                     mems = mems.union(&r.mems);
+                    // A result that leaves memory to the runtime cannot have its container
+                    // held to the nodes of the others.
+                    pin_memory &= r.memory_pinning;
                 }
             }
-            return Class::Claim { cpus, mems };
+            return Class::Claim {
+                cpus,
+                mems,
+                pin_memory,
+            };
         }
         if opts.reserved && !self.reserved.is_empty() {
             return Class::Reserved;
@@ -104,8 +114,16 @@ impl TopologyAware {
         class: &Class,
     ) -> Result<Placed, PolicyError> {
         match class {
-            Class::Claim { cpus, mems } => {
-                let (mems, charge) = self.plan_memory(c, opts, mems, "its claims' nodes")?;
+            Class::Claim {
+                cpus,
+                mems,
+                pin_memory,
+            } => {
+                let opts = Options {
+                    pin_memory: opts.pin_memory && *pin_memory,
+                    ..opts.clone()
+                };
+                let (mems, charge) = self.plan_memory(c, &opts, mems, "its claims' nodes")?;
                 Ok(self.placed(c, Grant::Claim { cpus: cpus.clone() }, mems, charge))
             }
             Class::Reserved => {
@@ -377,13 +395,15 @@ impl TopologyAware {
         ))
     }
 
-    /// Plans a new claim's CPUs, result by result, on the unchanged state.
+    /// Plans a new claim's CPUs, result by result, on the unchanged state, as its
+    /// configuration asks.
     pub(super) fn plan_claim(&self, claim: &Claim) -> Result<ClaimRecord, PolicyError> {
         let subject = format!("claim {}/{} ({})", claim.namespace, claim.name, claim.uid);
+        let settings = claim_config::settings(claim)?;
         let mut spare = self.spare();
         let mut tentative = CpuSet::new();
         let mut results = Vec::with_capacity(claim.results.len());
-        for (i, r) in claim.results.iter().enumerate() {
+        for ((i, r), s) in claim.results.iter().enumerate().zip(settings) {
             let node = claims::device_node(&r.device).filter(|n| self.claimable.contains_key(n));
             let (Some(node), Some(claimable)) = (node, node.and_then(|n| self.claimable.get(&n)))
             else {
@@ -403,7 +423,10 @@ impl TopologyAware {
                 });
             }
             let n = usize::try_from(n).unwrap_or(usize::MAX);
-            let free = claimable.difference(&self.taken).difference(&tentative);
+            let mut free = claimable.difference(&self.taken).difference(&tentative);
+            if s.full_cores {
+                free = self.whole_cores(&free);
+            }
             let picked = cpus::pick(
                 &self.topo,
                 &self.index,
@@ -412,9 +435,20 @@ impl TopologyAware {
                 Some(Spare {
                     per_pool: &mut spare,
                 }),
-            );
+            )
+            .filter(|cpus| !s.full_cores || self.whole_cores(cpus) == *cpus);
             let Some(cpus) = picked else {
                 let name = claims::device_name(node);
+                if s.full_cores {
+                    return Err(PolicyError::DoesNotFit {
+                        subject,
+                        reason: format!(
+                            "result {i} (request {}) needs {n} cpus in whole cores (fullCores) on {name}: its free whole cores hold {} cpus ({free})",
+                            r.request,
+                            free.len(),
+                        ),
+                    });
+                }
                 let need: usize = self
                     .pools
                     .iter()
@@ -432,7 +466,9 @@ impl TopologyAware {
                 });
             };
             tentative = tentative.union(&cpus);
-            results.push(ResultRecord::new(&r.request, node, cpus));
+            let mut record = ResultRecord::new(&r.request, node, cpus);
+            record.memory_pinning = s.memory_pinning;
+            results.push(record);
         }
         Ok(ClaimRecord {
             uid: claim.uid.clone(),
@@ -441,6 +477,17 @@ impl TopologyAware {
             reserved_for: claim.reserved_for.clone(),
             results,
         })
+    }
+
+    /// The CPUs of `cpus` whose core is in it whole (every online thread of the core; a core's
+    /// threads are its online ones).
+    fn whole_cores(&self, cpus: &CpuSet) -> CpuSet {
+        self.topo
+            .cores
+            .iter()
+            .map(|core| &core.threads)
+            .filter(|threads| !threads.is_empty() && cpus.is_superset(threads))
+            .fold(CpuSet::new(), |acc, threads| acc.union(threads))
     }
 
     /// Keeps a running exclusive container on the CPUs it has, when they are still free.

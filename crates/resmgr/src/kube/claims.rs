@@ -4,15 +4,21 @@
 //! `resource.k8s.io` version the cluster serves, refuses it (naming it) when it is missing, has
 //! another UID than the kubelet sent, or is not allocated, and keeps only the allocation results of
 //! our driver. A claim with no result for us is returned with empty results: the caller decides
-//! (the kubelet treats such a claim as prepared). Allocation results and `reservedFor` have the
-//! same JSON in v1, v1beta2 and v1beta1, so every version's status is read as v1.
+//! (the kubelet treats such a claim as prepared). Allocation results, configurations and
+//! `reservedFor` have the same JSON in v1, v1beta2 and v1beta1, so every version's status is read
+//! as v1.
+//!
+//! The allocation's opaque configurations for our driver (`status.allocation.devices.config[]`,
+//! from the DeviceClass and from the claim) are carried into [`Claim::config`] in the API's
+//! order, for the policy to honour or refuse; those of other drivers, and entries that are not
+//! opaque, are dropped. A malformed entry refuses the claim, naming the entry's field path.
 
 use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use ::kube::{Api, api::DynamicObject};
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1 as wire;
-use policy::{AllocationResult, Claim, Quantity};
+use policy::{AllocationResult, Claim, ClaimConfig, ConfigSource, Quantity};
 
 use super::{
     retry::{AttemptError, RetryError, RetryPolicy},
@@ -195,16 +201,50 @@ pub fn claim_from_object(
             found,
         });
     }
-    let status = match object.data.get("status") {
-        None | Some(serde_json::Value::Null) => wire::ResourceClaimStatus::default(),
-        Some(status) => {
-            serde_json::from_value(status.clone()).map_err(|e| ClaimReadError::Invalid {
-                claim: claim.clone(),
-                field: "status".to_owned(),
-                reason: e.to_string(),
-            })?
+    let invalid = |field: String, reason: String| ClaimReadError::Invalid {
+        claim: claim.clone(),
+        field,
+        reason,
+    };
+    let mut status = match object.data.get("status") {
+        None | Some(serde_json::Value::Null) => serde_json::Value::Null,
+        Some(status) => status.clone(),
+    };
+    // Configurations are decoded one by one, so a malformed one is named by its index rather
+    // than failing the whole status with serde's line and column of a JSON we never saw.
+    const CONFIG: &str = "/allocation/devices/config";
+    let raw_configs = status.pointer_mut(CONFIG).map(serde_json::Value::take);
+    let mut status: wire::ResourceClaimStatus = if status.is_null() {
+        wire::ResourceClaimStatus::default()
+    } else {
+        serde_json::from_value(status).map_err(|e| invalid("status".to_owned(), e.to_string()))?
+    };
+    let configs = match raw_configs {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Array(entries)) => Some(
+            entries
+                .into_iter()
+                .enumerate()
+                .map(|(index, entry)| {
+                    serde_json::from_value(entry).map_err(|e| {
+                        invalid(
+                            format!("status.allocation.devices.config[{index}]"),
+                            e.to_string(),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<wire::DeviceAllocationConfiguration>, _>>()?,
+        ),
+        Some(other) => {
+            return Err(invalid(
+                "status.allocation.devices.config".to_owned(),
+                format!("not a list: {other}"),
+            ));
         }
     };
+    if let Some(devices) = status.allocation.as_mut().and_then(|a| a.devices.as_mut()) {
+        devices.config = configs;
+    }
     claim_from_status(claim, driver, status)
 }
 
@@ -225,9 +265,9 @@ pub fn claim_from_status(
         reason,
     };
     let mut results = Vec::new();
-    let all_results = allocation
+    let (all_results, all_configs) = allocation
         .devices
-        .and_then(|d| d.results)
+        .map(|d| (d.results.unwrap_or_default(), d.config.unwrap_or_default()))
         .unwrap_or_default();
     for (index, result) in all_results.into_iter().enumerate() {
         if result.driver != driver {
@@ -262,6 +302,42 @@ pub fn claim_from_status(
             consumed_capacity,
         });
     }
+    let mut config = Vec::new();
+    for (index, entry) in all_configs.into_iter().enumerate() {
+        let field = |name: &str| format!("status.allocation.devices.config[{index}].{name}");
+        // Only opaque configurations exist today; a kind added later is not ours to read.
+        let Some(opaque) = entry.opaque else {
+            continue;
+        };
+        if opaque.driver != driver {
+            continue;
+        }
+        let source = match entry.source.as_str() {
+            "FromClass" => ConfigSource::Class,
+            "FromClaim" => ConfigSource::Claim,
+            other => {
+                return Err(invalid(
+                    field("source"),
+                    format!("{other:?} is neither FromClass nor FromClaim"),
+                ));
+            }
+        };
+        let requests = entry.requests.unwrap_or_default();
+        if let Some(i) = requests.iter().position(String::is_empty) {
+            return Err(invalid(
+                field(&format!("requests[{i}]")),
+                "empty".to_owned(),
+            ));
+        }
+        if opaque.parameters.0.is_null() {
+            return Err(invalid(field("opaque.parameters"), "missing".to_owned()));
+        }
+        config.push(ClaimConfig {
+            source,
+            requests,
+            parameters: opaque.parameters.0,
+        });
+    }
     // Only pods consume claims on a node; other consumers (a controller reserving a claim for
     // itself) have no containers for us to grant CPUs to.
     let reserved_for = status
@@ -277,5 +353,6 @@ pub fn claim_from_status(
         name: claim.name.clone(),
         reserved_for,
         results,
+        config,
     })
 }

@@ -132,6 +132,7 @@ mod tests {
             name: "c".into(),
             reserved_for: vec!["pod-1".into()],
             results: Vec::new(),
+            config: Vec::new(),
         }
     }
 

@@ -1,0 +1,342 @@
+//! A claim's opaque configuration for the topology-aware policy: strict decoding, and the
+//! settings each allocation result gets after precedence.
+//!
+//! The parameters of a [`ClaimConfig`] for our driver must be a `CpuConfig`:
+//!
+//! ```yaml
+//! apiVersion: resmgr.io/v1alpha1
+//! kind: CpuConfig
+//! memoryPinning: false   # default true
+//! fullCores: true        # default false
+//! ```
+//!
+//! - `memoryPinning` (default `true`): containers using the result are pinned to its NUMA
+//!   node's memory and the edits carry `DRA_MEMS_<uid>`. With `false` the memory nodes are
+//!   left to the runtime (no `cpuset.mems` is set, no memory is charged to the node) and the
+//!   edits carry no `DRA_MEMS_<uid>`, so what the container is told and what it gets agree.
+//! - `fullCores` (default `false`): the result's CPUs must be whole cores (every SMT sibling of
+//!   each core taken), so no other workload shares a core with it. Without it whole cores are
+//!   still preferred, but a core may be split when the count asks for it or whole cores are
+//!   short. A count that whole free cores cannot make up exactly is refused as not fitting.
+//!
+//! Both are decided at allocation; what a claim got is kept with its record, so a restart
+//! changes nothing and re-preparing the claim returns the same edits.
+//!
+//! Decoding is strict: a wrong or missing `apiVersion` or `kind`, a field this version does not
+//! know, or a value of the wrong type refuses the claim with [`PolicyError::ClaimConfig`],
+//! naming the claim, the requests the configuration applies to, and the field. Every
+//! configuration for our driver is decoded, also one that applies to no result of ours: a
+//! mistake is reported, not ignored. Configurations combine per [`ClaimConfig`]'s rule (class,
+//! then claim; later ones override earlier ones field by field).
+
+use serde::Deserialize;
+
+use crate::{
+    api::PolicyError,
+    model::{Claim, ClaimConfig, ConfigSource},
+};
+
+/// The `apiVersion` of our configuration.
+pub const API_VERSION: &str = "resmgr.io/v1alpha1";
+/// The `kind` of our configuration.
+pub const KIND: &str = "CpuConfig";
+
+/// The parameters as written; an unset field leaves the value of an earlier configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CpuConfig {
+    // Checked before decoding (so a config of another version says so rather than naming
+    // some field it has); declared so that strict decoding accepts them.
+    #[serde(rename = "apiVersion")]
+    _api_version: String,
+    #[serde(rename = "kind")]
+    _kind: String,
+    memory_pinning: Option<bool>,
+    full_cores: Option<bool>,
+}
+
+/// What one allocation result gets, after precedence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Pin containers to the result's NUMA memory.
+    pub memory_pinning: bool,
+    /// Take whole cores only.
+    pub full_cores: bool,
+}
+
+impl Default for Settings {
+    /// What a claim without configuration gets.
+    fn default() -> Self {
+        Self {
+            memory_pinning: true,
+            full_cores: false,
+        }
+    }
+}
+
+impl Settings {
+    fn apply(&mut self, config: &CpuConfig) {
+        if let Some(v) = config.memory_pinning {
+            self.memory_pinning = v;
+        }
+        if let Some(v) = config.full_cores {
+            self.full_cores = v;
+        }
+    }
+}
+
+/// The settings of each of `claim`'s results, in result order; a configuration that does not
+/// decode refuses the whole claim. See the module docs.
+pub fn settings(claim: &Claim) -> Result<Vec<Settings>, PolicyError> {
+    let decoded = claim
+        .config
+        .iter()
+        .map(|c| decode(claim, c).map(|d| (c, d)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(claim
+        .results
+        .iter()
+        .map(|r| {
+            let mut s = Settings::default();
+            for c in claim.configs_for(&r.request) {
+                // Every config was decoded above; find it by identity, not by value (two equal
+                // configs decode the same anyway).
+                if let Some((_, d)) = decoded.iter().find(|(x, _)| std::ptr::eq(*x, c)) {
+                    s.apply(d);
+                }
+            }
+            s
+        })
+        .collect())
+}
+
+fn decode(claim: &Claim, config: &ClaimConfig) -> Result<CpuConfig, PolicyError> {
+    let refuse = |field: &str, reason: String| PolicyError::ClaimConfig {
+        claim: format!("{}/{} ({})", claim.namespace, claim.name, claim.uid),
+        requests: describe_requests(config),
+        field: field.to_owned(),
+        reason,
+    };
+    let Some(object) = config.parameters.as_object() else {
+        return Err(refuse(
+            "parameters",
+            format!("want a {KIND} object, got {}", config.parameters),
+        ));
+    };
+    for (field, want) in [("apiVersion", API_VERSION), ("kind", KIND)] {
+        match object.get(field) {
+            Some(serde_json::Value::String(got)) if got == want => {}
+            Some(got) => return Err(refuse(field, format!("want {want:?}, got {got}"))),
+            None => return Err(refuse(field, format!("missing, want {want:?}"))),
+        }
+    }
+    serde_path_to_error::deserialize(&config.parameters).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let reason = inner.to_string();
+        // An unknown field fails at its key, which the path does not include yet: name it
+        // from the object, where it is the one key the format does not know.
+        let field = if path == "." {
+            object
+                .keys()
+                .find(|k| !KNOWN.contains(&k.as_str()))
+                .cloned()
+                .unwrap_or(path)
+        } else {
+            path
+        };
+        refuse(&field, reason)
+    })
+}
+
+/// The fields of [`CpuConfig`], as written.
+const KNOWN: [&str; 4] = ["apiVersion", "kind", "memoryPinning", "fullCores"];
+
+fn describe_requests(config: &ClaimConfig) -> String {
+    let source = match config.source {
+        ConfigSource::Class => "from its device class",
+        ConfigSource::Claim => "from the claim",
+    };
+    match config.requests.as_slice() {
+        [] => format!("all requests ({source})"),
+        [one] => format!("request {one} ({source})"),
+        many => format!("requests {} ({source})", many.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::model::AllocationResult;
+
+    fn config(source: ConfigSource, requests: &[&str], params: serde_json::Value) -> ClaimConfig {
+        ClaimConfig {
+            source,
+            requests: requests.iter().map(|r| (*r).to_owned()).collect(),
+            parameters: params,
+        }
+    }
+
+    fn cpu(fields: serde_json::Value) -> serde_json::Value {
+        let mut v = json!({"apiVersion": API_VERSION, "kind": KIND});
+        if let (Some(o), Some(f)) = (v.as_object_mut(), fields.as_object()) {
+            o.extend(f.clone());
+        }
+        v
+    }
+
+    fn claim(requests: &[&str], config: Vec<ClaimConfig>) -> Claim {
+        Claim {
+            uid: "u1".into(),
+            namespace: "ns".into(),
+            name: "c".into(),
+            results: requests
+                .iter()
+                .map(|r| AllocationResult {
+                    request: (*r).to_owned(),
+                    device: "numa0".into(),
+                    ..AllocationResult::default()
+                })
+                .collect(),
+            config,
+            ..Claim::default()
+        }
+    }
+
+    fn pinning(c: &Claim) -> Vec<bool> {
+        settings(c)
+            .unwrap()
+            .iter()
+            .map(|s| s.memory_pinning)
+            .collect()
+    }
+
+    #[test]
+    fn no_configuration_gets_the_defaults() {
+        assert_eq!(
+            settings(&claim(&["a"], vec![])).unwrap(),
+            [Settings {
+                memory_pinning: true,
+                full_cores: false
+            }]
+        );
+    }
+
+    #[test]
+    fn a_claim_overrides_its_class_field_by_field() {
+        use ConfigSource::{Claim as FromClaim, Class};
+        // Listed claim first: the order of sources is by precedence, not by position.
+        let c = claim(
+            &["a"],
+            vec![
+                config(FromClaim, &[], cpu(json!({"memoryPinning": true}))),
+                config(
+                    Class,
+                    &[],
+                    cpu(json!({"memoryPinning": false, "fullCores": true})),
+                ),
+            ],
+        );
+        assert_eq!(
+            settings(&c).unwrap(),
+            [Settings {
+                memory_pinning: true,
+                full_cores: true
+            }],
+            "the claim's pinning wins, the class's fullCores stays"
+        );
+    }
+
+    #[test]
+    fn within_a_source_the_later_wins_and_requests_scope_configs() {
+        use ConfigSource::Claim as FromClaim;
+        let off = || cpu(json!({"memoryPinning": false}));
+        let on = || cpu(json!({"memoryPinning": true}));
+        // A request-scoped config, then one for all requests: the later one wins for `a` too.
+        let c = claim(
+            &["a", "b"],
+            vec![
+                config(FromClaim, &["a"], off()),
+                config(FromClaim, &[], on()),
+            ],
+        );
+        assert_eq!(pinning(&c), [true, true]);
+        // The other way round, the scoped one wins for its request only.
+        let c = claim(
+            &["a", "b"],
+            vec![
+                config(FromClaim, &[], on()),
+                config(FromClaim, &["a"], off()),
+            ],
+        );
+        assert_eq!(pinning(&c), [false, true]);
+        // A base request name covers its subrequests; a full name only itself.
+        let c = claim(
+            &["a/x", "a/y", "b/x"],
+            vec![
+                config(FromClaim, &["a"], off()),
+                config(FromClaim, &["b/y"], off()),
+            ],
+        );
+        assert_eq!(pinning(&c), [false, false, true]);
+    }
+
+    fn refusal(params: serde_json::Value) -> (String, String) {
+        let c = claim(
+            &["a"],
+            vec![config(ConfigSource::Claim, &["a", "b"], params)],
+        );
+        match settings(&c) {
+            Err(PolicyError::ClaimConfig {
+                claim,
+                requests,
+                field,
+                reason,
+            }) => {
+                assert_eq!(claim, "ns/c (u1)");
+                assert_eq!(requests, "requests a, b (from the claim)");
+                (field, reason)
+            }
+            other => panic!("expected a config refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let (field, reason) = refusal(json!({"apiVersion": "resmgr.io/v2", "kind": KIND}));
+        assert_eq!(field, "apiVersion");
+        assert!(reason.contains("resmgr.io/v2"), "{reason}");
+        let (field, _) = refusal(json!({"apiVersion": API_VERSION, "kind": "GpuConfig"}));
+        assert_eq!(field, "kind");
+        let (field, _) = refusal(json!({"kind": KIND}));
+        assert_eq!(field, "apiVersion");
+        let (field, reason) = refusal(cpu(json!({"memoryPinnning": false})));
+        assert_eq!(field, "memoryPinnning");
+        assert!(reason.contains("unknown field"), "{reason}");
+        let (field, reason) = refusal(cpu(json!({"fullCores": "yes"})));
+        assert_eq!(field, "fullCores");
+        assert!(reason.contains("invalid type"), "{reason}");
+        let (field, _) = refusal(json!(["CpuConfig"]));
+        assert_eq!(field, "parameters");
+    }
+
+    #[test]
+    fn a_bad_config_refuses_even_when_it_applies_to_no_result() {
+        let c = claim(
+            &["a"],
+            vec![config(
+                ConfigSource::Class,
+                &["other"],
+                cpu(json!({"bogus": 1})),
+            )],
+        );
+        let err = settings(&c).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "claim ns/c (u1): configuration for request other (from its device class): bogus: \
+             unknown field `bogus`, expected one of `apiVersion`, `kind`, `memoryPinning`, `fullCores`"
+        );
+    }
+}
