@@ -351,9 +351,14 @@ impl Harness {
     }
 
     pub fn start(&self, policy: TestPolicy) -> Result<Manager, resmgr::StartError> {
+        self.start_with(Box::new(policy))
+    }
+
+    /// Starts a manager over any policy (the real one, for end-to-end checks of its rules).
+    pub fn start_with(&self, policy: Box<dyn Policy>) -> Result<Manager, resmgr::StartError> {
         Manager::start(
             ManagerConfig::new(DRIVER),
-            Box::new(policy),
+            policy,
             resmgr::state::StateFile::new(self.state_dir()),
             cdi::SpecStore::new(self.cdi_dir(), DRIVER).unwrap(),
             self.runtime.clone(),
@@ -363,7 +368,12 @@ impl Harness {
 
     /// Starts a manager, synchronizes it with `containers`, and opens the gate.
     pub async fn ready(&self, policy: TestPolicy, containers: &[Container]) -> Manager {
-        let m = self.start(policy).unwrap();
+        self.ready_with(Box::new(policy), containers).await
+    }
+
+    /// [`Harness::ready`] over any policy.
+    pub async fn ready_with(&self, policy: Box<dyn Policy>, containers: &[Container]) -> Manager {
+        let m = self.start_with(policy).unwrap();
         let updates = m.synchronize(containers).await.unwrap();
         self.runtime.apply_reply(&updates);
         m.synchronized().await;

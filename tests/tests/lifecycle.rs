@@ -707,3 +707,71 @@ mod events {
         );
     }
 }
+
+#[tokio::test]
+async fn a_claim_whose_configuration_the_policy_refuses_fails_alone_and_leaves_no_trace() {
+    use policy::{ClaimConfig, ConfigSource, Topology, TopologyAware, TopologySource};
+    use serde_json::json;
+
+    let config = |fields: serde_json::Value| {
+        let mut parameters = json!({"apiVersion": "resmgr.io/v1alpha1", "kind": "CpuConfig"});
+        parameters
+            .as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        vec![ClaimConfig {
+            source: ConfigSource::Claim,
+            requests: vec!["cpus".into()],
+            parameters,
+        }]
+    };
+    let h = Harness::new();
+    let mut refused = claim("refused", "pod-db", 2);
+    refused.config = config(json!({"memoryPinning": "off"}));
+    let mut unpinned = claim("unpinned", "pod-db", 2);
+    unpinned.config = config(json!({"memoryPinning": false}));
+    h.claims.insert(refused);
+    h.claims.insert(unpinned);
+    let topology = Topology::load(&TopologySource::Synthetic(
+        "pack:1 numa:2 core:4 pu:2".into(),
+    ))
+    .unwrap();
+    let real = TopologyAware::new(topology, policy::Config::default()).unwrap();
+    let m = h.ready_with(Box::new(real), &[]).await;
+
+    let answers = m
+        .prepare(&[claim_ref("refused"), claim_ref("unpinned")])
+        .await
+        .unwrap();
+    let error = answers["refused"].as_ref().unwrap_err().to_string();
+    assert!(
+        error.contains(
+            "claim default/claim-refused (refused): configuration for request cpus (from the claim): memoryPinning: invalid type"
+        ),
+        "{error}"
+    );
+    assert!(answers["unpinned"].is_ok());
+    // The refused claim has no spec and no record, in the manager's state or the policy's.
+    assert_eq!(h.specs(), ["unpinned"]);
+    let state: serde_json::Value =
+        serde_json::from_slice(&fs::read(h.state_dir().join("state.json")).unwrap()).unwrap();
+    let recorded: Vec<&str> = state["claims"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let held: Vec<&str> = state["policy_state"]["claims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["uid"].as_str().unwrap())
+        .collect();
+    assert_eq!((recorded, held), (vec!["unpinned"], vec!["unpinned"]));
+    // The one honoured is told only its CPUs.
+    let spec = fs::read_to_string(spec_path(&h, "unpinned")).unwrap();
+    assert!(
+        spec.contains("DRA_CPUSET_unpinned=") && !spec.contains("DRA_MEMS_unpinned"),
+        "{spec}"
+    );
+}

@@ -179,8 +179,10 @@ pub trait Policy: Send + std::fmt::Debug {
     /// Allocates a claim's results: one non-empty set of edits per result, in result order,
     /// plus the updates the allocation made to running containers. Idempotent per claim UID
     /// (see the module docs). A result naming a device this policy does not publish is
-    /// [`PolicyError::Invalid`]; one that cannot be satisfied is [`PolicyError::DoesNotFit`],
-    /// and then no result of the claim is allocated.
+    /// [`PolicyError::Invalid`]; one that cannot be satisfied is [`PolicyError::DoesNotFit`];
+    /// a [`Claim::config`] the policy cannot decode or honour is [`PolicyError::ClaimConfig`];
+    /// and then no result of the claim is allocated. The configuration is read when the claim
+    /// is first allocated; a UID already held keeps what it got.
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError>;
 
     /// Releases a whole claim and returns the updates for containers that gain from it; an

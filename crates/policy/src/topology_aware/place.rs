@@ -439,26 +439,21 @@ impl TopologyAware {
             .filter(|cpus| !s.full_cores || self.whole_cores(cpus) == *cpus);
             let Some(cpus) = picked else {
                 let name = claims::device_name(node);
-                if s.full_cores {
-                    return Err(PolicyError::DoesNotFit {
-                        subject,
-                        reason: format!(
-                            "result {i} (request {}) needs {n} cpus in whole cores (fullCores) on {name}: its free whole cores hold {} cpus ({free})",
-                            r.request,
-                            free.len(),
-                        ),
-                    });
-                }
                 let need: usize = self
                     .pools
                     .iter()
                     .filter(|p| p.name == name)
                     .map(|p| self.need(p.id))
                     .sum();
+                let (what, free_what) = if s.full_cores {
+                    ("in whole cores (fullCores) ", "cpus in free whole cores")
+                } else {
+                    ("", "claimable cpus are free")
+                };
                 return Err(PolicyError::DoesNotFit {
                     subject,
                     reason: format!(
-                        "result {i} (request {}) needs {n} cpus on {name}: {} of its {} claimable cpus are free, its shared containers need {need}",
+                        "result {i} (request {}) needs {n} cpus {what}on {name}: {} of its {} {free_what}, its shared containers need {need}",
                         r.request,
                         free.len(),
                         claimable.len()
