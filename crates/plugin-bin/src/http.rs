@@ -3,7 +3,8 @@
 //! Ready means the claim gate is open (the runtime has synchronized) and the kubelet has
 //! accepted our registration: before that the kubelet cannot send us claims, or we would refuse
 //! them. `/debug/state` is the current allocation as JSON: prepared claims as answered to the
-//! kubelet, and every container's and claim's CPUs as the policy holds them.
+//! kubelet, and every container's and claim's CPUs as the policy reports them
+//! ([`policy::Policy::inventory`]; empty for a policy that keeps the default).
 
 use std::{
     net::SocketAddr,
@@ -126,4 +127,122 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
         "prepared_claims": claims,
         "allocation": e.view.inventory(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::response::Response;
+    use policy::{
+        Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Policy,
+        PolicyError, Resources, cdi,
+    };
+    use resmgr::{ManagerConfig, kube::fake::StaticClaims, state::StateFile};
+
+    use super::*;
+    use crate::{simulate::world::SimRuntime, view};
+
+    /// A policy that places every container on CPU 0 and keeps the default inventory.
+    #[derive(Debug)]
+    struct Silent;
+
+    impl Policy for Silent {
+        fn name(&self) -> &str {
+            "silent"
+        }
+        fn restore(&mut self, _: &serde_json::Value) -> Result<(), PolicyError> {
+            Ok(())
+        }
+        fn snapshot(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+        fn sync(&mut self, _: &[Container]) -> Result<Vec<ContainerUpdate>, PolicyError> {
+            Ok(Vec::new())
+        }
+        fn allocate(&mut self, _: &Container) -> Result<Allocation, PolicyError> {
+            let mut allocation = Allocation::default();
+            allocation.adjustment.cpus = Some("0".parse().unwrap());
+            Ok(allocation)
+        }
+        fn update(&mut self, _: &str, _: &Resources) -> Result<Vec<ContainerUpdate>, PolicyError> {
+            Ok(Vec::new())
+        }
+        fn release(&mut self, _: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
+            Ok(Vec::new())
+        }
+        fn devices(&self) -> Result<Vec<Device>, PolicyError> {
+            Err(PolicyError::NoDraClaims)
+        }
+        fn allocate_claim(&mut self, _: &Claim) -> Result<ClaimAllocation, PolicyError> {
+            Err(PolicyError::NoDraClaims)
+        }
+        fn release_claim(&mut self, _: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
+            Ok(Vec::new())
+        }
+        fn claims(&self) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    async fn body(response: Response) -> String {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_policy_without_an_inventory_runs_and_shows_an_empty_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = crate::config::DEFAULT_DRIVER;
+        let (policy, view) = view::share(Box::new(Silent));
+        let manager = Arc::new(
+            Manager::start(
+                ManagerConfig::new(driver),
+                Box::new(policy),
+                StateFile::new(dir.path().join("state")),
+                cdi::SpecStore::new(dir.path().join("cdi"), driver).unwrap(),
+                Arc::new(SimRuntime::default()),
+                Arc::new(StaticClaims::new()),
+            )
+            .unwrap(),
+        );
+        manager.synchronize(&[]).await.unwrap();
+        manager.synchronized().await;
+        let container = Container {
+            id: "web".into(),
+            ..Container::default()
+        };
+        let placed = manager.create_container(&container).await.unwrap();
+        assert_eq!(placed.adjustment.cpus, Some("0".parse().unwrap()));
+        let endpoints = Endpoints {
+            node: "node-a".into(),
+            driver: driver.into(),
+            manager,
+            view,
+            metrics: Arc::new(Metrics::new()),
+            registration: Arc::new(OnceLock::new()),
+        };
+
+        let text = body(metrics(State(endpoints.clone())).await.into_response()).await;
+        assert!(text.contains("resmgr_pending_updates 0"), "{text}");
+        assert!(
+            !text.contains("resmgr_pool_cpus{"),
+            "no pool gauges: {text}"
+        );
+
+        let state: serde_json::Value =
+            serde_json::from_str(&body(debug_state(State(endpoints)).await.into_response()).await)
+                .unwrap();
+        assert_eq!(
+            state["allocation"],
+            serde_json::json!({
+                "reserved": "",
+                "shared": "",
+                "pools": [],
+                "containers": [],
+                "claims": [],
+            })
+        );
+        assert_eq!(state["runtime_synchronized"], true);
+    }
 }

@@ -11,6 +11,7 @@ mod config;
 mod http;
 mod logging;
 mod metrics;
+mod policy_choice;
 mod run;
 mod simulate;
 mod topology;

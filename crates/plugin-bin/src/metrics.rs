@@ -6,7 +6,7 @@
 //! | `resmgr_unprepare_duration_seconds` | histogram | one NodeUnprepareResources call |
 //! | `resmgr_claims_prepared_total` | counter | claims prepared successfully |
 //! | `resmgr_nri_events_total{kind}` | counter | NRI events handled, by kind |
-//! | `resmgr_pool_cpus{pool,kind}` | gauge | CPUs of each pool that are reserved, shared, exclusive or claimed |
+//! | `resmgr_pool_cpus{pool,kind}` | gauge | CPUs of each pool that are reserved, shared, exclusive or claimed, as the policy's `inventory()` reports them (none for a policy that reports no pools) |
 //! | `resmgr_pending_updates` | gauge | containers with updates the runtime does not have yet |
 //!
 //! The gauges are read from the policy and the manager when scraped, so they are never stale.
@@ -151,7 +151,7 @@ impl resmgr::nri_plugin::EventObserver for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::PoolUse;
+    use crate::view::PoolCounts;
 
     #[test]
     fn exports_every_metric_with_pool_gauges() {
@@ -162,9 +162,9 @@ mod tests {
         let inventory = Inventory {
             reserved: "0".into(),
             shared: "1-3".into(),
-            pools: vec![PoolUse {
+            pools: vec![PoolCounts {
                 name: "root".into(),
-                kind: "root",
+                kind: "root".into(),
                 cpus: "0-3".into(),
                 reserved: 1,
                 shared: 3,

@@ -21,7 +21,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use policy::{Topology, TopologyAware, topology_aware::Config, topology_aware::ReservedCpus};
+use policy::{Topology, topology_aware::Config, topology_aware::ReservedCpus};
 use resmgr::{
     Manager, ManagerConfig,
     dra_handler::LifecycleHandler,
@@ -46,7 +46,7 @@ use crate::{
     http::{self, Endpoints},
     logging,
     metrics::Metrics,
-    view,
+    policy_choice, view,
 };
 
 /// First wait between attempts to reach the runtime; doubles up to [`MAX_RUNTIME_BACKOFF`].
@@ -96,7 +96,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
     let topology = Topology::load(&config.topology)
         .map_err(|e| anyhow::anyhow!("--topology {}: {e}", show_topology(&config.topology)))?;
     check_reserved(&config.reserved_cpus, &topology)?;
-    let policy = TopologyAware::new(
+    let policy = policy_choice::build(
         topology,
         Config {
             reserved_cpus: config.reserved_cpus.clone(),
@@ -409,7 +409,8 @@ mod tests {
             "pack:1 numa:2 core:2 pu:1".into(),
         ))
         .unwrap();
-        let (policy, view) = view::share(TopologyAware::new(topology, Config::default()).unwrap());
+        let (policy, view) =
+            view::share(policy_choice::build(topology, Config::default()).unwrap());
         let claims = Arc::new(StaticClaims::new());
         let driver = crate::config::DEFAULT_DRIVER;
         let manager = Arc::new(

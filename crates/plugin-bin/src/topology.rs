@@ -1,12 +1,13 @@
 //! `resmgr topology`: the machine as the policy sees it, its pool tree, and the DRA devices the
 //! agent would publish.
 
-use std::process::ExitCode;
+use std::{collections::BTreeMap, process::ExitCode};
 
-use policy::{Policy as _, Topology, TopologyAware, topology_aware::Config};
+use policy::{Topology, topology_aware::Config};
 use serde::Serialize;
 
 use crate::{
+    policy_choice,
     simulate::report::DeviceSummary,
     values::{self, Format},
     view,
@@ -16,7 +17,7 @@ use crate::{
 struct Out<'a> {
     topology: &'a Topology,
     reserved: String,
-    pools: Vec<view::PoolUse>,
+    pools: Vec<view::PoolCounts>,
     devices: Vec<policy::Device>,
 }
 
@@ -27,7 +28,7 @@ pub fn main(topology: &str, reserved: &str, format: Format) -> anyhow::Result<Ex
         values::reserved_cpus(reserved).map_err(|e| anyhow::anyhow!("--reserved-cpus: {e}"))?;
     let topo =
         Topology::load(&source).map_err(|e| anyhow::anyhow!("--topology {topology:?}: {e}"))?;
-    let policy = TopologyAware::new(
+    let policy = policy_choice::build(
         topo.clone(),
         Config {
             reserved_cpus,
@@ -36,7 +37,13 @@ pub fn main(topology: &str, reserved: &str, format: Format) -> anyhow::Result<Ex
     )
     .map_err(|e| anyhow::anyhow!("--reserved-cpus {reserved:?}: {e}"))?;
     let devices = policy.devices()?;
-    let inventory = view::inventory(&policy);
+    let report = policy.inventory();
+    let depths: BTreeMap<String, usize> = report
+        .pools
+        .iter()
+        .map(|p| (p.name.clone(), p.depth))
+        .collect();
+    let inventory = view::Inventory::from(report);
     match format {
         Format::Json => {
             let out = Out {
@@ -51,13 +58,7 @@ pub fn main(topology: &str, reserved: &str, format: Format) -> anyhow::Result<Ex
             print!("{topo}");
             println!("reserved cpus {}", inventory.reserved);
             println!("pools:");
-            let depth = |name: &str| {
-                policy
-                    .pools()
-                    .iter()
-                    .find(|p| p.name == name)
-                    .map_or(0, |p| p.depth)
-            };
+            let depth = |name: &str| depths.get(name).copied().unwrap_or(0);
             for p in &inventory.pools {
                 println!(
                     "  {}{} ({}): cpus {}, {} shared, {} reserved",

@@ -1,40 +1,41 @@
-//! A read-only window onto the topology-aware policy while the resource manager owns it.
+//! A read-only window onto the policy while the resource manager owns it, and the form the
+//! binary prints a policy's [`policy::Inventory`] in.
 //!
-//! The manager takes the policy as a `Box<dyn Policy>` and calls it under its lock; the trait
-//! has no way to ask *how* things are placed (which pool, exclusive or shared), which the
-//! metrics, `/debug/state`, the simulator's report and its drawing need. The binary knows the
-//! concrete policy it built, so it hands the manager a [`SharedPolicy`] that forwards every call
-//! to a `TopologyAware` behind a mutex, and keeps a [`PolicyView`] of the same mutex for reading.
-//! Readers take only that inner mutex, never the manager's lock, and only for as long as it takes
-//! to copy out an [`Inventory`], so they cannot stall an NRI event.
+//! The manager takes the policy as a `Box<dyn Policy>` and calls it under its lock; the metrics,
+//! `/debug/state`, the simulator's report and its drawing want to read the policy's
+//! [`Policy::inventory`] too, without going through (and waiting on) that lock. So the binary
+//! hands the manager a [`SharedPolicy`] that forwards every call to the policy behind a mutex,
+//! and keeps a [`PolicyView`] of the same mutex for reading. Readers take only that inner mutex,
+//! never the manager's lock, and only for as long as the policy takes to copy out its inventory,
+//! so they cannot stall an NRI event. Nothing here knows which policy it is.
 
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
+pub use policy::GrantKind;
 use policy::{
-    Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, CpuSet, Device, NodeSet,
-    Policy, PolicyError, Resources, TopologyAware,
-    topology_aware::{Grant, claims::Snapshot, pools::PoolKind},
+    Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, CpuSet, Device, Policy,
+    PolicyError, Resources,
 };
 use serde::Serialize;
 
-/// The policy as the manager holds it: every call goes to the shared `TopologyAware`.
+/// The policy as the manager holds it: every call goes to the shared policy.
 #[derive(Debug)]
 pub struct SharedPolicy {
     name: String,
-    inner: Arc<Mutex<TopologyAware>>,
+    inner: Arc<Mutex<Box<dyn Policy>>>,
 }
 
 /// The reading side.
 #[derive(Debug, Clone)]
 pub struct PolicyView {
-    inner: Arc<Mutex<TopologyAware>>,
+    inner: Arc<Mutex<Box<dyn Policy>>>,
 }
 
 /// Wraps `policy`: the first half goes to the manager, the second to readers.
-pub fn share(policy: TopologyAware) -> (SharedPolicy, PolicyView) {
+pub fn share(policy: Box<dyn Policy>) -> (SharedPolicy, PolicyView) {
     let name = policy.name().to_owned();
     let inner = Arc::new(Mutex::new(policy));
     (
@@ -46,7 +47,7 @@ pub fn share(policy: TopologyAware) -> (SharedPolicy, PolicyView) {
     )
 }
 
-fn lock(m: &Mutex<TopologyAware>) -> MutexGuard<'_, TopologyAware> {
+fn lock(m: &Mutex<Box<dyn Policy>>) -> MutexGuard<'_, Box<dyn Policy>> {
     // A panic inside a policy call poisons the mutex; the policy's own rule is that a failed
     // call leaves it as it was, so its state is still the best we have.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -86,39 +87,14 @@ impl Policy for SharedPolicy {
     fn claims(&self) -> Vec<String> {
         lock(&self.inner).claims()
     }
-}
-
-/// How a container is placed, in words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum GrantKind {
-    /// On the reserved CPUs.
-    Reserved,
-    /// On a pool's shared CPUs.
-    Shared,
-    /// On CPUs of its own.
-    Exclusive,
-    /// On kernel-isolated CPUs of its own.
-    Isolated,
-    /// On the CPUs of the claims it uses.
-    Claim,
-}
-
-impl GrantKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Reserved => "reserved",
-            Self::Shared => "shared",
-            Self::Exclusive => "exclusive",
-            Self::Isolated => "isolated",
-            Self::Claim => "claim",
-        }
+    fn inventory(&self) -> policy::Inventory {
+        lock(&self.inner).inventory()
     }
 }
 
-/// One container's placement.
+/// One container's placement, as printed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ContainerPlacement {
+pub struct ContainerRow {
     pub id: String,
     /// `namespace/pod/container`, when the reader knows it.
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -132,9 +108,9 @@ pub struct ContainerPlacement {
     pub mems: Option<String>,
 }
 
-/// One claim's grant.
+/// One claim's grant, as printed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ClaimPlacement {
+pub struct ClaimRow {
     pub uid: String,
     /// `namespace/name`.
     pub name: String,
@@ -144,11 +120,11 @@ pub struct ClaimPlacement {
     pub mems: String,
 }
 
-/// CPUs of one pool by what they are used for.
+/// CPUs of one pool by what they are used for, counted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PoolUse {
+pub struct PoolCounts {
     pub name: String,
-    pub kind: &'static str,
+    pub kind: String,
     pub cpus: String,
     pub reserved: usize,
     pub shared: usize,
@@ -156,18 +132,19 @@ pub struct PoolUse {
     pub claimed: usize,
 }
 
-/// Everything placed, copied out of the policy at one instant.
+/// Everything placed, copied out of the policy at one instant, in the form the binary prints
+/// (`/debug/state`'s `allocation`, the simulator's report): sets as cpu lists, pools as counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Inventory {
     pub reserved: String,
-    /// The root pool's shared CPUs: every CPU not reserved, isolated, or taken.
+    /// CPUs not reserved, isolated, or taken.
     pub shared: String,
-    pub pools: Vec<PoolUse>,
+    pub pools: Vec<PoolCounts>,
     /// By container ID.
-    pub containers: Vec<ContainerPlacement>,
+    pub containers: Vec<ContainerRow>,
     /// By claim UID.
-    pub claims: Vec<ClaimPlacement>,
-    /// CPUs taken by exclusive containers, by container ID (for drawing).
+    pub claims: Vec<ClaimRow>,
+    /// CPUs taken by exclusive and isolated containers, by container ID (for drawing).
     #[serde(skip)]
     pub exclusive_cpus: BTreeMap<String, CpuSet>,
     /// CPUs of each claim, by UID (for drawing).
@@ -179,6 +156,69 @@ pub struct Inventory {
     pub shared_set: CpuSet,
 }
 
+impl From<policy::Inventory> for Inventory {
+    fn from(inv: policy::Inventory) -> Self {
+        let pools = inv
+            .pools
+            .into_iter()
+            .map(|p| PoolCounts {
+                cpus: p.cpus.to_string(),
+                reserved: p.reserved.len(),
+                shared: p.shared.len(),
+                exclusive: p.exclusive.len(),
+                claimed: p.claimed.len(),
+                name: p.name,
+                kind: p.kind,
+            })
+            .collect();
+        let exclusive_cpus = inv
+            .containers
+            .iter()
+            .filter(|c| matches!(c.grant, GrantKind::Exclusive | GrantKind::Isolated))
+            .map(|c| (c.id.clone(), c.cpus.clone()))
+            .collect();
+        let claim_cpus = inv
+            .claims
+            .iter()
+            .map(|c| (c.uid.clone(), c.cpus.clone()))
+            .collect();
+        let containers = inv
+            .containers
+            .into_iter()
+            .map(|c| ContainerRow {
+                id: c.id,
+                name: String::new(),
+                grant: c.grant,
+                pool: c.pool,
+                cpus: c.cpus.to_string(),
+                mems: c.mems.map(|m| m.to_string()),
+            })
+            .collect();
+        let claims = inv
+            .claims
+            .into_iter()
+            .map(|c| ClaimRow {
+                name: format!("{}/{}", c.namespace, c.name),
+                uid: c.uid,
+                devices: c.devices,
+                cpus: c.cpus.to_string(),
+                mems: c.mems.to_string(),
+            })
+            .collect();
+        Self {
+            reserved: inv.reserved.to_string(),
+            shared: inv.shared.to_string(),
+            pools,
+            containers,
+            claims,
+            exclusive_cpus,
+            claim_cpus,
+            reserved_set: inv.reserved,
+            shared_set: inv.shared,
+        }
+    }
+}
+
 impl PolicyView {
     /// The devices the policy publishes.
     pub fn devices(&self) -> Result<Vec<Device>, PolicyError> {
@@ -187,95 +227,7 @@ impl PolicyView {
 
     /// Copies out what is placed where.
     pub fn inventory(&self) -> Inventory {
-        let p = lock(&self.inner);
-        inventory(&p)
-    }
-}
-
-/// What `policy` has placed where.
-pub fn inventory(p: &TopologyAware) -> Inventory {
-    let reserved = p.reserved_cpus().clone();
-    let shared = p.shared_cpus();
-    let snapshot: Snapshot = serde_json::from_value(p.snapshot()).unwrap_or_default();
-    let mut claim_cpus = BTreeMap::new();
-    let claims = snapshot
-        .claims
-        .iter()
-        .map(|c| {
-            let cpus = c.cpus();
-            let mems = c
-                .results
-                .iter()
-                .fold(NodeSet::new(), |acc, r| acc.union(&r.mems));
-            claim_cpus.insert(c.uid.clone(), cpus.clone());
-            ClaimPlacement {
-                uid: c.uid.clone(),
-                name: format!("{}/{}", c.namespace, c.name),
-                devices: c.results.iter().map(|r| r.device.clone()).collect(),
-                cpus: cpus.to_string(),
-                mems: mems.to_string(),
-            }
-        })
-        .collect();
-    let mut exclusive_cpus = BTreeMap::new();
-    let mut containers = Vec::new();
-    for id in p.container_ids() {
-        let Some(placement) = p.placement(&id) else {
-            continue;
-        };
-        let grant = match &placement.grant {
-            Grant::Reserved => GrantKind::Reserved,
-            Grant::Shared { .. } => GrantKind::Shared,
-            Grant::Exclusive { .. } => GrantKind::Exclusive,
-            Grant::Isolated { .. } => GrantKind::Isolated,
-            Grant::Claim { .. } => GrantKind::Claim,
-        };
-        if matches!(grant, GrantKind::Exclusive | GrantKind::Isolated) {
-            exclusive_cpus.insert(id.clone(), placement.cpus.clone());
-        }
-        containers.push(ContainerPlacement {
-            name: String::new(),
-            id,
-            grant,
-            pool: placement.pool,
-            cpus: placement.cpus.to_string(),
-            mems: placement.mems.map(|m| m.to_string()),
-        });
-    }
-    let exclusive_all = exclusive_cpus
-        .values()
-        .fold(CpuSet::new(), |acc, c| acc.union(c));
-    let claimed_all = claim_cpus
-        .values()
-        .fold(CpuSet::new(), |acc: CpuSet, c| acc.union(c));
-    let pools = p
-        .pools()
-        .iter()
-        .map(|pool| PoolUse {
-            name: pool.name.clone(),
-            kind: match pool.kind {
-                PoolKind::Root => "root",
-                PoolKind::Socket => "socket",
-                PoolKind::Die => "die",
-                PoolKind::Numa => "numa",
-                PoolKind::L3 => "l3",
-            },
-            cpus: pool.cpus.to_string(),
-            reserved: pool.cpus.intersection(&reserved).len(),
-            shared: pool.cpus.intersection(&shared).len(),
-            exclusive: pool.cpus.intersection(&exclusive_all).len(),
-            claimed: pool.cpus.intersection(&claimed_all).len(),
-        })
-        .collect();
-    Inventory {
-        reserved: reserved.to_string(),
-        shared: shared.to_string(),
-        pools,
-        containers,
-        claims,
-        exclusive_cpus,
-        claim_cpus,
-        reserved_set: reserved,
-        shared_set: shared,
+        let inventory = lock(&self.inner).inventory();
+        Inventory::from(inventory)
     }
 }

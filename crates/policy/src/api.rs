@@ -68,14 +68,28 @@
 //!   [`Policy::devices`] and [`Policy::allocate_claim`]; the resource manager then publishes no
 //!   devices and fails every claim with a clear message.
 //!
+//! # Inventory
+//!
+//! [`Policy::inventory`] reports what the policy has placed where: its reserved and shared CPUs,
+//! its pools with their CPUs split by use, every container's grant and every claim's CPUs (see
+//! [`crate::inventory`]). The resource manager never calls it and no decision depends on it: the
+//! binary reads it for the `resmgr_pool_cpus` gauges, `/debug/state`, `resmgr topology` and the
+//! simulator's report and drawing. It is called on every scrape and simulated step, under the
+//! policy's lock, so it must be cheap (a copy of state the policy already keeps, linear in what
+//! it holds) and free of side effects. A policy that keeps the default reports nothing: the
+//! binary then exports no pool gauges, shows an empty allocation in `/debug/state`, no pools in
+//! `resmgr topology`, and every CPU as unassigned in the simulator, while placement itself works
+//! as before.
+//!
 //! # Errors
 //!
 //! [`PolicyError`] says what did not fit and where, in words an operator can act on. A failed
 //! call must leave the policy exactly as it was before the call: plan on the unchanged state,
 //! then commit. Input from outside the process (annotations, claims, snapshots) never panics.
 
-use crate::model::{
-    Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Resources,
+use crate::{
+    inventory::Inventory,
+    model::{Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Resources},
 };
 
 /// Why a policy refused or failed a request.
@@ -192,4 +206,12 @@ pub trait Policy: Send + std::fmt::Debug {
 
     /// The UIDs of the claims the policy accounts for, sorted.
     fn claims(&self) -> Vec<String>;
+
+    /// What the policy has placed where, for metrics, debugging and the simulator; never for
+    /// decisions (see the module docs). Cheap and free of side effects. The default reports
+    /// nothing ([`Inventory::default`]), which costs a policy its pool gauges and drawings but
+    /// nothing else.
+    fn inventory(&self) -> Inventory {
+        Inventory::default()
+    }
 }

@@ -6,6 +6,8 @@
 //! - [`api`]: the [`Policy`] trait and its contract. Teams that want other decisions implement it;
 //!   `examples/first_fit.rs` is a whole policy in under 150 lines.
 //! - [`model`]: the domain types the resource manager translates wire messages into.
+//! - [`inventory`]: what a policy reports it has placed where, for metrics, debugging and the
+//!   simulator.
 //! - [`topology`]: the machine (packages, dies, NUMA nodes, L3 groups, cores, threads, online and
 //!   isolated CPUs), discovered through hwloc from the live machine, a synthetic description or
 //!   an XML export.
@@ -14,6 +16,7 @@
 
 pub mod api;
 pub mod idset;
+pub mod inventory;
 pub mod model;
 pub mod quantity;
 pub mod topology;
@@ -21,6 +24,7 @@ pub mod topology_aware;
 
 pub use api::{Policy, PolicyError};
 pub use idset::{CpuSet, IdSet, IdSetParseError, NodeSet};
+pub use inventory::{ClaimPlacement, ContainerPlacement, GrantKind, Inventory, PoolUsage};
 pub use model::{
     Adjustment, Allocation, AllocationResult, AttributeValue, Capacity, Claim, ClaimAllocation,
     ClaimConfig, ConfigSource, Container, ContainerUpdate, Device, Pod, QosClass, RequestPolicy,

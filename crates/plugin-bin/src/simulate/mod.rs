@@ -1,5 +1,6 @@
-//! `resmgr simulate`: the real resource manager and the real topology-aware policy, in process,
-//! against a simulated runtime, kubelet and API server, driven by a scenario file.
+//! `resmgr simulate`: the real resource manager and the real policy (the one
+//! [`crate::policy_choice`] builds), in process, against a simulated runtime, kubelet and API
+//! server, driven by a scenario file.
 //!
 //! Every step goes through the same [`resmgr::Manager`] calls the NRI plugin and the kubelet
 //! servers make (create, update, stop and remove container; prepare and unprepare claims;
@@ -16,8 +17,8 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
 use policy::{
-    AllocationResult, Claim, Container, Pod, QosClass, Quantity, Resources, Topology,
-    TopologyAware, cdi, topology_aware::Config,
+    AllocationResult, Claim, Container, Pod, QosClass, Quantity, Resources, Topology, cdi,
+    topology_aware::Config,
 };
 use resmgr::{ClaimRef, Manager, ManagerConfig, kube::fake::StaticClaims, state::StateFile};
 
@@ -26,7 +27,10 @@ use self::{
     scenario::{ContainerStep, Qty, Scenario, Step},
     world::{Applied, SimRuntime},
 };
-use crate::view::{self, Inventory, PolicyView};
+use crate::{
+    policy_choice,
+    view::{self, Inventory, PolicyView},
+};
 
 /// Where the simulation writes.
 #[derive(Debug, Clone)]
@@ -178,7 +182,7 @@ fn start(
     runtime: &Arc<SimRuntime>,
     api: &Arc<StaticClaims>,
 ) -> anyhow::Result<(Manager, PolicyView)> {
-    let policy = TopologyAware::new(topology.clone(), config.clone())
+    let policy = policy_choice::build(topology.clone(), config.clone())
         .map_err(|e| anyhow::anyhow!("reserved-cpus: {e}"))?;
     let (policy, view) = view::share(policy);
     let specs = cdi::SpecStore::new(&dirs.cdi, driver)?;

@@ -61,6 +61,7 @@ pub mod annotations;
 pub mod claim_config;
 pub mod claims;
 pub mod cpus;
+mod inventory;
 pub mod memory;
 mod place;
 pub mod pools;
@@ -712,6 +713,10 @@ impl Policy for TopologyAware {
 
     fn claims(&self) -> Vec<String> {
         self.claims.keys().cloned().collect()
+    }
+
+    fn inventory(&self) -> crate::inventory::Inventory {
+        inventory::of(self)
     }
 }
 
