@@ -391,6 +391,38 @@ fn the_svg_is_well_formed_and_draws_every_cpu() {
 }
 
 #[test]
+fn a_claim_step_carries_its_configuration_to_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    let cpu_config = "apiVersion: resmgr.io/v1alpha1, kind: CpuConfig";
+    std::fs::write(
+        &file,
+        format!(
+            "topology: \"pack:1 numa:2 core:2 pu:2\"
+steps:
+  - pod: {{name: db, qos: Guaranteed}}
+  - claim: {{name: loose, pod: db, results: [{{request: cpus, device: numa1, cpu: 2}}], config: [{{parameters: {{{cpu_config}, memoryPinning: false}}}}]}}
+  - claim: {{name: typo, pod: db, results: [{{request: cpus, device: numa1, cpu: 1}}], config: [{{source: class, parameters: {{{cpu_config}, memoryPining: false}}}}]}}
+  - container: {{pod: db, name: pg, cpu-request: 2, memory: 1Gi, claims: [loose]}}
+"
+        ),
+    )
+    .unwrap();
+    let out = text(&run_ok(resmgr().arg("simulate").arg(&file)).stdout);
+    assert!(
+        out.contains(
+            "configuration for all requests (from its device class): memoryPining: unknown field"
+        ),
+        "{out}"
+    );
+    // Its claim leaves memory to the runtime: the container gets no memory nodes.
+    assert!(
+        out.contains("+ default/db/pg: claim, cpus 4-5, mems -"),
+        "{out}"
+    );
+}
+
+#[test]
 fn invalid_scenarios_are_refused_with_the_line() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.yaml");

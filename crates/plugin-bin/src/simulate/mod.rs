@@ -349,7 +349,18 @@ impl Sim {
                     consumed_capacity: [("cpu".to_owned(), r.cpu.0)].into(),
                 })
                 .collect(),
-            config: Vec::new(),
+            config: step
+                .config
+                .iter()
+                .map(|c| policy::ClaimConfig {
+                    source: match c.source {
+                        scenario::ConfigSourceStep::Claim => policy::ConfigSource::Claim,
+                        scenario::ConfigSourceStep::Class => policy::ConfigSource::Class,
+                    },
+                    requests: c.requests.clone(),
+                    parameters: c.parameters.clone(),
+                })
+                .collect(),
         };
         self.api.insert(claim);
         let reference = ClaimRef {

@@ -8,6 +8,10 @@
 //!   - container: {pod: web, name: app, cpu-request: 500m, memory: 256Mi}
 //!   - pod: {name: db, qos: Guaranteed}
 //!   - claim: {name: db-cpus, pod: db, results: [{request: cpus, device: numa1, cpu: 4}]}
+//!   # optional on a claim: its opaque configuration for our driver, as the claim (`source:
+//!   # claim`, the default) or its DeviceClass (`source: class`) would carry it
+//!   #   config: [{requests: [cpus], parameters: {apiVersion: resmgr.io/v1alpha1,
+//!   #             kind: CpuConfig, memoryPinning: false}}]
 //!   - container: {pod: db, name: postgres, cpu-request: 4, memory: 1Gi, claims: [db-cpus]}
 //!   - update: {pod: web, container: app, cpu-request: 2}
 //!   - restart
@@ -105,6 +109,34 @@ pub struct ClaimStep {
     /// The pod the claim is reserved for; the claim lives in its namespace.
     pub pod: String,
     pub results: Vec<ResultStep>,
+    /// Opaque configuration for our driver, in the order the allocation would list it.
+    #[serde(default)]
+    pub config: Vec<ConfigStep>,
+}
+
+/// One `status.allocation.devices.config[]` entry of our driver.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConfigStep {
+    /// Where it came from: `claim` (the default) or `class`.
+    #[serde(default)]
+    pub source: ConfigSourceStep,
+    /// The requests it applies to; empty means all.
+    #[serde(default)]
+    pub requests: Vec<String>,
+    /// The opaque parameters, passed to the policy as they are.
+    pub parameters: serde_json::Value,
+}
+
+/// Where a configuration came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConfigSourceStep {
+    /// The ResourceClaim.
+    #[default]
+    Claim,
+    /// Its DeviceClass.
+    Class,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -502,6 +534,33 @@ steps:
         let bad = GOOD.replace("remove: {pod: web}", "remove: {pod: nobody}");
         let e = parse("s.yaml", &bad, None).unwrap_err();
         assert_eq!(e.line, Some(13), "{e}");
+    }
+
+    #[test]
+    fn a_claim_carries_its_configuration() {
+        let with = GOOD.replace(
+            "cpu: 2}]}",
+            "cpu: 2}], config: [{source: class, parameters: {kind: CpuConfig, fullCores: true}}, {requests: [cpus], parameters: {memoryPinning: false}}]}",
+        );
+        let s = parse("s.yaml", &with, None).unwrap();
+        let Step::Claim(c) = &s.steps[3].1 else {
+            panic!("{:?}", s.steps[3])
+        };
+        assert_eq!(c.config.len(), 2);
+        assert_eq!(
+            (c.config[0].source, c.config[1].source),
+            (ConfigSourceStep::Class, ConfigSourceStep::Claim)
+        );
+        assert_eq!(c.config[1].requests, ["cpus"]);
+        assert_eq!(
+            c.config[0].parameters,
+            serde_json::json!({"kind": "CpuConfig", "fullCores": true})
+        );
+        let without = parse("s.yaml", GOOD, None).unwrap();
+        let Step::Claim(c) = &without.steps[3].1 else {
+            panic!()
+        };
+        assert!(c.config.is_empty());
     }
 
     #[test]
