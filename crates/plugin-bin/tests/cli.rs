@@ -415,7 +415,11 @@ steps:
         ),
         "{out}"
     );
-    // Its claim leaves memory to the runtime: the container gets no memory nodes.
+    // Its claim leaves memory to the runtime: neither it nor the container grants a node.
+    assert!(
+        out.contains("+ claim default/loose: numa1 -> cpus 4-5, mems -"),
+        "{out}"
+    );
     assert!(
         out.contains("+ default/db/pg: claim, cpus 4-5, mems -"),
         "{out}"

@@ -238,8 +238,9 @@ fn change_line(c: &Change) -> String {
             cpus,
             mems,
         } => format!(
-            "+ claim {claim}: {} -> cpus {cpus}, mems {mems}",
-            devices.join(",")
+            "+ claim {claim}: {} -> cpus {cpus}, mems {}",
+            devices.join(","),
+            dash(mems)
         ),
         Change::Spec {
             claim,

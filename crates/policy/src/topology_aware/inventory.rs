@@ -20,9 +20,11 @@ pub(super) fn of(p: &TopologyAware) -> Inventory {
             name: c.name.clone(),
             devices: c.results.iter().map(|r| r.device.clone()).collect(),
             cpus: c.cpus(),
+            // A result whose configuration leaves memory to the runtime grants no node.
             mems: c
                 .results
                 .iter()
+                .filter(|r| r.memory_pinning)
                 .fold(NodeSet::new(), |acc, r| acc.union(&r.mems)),
         })
         .collect();
