@@ -130,27 +130,12 @@ fn decode(claim: &Claim, config: &ClaimConfig) -> Result<CpuConfig, PolicyError>
             None => return Err(refuse(field, format!("missing, want {want:?}"))),
         }
     }
+    // The path names the field a type error is in, and the key of an unknown field.
     serde_path_to_error::deserialize(&config.parameters).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let reason = inner.to_string();
-        // An unknown field fails at its key, which the path does not include yet: name it
-        // from the object, where it is the one key the format does not know.
-        let field = if path == "." {
-            object
-                .keys()
-                .find(|k| !KNOWN.contains(&k.as_str()))
-                .cloned()
-                .unwrap_or(path)
-        } else {
-            path
-        };
-        refuse(&field, reason)
+        let field = e.path().to_string();
+        refuse(&field, e.into_inner().to_string())
     })
 }
-
-/// The fields of [`CpuConfig`], as written.
-const KNOWN: [&str; 4] = ["apiVersion", "kind", "memoryPinning", "fullCores"];
 
 fn describe_requests(config: &ClaimConfig) -> String {
     let source = match config.source {
