@@ -232,7 +232,9 @@ fn every_example_parses_into_its_type_with_no_unknown_fields() {
         kinds.extend(check_all(&file.display().to_string(), &text));
     }
     assert!(
-        kinds.contains(&"ResourceClaimTemplate".to_owned()) && kinds.contains(&"Pod".to_owned()),
+        ["ResourceClaimTemplate", "Pod", "DeviceClass"]
+            .iter()
+            .all(|kind| kinds.contains(&(*kind).to_owned())),
         "{kinds:?}"
     );
 }
