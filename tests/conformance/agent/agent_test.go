@@ -2,7 +2,8 @@
 // own NRI runtime side (pkg/adaptation, with a fake runtime behind it), with a kubelet made of
 // the kubelet's generated gRPC clients dialed the way the kubelet dials, and with an API server
 // (resmgr's fake, driven through kube-rs); the claim it grants is resolved by the CDI cache the
-// runtimes use. Nothing here is a double of our own code.
+// runtimes use. A claim's configuration, served the way the API server serves it, is honoured or
+// refused by name. Nothing here is a double of our own code.
 package agent
 
 import (
@@ -39,6 +40,10 @@ const (
 	node     = "node-a"
 	claimUID = "c0ffee00-0000-4000-8000-000000000001"
 	podDB    = "pod-db-uid"
+	podCache = "pod-cache-uid"
+	// Claims of the cache pod carrying configuration: memory pinning off, and a typo.
+	unpinnedUID = "c0ffee00-0000-4000-8000-000000000002"
+	typoUID     = "c0ffee00-0000-4000-8000-000000000003"
 	// waitLimit bounds every wait for the agent's reaction; reaching it is a failure.
 	waitLimit = 30 * time.Second
 )
@@ -162,6 +167,8 @@ func (c *cluster) startAPIServer() string {
 				}}},
 				"reservedFor": []any{map[string]any{"resource": "pods", "name": "db", "uid": podDB}},
 			}},
+		configuredClaim(unpinnedUID, "cache-cpus", map[string]any{"memoryPinning": false}),
+		configuredClaim(typoUID, "typo-cpus", map[string]any{"memoryPining": false}),
 	}
 	data, err := json.Marshal(objects)
 	if err != nil {
@@ -189,6 +196,32 @@ func (c *cluster) startAPIServer() string {
 	}
 	go func() { _, _ = io.Copy(io.Discard, stdout) }()
 	return kubeconfig
+}
+
+// configuredClaim is an allocated claim of two CPUs on numa0 for the cache pod whose allocation
+// carries a CpuConfig for our driver with settings, as the scheduler copies it from the claim,
+// next to another driver's configuration.
+func configuredClaim(uid, name string, settings map[string]any) map[string]any {
+	parameters := map[string]any{"apiVersion": "resmgr.io/v1alpha1", "kind": "CpuConfig"}
+	for k, v := range settings {
+		parameters[k] = v
+	}
+	return map[string]any{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+		"metadata": map[string]any{"name": name, "namespace": "default", "uid": uid},
+		"spec":     map[string]any{"devices": map[string]any{"requests": []any{}}},
+		"status": map[string]any{
+			"allocation": map[string]any{"devices": map[string]any{
+				"results": []any{map[string]any{"request": "cpus", "driver": driver, "pool": node, "device": "numa0",
+					"consumedCapacity": map[string]any{"cpu": "2"}}},
+				"config": []any{
+					map[string]any{"source": "FromClass", "requests": []any{},
+						"opaque": map[string]any{"driver": "gpu.example.com", "parameters": map[string]any{"anything": 1}}},
+					map[string]any{"source": "FromClaim", "requests": []any{"cpus"},
+						"opaque": map[string]any{"driver": driver, "parameters": parameters}},
+				},
+			}},
+			"reservedFor": []any{map[string]any{"resource": "pods", "name": "cache", "uid": podCache}},
+		}}
 }
 
 func freeAddr(t *testing.T) string {
@@ -419,6 +452,83 @@ func TestTheAgentGrantsAClaimEndToEnd(t *testing.T) {
 	}
 	if !exists(c.path("state", "state.json"))() {
 		t.Fatal("no state file after SIGTERM")
+	}
+}
+
+// A claim's configuration, as the API server serves it, reaches the policy: memory pinning off
+// leaves DRA_MEMS_ out of the spec and the container's memory nodes to the runtime; a typo in a
+// setting fails that claim alone, by name, with no spec written.
+func TestClaimConfig(t *testing.T) {
+	c := start(t)
+	for n := 0; n != 1; {
+		select {
+		case n = <-c.active:
+		case err := <-c.exited:
+			t.Fatalf("resmgr run exited (%v) before registering with the runtime", err)
+		case <-time.After(waitLimit):
+			t.Fatal("resmgr never became an active NRI plugin")
+		}
+	}
+	endpoint := c.registerLikeTheKubelet()
+	c.waitFor("/readyz to say ready", func() bool {
+		code, _ := get(t, "http://"+c.metrics+"/readyz")
+		return code == http.StatusOK
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	resp, err := draClient(t, endpoint).NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: []*drav1.Claim{
+		{Namespace: "default", Name: "cache-cpus", Uid: unpinnedUID},
+		{Namespace: "default", Name: "typo-cpus", Uid: typoUID},
+	}})
+	if err != nil {
+		t.Fatalf("NodePrepareResources: %v", err)
+	}
+	if typo := resp.Claims[typoUID]; typo == nil || !strings.Contains(typo.Error, "memoryPining") || len(typo.Devices) != 0 {
+		t.Fatalf("the claim with a typo in its configuration was answered %+v", typo)
+	}
+	if exists(c.path("cdi", driver+"-device_"+typoUID+".json"))() {
+		t.Fatal("the refused claim has a CDI spec")
+	}
+	unpinned := resp.Claims[unpinnedUID]
+	if unpinned == nil || unpinned.Error != "" || len(unpinned.Devices) != 1 {
+		t.Fatalf("the unpinned claim was answered %+v", unpinned)
+	}
+
+	cdiID := fmt.Sprintf("%s/device=claim-%s-0", driver, unpinnedUID)
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(c.path("cdi")), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("CDI cache: %v", err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}}
+	if _, err := cache.InjectDevices(spec, cdiID); err != nil {
+		t.Fatalf("injecting %s: %v", cdiID, err)
+	}
+	claimed := ""
+	for _, e := range spec.Process.Env {
+		if strings.HasPrefix(e, "DRA_MEMS_") {
+			t.Fatalf("memory pinning is off, yet the spec sets %s", e)
+		}
+		if v, ok := strings.CutPrefix(e, "DRA_CPUSET_"+unpinnedUID+"="); ok {
+			claimed = v
+		}
+	}
+	if claimed == "" {
+		t.Fatalf("injected env %v has no DRA_CPUSET_%s", spec.Process.Env, unpinnedUID)
+	}
+
+	created, err := c.runtime.CreateContainer(ctx, &api.CreateContainerRequest{
+		Pod: &api.PodSandbox{Id: "sb-cache", Name: "cache", Uid: podCache, Namespace: "default",
+			Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-podcache.slice"}},
+		Container: &api.Container{Id: "cache-main", PodSandboxId: "sb-cache", Name: "main",
+			Env: spec.Process.Env, CDIDevices: []*api.CDIDevice{{Name: cdiID}}},
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	cpu := created.GetAdjust().GetLinux().GetResources().GetCpu()
+	if cpu.GetCpus() != claimed || cpu.GetMems() != "" {
+		t.Fatalf("the claim's container was given cpus %q mems %q, want cpus %q and no mems", cpu.GetCpus(), cpu.GetMems(), claimed)
 	}
 }
 
