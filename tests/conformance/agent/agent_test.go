@@ -323,22 +323,43 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-func TestTheAgentGrantsAClaimEndToEnd(t *testing.T) {
-	c := start(t)
+// ready waits until the agent is an active NRI plugin, registers it like the kubelet does, and
+// waits for /readyz; it returns the DRA endpoint.
+func (c *cluster) ready() string {
 	for n := 0; n != 1; {
 		select {
 		case n = <-c.active:
 		case err := <-c.exited:
-			t.Fatalf("resmgr run exited (%v) before registering with the runtime", err)
+			c.t.Fatalf("resmgr run exited (%v) before registering with the runtime", err)
 		case <-time.After(waitLimit):
-			t.Fatal("resmgr never became an active NRI plugin")
+			c.t.Fatal("resmgr never became an active NRI plugin")
 		}
 	}
 	endpoint := c.registerLikeTheKubelet()
 	c.waitFor("/readyz to say ready", func() bool {
-		code, _ := get(t, "http://"+c.metrics+"/readyz")
+		code, _ := get(c.t, "http://"+c.metrics+"/readyz")
 		return code == http.StatusOK
 	})
+	return endpoint
+}
+
+// inject resolves a qualified CDI device from the agent's spec directory with the runtimes' CDI
+// cache and returns the environment it injects.
+func (c *cluster) inject(cdiID string) []string {
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(c.path("cdi")), cdi.WithAutoRefresh(false))
+	if err != nil {
+		c.t.Fatalf("CDI cache: %v", err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}}
+	if _, err := cache.InjectDevices(spec, cdiID); err != nil {
+		c.t.Fatalf("injecting %s: %v", cdiID, err)
+	}
+	return spec.Process.Env
+}
+
+func TestTheAgentGrantsAClaimEndToEnd(t *testing.T) {
+	c := start(t)
+	endpoint := c.ready()
 
 	// The scheduler's view: one pool of our devices for this node.
 	c.waitFor("our ResourceSlice", func() bool {
@@ -367,23 +388,16 @@ func TestTheAgentGrantsAClaimEndToEnd(t *testing.T) {
 	}
 
 	// The runtime's CDI cache resolves it.
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(c.path("cdi")), cdi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatalf("CDI cache: %v", err)
-	}
-	spec := &oci.Spec{Process: &oci.Process{}}
-	if _, err := cache.InjectDevices(spec, cdiID); err != nil {
-		t.Fatalf("injecting %s: %v", cdiID, err)
-	}
+	env := c.inject(cdiID)
 	prefix := "DRA_CPUSET_" + claimUID + "="
 	claimed := ""
-	for _, e := range spec.Process.Env {
+	for _, e := range env {
 		if strings.HasPrefix(e, prefix) {
 			claimed = strings.TrimPrefix(e, prefix)
 		}
 	}
 	if claimed == "" {
-		t.Fatalf("injected env %v has no %s", spec.Process.Env, prefix)
+		t.Fatalf("injected env %v has no %s", env, prefix)
 	}
 
 	// The web container, which shared NUMA node 1, was shrunk away from the claim's CPUs.
@@ -397,7 +411,7 @@ func TestTheAgentGrantsAClaimEndToEnd(t *testing.T) {
 		Pod: &api.PodSandbox{Id: "sb-db", Name: "db", Uid: podDB, Namespace: "default",
 			Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-poddb.slice"}},
 		Container: &api.Container{Id: "db-postgres", PodSandboxId: "sb-db", Name: "postgres",
-			Env: spec.Process.Env, CDIDevices: []*api.CDIDevice{{Name: cdiID}}},
+			Env: env, CDIDevices: []*api.CDIDevice{{Name: cdiID}}},
 	})
 	if err != nil {
 		t.Fatalf("CreateContainer: %v", err)
@@ -460,20 +474,7 @@ func TestTheAgentGrantsAClaimEndToEnd(t *testing.T) {
 // setting fails that claim alone, by name, with no spec written.
 func TestClaimConfig(t *testing.T) {
 	c := start(t)
-	for n := 0; n != 1; {
-		select {
-		case n = <-c.active:
-		case err := <-c.exited:
-			t.Fatalf("resmgr run exited (%v) before registering with the runtime", err)
-		case <-time.After(waitLimit):
-			t.Fatal("resmgr never became an active NRI plugin")
-		}
-	}
-	endpoint := c.registerLikeTheKubelet()
-	c.waitFor("/readyz to say ready", func() bool {
-		code, _ := get(t, "http://"+c.metrics+"/readyz")
-		return code == http.StatusOK
-	})
+	endpoint := c.ready()
 
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -496,16 +497,9 @@ func TestClaimConfig(t *testing.T) {
 	}
 
 	cdiID := fmt.Sprintf("%s/device=claim-%s-0", driver, unpinnedUID)
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(c.path("cdi")), cdi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatalf("CDI cache: %v", err)
-	}
-	spec := &oci.Spec{Process: &oci.Process{}}
-	if _, err := cache.InjectDevices(spec, cdiID); err != nil {
-		t.Fatalf("injecting %s: %v", cdiID, err)
-	}
+	env := c.inject(cdiID)
 	claimed := ""
-	for _, e := range spec.Process.Env {
+	for _, e := range env {
 		if strings.HasPrefix(e, "DRA_MEMS_") {
 			t.Fatalf("memory pinning is off, yet the spec sets %s", e)
 		}
@@ -514,14 +508,14 @@ func TestClaimConfig(t *testing.T) {
 		}
 	}
 	if claimed == "" {
-		t.Fatalf("injected env %v has no DRA_CPUSET_%s", spec.Process.Env, unpinnedUID)
+		t.Fatalf("injected env %v has no DRA_CPUSET_%s", env, unpinnedUID)
 	}
 
 	created, err := c.runtime.CreateContainer(ctx, &api.CreateContainerRequest{
 		Pod: &api.PodSandbox{Id: "sb-cache", Name: "cache", Uid: podCache, Namespace: "default",
 			Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-podcache.slice"}},
 		Container: &api.Container{Id: "cache-main", PodSandboxId: "sb-cache", Name: "main",
-			Env: spec.Process.Env, CDIDevices: []*api.CDIDevice{{Name: cdiID}}},
+			Env: env, CDIDevices: []*api.CDIDevice{{Name: cdiID}}},
 	})
 	if err != nil {
 		t.Fatalf("CreateContainer: %v", err)
