@@ -5,31 +5,15 @@
 use std::collections::BTreeMap;
 
 use policy::{
-    Claim, ClaimConfig, ConfigSource, Container, CpuSet, Pod, Policy, PolicyError, QosClass,
-    Quantity, Resources, Topology, TopologyAware, TopologySource,
-    model::AllocationResult,
-    topology_aware::{Config, ReservedCpus},
+    Claim, ClaimConfig, ConfigSource, Container, Pod, Policy, PolicyError, QosClass, Quantity,
+    Resources, model::AllocationResult,
 };
 use serde_json::{Value, json};
 
 const GIB: u64 = 1 << 30;
 
-/// 4 NUMA nodes of 8 cores with 2 threads; numa1 is CPUs 16-31 (cores 16-17, 18-19, ...).
-fn machine() -> TopologyAware {
-    let topo = Topology::load(&TopologySource::Synthetic(
-        "pack:2 numa:2 core:8 pu:2".into(),
-    ))
-    .unwrap();
-    let config = Config {
-        reserved_cpus: ReservedCpus::Set("0-1".parse().unwrap()),
-        ..Config::default()
-    };
-    TopologyAware::new(topo, config).unwrap()
-}
-
-fn set(s: &str) -> CpuSet {
-    s.parse().unwrap()
-}
+mod common;
+use common::{machine, set};
 
 /// A claim with one result per `(request, device, cpus)`.
 fn claim(uid: &str, results: &[(&str, &str, u64)], config: Vec<ClaimConfig>) -> Claim {

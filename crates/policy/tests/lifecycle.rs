@@ -4,27 +4,12 @@
 use std::collections::BTreeMap;
 
 use policy::{
-    Claim, Container, CpuSet, Pod, Policy, PolicyError, QosClass, Quantity, Resources, Topology,
-    TopologyAware, TopologySource,
+    Claim, Container, Pod, Policy, PolicyError, QosClass, Quantity, Resources, TopologyAware,
     model::AllocationResult,
-    topology_aware::{Config, ReservedCpus},
 };
 
-fn machine() -> TopologyAware {
-    let topo = Topology::load(&TopologySource::Synthetic(
-        "pack:2 numa:2 core:8 pu:2".into(),
-    ))
-    .unwrap();
-    let config = Config {
-        reserved_cpus: ReservedCpus::Set("0-1".parse().unwrap()),
-        ..Config::default()
-    };
-    TopologyAware::new(topo, config).unwrap()
-}
-
-fn set(s: &str) -> CpuSet {
-    s.parse().unwrap()
-}
+mod common;
+use common::{machine, set};
 
 fn container(id: &str, qos: QosClass, cpu_milli: u64) -> Container {
     Container {
