@@ -134,12 +134,12 @@ mod tests {
     use axum::response::Response;
     use policy::{
         Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Policy,
-        PolicyError, Resources, cdi,
+        PolicyError, Resources,
     };
-    use resmgr::{ManagerConfig, kube::fake::StaticClaims, state::StateFile};
+    use resmgr::kube::fake::StaticClaims;
 
     use super::*;
-    use crate::{simulate::world::SimRuntime, view};
+    use crate::simulate::{Dirs, start_manager, world::SimRuntime};
 
     /// A policy that places every container on CPU 0 and keeps the default inventory.
     #[derive(Debug)]
@@ -194,18 +194,19 @@ mod tests {
     async fn a_policy_without_an_inventory_runs_and_shows_an_empty_allocation() {
         let dir = tempfile::tempdir().unwrap();
         let driver = crate::config::DEFAULT_DRIVER;
-        let (policy, view) = view::share(Box::new(Silent));
-        let manager = Arc::new(
-            Manager::start(
-                ManagerConfig::new(driver),
-                Box::new(policy),
-                StateFile::new(dir.path().join("state")),
-                cdi::SpecStore::new(dir.path().join("cdi"), driver).unwrap(),
-                Arc::new(SimRuntime::default()),
-                Arc::new(StaticClaims::new()),
-            )
-            .unwrap(),
-        );
+        let dirs = Dirs {
+            cdi: dir.path().join("cdi"),
+            state: dir.path().join("state"),
+        };
+        let (manager, view) = start_manager(
+            driver,
+            Box::new(Silent),
+            &dirs,
+            &Arc::new(SimRuntime::default()),
+            &Arc::new(StaticClaims::new()),
+        )
+        .unwrap();
+        let manager = Arc::new(manager);
         manager.synchronize(&[]).await.unwrap();
         manager.synchronized().await;
         let container = Container {

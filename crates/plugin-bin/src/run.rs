@@ -400,7 +400,7 @@ mod tests {
     use resmgr::kube::fake::StaticClaims;
 
     use super::*;
-    use crate::simulate::world::SimRuntime;
+    use crate::simulate::{Dirs, start_manager, world::SimRuntime};
 
     #[tokio::test]
     async fn the_kubelet_handler_times_and_counts_claims() {
@@ -409,21 +409,21 @@ mod tests {
             "pack:1 numa:2 core:2 pu:1".into(),
         ))
         .unwrap();
-        let (policy, view) =
-            view::share(policy_choice::build(topology, Config::default()).unwrap());
         let claims = Arc::new(StaticClaims::new());
         let driver = crate::config::DEFAULT_DRIVER;
-        let manager = Arc::new(
-            Manager::start(
-                ManagerConfig::new(driver),
-                Box::new(policy),
-                StateFile::new(dir.path().join("state")),
-                cdi::SpecStore::new(dir.path().join("cdi"), driver).unwrap(),
-                Arc::new(SimRuntime::default()),
-                claims.clone(),
-            )
-            .unwrap(),
-        );
+        let dirs = Dirs {
+            cdi: dir.path().join("cdi"),
+            state: dir.path().join("state"),
+        };
+        let (manager, view) = start_manager(
+            driver,
+            policy_choice::build(topology, Config::default()).unwrap(),
+            &dirs,
+            &Arc::new(SimRuntime::default()),
+            &claims,
+        )
+        .unwrap();
+        let manager = Arc::new(manager);
         manager.synchronize(&[]).await.unwrap();
         manager.synchronized().await;
         claims.insert(Claim {

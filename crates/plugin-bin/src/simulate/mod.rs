@@ -189,6 +189,18 @@ fn start(
 ) -> anyhow::Result<(Manager, PolicyView)> {
     let policy = policy_choice::build(topology.clone(), config.clone())
         .map_err(|e| anyhow::anyhow!("reserved-cpus: {e}"))?;
+    start_manager(driver, policy, dirs, runtime, api)
+}
+
+/// A resource manager over `policy` with the simulated runtime and API server, its state and
+/// CDI specs in `dirs`, and the view the report reads.
+pub(crate) fn start_manager(
+    driver: &str,
+    policy: Box<dyn policy::Policy>,
+    dirs: &Dirs,
+    runtime: &Arc<SimRuntime>,
+    api: &Arc<StaticClaims>,
+) -> anyhow::Result<(Manager, PolicyView)> {
     let (policy, view) = view::share(policy);
     let specs = cdi::SpecStore::new(&dirs.cdi, driver)?;
     let manager = Manager::start(
