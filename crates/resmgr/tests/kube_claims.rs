@@ -32,6 +32,10 @@ fn allocated(results: Value) -> Value {
         "reservedFor": [
             {"resource": "pods", "name": "web-0", "uid": "pod-uid-1"},
             {"apiGroup": "batch", "resource": "jobs", "name": "j", "uid": "job-uid"},
+            // Each differs from a pod in one way only: another group's "pods", a core-group
+            // resource that is not pods.
+            {"apiGroup": "example.com", "resource": "pods", "name": "x", "uid": "crd-pod-uid"},
+            {"resource": "services", "name": "s", "uid": "service-uid"},
             {"resource": "pods", "name": "web-1", "uid": "pod-uid-2"},
         ],
     })
