@@ -820,6 +820,12 @@ mod tests {
             max_block_size: 1000,
             ..LIMITS
         };
+        // Exactly at the limit is fine.
+        let mut at_limit = PREFACE.to_vec();
+        at_limit.extend(frame(HEADERS, 0, 1, &[0x82; 600]));
+        at_limit.extend(frame(CONTINUATION, END_HEADERS, 1, &[0x82; 400]));
+        assert_eq!(AuthorityRewriter::new(limits).feed(&at_limit), Ok(()));
+
         let mut input = PREFACE.to_vec();
         input.extend(frame(HEADERS, 0, 1, &[0x82; 600]));
         input.extend(frame(CONTINUATION, END_HEADERS, 1, &[0x82; 600]));
