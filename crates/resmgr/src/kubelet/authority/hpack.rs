@@ -575,6 +575,35 @@ mod tests {
     }
 
     #[test]
+    fn the_table_holds_exactly_its_size() {
+        // Two entries of 50 bytes (32 + 1 + 17) fill a 100-byte table exactly: both stay.
+        let mut enc = TestEncoder::new();
+        let mut dec = Decoder::new(4096);
+        enc.set_table_size(100);
+        let value = "v".repeat(17);
+        for name in ["a", "b"] {
+            dec.decode(&enc.encode(&[(name, &value)]), NO_LIMIT)
+                .unwrap();
+        }
+        assert_eq!(dec.table.size, 100);
+        let both = dec.decode(&[0x80 | 62, 0x80 | 63], NO_LIMIT).unwrap();
+        assert_eq!(pairs(&both), owned(&[("b", &value), ("a", &value)]));
+        // A third evicts exactly the oldest, and the accounting follows.
+        dec.decode(&enc.encode(&[("c", &value)]), NO_LIMIT).unwrap();
+        assert_eq!(dec.table.size, 100);
+        let both = dec.decode(&[0x80 | 62, 0x80 | 63], NO_LIMIT).unwrap();
+        assert_eq!(pairs(&both), owned(&[("c", &value), ("b", &value)]));
+
+        // One entry exactly the table's size is kept, alone.
+        let mut dec = Decoder::new(100);
+        let whole = "w".repeat(67);
+        dec.decode(&enc.encode(&[("d", &whole)]), NO_LIMIT).unwrap();
+        assert_eq!(dec.table.entries.len(), 1);
+        let fields = dec.decode(&[0x80 | 62], NO_LIMIT).unwrap();
+        assert_eq!(pairs(&fields), owned(&[("d", &whole)]));
+    }
+
+    #[test]
     fn an_entry_larger_than_the_table_empties_it() {
         let mut dec = Decoder::new(4096);
         let mut enc = TestEncoder::new();
@@ -701,6 +730,41 @@ mod tests {
             Decoder::new(4096).decode(&block, NO_LIMIT),
             Err(HpackError::IntegerOverflow)
         );
+    }
+
+    #[test]
+    fn integers_up_to_u32_max_decode_and_larger_overflow() {
+        let max = usize::try_from(u32::MAX).unwrap();
+        let mut buf = Vec::new();
+        put_integer(&mut buf, 0, 7, max);
+        assert_eq!(
+            buf.len(),
+            6,
+            "u32::MAX takes the prefix and five continuation octets"
+        );
+        let mut pos = 0;
+        assert_eq!(integer(&buf, &mut pos, 7), Ok(max));
+        assert_eq!(pos, buf.len());
+
+        let mut buf = Vec::new();
+        put_integer(&mut buf, 0, 7, max + 1);
+        assert_eq!(integer(&buf, &mut 0, 7), Err(HpackError::IntegerOverflow));
+    }
+
+    #[test]
+    fn encoded_names_come_from_the_static_table_where_it_has_them() {
+        let field = |name: &'static str| HeaderField {
+            name: Bytes::from_static(name.as_bytes()),
+            value: Bytes::from_static(b"v"),
+            never_indexed: false,
+        };
+        let mut out = Vec::new();
+        encode(&[field(":authority")], &mut out);
+        // Literal without indexing, name index 1, then the value.
+        assert_eq!(out, [0x01, 0x01, b'v']);
+        let mut out = Vec::new();
+        encode(&[field("x-custom")], &mut out);
+        assert_eq!(out[..2], [0x00, 0x08]);
     }
 
     #[test]
