@@ -618,6 +618,11 @@ mod tests {
 
     #[test]
     fn table_size_update_beyond_the_setting_is_rejected() {
+        // Up to the setting is allowed.
+        let mut at_setting = Vec::new();
+        put_integer(&mut at_setting, 0x20, 5, 4096);
+        assert_eq!(Decoder::new(4096).decode(&at_setting, NO_LIMIT), Ok(vec![]));
+
         let mut block = Vec::new();
         put_integer(&mut block, 0x20, 5, 4097);
         assert_eq!(
