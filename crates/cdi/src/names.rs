@@ -502,6 +502,21 @@ mod tests {
     }
 
     #[test]
+    fn errors_say_which_kind_of_name_was_wrong() {
+        for (what, words) in [
+            (NameKind::Vendor, "cdi vendor"),
+            (NameKind::Class, "cdi class"),
+            (NameKind::Kind, "cdi kind"),
+            (NameKind::Device, "cdi device name"),
+            (NameKind::Qualified, "qualified cdi device name"),
+            (NameKind::AnnotationKey, "annotation key"),
+        ] {
+            let message = NameError::Empty { what }.to_string();
+            assert_eq!(message, format!("{words} is empty"));
+        }
+    }
+
+    #[test]
     fn annotation_keys_are_kubernetes_qualified_names() {
         for ok in ["a", "A.b-c_d", "example.com/key", "Example.COM/Key", "x/1"] {
             assert_eq!(validate_annotation_key(ok), Ok(()), "{ok}");

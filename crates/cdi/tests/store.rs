@@ -431,3 +431,49 @@ fn a_reader_never_sees_a_half_written_spec_during_1000_rewrites() {
         "no temporary file is left behind"
     );
 }
+
+#[test]
+fn the_store_and_the_uid_report_what_they_were_made_with() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = store(tmp.path());
+    assert_eq!(store.vendor(), VENDOR);
+    assert_eq!(store.dir(), tmp.path());
+    let uid = ClaimUid::new(UUID).unwrap();
+    assert_eq!(uid.as_ref(), UUID);
+    assert_eq!(
+        store.spec_path(&uid),
+        tmp.path().join(format!("{VENDOR}-device_{UUID}.json"))
+    );
+}
+
+/// Only a missing file or directory is "nothing there"; any other failure is an error naming
+/// the path, never mistaken for an empty store (start-up reconciliation relies on the listing).
+#[test]
+fn failures_other_than_not_found_are_errors_naming_the_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The spec directory is a regular file: every path under it fails with ENOTDIR.
+    let not_a_dir = tmp.path().join("cdi");
+    fs::write(&not_a_dir, b"").unwrap();
+    let store = store(&not_a_dir);
+    let err = store.claims().unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Io { path, .. } if path == &not_a_dir),
+        "{err:?}"
+    );
+    let err = store.has_claim(UUID).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Io { path, .. } if path.starts_with(&not_a_dir)),
+        "{err:?}"
+    );
+
+    // Something that is not a file where a claim's spec would be cannot be removed.
+    let store = self::store(tmp.path());
+    let spec = store.spec_path(&ClaimUid::new(UUID).unwrap());
+    fs::create_dir(&spec).unwrap();
+    let err = store.remove_claim(UUID).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Io { path, .. } if path == &spec),
+        "{err:?}"
+    );
+    assert!(spec.is_dir(), "nothing was removed");
+}
