@@ -220,6 +220,46 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_needs_a_positive_quota_and_a_positive_period() {
+        // The runtime's values are outside input: a zero period must not divide.
+        let limit =
+            |quota, period| resources_of(Some(&resources(1024, quota, period, 0))).cpu_limit_milli;
+        assert_eq!(limit(400_000, 0), None);
+        assert_eq!(limit(0, 100_000), None);
+        assert_eq!(limit(-1, 100_000), None);
+        assert_eq!(limit(1, 100_000), Some(1), "rounded up, never to zero");
+        // No quota field at all is no limit.
+        let mut r = resources(1024, 0, 100_000, 0);
+        r.cpu.as_mut().unwrap().quota = None;
+        assert_eq!(resources_of(Some(&r)).cpu_limit_milli, None);
+    }
+
+    #[test]
+    fn without_a_cgroup_parent_the_qos_class_follows_the_values() {
+        let class = |r: api::LinuxResources| container(&pod(""), &ctr(r)).pod.qos;
+        assert_eq!(class(resources(2, -1, 100_000, 0)), QosClass::BestEffort);
+        assert_eq!(
+            class(api::LinuxResources::default()),
+            QosClass::BestEffort,
+            "nothing set at all"
+        );
+        assert_eq!(
+            class(resources(1024, 200_000, 100_000, 1 << 30)),
+            QosClass::Burstable,
+            "request 1 CPU, limit 2"
+        );
+        assert_eq!(
+            class(resources(2048, 200_000, 100_000, 0)),
+            QosClass::Burstable,
+            "no memory limit"
+        );
+        assert_eq!(
+            class(resources(2048, 200_000, 100_000, 1 << 30)),
+            QosClass::Guaranteed
+        );
+    }
+
+    #[test]
     fn reads_the_qos_class_from_the_cgroup_parent() {
         let r = resources(4096, 400_000, 100_000, 1 << 30);
         let c = container(&pod("kubepods-burstable-podx.slice"), &ctr(r.clone()));
@@ -243,8 +283,18 @@ mod tests {
     }
 
     #[test]
-    fn carries_identity_devices_env_and_the_current_cpuset() {
-        let c = container(&pod("/kubepods/podx"), &ctr(resources(1024, -1, 0, 0)));
+    fn carries_identity_devices_env_annotations_and_the_current_cpuset() {
+        let mut p = pod("/kubepods/podx");
+        p.annotations
+            .insert("resource-policy.resmgr.io/cpu".into(), "shared".into());
+        let mut nri_ctr = ctr(resources(1024, -1, 0, 0));
+        nri_ctr.annotations.insert("k".into(), "v".into());
+        let c = container(&p, &nri_ctr);
+        assert_eq!(
+            c.pod.annotations,
+            BTreeMap::from([("resource-policy.resmgr.io/cpu".into(), "shared".into())])
+        );
+        assert_eq!(c.annotations, BTreeMap::from([("k".into(), "v".into())]));
         assert_eq!(
             (c.id.as_str(), c.name.as_str(), c.pod.uid.as_str()),
             ("c1", "app", "pod-uid")
