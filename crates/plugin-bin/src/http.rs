@@ -194,10 +194,7 @@ mod tests {
     async fn a_policy_without_an_inventory_runs_and_shows_an_empty_allocation() {
         let dir = tempfile::tempdir().unwrap();
         let driver = crate::config::DEFAULT_DRIVER;
-        let dirs = Dirs {
-            cdi: dir.path().join("cdi"),
-            state: dir.path().join("state"),
-        };
+        let dirs = Dirs::under(dir.path());
         let (manager, view) = start_manager(
             driver,
             Box::new(Silent),

@@ -411,10 +411,7 @@ mod tests {
         .unwrap();
         let claims = Arc::new(StaticClaims::new());
         let driver = crate::config::DEFAULT_DRIVER;
-        let dirs = Dirs {
-            cdi: dir.path().join("cdi"),
-            state: dir.path().join("state"),
-        };
+        let dirs = Dirs::under(dir.path());
         let (manager, view) = start_manager(
             driver,
             policy_choice::build(topology, Config::default()).unwrap(),

@@ -39,6 +39,17 @@ pub struct Dirs {
     pub state: PathBuf,
 }
 
+impl Dirs {
+    /// `cdi/` and `state/` under `root`, for the binary's tests.
+    #[cfg(test)]
+    pub fn under(root: &std::path::Path) -> Self {
+        Self {
+            cdi: root.join("cdi"),
+            state: root.join("state"),
+        }
+    }
+}
+
 /// The outcome: the report, the machine, and the last inventory (for drawing).
 #[derive(Debug)]
 pub struct Outcome {
