@@ -346,5 +346,9 @@ mod tests {
             name.len() <= 248 && name.ends_with('-') && !name.ends_with(".-"),
             "{name}"
         );
+        // A cut inside a multi-byte character backs off to its start.
+        long.node_name = format!("{}é{}", "a".repeat(246), "b".repeat(20));
+        let name = generate_name(&long);
+        assert_eq!(name, format!("{}-", "a".repeat(246)));
     }
 }

@@ -580,4 +580,108 @@ mod tests {
             dns_subdomain(bad, 63).unwrap_err();
         }
     }
+
+    /// What the API server would refuse, refused here too, naming the field.
+    #[test]
+    fn slice_specs_are_checked_field_by_field() {
+        let spec = |patch: serde_json::Value| {
+            let mut v = serde_json::json!({
+                "driver": "cpu.resmgr.io",
+                "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                "nodeName": "node-a",
+                "devices": [{"name": "numa0"}, {"name": "numa1"}],
+            });
+            for (k, x) in patch.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceSliceSpec>(v).unwrap()
+        };
+        let field = |patch: serde_json::Value| match validate_slice_spec(&spec(patch.clone())) {
+            Err(e) => e.field,
+            Ok(()) => panic!("accepted {patch}"),
+        };
+        assert_eq!(validate_slice_spec(&spec(serde_json::json!({}))), Ok(()));
+        assert_eq!(field(serde_json::json!({"driver": "Not_A.Name"})), "driver");
+        let pool = |name: &str, generation: i64, count: i64| serde_json::json!({"pool": {"name": name, "generation": generation, "resourceSliceCount": count}});
+        assert_eq!(field(pool("", 1, 1)), "pool.name");
+        assert_eq!(field(pool(&"a".repeat(254), 1, 1)), "pool.name");
+        assert_eq!(
+            validate_slice_spec(&spec(pool(&"a".repeat(253), 0, 1))),
+            Ok(())
+        );
+        assert_eq!(field(pool("node-a", -1, 1)), "pool");
+        assert_eq!(field(pool("node-a", 1, 0)), "pool");
+        assert_eq!(field(serde_json::json!({"nodeName": null})), "nodeName");
+        assert_eq!(
+            field(serde_json::json!({"devices": [{"name": "numa0"}, {"name": "numa0"}]})),
+            "devices[1].name"
+        );
+        let many = |n: usize| {
+            let devices: Vec<_> = (0..n)
+                .map(|i| serde_json::json!({"name": format!("d{i}")}))
+                .collect();
+            serde_json::json!({ "devices": devices })
+        };
+        assert_eq!(validate_slice_spec(&spec(many(128))), Ok(()));
+        assert_eq!(field(many(129)), "devices");
+
+        // Per device: at most 32 attributes and capacities together.
+        let with = |attributes: usize, capacities: usize| {
+            let attributes: serde_json::Map<_, _> = (0..attributes)
+                .map(|i| (format!("a{i}"), serde_json::json!({"int": i})))
+                .collect();
+            let capacity: serde_json::Map<_, _> = (0..capacities)
+                .map(|i| (format!("c{i}"), serde_json::json!({"value": "1"})))
+                .collect();
+            serde_json::json!({"devices": [{"name": "numa0", "attributes": attributes, "capacity": capacity}]})
+        };
+        assert_eq!(validate_slice_spec(&spec(with(20, 12))), Ok(()));
+        assert_eq!(field(with(20, 13)), "devices[0].attributes");
+        assert_eq!(field(with(33, 0)), "devices[0].attributes");
+        let device = |d: serde_json::Value| serde_json::json!({"devices": [d]});
+        assert_eq!(
+            field(device(
+                serde_json::json!({"name": "numa0", "attributes": {"bad name": {"int": 1}}})
+            )),
+            "devices[0].attributes[bad name]"
+        );
+        assert_eq!(
+            field(device(
+                serde_json::json!({"name": "numa0", "attributes": {"x": {"int": 1, "bool": true}}})
+            )),
+            "devices[0].attributes[x]"
+        );
+        assert_eq!(
+            field(device(
+                serde_json::json!({"name": "numa0", "attributes": {"x": {}}})
+            )),
+            "devices[0].attributes[x]"
+        );
+        let long = |n: usize| {
+            device(
+                serde_json::json!({"name": "numa0", "attributes": {"x": {"string": "s".repeat(n)}}}),
+            )
+        };
+        assert_eq!(validate_slice_spec(&spec(long(64))), Ok(()));
+        assert_eq!(field(long(65)), "devices[0].attributes[x]");
+        let policy = serde_json::json!({"value": "4", "requestPolicy": {"default": "1"}});
+        assert_eq!(
+            field(device(
+                serde_json::json!({"name": "numa0", "capacity": {"cpu": policy}})
+            )),
+            "devices[0].capacity[cpu]"
+        );
+        assert_eq!(
+            validate_slice_spec(&spec(device(serde_json::json!({
+                "name": "numa0", "allowMultipleAllocations": true, "capacity": {"cpu": policy}
+            })))),
+            Ok(())
+        );
+        assert_eq!(
+            field(device(
+                serde_json::json!({"name": "numa0", "capacity": {"bad name": {"value": "1"}}})
+            )),
+            "devices[0].capacity[bad name]"
+        );
+    }
 }
