@@ -18,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -32,6 +31,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/resmgr/resmgr/tests/conformance/internal/harness"
 	"github.com/resmgr/resmgr/tests/conformance/internal/rustbin"
 )
 
@@ -59,25 +59,8 @@ type cluster struct {
 	updates chan []*api.ContainerUpdate
 	agent   *exec.Cmd
 	exited  chan error
-	logs    *lockedBuffer
+	logs    *harness.LockedBuffer
 	metrics string
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // pluginCount reports the adaptation's active plugin count: the adaptation inserts a plugin
@@ -96,7 +79,7 @@ func (c *cluster) path(p ...string) string { return filepath.Join(append([]strin
 func start(t *testing.T) *cluster {
 	t.Helper()
 	c := &cluster{t: t, dir: t.TempDir(), active: make(pluginCount, 8),
-		updates: make(chan []*api.ContainerUpdate, 16), logs: &lockedBuffer{}}
+		updates: make(chan []*api.ContainerUpdate, 16), logs: &harness.LockedBuffer{}}
 	kubeconfig := c.startAPIServer()
 
 	web := &api.PodSandbox{Id: "sb-web", Name: "web", Uid: "pod-web-uid", Namespace: "default",
@@ -123,7 +106,7 @@ func start(t *testing.T) *cluster {
 	}
 	c.runtime = r
 	t.Cleanup(r.Stop)
-	c.cut = runtimeProxy(t, c.path("nri-front.sock"), c.path("nri.sock"))
+	c.cut = harness.RuntimeProxy(t, c.path("nri-front.sock"), c.path("nri.sock"))
 
 	bin, err := rustbin.Path("resmgr")
 	if err != nil {

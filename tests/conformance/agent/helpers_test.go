@@ -3,13 +3,10 @@ package agent
 
 import (
 	"errors"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -59,45 +56,3 @@ func kubeURL(t *testing.T, kubeconfig string) string {
 }
 
 func asExitError(err error, target **exec.ExitError) bool { return errors.As(err, target) }
-
-// runtimeProxy stands between the agent and the runtime's NRI socket, so a test can make the
-// runtime go away: the adaptation's Stop keeps external plugins' connections open, and a runtime
-// that exits closes them. cut closes every connection and the listener.
-func runtimeProxy(t *testing.T, front, back string) (cut func()) {
-	l, err := net.Listen("unix", front)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("unix", back)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, in, out)
-			mu.Unlock()
-			go func() { _, _ = io.Copy(out, in); out.Close() }()
-			go func() { _, _ = io.Copy(in, out); in.Close() }()
-		}
-	}()
-	cut = func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	}
-	t.Cleanup(cut)
-	return cut
-}

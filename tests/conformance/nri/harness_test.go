@@ -9,11 +9,9 @@ package nri
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -24,6 +22,7 @@ import (
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 
+	"github.com/resmgr/resmgr/tests/conformance/internal/harness"
 	"github.com/resmgr/resmgr/tests/conformance/internal/rustbin"
 )
 
@@ -103,47 +102,11 @@ func newFakeRuntime(t testing.TB, pods []*api.PodSandbox, ctrs []*api.Container,
 }
 
 // proxy returns a socket that forwards each connection to the adaptation's; the returned cut
-// closes them all. That is what a plugin sees when the runtime process exits: the adaptation's
-// Stop closes its listener but leaves external plugins' connections open.
+// closes them all, as the runtime process exiting would.
 func (f *fakeRuntime) proxy() (socket string, cut func()) {
 	f.t.Helper()
 	socket = filepath.Join(f.t.TempDir(), "proxy.sock")
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		f.t.Fatalf("proxy listen: %v", err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	go func() {
-		for {
-			plugin, err := l.Accept()
-			if err != nil {
-				return
-			}
-			runtime, err := net.Dial("unix", f.socket)
-			if err != nil {
-				plugin.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, plugin, runtime)
-			mu.Unlock()
-			go func() { _, _ = io.Copy(runtime, plugin); runtime.Close() }()
-			go func() { _, _ = io.Copy(plugin, runtime); plugin.Close() }()
-		}
-	}()
-	cut = func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	}
-	f.t.Cleanup(cut)
-	return socket, cut
+	return socket, harness.RuntimeProxy(f.t, socket, f.socket)
 }
 
 func (f *fakeRuntime) setUpdateReply(reply func([]*api.ContainerUpdate) ([]*api.ContainerUpdate, error)) {
@@ -179,26 +142,9 @@ type plugin struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan string
-	stderr *lockedBuffer
+	stderr *harness.LockedBuffer
 	seen   []string
 	exited chan error
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // startPlugin runs a Rust example (e.g. "scripted") with args; it is killed when the test ends.
@@ -212,7 +158,7 @@ func startPlugin(t testing.TB, example string, args ...string) *plugin {
 		t:      t,
 		cmd:    exec.Command(bin, args...),
 		lines:  make(chan string, 1024),
-		stderr: &lockedBuffer{},
+		stderr: &harness.LockedBuffer{},
 		exited: make(chan error, 1),
 	}
 	p.cmd.Stderr = p.stderr
