@@ -173,10 +173,7 @@ mod tests {
             }],
             containers: Vec::new(),
             claims: Vec::new(),
-            exclusive_cpus: Default::default(),
-            claim_cpus: Default::default(),
-            reserved_set: "0".parse().unwrap(),
-            shared_set: "1-3".parse().unwrap(),
+            source: policy::Inventory::default(),
         };
         m.refresh(&inventory, 2);
         let text = m.encode();

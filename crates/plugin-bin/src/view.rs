@@ -9,15 +9,12 @@
 //! never the manager's lock, and only for as long as the policy takes to copy out its inventory,
 //! so they cannot stall an NRI event. Nothing here knows which policy it is.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
-};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use policy::GrantKind;
 use policy::{
-    Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, CpuSet, Device, Policy,
-    PolicyError, Resources,
+    Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Policy, PolicyError,
+    Resources,
 };
 use serde::Serialize;
 
@@ -144,63 +141,45 @@ pub struct Inventory {
     pub containers: Vec<ContainerRow>,
     /// By claim UID.
     pub claims: Vec<ClaimRow>,
-    /// CPUs taken by exclusive and isolated containers, by container ID (for drawing).
+    /// The policy's report as it came, with its sets (for drawing).
     #[serde(skip)]
-    pub exclusive_cpus: BTreeMap<String, CpuSet>,
-    /// CPUs of each claim, by UID (for drawing).
-    #[serde(skip)]
-    pub claim_cpus: BTreeMap<String, CpuSet>,
-    #[serde(skip)]
-    pub reserved_set: CpuSet,
-    #[serde(skip)]
-    pub shared_set: CpuSet,
+    pub source: policy::Inventory,
 }
 
 impl From<policy::Inventory> for Inventory {
     fn from(inv: policy::Inventory) -> Self {
         let pools = inv
             .pools
-            .into_iter()
+            .iter()
             .map(|p| PoolCounts {
+                name: p.name.clone(),
+                kind: p.kind.clone(),
                 cpus: p.cpus.to_string(),
                 reserved: p.reserved.len(),
                 shared: p.shared.len(),
                 exclusive: p.exclusive.len(),
                 claimed: p.claimed.len(),
-                name: p.name,
-                kind: p.kind,
             })
-            .collect();
-        let exclusive_cpus = inv
-            .containers
-            .iter()
-            .filter(|c| matches!(c.grant, GrantKind::Exclusive | GrantKind::Isolated))
-            .map(|c| (c.id.clone(), c.cpus.clone()))
-            .collect();
-        let claim_cpus = inv
-            .claims
-            .iter()
-            .map(|c| (c.uid.clone(), c.cpus.clone()))
             .collect();
         let containers = inv
             .containers
-            .into_iter()
+            .iter()
             .map(|c| ContainerRow {
-                id: c.id,
+                id: c.id.clone(),
                 name: String::new(),
                 grant: c.grant,
-                pool: c.pool,
+                pool: c.pool.clone(),
                 cpus: c.cpus.to_string(),
-                mems: c.mems.map(|m| m.to_string()),
+                mems: c.mems.as_ref().map(ToString::to_string),
             })
             .collect();
         let claims = inv
             .claims
-            .into_iter()
+            .iter()
             .map(|c| ClaimRow {
                 name: format!("{}/{}", c.namespace, c.name),
-                uid: c.uid,
-                devices: c.devices,
+                uid: c.uid.clone(),
+                devices: c.devices.clone(),
                 cpus: c.cpus.to_string(),
                 mems: c.mems.to_string(),
             })
@@ -211,10 +190,7 @@ impl From<policy::Inventory> for Inventory {
             pools,
             containers,
             claims,
-            exclusive_cpus,
-            claim_cpus,
-            reserved_set: inv.reserved,
-            shared_set: inv.shared,
+            source: inv,
         }
     }
 }

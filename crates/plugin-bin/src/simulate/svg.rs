@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use policy::{CpuSet, Topology};
+use policy::{CpuSet, GrantKind, Topology};
 
 use crate::view::Inventory;
 
@@ -44,9 +44,9 @@ fn owners(topo: &Topology, inv: &Inventory) -> Owners {
     ];
     let mut by_cpu = BTreeMap::new();
     for cpu in topo.online.iter() {
-        let owner = if inv.reserved_set.contains(cpu) {
+        let owner = if inv.source.reserved.contains(cpu) {
             0
-        } else if inv.shared_set.contains(cpu) {
+        } else if inv.source.shared.contains(cpu) {
             1
         } else {
             2
@@ -87,12 +87,15 @@ fn owners(topo: &Topology, inv: &Inventory) -> Owners {
                 users.join(", ")
             )
         };
-        if let Some(cpus) = inv.claim_cpus.get(&c.uid) {
-            assign(label, cpus, &mut legend);
+        if let Some(held) = inv.source.claims.iter().find(|h| h.uid == c.uid) {
+            assign(label, &held.cpus, &mut legend);
         }
     }
     for c in &inv.containers {
-        if let Some(cpus) = inv.exclusive_cpus.get(&c.id) {
+        let own = inv.source.containers.iter().find(|p| {
+            p.id == c.id && matches!(p.grant, GrantKind::Exclusive | GrantKind::Isolated)
+        });
+        if let Some(cpus) = own.map(|p| &p.cpus) {
             let name = if c.name.is_empty() { &c.id } else { &c.name };
             assign(
                 format!("{name} ({}, {})", c.grant.as_str(), c.cpus),
