@@ -190,6 +190,12 @@ mod tests {
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 
+    #[test]
+    fn a_policy_that_serves_no_claims_shows_no_devices() {
+        assert_eq!(Silent.devices(), Err(PolicyError::NoDraClaims));
+        assert_eq!(crate::view::devices_to_show(&Silent), Ok(Vec::new()));
+    }
+
     #[tokio::test]
     async fn a_policy_without_an_inventory_runs_and_shows_an_empty_allocation() {
         let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, process::ExitCode};
 
-use policy::{PolicyError, Topology, topology_aware::Config};
+use policy::{Topology, topology_aware::Config};
 use serde::Serialize;
 
 use crate::{
@@ -36,12 +36,7 @@ pub fn main(topology: &str, reserved: &str, format: Format) -> anyhow::Result<Ex
         },
     )
     .map_err(|e| anyhow::anyhow!("--reserved-cpus {reserved:?}: {e}"))?;
-    let devices = match policy.devices() {
-        Ok(devices) => devices,
-        // A policy that serves no claims has nothing to publish; its pools still show.
-        Err(PolicyError::NoDraClaims) => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
+    let devices = view::devices_to_show(&*policy)?;
     let report = policy.inventory();
     let depths: BTreeMap<String, usize> = report
         .pools

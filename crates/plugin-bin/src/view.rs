@@ -195,10 +195,24 @@ impl From<policy::Inventory> for Inventory {
     }
 }
 
+/// The devices `policy` would publish, for showing them: none for a policy that serves no DRA
+/// claims (its pools and containers still show).
+pub fn devices_to_show(policy: &dyn Policy) -> Result<Vec<Device>, PolicyError> {
+    match policy.devices() {
+        Err(PolicyError::NoDraClaims) => Ok(Vec::new()),
+        other => other,
+    }
+}
+
 impl PolicyView {
     /// The devices the policy publishes.
     pub fn devices(&self) -> Result<Vec<Device>, PolicyError> {
         lock(&self.inner).devices()
+    }
+
+    /// [`devices_to_show`] of the policy.
+    pub fn devices_to_show(&self) -> Result<Vec<Device>, PolicyError> {
+        devices_to_show(&**lock(&self.inner))
     }
 
     /// Copies out what is placed where.

@@ -119,12 +119,8 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         .with_context(|| format!("{file}: starting the resource manager"))?;
     manager.synchronize(&[]).await?;
     manager.synchronized().await;
-    let published = match view.devices() {
-        Ok(devices) => devices,
-        // A policy that serves no claims publishes nothing; its claim steps fail per claim.
-        Err(policy::PolicyError::NoDraClaims) => Vec::new(),
-        Err(e) => return Err(anyhow::Error::new(e).context("the policy's devices")),
-    };
+    // A policy that serves no claims publishes nothing; its claim steps then fail per claim.
+    let published = view.devices_to_show().context("the policy's devices")?;
     // The simulated API server checks the devices as a real one would check the ResourceSlice.
     {
         use resmgr::kube::DevicePublisher as _;
