@@ -7,13 +7,12 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use kubelet_plugin::ClaimRef;
 use policy::{
     Adjustment, Allocation, AllocationResult, Claim, ClaimAllocation, Container, ContainerUpdate,
     CpuSet, Device, Policy, PolicyError, Quantity, Resources, cdi::ContainerEdits,
 };
-use resmgr::{
-    BoxFuture, ClaimRef, Manager, ManagerConfig, Runtime, RuntimeError, kube::fake::StaticClaims,
-};
+use resmgr::{BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError, kube::fake::StaticClaims};
 
 pub const DRIVER: &str = "test.resmgr.io";
 

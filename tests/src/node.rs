@@ -4,12 +4,10 @@
 
 use std::{path::Path, sync::Arc};
 
+use kubelet_plugin::{KubeletConfig, KubeletPlugin};
 use policy::{Claim, Container, Topology, TopologyAware, TopologySource};
 use resmgr::{
-    Manager, ManagerConfig,
-    dra_handler::LifecycleHandler,
-    kube::fake::StaticClaims,
-    kubelet::{KubeletConfig, KubeletPlugin},
+    Manager, ManagerConfig, dra_handler::LifecycleHandler, kube::fake::StaticClaims,
     state::StateFile,
 };
 use tonic::transport::{Channel, Endpoint};

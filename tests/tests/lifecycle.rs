@@ -5,7 +5,7 @@
 use std::fs;
 
 use integration_tests::fakes::{self as support, Harness, TestPolicy, claim, claim_ref, container};
-use resmgr::{RequestError, state::StateFile};
+use resmgr::{AdmitError, state::StateFile};
 
 fn spec_path(h: &Harness, uid: &str) -> std::path::PathBuf {
     h.cdi_dir()
@@ -72,17 +72,17 @@ async fn claims_are_refused_until_the_synchronize_reply_is_out() {
     let m = h.start(TestPolicy::new(8)).unwrap();
     assert_eq!(
         m.prepare(&[claim_ref("c1")]).await.unwrap_err(),
-        RequestError::NotSynchronized
+        AdmitError::NotSynchronized
     );
     assert_eq!(
         m.unprepare(&[claim_ref("c1")]).await.unwrap_err(),
-        RequestError::NotSynchronized
+        AdmitError::NotSynchronized
     );
 
     m.synchronize(&[container("a", "pod-web")]).await.unwrap();
     assert_eq!(
         m.prepare(&[claim_ref("c1")]).await.unwrap_err(),
-        RequestError::NotSynchronized,
+        AdmitError::NotSynchronized,
         "synchronized by the policy but the reply is not written yet"
     );
     assert!(!m.gate().is_open());
@@ -102,11 +102,11 @@ async fn a_malformed_uid_fails_the_whole_request_and_touches_nothing() {
             .await
             .unwrap_err();
         assert!(
-            matches!(&err, RequestError::InvalidArgument(m) if m.contains("claim uid")),
+            matches!(&err, AdmitError::InvalidArgument(m) if m.contains("claim uid")),
             "{uid:?}: {err}"
         );
         let err = m.unprepare(&[claim_ref(uid)]).await.unwrap_err();
-        assert!(matches!(err, RequestError::InvalidArgument(_)), "{uid:?}");
+        assert!(matches!(err, AdmitError::InvalidArgument(_)), "{uid:?}");
     }
     assert!(!h.cdi_dir().exists() && !h.state_dir().exists());
 }

@@ -20,7 +20,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("cdi", &[]),
     ("nri", &[]),
     ("policy", &["cdi"]),
-    ("resmgr", &["policy", "cdi", "nri", "dra-proto"]),
+    ("kubelet-plugin", &["dra-proto"]),
+    ("resmgr", &["policy", "cdi", "nri", "kubelet-plugin"]),
     ("plugin-bin", &["resmgr", "policy"]),
 ];
 

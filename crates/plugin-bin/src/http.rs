@@ -18,7 +18,7 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use resmgr::{Manager, kubelet::RegistrationState};
+use resmgr::{Manager, kubelet_plugin::RegistrationState};
 use tokio::sync::watch;
 
 use crate::{metrics::Metrics, view::PolicyView};

@@ -26,8 +26,8 @@ use resmgr::{
     Manager, ManagerConfig,
     dra_handler::LifecycleHandler,
     kube::{self, PublisherConfig, ResourceApiVersions, RetryPolicy, SlicePublisher},
-    kubelet::{
-        self, ClaimHandler, KubeletConfig, KubeletPlugin, PrepareResults, RequestError,
+    kubelet_plugin::{
+        ClaimHandler, ClaimRef, KubeletConfig, KubeletPlugin, PrepareResults, RequestError,
         UnprepareResults,
     },
     nri,
@@ -325,7 +325,7 @@ struct Measured {
 }
 
 impl ClaimHandler for Measured {
-    async fn prepare(&self, claims: &[kubelet::ClaimRef]) -> Result<PrepareResults, RequestError> {
+    async fn prepare(&self, claims: &[ClaimRef]) -> Result<PrepareResults, RequestError> {
         let start = std::time::Instant::now();
         let answer = self.inner.prepare(claims).await;
         self.metrics
@@ -348,10 +348,7 @@ impl ClaimHandler for Measured {
         answer
     }
 
-    async fn unprepare(
-        &self,
-        claims: &[kubelet::ClaimRef],
-    ) -> Result<UnprepareResults, RequestError> {
+    async fn unprepare(&self, claims: &[ClaimRef]) -> Result<UnprepareResults, RequestError> {
         let before = self.view.inventory();
         let start = std::time::Instant::now();
         let answer = self.inner.unprepare(claims).await;
@@ -444,8 +441,8 @@ mod tests {
             view: view.clone(),
         };
         let refs = [
-            kubelet::ClaimRef::new("ns", "c", "uid-1"),
-            kubelet::ClaimRef::new("ns", "missing", "uid-2"),
+            ClaimRef::new("ns", "c", "uid-1"),
+            ClaimRef::new("ns", "missing", "uid-2"),
         ];
         let answers = handler.prepare(&refs).await.unwrap();
         assert!(answers["uid-1"].is_ok() && answers["uid-2"].is_err());

@@ -29,20 +29,20 @@
 use std::collections::BTreeMap;
 
 use cdi::ClaimUid;
+use kubelet_plugin::ClaimRef;
 use policy::Claim;
 use tracing::{info, warn};
 
 use crate::{
-    claim_ref::ClaimRef,
     crash::crash_point,
     errors::chain,
     manager::{Inner, Manager},
-    state::{ClaimRecord, PreparedDevice},
+    state::{ClaimRecord, DeviceRecord},
 };
 
-/// Why a whole request was refused.
+/// Why a whole request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RequestError {
+pub enum AdmitError {
     /// The runtime's synchronization has not completed yet; the kubelet retries.
     #[error("cannot serve claims yet: still synchronizing with the container runtime")]
     NotSynchronized,
@@ -54,7 +54,7 @@ pub enum RequestError {
 /// Why one claim failed: the claim, the step, the cause.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("claim {claim}: {step}: {cause}")]
-pub struct ClaimError {
+pub struct LifecycleError {
     /// The claim.
     pub claim: ClaimRef,
     /// The step that failed.
@@ -64,14 +64,14 @@ pub struct ClaimError {
 }
 
 /// Per-claim answers, keyed by claim UID.
-pub type ClaimAnswers<T> = BTreeMap<String, Result<T, ClaimError>>;
+pub type ClaimAnswers<T> = BTreeMap<String, Result<T, LifecycleError>>;
 
 impl Manager {
     /// Prepares claims, answering each on its own.
     pub async fn prepare(
         &self,
         claims: &[ClaimRef],
-    ) -> Result<ClaimAnswers<Vec<PreparedDevice>>, RequestError> {
+    ) -> Result<ClaimAnswers<Vec<DeviceRecord>>, AdmitError> {
         self.admit(claims)?;
         let mut answers = BTreeMap::new();
         for claim in claims {
@@ -88,7 +88,7 @@ impl Manager {
     }
 
     /// Unprepares claims, answering each on its own.
-    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Result<ClaimAnswers<()>, RequestError> {
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Result<ClaimAnswers<()>, AdmitError> {
         self.admit(claims)?;
         let mut answers = BTreeMap::new();
         for claim in claims {
@@ -104,19 +104,19 @@ impl Manager {
 
     /// Refuses a request before the gate opens, or one naming a malformed UID (which could not
     /// key its answer, and must not get near a file name).
-    fn admit(&self, claims: &[ClaimRef]) -> Result<(), RequestError> {
+    fn admit(&self, claims: &[ClaimRef]) -> Result<(), AdmitError> {
         for claim in claims {
             ClaimUid::new(&claim.uid)
-                .map_err(|e| RequestError::InvalidArgument(format!("claim {claim}: {e}")))?;
+                .map_err(|e| AdmitError::InvalidArgument(format!("claim {claim}: {e}")))?;
         }
         if !self.gate.is_open() {
-            return Err(RequestError::NotSynchronized);
+            return Err(AdmitError::NotSynchronized);
         }
         Ok(())
     }
 
-    async fn prepare_one(&self, claim_ref: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimError> {
-        let fail = |step: &'static str, cause: String| ClaimError {
+    async fn prepare_one(&self, claim_ref: &ClaimRef) -> Result<Vec<DeviceRecord>, LifecycleError> {
+        let fail = |step: &'static str, cause: String| LifecycleError {
             claim: claim_ref.clone(),
             step,
             cause,
@@ -210,7 +210,7 @@ impl Manager {
     }
 
     /// The devices to answer, in allocation-result order.
-    fn devices(&self, claim: &Claim) -> Result<Vec<PreparedDevice>, String> {
+    fn devices(&self, claim: &Claim) -> Result<Vec<DeviceRecord>, String> {
         let uid = ClaimUid::new(&claim.uid).map_err(|e| e.to_string())?;
         claim
             .results
@@ -219,7 +219,7 @@ impl Manager {
             .map(|(i, result)| {
                 let id = cdi::claim::qualified_device_name(&self.config.driver, &uid, i)
                     .map_err(|e| chain(&e))?;
-                Ok(PreparedDevice {
+                Ok(DeviceRecord {
                     request_names: vec![base_request_name(&result.request).to_owned()],
                     pool: result.pool.clone(),
                     device: result.device.clone(),
@@ -259,8 +259,8 @@ impl Manager {
         }
     }
 
-    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
-        let fail = |step: &'static str, cause: String| ClaimError {
+    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), LifecycleError> {
+        let fail = |step: &'static str, cause: String| LifecycleError {
             claim: claim.clone(),
             step,
             cause,

@@ -7,12 +7,12 @@
 
 use std::sync::Arc;
 
-use crate::{
-    claim_ref::ClaimRef,
-    claims::RequestError as LifecycleRefusal,
-    kubelet::{self, ClaimHandler, PrepareResults, PreparedDevice, RequestError, UnprepareResults},
-    manager::Manager,
+use kubelet_plugin::{
+    ClaimError, ClaimHandler, ClaimRef, PrepareResults, PreparedDevice, RequestError,
+    UnprepareResults,
 };
+
+use crate::{claims::AdmitError, manager::Manager};
 
 /// The manager, serving the kubelet.
 #[derive(Debug, Clone)]
@@ -27,17 +27,11 @@ impl LifecycleHandler {
     }
 }
 
-fn refs(claims: &[kubelet::ClaimRef]) -> Vec<ClaimRef> {
-    claims
-        .iter()
-        .map(|c| ClaimRef::new(&c.namespace, &c.name, &c.uid))
-        .collect()
-}
-
-fn refusal(e: LifecycleRefusal) -> RequestError {
+/// The lifecycle's refusal of a whole request, as the gRPC status the kubelet gets.
+fn refusal(e: AdmitError) -> RequestError {
     match e {
-        LifecycleRefusal::NotSynchronized => RequestError::Unavailable(e.to_string()),
-        LifecycleRefusal::InvalidArgument(_) => RequestError::InvalidArgument(e.to_string()),
+        AdmitError::NotSynchronized => RequestError::Unavailable(e.to_string()),
+        AdmitError::InvalidArgument(_) => RequestError::InvalidArgument(e.to_string()),
     }
 }
 
@@ -46,9 +40,9 @@ fn lost(e: tokio::task::JoinError) -> RequestError {
 }
 
 impl ClaimHandler for LifecycleHandler {
-    async fn prepare(&self, claims: &[kubelet::ClaimRef]) -> Result<PrepareResults, RequestError> {
+    async fn prepare(&self, claims: &[ClaimRef]) -> Result<PrepareResults, RequestError> {
         let manager = self.manager.clone();
-        let claims = refs(claims);
+        let claims = claims.to_vec();
         let answers = tokio::spawn(async move { manager.prepare(&claims).await })
             .await
             .map_err(lost)?
@@ -69,30 +63,22 @@ impl ClaimHandler for LifecycleHandler {
                             })
                             .collect()
                     })
-                    .map_err(|e| kubelet::ClaimError::new(e.to_string()));
+                    .map_err(|e| ClaimError::new(e.to_string()));
                 (uid, answer)
             })
             .collect())
     }
 
-    async fn unprepare(
-        &self,
-        claims: &[kubelet::ClaimRef],
-    ) -> Result<UnprepareResults, RequestError> {
+    async fn unprepare(&self, claims: &[ClaimRef]) -> Result<UnprepareResults, RequestError> {
         let manager = self.manager.clone();
-        let claims = refs(claims);
+        let claims = claims.to_vec();
         let answers = tokio::spawn(async move { manager.unprepare(&claims).await })
             .await
             .map_err(lost)?
             .map_err(refusal)?;
         Ok(answers
             .into_iter()
-            .map(|(uid, answer)| {
-                (
-                    uid,
-                    answer.map_err(|e| kubelet::ClaimError::new(e.to_string())),
-                )
-            })
+            .map(|(uid, answer)| (uid, answer.map_err(|e| ClaimError::new(e.to_string()))))
             .collect())
     }
 }

@@ -4,8 +4,10 @@
 //! durable state and the claim lifecycle (prepare = allocate, commit, write the CDI spec; unprepare
 //! = remove the spec, release, commit). See ARCHITECTURE.md for the invariants this crate keeps,
 //! and [`manager`] for the lock and the commit.
+//!
+//! It re-exports the crates whose types appear in its API (`kubelet_plugin`, `nri`, `policy`), so
+//! the binary uses exactly the versions resmgr was built against without depending on them.
 
-pub mod claim_ref;
 pub mod claims;
 pub mod crash;
 pub mod dra_handler;
@@ -13,16 +15,15 @@ pub mod errors;
 pub mod events;
 pub mod gate;
 pub mod kube;
-pub mod kubelet;
 pub mod manager;
 pub mod nri_plugin;
 pub mod pending;
 pub mod runtime;
 pub mod state;
 
-pub use claim_ref::ClaimRef;
-pub use claims::{ClaimAnswers, ClaimError, RequestError};
+pub use claims::{AdmitError, ClaimAnswers, LifecycleError};
 pub use kube::{ClaimReadError, ClaimReader};
+pub use kubelet_plugin;
 pub use manager::{DeliveryError, Manager, ManagerConfig, StartError};
 pub use nri;
 pub use policy;

@@ -47,13 +47,13 @@ pub struct ClaimRecord {
     /// Name of the claim.
     pub name: String,
     /// The devices, in allocation-result order.
-    pub devices: Vec<PreparedDevice>,
+    pub devices: Vec<DeviceRecord>,
 }
 
 /// One prepared device, as answered to the kubelet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PreparedDevice {
+pub struct DeviceRecord {
     /// Base request names (any `/subrequest` suffix stripped).
     pub request_names: Vec<String>,
     /// Pool of the device.
@@ -210,7 +210,7 @@ mod tests {
             ClaimRecord {
                 namespace: "ns".into(),
                 name: "c".into(),
-                devices: vec![PreparedDevice {
+                devices: vec![DeviceRecord {
                     request_names: vec!["cpus".into()],
                     pool: "node".into(),
                     device: "numa0".into(),

@@ -8,9 +8,12 @@ use std::{sync::Arc, time::Duration};
 use hyper::Method;
 use kube_apiserver::FakeApiServer;
 use policy::{AllocationResult, ClaimConfig, ConfigSource, Quantity};
-use resmgr::kube::{
-    ClaimReadError, ClaimReader, ClaimRef, DiscoveryError, KubeClaimReader, ResourceApiVersions,
-    RetryPolicy,
+use resmgr::{
+    kube::{
+        ClaimReadError, ClaimReader, DiscoveryError, KubeClaimReader, ResourceApiVersions,
+        RetryPolicy,
+    },
+    kubelet_plugin::ClaimRef,
 };
 use serde_json::{Value, json};
 

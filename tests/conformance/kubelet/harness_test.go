@@ -1,5 +1,5 @@
 // Harness for the kubelet conformance tests: the Rust kubelet test plugin
-// (crates/resmgr/examples/kubelet-test-plugin.rs) in a child process with its own plugin and
+// (crates/kubelet-plugin/examples/kubelet-test-plugin.rs) in a child process with its own plugin and
 // registry directories, and the two ways the kubelet dials a plugin socket.
 package kubelet
 

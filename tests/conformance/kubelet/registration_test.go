@@ -14,7 +14,7 @@ import (
 // A stock tonic server (h2 underneath) resets every request whose :authority is a
 // percent-encoded socket path, which is what the kubelet sends on the registration socket. This
 // is the problem, reproduced; when it stops reproducing, h2 accepts such authorities and our
-// rewrite (crates/resmgr/src/kubelet/authority) can go.
+// rewrite (crates/kubelet-plugin/src/authority) can go.
 func TestStockTonicResetsThePercentEncodedAuthority(t *testing.T) {
 	p := startPlugin(t, "--stock-registration")
 	byPath := dialStyles[0].dial(t, p.registrationSocket())

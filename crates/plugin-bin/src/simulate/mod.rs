@@ -20,7 +20,9 @@ use policy::{
     AllocationResult, Claim, Container, Pod, QosClass, Quantity, Resources, Topology, cdi,
     topology_aware::Config,
 };
-use resmgr::{ClaimRef, Manager, ManagerConfig, kube::fake::StaticClaims, state::StateFile};
+use resmgr::{
+    Manager, ManagerConfig, kube::fake::StaticClaims, kubelet_plugin::ClaimRef, state::StateFile,
+};
 
 use self::{
     report::{Change, DeviceSummary, Report, StepReport},
@@ -403,7 +405,7 @@ impl Sim {
             .map_err(|e| e.to_string())?
             .remove(&uid)
             .unwrap_or_else(|| {
-                Err(resmgr::ClaimError {
+                Err(resmgr::LifecycleError {
                     claim: reference.clone(),
                     step: "answering",
                     cause: "no answer".into(),

@@ -18,14 +18,13 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 use ::kube::{Api, api::DynamicObject};
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1 as wire;
+use kubelet_plugin::ClaimRef;
 use policy::{AllocationResult, Claim, ClaimConfig, ConfigSource, Quantity};
 
 use super::{
     retry::{AttemptError, RetryError, RetryPolicy},
     version::{DiscoveryError, ResourceApiVersions, is_path_not_served},
 };
-
-pub use crate::claim_ref::ClaimRef;
 
 /// Why a claim could not be read. Every variant names the claim.
 #[derive(Debug, thiserror::Error)]

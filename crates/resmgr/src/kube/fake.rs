@@ -9,10 +9,11 @@ use std::{
 };
 
 use futures::future::BoxFuture;
+use kubelet_plugin::ClaimRef;
 use policy::{Claim, Device};
 
 use super::{
-    claims::{ClaimReadError, ClaimReader, ClaimRef},
+    claims::{ClaimReadError, ClaimReader},
     slices::{DevicePublisher, PublishError, PublishReport, validate::validate_devices},
 };
 

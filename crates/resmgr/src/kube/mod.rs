@@ -23,7 +23,7 @@ mod retry;
 pub mod slices;
 pub mod version;
 
-pub use claims::{ClaimReadError, ClaimReader, ClaimRef, KubeClaimReader};
+pub use claims::{ClaimReadError, ClaimReader, KubeClaimReader};
 pub use client::{ConnectError, connect};
 pub use slices::{
     DevicePublisher, DeviceValidationError, NodeAllocatableCpu, PublishError, PublishReport,

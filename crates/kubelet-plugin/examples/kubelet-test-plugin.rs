@@ -1,7 +1,7 @@
 //! A kubelet plugin with a scripted claim handler, for the Go conformance tests
 //! (tests/conformance/kubelet) that drive it with the kubelet's own gRPC clients.
 //!
-//! It serves the real `resmgr::kubelet` servers. The test handler decides by the claim's name:
+//! It serves the real `kubelet_plugin` servers. The test handler decides by the claim's name:
 //!
 //! - `fail-*`: that claim fails (prepare and unprepare), with a message naming it;
 //! - `shared-*`: prepared with a share id (`share-<uid>`);
@@ -22,7 +22,7 @@ use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context;
 use clap::Parser;
-use resmgr::kubelet::{
+use kubelet_plugin::{
     ClaimError, ClaimHandler, ClaimRef, KubeletConfig, KubeletPlugin, PrepareResults,
     PreparedDevice, RegistrationState, RequestError, UnprepareResults,
 };
@@ -171,7 +171,7 @@ mod stock {
         InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
         registration_server::{Registration, RegistrationServer},
     };
-    use resmgr::kubelet::KubeletConfig;
+    use kubelet_plugin::KubeletConfig;
     use tokio::net::UnixListener;
     use tokio_stream::wrappers::UnixListenerStream;
     use tonic::{Request, Response, Status};

@@ -9,7 +9,7 @@ use dra_proto::{v1, v1beta1};
 use tonic::Status;
 use tracing::{debug, warn};
 
-use super::handler::{ClaimError, ClaimRef, PreparedDevice};
+use crate::handler::{ClaimError, ClaimRef, PreparedDevice};
 
 impl From<v1::Claim> for ClaimRef {
     fn from(c: v1::Claim) -> Self {

@@ -442,7 +442,7 @@ fn needs_rewrite(field: &HeaderField) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubelet::authority::hpack::TestEncoder;
+    use crate::authority::hpack::TestEncoder;
 
     const LIMITS: Limits = Limits {
         max_frame_size: 16_384,

@@ -15,7 +15,7 @@ use dra_proto::{
     prost::Message,
     v1,
 };
-use resmgr::kubelet::{
+use kubelet_plugin::{
     ClaimHandler, ClaimRef, KubeletConfig, KubeletError, KubeletPlugin, PrepareResults,
     PreparedDevice, RegistrationState, RequestError, SocketError, UnprepareResults,
 };
@@ -451,7 +451,7 @@ async fn malformed_and_oversized_requests_are_refused_and_the_server_carries_on(
     // Over the request limit: about 1.2 MiB of claims.
     let many: Vec<String> = (0..20_000).map(|i| format!("uid-{i:040}")).collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
-    assert!(prepare_request(&many).encoded_len() > resmgr::kubelet::MAX_DRA_REQUEST);
+    assert!(prepare_request(&many).encoded_len() > kubelet_plugin::MAX_DRA_REQUEST);
     let err = prepare(&socket, &many).await.unwrap_err();
     assert_eq!(err.code, OUT_OF_RANGE, "{err:?}");
 
@@ -479,7 +479,7 @@ async fn an_invalid_driver_name_is_refused_before_touching_the_filesystem() {
 }
 
 /// The `:authority` rewrite in front of our servers enforces their HTTP/2 limits and mirrors a
-/// client HPACK table of at most 4096 bytes (src/kubelet/authority/mod.rs). This pins what the
+/// client HPACK table of at most 4096 bytes (src/authority/mod.rs). This pins what the
 /// servers actually advertise, so a changed tonic or hyper default cannot silently break that.
 #[tokio::test]
 async fn servers_advertise_the_settings_the_authority_rewrite_assumes() {

@@ -1,4 +1,11 @@
-//! The kubelet-facing gRPC servers: plugin registration and the DRA service, over unix sockets.
+//! The kubelet side of a DRA driver: plugin registration and the DRA gRPC service, over unix
+//! sockets, in front of a [`ClaimHandler`] the driver implements.
+//!
+//! This is the part of a DRA driver that is the same for every driver (the shape of Go's
+//! `k8s.io/dynamic-resource-allocation/kubeletplugin`): sockets, registration, both DRA versions,
+//! request validation, and the HTTP/2 fix the kubelet's clients need. It knows nothing of
+//! resources, policies or the Kubernetes API; it depends only on `dra-proto`. What a prepare
+//! means is the handler's business (resmgr's is its claim lifecycle, in `resmgr::dra_handler`).
 //!
 //! [`KubeletPlugin::start`] serves two sockets:
 //!

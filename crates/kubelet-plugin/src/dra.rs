@@ -11,7 +11,7 @@ use dra_proto::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
-use super::{
+use crate::{
     handler::{ClaimError, ClaimHandler, ClaimRef, PreparedDevice},
     wire,
 };

@@ -22,7 +22,7 @@ use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
 use tonic::transport::{Server, server::Router};
 use tracing::info;
 
-use super::{
+use crate::{
     authority::{MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, RewritingStream, server_limits},
     dra::DraService,
     handler::ClaimHandler,

@@ -1,17 +1,48 @@
 //! What the DRA servers ask of the claim lifecycle: the [`ClaimHandler`] trait and its types.
 //!
-//! These are resmgr's types, not the wire's: both DRA versions convert to and from them at the
+//! These are the driver's types, not the wire's: both DRA versions convert to and from them at the
 //! boundary (`wire.rs`), so the handler neither knows nor cares which version the kubelet speaks.
 //! The handler gets the whole batch of one kubelet call and answers per claim; it refuses the
 //! whole call only when nothing in it can be answered yet (for example while the runtime has not
 //! synchronized), because the kubelet records and retries per claim.
 
-use std::{collections::BTreeMap, future::Future};
+use std::{collections::BTreeMap, fmt, future::Future};
 
 /// A claim the kubelet asks about: what `NodePrepareResources` and `NodeUnprepareResources`
-/// carry. The servers hand the handler only claims whose three fields are non-empty. It is the
-/// crate's one claim reference, shared with the claim lifecycle and the API client.
-pub use crate::claim_ref::ClaimRef;
+/// carry, namespace, name and UID, and nothing else. The servers hand the handler only claims
+/// whose three fields are non-empty. A driver keeps using it past the handler (resmgr's claim
+/// lifecycle and API client look claims up by it), so there is one claim reference, this one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClaimRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The UID the kubelet saw; a claim with another UID is a different (re-created) claim.
+    pub uid: String,
+}
+
+impl ClaimRef {
+    /// A claim reference from the kubelet's three fields.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+}
+
+/// `namespace/name (uid …)`, the way every error names a claim.
+impl fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
+    }
+}
 
 /// One device prepared for a claim, as the kubelet is told about it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
