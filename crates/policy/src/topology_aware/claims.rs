@@ -7,12 +7,15 @@
 //! default 1, minimum 1, step 1).
 //!
 //! A claim's result `i` is granted through CDI edits that set `DRA_CPUSET_<uid>=<cpus>` and
-//! `DRA_MEMS_<uid>=<nodes>`. A container uses a claim when the runtime reports the CDI device
-//! `<vendor>/device=claim-<uid>-<i>` (the resource manager's naming, parsed with
-//! [`cdi::claim_of_device`]),
-//! which only the kubelet can inject; failing that (runtimes that do not report CDI devices)
-//! when its environment has `DRA_CPUSET_<uid>`, and then only if its pod is among the claim's
-//! reserved-for pods, because a pod can set any environment variable it likes.
+//! `DRA_MEMS_<uid>=<nodes>`, and the same under the claim's [`shell_safe`] name (hyphens as
+//! underscores): a Kubernetes UID has hyphens, which no shell accepts in a variable name, so
+//! `sh` drops `DRA_CPUSET_<uid>` from the environment of everything it starts, and a workload
+//! started through a shell wrapper would never see it. A container uses a claim when the runtime
+//! reports the CDI device `<vendor>/device=claim-<uid>-<i>` (the resource manager's naming,
+//! parsed with [`cdi::claim_of_device`]), which only the kubelet can inject; failing that
+//! (runtimes that do not report CDI devices) when its environment has `DRA_CPUSET_` with the
+//! claim's UID or its shell-safe name, and then only if its pod is among the claim's reserved-for
+//! pods, because a pod can set any environment variable it likes.
 //!
 //! A result whose claim configuration turns `memoryPinning` off ([`super::claim_config`]) gets
 //! no `DRA_MEMS_<uid>`, and containers using it get no memory nodes from it.
@@ -87,16 +90,26 @@ impl ClaimRecord {
     }
 
     /// The CDI edits of every result, in result order: its CPUs, and its memory nodes when
-    /// it pins memory (a container is told only what it is held to).
+    /// it pins memory (a container is told only what it is held to), each under the claim's UID
+    /// and, when that differs, under its [`shell_safe`] name.
     pub fn edits(&self) -> Vec<cdi::ContainerEdits> {
+        let safe = shell_safe(&self.uid);
+        let names: Vec<&str> = if safe == self.uid {
+            vec![&self.uid]
+        } else {
+            vec![&self.uid, &safe]
+        };
         self.results
             .iter()
             .map(|r| {
-                let cpus = format!("{CPUSET_ENV}{}={}", self.uid, r.cpus);
-                let mems = format!("{MEMS_ENV}{}={}", self.uid, r.mems);
-                cdi::ContainerEdits::with_env(
-                    std::iter::once(cpus).chain(r.memory_pinning.then_some(mems)),
-                )
+                let cpus = names
+                    .iter()
+                    .map(|name| format!("{CPUSET_ENV}{name}={}", r.cpus));
+                let mems = names
+                    .iter()
+                    .filter(|_| r.memory_pinning)
+                    .map(|name| format!("{MEMS_ENV}{name}={}", r.mems));
+                cdi::ContainerEdits::with_env(cpus.chain(mems))
             })
             .collect()
     }
@@ -114,6 +127,13 @@ pub struct Snapshot {
     pub version: u32,
     /// Every claim held.
     pub claims: Vec<ClaimRecord>,
+}
+
+/// A claim UID as a shell accepts it in a variable name: hyphens as underscores
+/// (`DRA_CPUSET_0b6c2a4e_7f3d_…`). Kubernetes UIDs are hex digits and hyphens, so this is
+/// the UID's only change.
+pub fn shell_safe(uid: &str) -> String {
+    uid.replace('-', "_")
 }
 
 /// The device name of NUMA node `node`.
@@ -217,7 +237,11 @@ pub fn used_by(
         let Some(uid) = name.strip_prefix(CPUSET_ENV) else {
             continue;
         };
-        let Some(claim) = claims.get(uid) else {
+        // The exact UID, or the shell-safe name of one (see the module docs).
+        let Some(claim) = claims
+            .get(uid)
+            .or_else(|| claims.values().find(|c| shell_safe(&c.uid) == uid))
+        else {
             continue;
         };
         if !claim.reserved_for.contains(&container.pod.uid) {
@@ -236,7 +260,7 @@ pub fn used_by(
         } else {
             matching
         };
-        used.entry(uid.to_owned()).or_default().extend(indexes);
+        used.entry(claim.uid.clone()).or_default().extend(indexes);
     }
     dedup(used)
 }
@@ -300,6 +324,58 @@ mod tests {
             used_by(&c, &claims),
             BTreeMap::from([(uid.to_owned(), vec![0, 1])])
         );
+    }
+
+    #[test]
+    fn edits_also_name_a_hyphenated_uid_the_way_a_shell_keeps_it() {
+        let uid = "0b6c2a4e-7f3d-4c5e-9a1b-2c3d4e5f6a7b";
+        let safe = "0b6c2a4e_7f3d_4c5e_9a1b_2c3d4e5f6a7b";
+        let mut claim = held(uid, &["pod-a"]);
+        assert_eq!(
+            claim.edits()[0].env,
+            [
+                format!("DRA_CPUSET_{uid}=2-3"),
+                format!("DRA_CPUSET_{safe}=2-3"),
+                format!("DRA_MEMS_{uid}=0"),
+                format!("DRA_MEMS_{safe}=0"),
+            ]
+        );
+        claim.results[1].memory_pinning = false;
+        assert_eq!(
+            claim.edits()[1].env,
+            [
+                format!("DRA_CPUSET_{uid}=4-5"),
+                format!("DRA_CPUSET_{safe}=4-5")
+            ]
+        );
+        // A UID a shell already accepts is named once.
+        assert_eq!(
+            held("u1", &[]).edits()[0].env,
+            ["DRA_CPUSET_u1=2-3", "DRA_MEMS_u1=0"]
+        );
+    }
+
+    #[test]
+    fn the_environment_fallback_accepts_the_shell_safe_name() {
+        let uid = "0b6c2a4e-7f3d-4c5e-9a1b-2c3d4e5f6a7b";
+        let claims = BTreeMap::from([(uid.to_owned(), held(uid, &["pod-a"]))]);
+        let mut c = Container::default();
+        c.pod.uid = "pod-a".into();
+        // All a shell wrapper passes on: the names with underscores.
+        c.env = vec![format!("DRA_CPUSET_{}=4-5", shell_safe(uid))];
+        assert_eq!(
+            used_by(&c, &claims),
+            BTreeMap::from([(uid.to_owned(), vec![1])])
+        );
+        // Both names, as the runtime injects them, are one use.
+        c.env.push(format!("DRA_CPUSET_{uid}=4-5"));
+        assert_eq!(
+            used_by(&c, &claims),
+            BTreeMap::from([(uid.to_owned(), vec![1])])
+        );
+        // Still only for the claim's own pods.
+        c.pod.uid = "pod-b".into();
+        assert!(used_by(&c, &claims).is_empty());
     }
 
     #[test]
