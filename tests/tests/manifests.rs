@@ -1,7 +1,8 @@
-//! The deploy objects as Kubernetes sees them: every object the Helm chart renders (with its
-//! defaults, with the plain-manifest values, and with each optional part switched the other way),
-//! the committed plain manifests, and the examples parse into k8s-openapi's types with no unknown
-//! fields, and the DaemonSet, RBAC and DeviceClass say what the deployment promises.
+//! The deploy objects as Kubernetes sees them: every object the Helm chart renders with Helm's own
+//! engine (with its defaults, with the plain-manifest values, and with each optional part switched
+//! the other way), the committed plain manifests, and the examples parse into k8s-openapi's types
+//! with no unknown fields, and the DaemonSet, RBAC and DeviceClass say what the deployment
+//! promises.
 //!
 //! k8s-openapi ignores unknown fields when deserializing, so "no unknown fields" is checked by a
 //! round trip: the object parsed into its type and serialized again must give back exactly the
@@ -10,7 +11,11 @@
 //! field types and required fields included, is the Go conformance test in
 //! tests/conformance/deploy.)
 
-use std::{fs, path::PathBuf};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use k8s_openapi::{
     api::{
@@ -24,7 +29,7 @@ use k8s_openapi::{
 };
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value as Json;
-use xtask::chart::{self, Chart, Release};
+use xtask::helm::{self, Helm, Release};
 
 fn repo_root() -> PathBuf {
     // tests/ is one level below the repository root.
@@ -107,7 +112,7 @@ fn check_object(object: &Json) -> Result<String, String> {
 
 /// Parses a multi-document YAML text into JSON objects.
 fn objects(text: &str) -> Vec<Json> {
-    chart::documents(text)
+    helm::documents(text)
         .expect("the YAML parses")
         .into_iter()
         .map(|doc| serde_json::to_value(doc).expect("YAML objects convert to JSON"))
@@ -133,24 +138,35 @@ fn check_all(what: &str, text: &str) -> Vec<String> {
 }
 
 fn plain_manifests() -> String {
-    fs::read_to_string(repo_root().join(chart::PLAIN_MANIFESTS)).expect("the plain manifests exist")
+    fs::read_to_string(repo_root().join(helm::PLAIN_MANIFESTS)).expect("the plain manifests exist")
 }
 
+/// The `helm-chart` program, built once per test run.
+fn helm() -> &'static Helm {
+    static HELM: OnceLock<Helm> = OnceLock::new();
+    HELM.get_or_init(|| {
+        Helm::build(&repo_root(), Path::new(env!("CARGO_TARGET_TMPDIR")))
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// What Helm renders for the chart as release resmgr in kube-system with `overrides` (YAML) on
+/// top of its values.
 fn render_chart(overrides: &str) -> String {
-    let root = repo_root();
-    let chart = Chart::load(&root.join(chart::CHART_DIR)).expect("the chart loads");
-    let overrides: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(overrides).expect("overrides parse");
-    let rendered = chart
-        .render(
-            &Release {
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    fs::write(&values, overrides).unwrap();
+    helm()
+        .template(
+            &repo_root().join(helm::CHART_DIR),
+            Release {
                 name: "resmgr",
                 namespace: "kube-system",
             },
-            &[overrides],
+            &[&values],
+            &[],
         )
-        .expect("the chart renders");
-    chart::join_manifests(&chart.meta.name, &rendered)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The object of `kind` in a multi-document text.
@@ -163,17 +179,17 @@ fn object_of_kind(text: &str, kind: &str) -> Json {
 
 #[test]
 fn the_plain_manifests_are_what_the_chart_renders() {
-    let rendered = chart::render_plain(&repo_root(), None).expect("the chart renders");
+    let rendered = helm::render_plain(helm(), &repo_root(), None).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         plain_manifests() == rendered,
         "{} differs from what the chart renders; run `cargo xtask manifests`",
-        chart::PLAIN_MANIFESTS
+        helm::PLAIN_MANIFESTS
     );
 }
 
 #[test]
 fn every_plain_manifest_parses_into_its_type_with_no_unknown_fields() {
-    let kinds = check_all(chart::PLAIN_MANIFESTS, &plain_manifests());
+    let kinds = check_all(helm::PLAIN_MANIFESTS, &plain_manifests());
     assert_eq!(
         kinds,
         [
@@ -181,10 +197,10 @@ fn every_plain_manifest_parses_into_its_type_with_no_unknown_fields() {
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "DaemonSet",
             "DeviceClass",
             "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
-            "DaemonSet"
+            "ValidatingAdmissionPolicyBinding"
         ]
     );
 }

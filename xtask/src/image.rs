@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use xtask::chart;
+use xtask::helm;
 
 use crate::{release, util};
 
@@ -25,7 +25,7 @@ pub fn run(root: &Path, engine: Option<&str>, tag: Option<&str>) -> anyhow::Resu
     let engine = choose_engine(&candidates, probe)?;
     let version = release::workspace_version(root)?;
     let values: serde_yaml_ng::Value =
-        chart::read_yaml(&root.join(chart::CHART_DIR).join("values.yaml"))?;
+        helm::read_yaml(&root.join(helm::CHART_DIR).join("values.yaml"))?;
     let repository = values["image"]["repository"]
         .as_str()
         .context("the chart's values.yaml has no image.repository")?;

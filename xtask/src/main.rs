@@ -51,18 +51,12 @@ enum Command {
         #[arg(long)]
         binary: Option<PathBuf>,
     },
-    /// Render deploy/manifests/resmgr.yaml from the Helm chart in deploy/helm/resmgr.
+    /// Render deploy/manifests/resmgr.yaml from the Helm chart in deploy/helm/resmgr, with Helm's
+    /// own engine (needs Go).
     Manifests {
         /// Fail if the committed manifests differ from what the chart renders.
         #[arg(long)]
         check: bool,
-        /// Render with these values files on top of the chart's (instead of the plain
-        /// manifests' values) into --out.
-        #[arg(long = "values")]
-        values: Vec<PathBuf>,
-        /// Where --values renders to.
-        #[arg(long)]
-        out: Option<PathBuf>,
     },
     /// Build the container image from deploy/Containerfile (needs podman, buildah, nerdctl or a
     /// Docker daemon).
@@ -89,9 +83,7 @@ fn main() -> anyhow::Result<()> {
         Command::Release { out, binary } => {
             release::release(&root, out.as_deref(), binary.as_deref())
         }
-        Command::Manifests { check, values, out } => {
-            manifests::run(&root, check, &values, out.as_deref())
-        }
+        Command::Manifests { check } => manifests::run(&root, check),
         Command::Image { engine, tag } => image::run(&root, engine.as_deref(), tag.as_deref()),
         Command::Bench => bench::run(&root),
     }

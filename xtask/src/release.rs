@@ -1,5 +1,6 @@
 //! `cargo xtask build`, `release` and `demo`: the release binary and what ships with it (the
-//! plain manifests and the packaged Helm chart, see [`xtask::chart`]).
+//! plain manifests and the packaged Helm chart, both made by Helm's own code, see
+//! [`xtask::helm`]).
 
 use std::{
     fs,
@@ -10,9 +11,9 @@ use std::{
 
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
-use xtask::chart;
+use xtask::helm::{self, Helm};
 
-use crate::{sysdeps, test, util};
+use crate::{manifests, sysdeps, test, util};
 
 /// The scenario `cargo xtask demo` runs (its expected output is checked in next to it, and the
 /// README shows it).
@@ -41,7 +42,8 @@ pub fn release(root: &Path, out: Option<&Path>, binary: Option<&Path>) -> anyhow
             build_release(root, "dist")?
         }
     };
-    let artefacts = assemble(root, &out, &version, &bin)?;
+    let helm = manifests::build_helm(root)?;
+    let artefacts = assemble(&helm, root, &out, &version, &bin)?;
     for name in &artefacts {
         eprintln!("  {name}");
     }
@@ -60,17 +62,23 @@ pub fn artefact_names(version: &str) -> [String; 4] {
 }
 
 /// Writes the release into a fresh `out` and returns the names of the files written.
-fn assemble(root: &Path, out: &Path, version: &str, bin: &Path) -> anyhow::Result<Vec<String>> {
+fn assemble(
+    helm: &Helm,
+    root: &Path,
+    out: &Path,
+    version: &str,
+    bin: &Path,
+) -> anyhow::Result<Vec<String>> {
     if out.exists() {
         fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
     }
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let [bin_name, manifests_name, chart_name, sums_name] = artefact_names(version);
     fs::copy(bin, out.join(&bin_name)).with_context(|| format!("copying {}", bin.display()))?;
-    let manifests = chart::render_plain(root, Some(version))?;
+    let manifests = helm::render_plain(helm, root, Some(version))?;
     fs::write(out.join(&manifests_name), manifests)
         .with_context(|| format!("writing {manifests_name}"))?;
-    let packaged = chart::package(&root.join(chart::CHART_DIR), out)?;
+    let packaged = helm.package(&root.join(helm::CHART_DIR), out)?;
     anyhow::ensure!(
         packaged == chart_name,
         "the chart packaged as {packaged}, expected {chart_name}"
@@ -85,9 +93,9 @@ fn assemble(root: &Path, out: &Path, version: &str, bin: &Path) -> anyhow::Resul
 /// Refuses a release whose chart does not carry the workspace version: the chart's version and
 /// appVersion, and the image tag its values default to, must all be `version`.
 fn check_chart_version(root: &Path, version: &str) -> anyhow::Result<()> {
-    let dir = root.join(chart::CHART_DIR);
-    let meta: chart::ChartMeta = chart::read_yaml(&dir.join("Chart.yaml"))?;
-    let values: serde_yaml_ng::Value = chart::read_yaml(&dir.join("values.yaml"))?;
+    let dir = root.join(helm::CHART_DIR);
+    let meta: helm::ChartMeta = helm::read_yaml(&dir.join("Chart.yaml"))?;
+    let values: serde_yaml_ng::Value = helm::read_yaml(&dir.join("values.yaml"))?;
     let found = [
         ("Chart.yaml version", Some(meta.version.as_str())),
         ("Chart.yaml appVersion", meta.app_version.as_deref()),
@@ -101,7 +109,7 @@ fn check_chart_version(root: &Path, version: &str) -> anyhow::Result<()> {
     if !wrong.is_empty() {
         bail!(
             "the chart in {} does not carry the workspace version {version}: {}",
-            chart::CHART_DIR,
+            helm::CHART_DIR,
             wrong.join(", ")
         );
     }
@@ -203,7 +211,8 @@ mod tests {
         fs::create_dir_all(&out).unwrap();
         fs::write(out.join("stale"), "left over from an earlier release").unwrap();
 
-        let written = assemble(&root, &out, version, &bin).unwrap();
+        let helm = manifests::build_helm(&root).unwrap();
+        let written = assemble(&helm, &root, &out, version, &bin).unwrap();
         assert_eq!(written, artefact_names(version));
         let mut on_disk: Vec<String> = fs::read_dir(&out)
             .unwrap()
@@ -238,6 +247,16 @@ mod tests {
         assert!(
             names.contains(&"resmgr/templates/50-daemonset.yaml".to_owned()),
             "{names:?}"
+        );
+
+        let again = work.path().join("again");
+        assert_eq!(
+            assemble(&helm, &root, &again, version, &bin).unwrap(),
+            written
+        );
+        assert!(
+            fs::read(again.join(&written[2])).unwrap() == chart,
+            "the chart package is reproducible"
         );
     }
 }

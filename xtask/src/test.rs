@@ -6,7 +6,8 @@
 //! 4. clippy with `-D warnings` over all targets;
 //! 5. `cargo test --workspace`, which includes the tidy tests;
 //! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
-//!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0.
+//!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0;
+//!    and `go test` (which vets) of xtask's own Go program, the chart renderer in `xtask/helm`.
 
 use std::{
     path::{Path, PathBuf},
@@ -45,13 +46,15 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
 }
 
 /// Builds the binaries the Go tests drive and runs `go test ./...` in every Go module under
-/// `tests/conformance`.
+/// `tests/conformance` and in xtask's chart renderer.
 fn conformance(root: &Path) -> anyhow::Result<()> {
     if !util::have("go") {
         bail!("the conformance tests need Go (https://go.dev/dl/); `go` is not on PATH");
     }
     let bin_dir = build_test_binaries(root)?;
-    for module in go_modules(&root.join("tests/conformance"))? {
+    let mut modules = go_modules(&root.join("tests/conformance"))?;
+    modules.push(root.join(xtask::helm::PROGRAM_DIR));
+    for module in modules {
         util::run(
             Command::new("go")
                 .current_dir(&module)

@@ -1,9 +1,8 @@
 // Package deploy checks resmgr's deployment objects against the upstream implementations that
 // consume them:
 //
-//   - Helm's own template engine (helm.sh/helm/v4) renders the chart in deploy/helm/resmgr and must
-//     produce exactly the plain manifests that `cargo xtask manifests` renders with its template
-//     subset, for the committed values and for values that flip every option;
+//   - the chart renderer `cargo xtask` runs (xtask/helm, Helm's own engine, imported here)
+//     renders the chart in deploy/helm/resmgr for the values the tests choose;
 //   - kubeconform validates every object (chart output, plain manifests, examples) against JSON
 //     schemas made from the Kubernetes 1.34 OpenAPI document (api/openapi-spec/swagger.json of the
 //     k8s.io/kubernetes module, fetched through the Go module proxy, so nothing is downloaded from

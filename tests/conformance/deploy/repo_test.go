@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The release name and namespace the plain manifests are rendered as (xtask/src/chart/mod.rs).
+// The release name and namespace the plain manifests are rendered as (xtask/src/helm.rs).
 const (
 	plainReleaseName = "resmgr"
 	plainNamespace   = "resmgr-system"
@@ -49,37 +49,6 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-// sourceMarker heads each template's part of a joined manifests file, as `helm template` does.
-const sourceMarker = "# Source: "
-
-// splitSources splits a joined manifests file into template path -> trimmed text. Text before
-// the first header (the file's own comment) belongs to no template.
-func splitSources(text string) map[string]string {
-	parts := map[string]string{}
-	current := ""
-	var buf []string
-	flush := func() {
-		if current != "" {
-			parts[current] = strings.TrimSpace(strings.Join(buf, "\n"))
-		}
-	}
-	lines := strings.Split(text, "\n")
-	for i := 0; i < len(lines); i++ {
-		if lines[i] == "---" && i+1 < len(lines) && strings.HasPrefix(lines[i+1], sourceMarker) {
-			flush()
-			current = strings.TrimPrefix(lines[i+1], sourceMarker)
-			buf = nil
-			i++
-			continue
-		}
-		if current != "" {
-			buf = append(buf, lines[i])
-		}
-	}
-	flush()
-	return parts
 }
 
 // documents splits a multi-document YAML text into JSON objects, skipping empty documents.
