@@ -8,6 +8,8 @@
 //! - [`model`]: the domain types the resource manager translates wire messages into.
 //! - [`inventory`]: what a policy reports it has placed where, for metrics, debugging and the
 //!   simulator.
+//! - [`scheduler`]: a model of how kube-scheduler allocates claims from the devices a policy
+//!   publishes, for the simulator and tests that put the scheduler's view next to the node's.
 //! - [`topology`]: the machine (packages, dies, NUMA nodes, L3 groups, cores, threads, online and
 //!   isolated CPUs), discovered through hwloc from the live machine, a synthetic description or
 //!   an XML export.
@@ -19,6 +21,7 @@ pub mod idset;
 pub mod inventory;
 pub mod model;
 pub mod quantity;
+pub mod scheduler;
 pub mod topology;
 pub mod topology_aware;
 
