@@ -7,6 +7,12 @@
 //! synchronize after a restart), with the durable state and the CDI specs written to real
 //! directories. What the report shows is what the simulated runtime ended up applying and what
 //! the policy holds, so a simulation cannot look better than the agent would behave.
+//!
+//! A `schedule` step puts the scheduler in front of that: [`policy::scheduler`] allocates the
+//! claim from the devices the policy publishes at that moment and what is already allocated,
+//! as kube-scheduler would, and the kubelet then prepares it. The report shows both views, and
+//! flags loudly a claim the scheduler allocated and the node refused (its pod would be stuck)
+//! or granted with another number of CPUs than the scheduler accounted.
 
 pub mod report;
 pub mod scenario;
@@ -17,16 +23,16 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
 use policy::{
-    AllocationResult, Claim, Container, Pod, QosClass, Quantity, Resources, Topology, cdi,
-    topology_aware::Config,
+    AllocationResult, Claim, Container, Device, Pod, QosClass, Quantity, Resources, Topology, cdi,
+    scheduler::Scheduler, topology_aware::Config,
 };
 use resmgr::{
     Manager, ManagerConfig, kube::fake::StaticClaims, kubelet_plugin::ClaimRef, state::StateFile,
 };
 
 use self::{
-    report::{Change, DeviceSummary, Report, StepReport},
-    scenario::{ContainerStep, Qty, Scenario, Step},
+    report::{Change, DeviceSummary, Problem, Report, ScheduledResult, StepReport},
+    scenario::{ContainerStep, Qty, Scenario, ScheduleStep, Step},
     world::{Applied, SimRuntime},
 };
 use crate::{
@@ -98,6 +104,15 @@ struct Sim {
     /// Container ID -> `namespace/pod/name`, kept after the container is gone.
     names: BTreeMap<String, String>,
     next_id: u64,
+    /// The simulated scheduler: what it allocated, from claim and schedule steps alike.
+    scheduler: Scheduler,
+    /// Claims the scheduler allocated that the node refused or granted differently.
+    problems: Vec<Problem>,
+    /// The step being run, 1-based, for problems.
+    current_step: usize,
+    /// What the scheduler handed out in the step being run, reported whether or not the node
+    /// then granted it.
+    scheduled: Option<Change>,
 }
 
 /// Runs `scenario` and reports what happened.
@@ -148,9 +163,18 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         names: BTreeMap::new(),
         next_id: 0,
         topology: topology.clone(),
+        scheduler: Scheduler::new(
+            crate::config::DEFAULT_DRIVER,
+            &scenario.node_name,
+            scenario.gates,
+        ),
+        problems: Vec::new(),
+        current_step: 0,
+        scheduled: None,
     };
     let mut steps = Vec::new();
     for (i, (line, step)) in scenario.steps.iter().enumerate() {
+        sim.current_step = i + 1;
         let before = sim.observe();
         let outcome = sim.step(step).await;
         // The background retry, made deterministic: whatever is pending goes out now.
@@ -164,6 +188,10 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
             }
             Err(e) => Some(e),
         };
+        // What the scheduler handed out comes first: it happened before the node acted.
+        if let Some(extra) = sim.scheduled.take() {
+            changes.insert(0, extra);
+        }
         steps.push(StepReport {
             step: i + 1,
             line: *line,
@@ -180,7 +208,8 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         sim.devices.clone(),
         steps,
         &inventory,
-    );
+    )
+    .with_problems(sim.problems.clone());
     Ok(Outcome {
         report,
         topology,
@@ -277,6 +306,7 @@ impl Sim {
                 Ok(Vec::new())
             }
             Step::Claim(c) => self.claim(c).await,
+            Step::Schedule(c) => self.schedule(c).await,
             Step::Container(c) => self.create(c).await,
             Step::Update(u) => {
                 let id = self.container_id(&u.pod, &u.container)?;
@@ -375,29 +405,135 @@ impl Sim {
                     consumed_capacity: [("cpu".to_owned(), r.cpu.0)].into(),
                 })
                 .collect(),
-            config: step
-                .config
-                .iter()
-                .map(|c| policy::ClaimConfig {
-                    source: match c.source {
-                        scenario::ConfigSourceStep::Claim => policy::ConfigSource::Claim,
-                        scenario::ConfigSourceStep::Class => policy::ConfigSource::Class,
-                    },
-                    requests: c.requests.clone(),
-                    parameters: c.parameters.clone(),
-                })
-                .collect(),
+            config: claim_config(&step.config),
         };
-        self.api.insert(claim);
-        let reference = ClaimRef {
+        self.scheduler.record(&uid, claim.results.clone());
+        self.prepare(&step.pod, claim, consumed)
+            .await
+            .map(|(changes, _)| changes)
+    }
+
+    /// A claim the simulated scheduler allocates from the devices published now; then the
+    /// kubelet prepares it, and what the node granted is held against what the scheduler
+    /// handed out.
+    async fn schedule(&mut self, step: &ScheduleStep) -> Result<Vec<Change>, String> {
+        let Some(pod) = self.pods.get(&step.pod).map(|p| p.pod.clone()) else {
+            return Err(format!("pod {} does not exist", step.pod));
+        };
+        let published = self
+            .view
+            .devices_to_show()
+            .map_err(|e| format!("the policy's devices: {e}"))?;
+        let seen = self.scheduler.stored_devices(&published);
+        let spec = step.spec();
+        let (_, dropped) = self.scheduler.stored_claim(&spec);
+        let uid = self.uid(0xc1a1);
+        let claim_name = format!("{}/{}", pod.namespace, step.name);
+        let results = self
+            .scheduler
+            .allocate(&uid, &spec, &published)
+            .map_err(|e| {
+                let mut m = e.to_string();
+                if !dropped.is_empty() {
+                    m.push_str(&format!(
+                        " (DRAConsumableCapacity is off: the API server dropped {})",
+                        dropped.join(", ")
+                    ));
+                }
+                m
+            })?;
+        let handed: Vec<(ScheduledResult, u64)> = results
+            .iter()
+            .map(|r| scheduled_result(r, seen.iter().find(|d| d.name == r.device)))
+            .collect();
+        let promised: u64 = handed.iter().map(|(_, cpus)| cpus).sum();
+        self.scheduled = Some(Change::Scheduled {
+            claim: claim_name.clone(),
+            results: handed.into_iter().map(|(r, _)| r).collect(),
+            cpus: promised,
+            dropped,
+        });
+        // What the old claim step's capacity check counts: the CPUs each device lost.
+        let consumed = results
+            .iter()
+            .map(|r| {
+                let device = seen.iter().find(|d| d.name == r.device);
+                (
+                    r.device.clone(),
+                    Quantity::from_units(scheduled_result(r, device).1),
+                )
+            })
+            .collect();
+        let claim = Claim {
+            uid: uid.clone(),
             namespace: pod.namespace.clone(),
             name: step.name.clone(),
+            reserved_for: vec![pod.uid.clone()],
+            results,
+            config: claim_config(&step.config),
+        };
+        match self.prepare(&step.pod, claim, consumed).await {
+            Ok((mut changes, _)) => {
+                let granted = self
+                    .view
+                    .inventory()
+                    .source
+                    .claims
+                    .iter()
+                    .find(|c| c.uid == uid)
+                    .map_or(0, |c| c.cpus.len() as u64);
+                if granted != promised {
+                    let message = format!(
+                        "the scheduler handed out {promised} cpu(s), the node granted {granted}"
+                    );
+                    self.problems.push(Problem {
+                        step: self.current_step,
+                        kind: "mismatch".into(),
+                        claim: claim_name.clone(),
+                        message: message.clone(),
+                    });
+                    changes.push(Change::Mismatch {
+                        claim: claim_name,
+                        message,
+                    });
+                }
+                Ok(changes)
+            }
+            Err(e) => {
+                let message = format!(
+                    "the scheduler allocated it and the node refused it, so its pod waits in ContainerCreating for good: {e}"
+                );
+                self.problems.push(Problem {
+                    step: self.current_step,
+                    kind: "stuck".into(),
+                    claim: claim_name,
+                    message: message.clone(),
+                });
+                Err(format!("STUCK: {message}"))
+            }
+        }
+    }
+
+    /// Puts an allocated claim in the API server and has the kubelet prepare it, as it does
+    /// before starting the pod's containers. Returns the spec change and the claim's CDI
+    /// devices, or why the prepare failed (the whole call, or this claim).
+    async fn prepare(
+        &mut self,
+        pod_name: &str,
+        claim: Claim,
+        consumed: Vec<(String, Quantity)>,
+    ) -> Result<(Vec<Change>, Vec<String>), String> {
+        let uid = claim.uid.clone();
+        let reference = ClaimRef {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
             uid: uid.clone(),
         };
-        if let Some(p) = self.pods.get_mut(&step.pod) {
-            p.claims.push(step.name.clone());
+        let name = claim.name.clone();
+        self.api.insert(claim);
+        if let Some(p) = self.pods.get_mut(pod_name) {
+            p.claims.push(name.clone());
         }
-        // The kubelet prepares the pod's claims before it starts its containers.
         let answer = self
             .manager
             .prepare(std::slice::from_ref(&reference))
@@ -418,20 +554,24 @@ impl Sim {
         };
         match answer {
             Ok(devices) => {
-                sim_claim.cdi_devices =
-                    Some(devices.iter().map(|d| d.cdi_device_id.clone()).collect());
+                let ids: Vec<String> = devices.into_iter().map(|d| d.cdi_device_id).collect();
+                sim_claim.cdi_devices = Some(ids.clone());
                 let spec = cdi::ClaimUid::new(&uid)
                     .map(|u| cdi::claim::spec_file_name(&self.driver, &u))
                     .unwrap_or_default();
-                self.claims.insert(step.name.clone(), sim_claim);
-                Ok(vec![Change::Spec {
-                    claim: format!("{}/{}", pod.namespace, step.name),
-                    file: spec,
-                    cdi_devices: devices.into_iter().map(|d| d.cdi_device_id).collect(),
-                }])
+                let namespace = sim_claim.reference.namespace.clone();
+                self.claims.insert(name.clone(), sim_claim);
+                Ok((
+                    vec![Change::Spec {
+                        claim: format!("{namespace}/{name}"),
+                        file: spec,
+                        cdi_devices: ids.clone(),
+                    }],
+                    ids,
+                ))
             }
             Err(e) => {
-                self.claims.insert(step.name.clone(), sim_claim);
+                self.claims.insert(name, sim_claim);
                 Err(format!("the kubelet could not prepare it: {e}"))
             }
         }
@@ -580,6 +720,7 @@ impl Sim {
         for name in &p.claims {
             if let Some(c) = self.claims.remove(name) {
                 self.api.remove(&c.reference.namespace, &c.reference.name);
+                self.scheduler.deallocate(&c.reference.uid);
             }
         }
         self.pods.remove(pod);
@@ -685,6 +826,49 @@ impl Sim {
     }
 }
 
+/// The claim's configuration for our driver, as the allocation carries it.
+fn claim_config(steps: &[scenario::ConfigStep]) -> Vec<policy::ClaimConfig> {
+    steps
+        .iter()
+        .map(|c| policy::ClaimConfig {
+            source: match c.source {
+                scenario::ConfigSourceStep::Claim => policy::ConfigSource::Claim,
+                scenario::ConfigSourceStep::Class => policy::ConfigSource::Class,
+            },
+            requests: c.requests.clone(),
+            parameters: c.parameters.clone(),
+        })
+        .collect()
+}
+
+/// One result as the report shows it, and the CPUs the scheduler counts it for: the `cpu` it
+/// consumed from a shared device, the whole `cpu` capacity of a device handed out whole, or
+/// one CPU for a device without one (a device per CPU).
+fn scheduled_result(r: &AllocationResult, device: Option<&Device>) -> (ScheduledResult, u64) {
+    let whole = r.share_id.is_none();
+    let cpus = match r.consumed_capacity.get("cpu") {
+        Some(q) => q.units_ceil(),
+        None => device
+            .and_then(|d| d.capacities.get("cpu"))
+            .map_or(1, |c| c.value.units_ceil()),
+    };
+    (
+        ScheduledResult {
+            request: r.request.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+            consumed: r
+                .consumed_capacity
+                .iter()
+                .map(|(n, q)| (n.clone(), q.to_string()))
+                .collect(),
+            whole,
+            cpus,
+        },
+        cpus,
+    )
+}
+
 fn show<T: ToString>(v: Option<&T>) -> String {
     v.map_or_else(|| "-".to_owned(), ToString::to_string)
 }
@@ -717,5 +901,150 @@ fn set_resources(
         if memory_limit.is_none() {
             r.memory_limit_bytes = Some(r.memory_request_bytes);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn simulate(text: &str) -> Report {
+        let dir = tempfile::tempdir().unwrap();
+        let scenario = scenario::parse("s.yaml", text, None).unwrap();
+        run(&scenario, "s.yaml", Dirs::under(dir.path()))
+            .await
+            .unwrap()
+            .report
+    }
+
+    fn scheduled(step: &StepReport) -> Option<(&str, u64)> {
+        step.changes.iter().find_map(|c| match c {
+            Change::Scheduled { claim, cpus, .. } => Some((claim.as_str(), *cpus)),
+            _ => None,
+        })
+    }
+
+    const MACHINE: &str = "topology: \"pack:1 numa:2 core:4 pu:2\"\nreserved-cpus: \"0-1\"\n";
+
+    #[tokio::test]
+    async fn the_scheduler_allocates_from_what_is_published_and_the_node_grants_it() {
+        let report = simulate(&format!(
+            "{MACHINE}steps:
+  - pod: {{name: db, qos: Guaranteed}}
+  - schedule: {{name: c, pod: db, cpu: 2500m, selector: {{resource.kubernetes.io/numaNode: 1}}}}
+  - container: {{pod: db, name: pg, cpu-request: 3, claims: [c]}}
+"
+        ))
+        .await;
+        let step = &report.steps[1];
+        assert_eq!(step.error, None);
+        // Rounded up by the device's request policy, and granted as counted.
+        assert_eq!(scheduled(step), Some(("default/c", 3)));
+        assert!(step.changes.iter().any(|c| matches!(
+            c,
+            Change::Claimed { cpus, .. } if cpus.parse::<policy::CpuSet>().unwrap().len() == 3
+        )));
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert!(
+            matches!(step.changes[0], Change::Scheduled { .. }),
+            "scheduler first"
+        );
+        let Change::Scheduled { results, .. } = &step.changes[0] else {
+            unreachable!()
+        };
+        assert_eq!(results[0].device, "numa1");
+        assert!(results[0].share_id.is_some());
+        assert_eq!(results[0].consumed["cpu"], "3");
+    }
+
+    #[tokio::test]
+    async fn a_claim_the_node_refuses_after_allocation_is_reported_stuck() {
+        // Finding 1 of issue 18: exclusive containers eat numa0, the slice still says 6.
+        let report = simulate(&format!(
+            "{MACHINE}steps:
+  - pod: {{name: a, qos: Guaranteed}}
+  - container: {{pod: a, name: c, cpu-request: 6}}
+  - pod: {{name: db, qos: Guaranteed}}
+  - schedule: {{name: c, pod: db, cpu: 6, selector: {{resource.kubernetes.io/numaNode: 0}}}}
+"
+        ))
+        .await;
+        let step = &report.steps[3];
+        assert_eq!(scheduled(step), Some(("default/c", 6)));
+        let error = step.error.as_deref().unwrap();
+        assert!(error.starts_with("STUCK: "), "{error}");
+        assert_eq!(report.problems.len(), 1);
+        assert_eq!(report.problems[0].kind, "stuck");
+        assert_eq!(report.problems[0].step, 4);
+        assert!(report.text().contains("PROBLEMS: 1 claim(s)"));
+        assert!(report.json().contains("\"problems\""));
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_does_not_fit_is_unschedulable_not_stuck() {
+        let report = simulate(&format!(
+            "{MACHINE}steps:
+  - pod: {{name: db, qos: Guaranteed}}
+  - schedule: {{name: c, pod: db, cpu: 7, selector: {{resource.kubernetes.io/numaNode: 0}}}}
+  - container: {{pod: db, name: pg, cpu-request: 7, claims: [c]}}
+"
+        ))
+        .await;
+        let error = report.steps[1].error.as_deref().unwrap();
+        assert!(error.starts_with("unschedulable: "), "{error}");
+        assert_eq!(scheduled(&report.steps[1]), None);
+        assert!(report.problems.is_empty());
+        assert!(report.steps[2].error.is_some(), "its pod cannot start");
+    }
+
+    #[tokio::test]
+    async fn without_the_gate_a_whole_device_granted_as_less_is_a_mismatch() {
+        let report = simulate(&format!(
+            "{MACHINE}feature-gates: {{DRAConsumableCapacity: false}}
+steps:
+  - pod: {{name: db, qos: Guaranteed}}
+  - schedule: {{name: c, pod: db, cpu: 4}}
+"
+        ))
+        .await;
+        let step = &report.steps[1];
+        let Some(Change::Scheduled { dropped, cpus, .. }) = step.changes.first() else {
+            panic!("{step:?}")
+        };
+        assert_eq!(dropped, &["request cpus: capacity cpu=4"]);
+        assert_eq!(*cpus, 6, "numa0 whole");
+        assert_eq!(
+            report.feature_gates,
+            BTreeMap::from([("DRAConsumableCapacity".to_owned(), false)])
+        );
+        // Whatever the node grants, a number other than 6 is flagged.
+        let granted = report.allocation.source.claims[0].cpus.len();
+        if granted == 6 {
+            assert!(report.problems.is_empty());
+        } else {
+            assert_eq!(report.problems[0].kind, "mismatch", "{:?}", report.problems);
+        }
+    }
+
+    #[tokio::test]
+    async fn claims_of_both_steps_count_for_the_scheduler_until_their_pod_goes() {
+        let report = simulate(&format!(
+            "{MACHINE}steps:
+  - pod: {{name: a, qos: Guaranteed}}
+  - claim: {{name: by-hand, pod: a, results: [{{request: cpus, device: numa0, cpu: 5}}]}}
+  - pod: {{name: b, qos: Guaranteed}}
+  - schedule: {{name: two, pod: b, cpu: 2, selector: {{resource.kubernetes.io/numaNode: 0}}}}
+  - remove: {{pod: a}}
+  - schedule: {{name: again, pod: b, cpu: 2, selector: {{resource.kubernetes.io/numaNode: 0}}}}
+  - claim: {{name: late, pod: b, results: [{{request: cpus, device: numa0, cpu: 5}}]}}
+"
+        ))
+        .await;
+        let e = report.steps[3].error.as_deref().unwrap();
+        assert!(e.contains("1 of its 6 cpu left"), "{e}");
+        assert_eq!(report.steps[5].error, None, "numa0 freed by the removal");
+        // And a hand-written claim sees what the scheduler allocated.
+        let e = report.steps[6].error.as_deref().unwrap();
+        assert!(e.contains("has 2 of its 6 CPUs allocated"), "{e}");
     }
 }

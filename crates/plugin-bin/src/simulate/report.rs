@@ -5,7 +5,7 @@
 //! timing, so the same scenario always prints the same report: the shipped scenarios' expected
 //! outputs are checked byte for byte.
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use policy::{AttributeValue, Device, Topology};
 use serde::Serialize;
@@ -35,11 +35,13 @@ impl DeviceSummary {
                 AttributeValue::Int(n) => Some(*n),
                 _ => None,
             });
+        // A device without a `cpu` capacity is one CPU (a device per CPU).
+        let capacity = capacity.unwrap_or(policy::Quantity::from_units(1));
         Self {
             name: d.name.clone(),
             numa_node,
-            cpu: capacity.map_or_else(|| "0".into(), |q| q.to_string()),
-            cpu_capacity_milli: capacity.map_or(0, |q| q.milli()),
+            cpu: capacity.to_string(),
+            cpu_capacity_milli: capacity.milli(),
         }
     }
 }
@@ -84,6 +86,45 @@ pub enum Change {
     Released { claim: String, cpus: String },
     /// The agent restarted from its state file.
     Restarted { claims: usize, containers: usize },
+    /// The simulated scheduler allocated a claim: what it handed out, before the node acted.
+    Scheduled {
+        claim: String,
+        results: Vec<ScheduledResult>,
+        /// The CPUs the scheduler counts as taken by the claim.
+        cpus: u64,
+        /// What the API server dropped from the claim (a gate is off).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        dropped: Vec<String>,
+    },
+    /// The node granted a scheduled claim another number of CPUs than the scheduler counts.
+    Mismatch { claim: String, message: String },
+}
+
+/// One result the scheduler wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScheduledResult {
+    pub request: String,
+    pub device: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// Capacity consumed from a shared device.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumed: BTreeMap<String, String>,
+    /// Handed out whole (no share).
+    pub whole: bool,
+    /// The CPUs the scheduler counts it for.
+    pub cpus: u64,
+}
+
+/// A claim the scheduler allocated that the node did not grant as allocated: a pod stuck in
+/// ContainerCreating, or CPUs the scheduler does not know about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub step: usize,
+    /// `stuck` or `mismatch`.
+    pub kind: String,
+    pub claim: String,
+    pub message: String,
 }
 
 /// One step's outcome.
@@ -114,9 +155,15 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub machine: Machine,
+    /// The gates the simulated scheduler runs with, when not the default (all on).
+    #[serde(rename = "feature-gates", skip_serializing_if = "BTreeMap::is_empty")]
+    pub feature_gates: BTreeMap<String, bool>,
     pub devices: Vec<DeviceSummary>,
     pub steps: Vec<StepReport>,
     pub allocation: Inventory,
+    /// Scheduled claims the node refused or granted differently.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<Problem>,
 }
 
 impl Report {
@@ -138,10 +185,22 @@ impl Report {
                 online: topology.online.to_string(),
                 reserved: inventory.reserved.clone(),
             },
+            feature_gates: if scenario.gates.consumable_capacity {
+                BTreeMap::new()
+            } else {
+                BTreeMap::from([("DRAConsumableCapacity".to_owned(), false)])
+            },
             devices,
             steps,
             allocation: inventory.clone(),
+            problems: Vec::new(),
         }
+    }
+
+    /// With the problems the simulation found.
+    pub fn with_problems(mut self, problems: Vec<Problem>) -> Self {
+        self.problems = problems;
+        self
     }
 
     /// Pretty JSON with a final newline.
@@ -167,12 +226,19 @@ impl Report {
             "cpus online {}, reserved {}",
             self.machine.online, self.machine.reserved
         );
-        let devices: Vec<String> = self
-            .devices
-            .iter()
-            .map(|d| format!("{} ({} cpus)", d.name, d.cpu))
-            .collect();
-        let _ = writeln!(o, "DRA devices published: {}", devices.join(", "));
+        let _ = writeln!(o, "DRA devices published: {}", devices_line(&self.devices));
+        for (gate, on) in &self.feature_gates {
+            let effect = if *on {
+                ""
+            } else {
+                " (the API server drops consumable capacity: the scheduler hands out shared devices whole)"
+            };
+            let _ = writeln!(
+                o,
+                "feature gate {gate}: {}{effect}",
+                if *on { "on" } else { "off" }
+            );
+        }
         for s in &self.steps {
             let _ = writeln!(o);
             match s.line {
@@ -183,10 +249,14 @@ impl Report {
                     let _ = writeln!(o, "[{}] {}", s.step, s.action);
                 }
             }
+            let scheduled = |c: &&Change| matches!(c, Change::Scheduled { .. });
+            for c in s.changes.iter().filter(scheduled) {
+                let _ = writeln!(o, "    {}", change_line(c));
+            }
             if let Some(e) = &s.error {
                 let _ = writeln!(o, "    refused: {e}");
             }
-            for c in &s.changes {
+            for c in s.changes.iter().filter(|c| !scheduled(c)) {
                 let _ = writeln!(o, "    {}", change_line(c));
             }
             if s.error.is_none() && s.changes.is_empty() {
@@ -196,8 +266,54 @@ impl Report {
         let _ = writeln!(o);
         let _ = writeln!(o, "final allocation:");
         o.push_str(&table(&self.allocation));
+        if !self.problems.is_empty() {
+            let _ = writeln!(o);
+            let _ = writeln!(
+                o,
+                "PROBLEMS: {} claim(s) the scheduler allocated were not granted as allocated:",
+                self.problems.len()
+            );
+            for p in &self.problems {
+                let _ = writeln!(
+                    o,
+                    "  [{}] {} {}: {}",
+                    p.step,
+                    p.kind.to_uppercase(),
+                    p.claim,
+                    p.message
+                );
+            }
+        }
         o
     }
+}
+
+/// The devices in one line: each with its CPUs, or, for many, a count per NUMA node.
+fn devices_line(devices: &[DeviceSummary]) -> String {
+    if devices.len() <= 8 {
+        let each: Vec<String> = devices
+            .iter()
+            .map(|d| format!("{} ({} cpus)", d.name, d.cpu))
+            .collect();
+        return each.join(", ");
+    }
+    let mut per_node: BTreeMap<Option<i64>, (usize, u64)> = BTreeMap::new();
+    for d in devices {
+        let e = per_node.entry(d.numa_node).or_default();
+        e.0 += 1;
+        e.1 += d.cpu_capacity_milli;
+    }
+    let each: Vec<String> = per_node
+        .iter()
+        .map(|(node, (n, milli))| {
+            let cpus = policy::Quantity::from_milli(*milli);
+            match node {
+                Some(node) => format!("numa{node}: {n} devices ({cpus} cpus)"),
+                None => format!("no numa node: {n} devices ({cpus} cpus)"),
+            }
+        })
+        .collect();
+    format!("{} devices; {}", devices.len(), each.join(", "))
 }
 
 fn change_line(c: &Change) -> String {
@@ -251,6 +367,46 @@ fn change_line(c: &Change) -> String {
         Change::Restarted { claims, containers } => format!(
             "agent restarted: {claims} claim(s) restored from the state file, {containers} running container(s) synchronized"
         ),
+        Change::Scheduled {
+            claim,
+            results,
+            cpus,
+            dropped,
+        } => {
+            let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+            for r in results {
+                let device = if !r.whole {
+                    let consumed: Vec<String> =
+                        r.consumed.iter().map(|(n, q)| format!("{n} {q}")).collect();
+                    format!("{} ({})", r.device, consumed.join(", "))
+                } else if r.cpus == 1 {
+                    r.device.clone()
+                } else {
+                    format!("{} (whole, {} cpus)", r.device, r.cpus)
+                };
+                match groups.last_mut() {
+                    Some((request, devices)) if *request == r.request => devices.push(device),
+                    _ => groups.push((r.request.clone(), vec![device])),
+                }
+            }
+            let each: Vec<String> = groups
+                .iter()
+                .map(|(request, devices)| format!("{request} -> {}", devices.join(", ")))
+                .collect();
+            let mut line = format!(
+                "scheduler allocated {claim}: {} = {cpus} cpu(s)",
+                each.join("; ")
+            );
+            if !dropped.is_empty() {
+                let _ = write!(
+                    line,
+                    "\n      (DRAConsumableCapacity is off: the API server dropped {})",
+                    dropped.join(", ")
+                );
+            }
+            line
+        }
+        Change::Mismatch { claim, message } => format!("! MISMATCH {claim}: {message}"),
     }
 }
 

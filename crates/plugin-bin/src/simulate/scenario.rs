@@ -13,10 +13,20 @@
 //!   #   config: [{requests: [cpus], parameters: {apiVersion: resmgr.io/v1alpha1,
 //!   #             kind: CpuConfig, memoryPinning: false}}]
 //!   - container: {pod: db, name: postgres, cpu-request: 4, memory: 1Gi, claims: [db-cpus]}
+//!   # or let the scheduler allocate the claim from what the agent publishes at that moment:
+//!   # CPUs of a shared device's `cpu` capacity, or a count of devices on one NUMA node
+//!   - schedule: {name: more-cpus, pod: db, cpu: 2500m}
+//!   - schedule: {name: four, pod: db, count: 4, match-attribute: resource.kubernetes.io/numaNode}
+//!   # several requests: requests: [{name: a, count: 2, selector: {socket: 1}}, {name: b, cpu: 2}]
+//!   #   with constraints: [{requests: [a], match-attribute: resource.kubernetes.io/numaNode}]
 //!   - update: {pod: web, container: app, cpu-request: 2}
 //!   - restart
 //!   - remove: {pod: web}
 //! ```
+//!
+//! `feature-gates: {DRAConsumableCapacity: false}` runs the scheduler as a cluster without
+//! consumable capacity (the default of Kubernetes 1.34 and 1.35) would: shared devices are
+//! handed out whole. It is on by default, as from 1.36.
 //!
 //! Shape errors come from the YAML decoder with its line and column; meaning errors (a container
 //! of a pod never declared, a claim used before it exists) are found here, with the line of the
@@ -28,7 +38,11 @@ use std::{
     path::Path,
 };
 
-use policy::{QosClass, Quantity, TopologySource, topology_aware::ReservedCpus};
+use policy::{
+    AttributeValue, QosClass, Quantity, TopologySource,
+    scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, Selector},
+    topology_aware::ReservedCpus,
+};
 use serde::{Deserialize, Deserializer};
 
 use crate::values;
@@ -43,6 +57,8 @@ pub struct Scenario {
     pub reserved_cpus: ReservedCpus,
     pub reserved_namespaces: Option<Vec<String>>,
     pub node_name: String,
+    /// The feature gates the simulated scheduler runs with.
+    pub gates: Gates,
     /// Steps with their 1-based line, when it could be found.
     pub steps: Vec<(Option<usize>, Step)>,
 }
@@ -59,9 +75,31 @@ struct File {
     reserved_namespaces: Option<Vec<String>>,
     #[serde(default)]
     node_name: Option<String>,
+    #[serde(default)]
+    feature_gates: FeatureGates,
     // Steps are written `- pod: {...}`: a map with the variant's name as its one key.
     #[serde(with = "serde_yaml_ng::with::singleton_map_recursive")]
     steps: Vec<Step>,
+}
+
+/// The Kubernetes feature gates that change what the scheduler does with our devices.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeatureGates {
+    #[serde(rename = "DRAConsumableCapacity", default = "on")]
+    consumable_capacity: bool,
+}
+
+impl Default for FeatureGates {
+    fn default() -> Self {
+        Self {
+            consumable_capacity: true,
+        }
+    }
+}
+
+fn on() -> bool {
+    true
 }
 
 /// One thing that happens on the node.
@@ -72,6 +110,9 @@ pub enum Step {
     Pod(PodStep),
     /// A claim is allocated (by the scheduler) and prepared (by the kubelet).
     Claim(ClaimStep),
+    /// The simulated scheduler allocates a claim from what the agent publishes now, then the
+    /// kubelet prepares it.
+    Schedule(ScheduleStep),
     /// A container is created and started.
     Container(ContainerStep),
     /// A container's resources change.
@@ -137,6 +178,146 @@ pub enum ConfigSourceStep {
     Claim,
     /// Its DeviceClass.
     Class,
+}
+
+/// A claim the scheduler allocates: one request written inline (`count`, `cpu`, `selector`,
+/// `match-attribute`), or several under `requests` with `constraints`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ScheduleStep {
+    pub name: String,
+    /// The pod the claim is reserved for; the claim lives in its namespace.
+    pub pod: String,
+    /// The inline request's name (default `cpus`).
+    #[serde(default)]
+    pub request: Option<String>,
+    #[serde(default)]
+    pub count: Option<u32>,
+    #[serde(default)]
+    pub cpu: Option<Qty>,
+    #[serde(default)]
+    pub selector: BTreeMap<String, AttributeStep>,
+    /// All requests' devices share this attribute's value.
+    #[serde(default)]
+    pub match_attribute: Option<String>,
+    #[serde(default)]
+    pub requests: Vec<RequestStep>,
+    #[serde(default)]
+    pub constraints: Vec<ConstraintStep>,
+    /// Opaque configuration for our driver, as on a claim step.
+    #[serde(default)]
+    pub config: Vec<ConfigStep>,
+}
+
+/// One request of a scheduled claim.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RequestStep {
+    pub name: String,
+    /// Devices (default 1).
+    #[serde(default)]
+    pub count: Option<u32>,
+    /// The `cpu` capacity each device must give.
+    #[serde(default)]
+    pub cpu: Option<Qty>,
+    /// Attribute equality: every device has these values.
+    #[serde(default)]
+    pub selector: BTreeMap<String, AttributeStep>,
+}
+
+/// A `matchAttribute` constraint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConstraintStep {
+    /// The requests it applies to; empty means all.
+    #[serde(default)]
+    pub requests: Vec<String>,
+    pub match_attribute: String,
+}
+
+/// An attribute value in a selector: an integer, a boolean or a string.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum AttributeStep {
+    Int(i64),
+    Bool(bool),
+    String(String),
+}
+
+impl ScheduleStep {
+    /// The claim as the scheduler gets it.
+    pub fn spec(&self) -> ClaimSpec {
+        let request =
+            |name: &str, count: Option<u32>, cpu: Option<Qty>, selector: &BTreeMap<_, _>| {
+                DeviceRequest {
+                    name: name.to_owned(),
+                    count: count.unwrap_or(1),
+                    selectors: selectors(selector),
+                    capacity: cpu
+                        .map(|q: Qty| BTreeMap::from([("cpu".to_owned(), q.0)]))
+                        .unwrap_or_default(),
+                }
+            };
+        if self.requests.is_empty() {
+            ClaimSpec {
+                requests: vec![request(
+                    self.request.as_deref().unwrap_or("cpus"),
+                    self.count,
+                    self.cpu,
+                    &self.selector,
+                )],
+                constraints: self
+                    .match_attribute
+                    .iter()
+                    .map(|a| Constraint {
+                        requests: Vec::new(),
+                        match_attribute: a.clone(),
+                    })
+                    .collect(),
+            }
+        } else {
+            ClaimSpec {
+                requests: self
+                    .requests
+                    .iter()
+                    .map(|r| request(&r.name, r.count, r.cpu, &r.selector))
+                    .collect(),
+                constraints: self
+                    .constraints
+                    .iter()
+                    .map(|c| Constraint {
+                        requests: c.requests.clone(),
+                        match_attribute: c.match_attribute.clone(),
+                    })
+                    .collect(),
+            }
+        }
+    }
+
+    /// Whether it mixes the inline request with `requests`.
+    fn mixes_forms(&self) -> bool {
+        let inline = self.request.is_some()
+            || self.count.is_some()
+            || self.cpu.is_some()
+            || !self.selector.is_empty()
+            || self.match_attribute.is_some();
+        let listed = !self.requests.is_empty() || !self.constraints.is_empty();
+        inline && listed
+    }
+}
+
+fn selectors(selector: &BTreeMap<String, AttributeStep>) -> Vec<Selector> {
+    selector
+        .iter()
+        .map(|(attribute, v)| Selector {
+            attribute: attribute.clone(),
+            value: match v {
+                AttributeStep::Int(i) => AttributeValue::Int(*i),
+                AttributeStep::Bool(b) => AttributeValue::Bool(*b),
+                AttributeStep::String(s) => AttributeValue::String(s.clone()),
+            },
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -251,6 +432,7 @@ impl Step {
         match self {
             Self::Pod(p) => format!("pod {}/{} ({:?})", p.namespace, p.name, p.qos),
             Self::Claim(c) => format!("claim {} for pod {}", c.name, c.pod),
+            Self::Schedule(c) => format!("schedule claim {} for pod {}", c.name, c.pod),
             Self::Container(c) => format!("container {}/{}", c.pod, c.name),
             Self::Update(u) => format!("update {}/{}", u.pod, u.container),
             Self::Remove(r) => match &r.container {
@@ -322,6 +504,9 @@ pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, Sc
         reserved_cpus,
         reserved_namespaces: raw.reserved_namespaces,
         node_name: raw.node_name.unwrap_or_else(|| "sim-node".into()),
+        gates: Gates {
+            consumable_capacity: raw.feature_gates.consumable_capacity,
+        },
         steps,
     })
 }
@@ -373,6 +558,33 @@ fn check(steps: &[(Option<usize>, Step)]) -> Result<(), (Option<usize>, String)>
                         "claim {:?}: results must list at least one device",
                         c.name
                     ));
+                }
+                pod_claims.insert(c.name.clone());
+                claims.insert(c.name.clone(), c.pod.clone());
+            }
+            Step::Schedule(c) => {
+                let Some((_, pod_claims)) = pods.get_mut(&c.pod) else {
+                    return fail(format!(
+                        "schedule {:?}: pod {:?} does not exist ({})",
+                        c.name,
+                        c.pod,
+                        known(&pods)
+                    ));
+                };
+                if c.name.is_empty() {
+                    return fail("schedule: name must not be empty".into());
+                }
+                if claims.contains_key(&c.name) {
+                    return fail(format!("claim {:?} already exists", c.name));
+                }
+                if c.mixes_forms() {
+                    return fail(format!(
+                        "schedule {:?}: write one request inline (request, count, cpu, selector, match-attribute) or several under requests and constraints, not both",
+                        c.name
+                    ));
+                }
+                if let Err(e) = c.spec().validate() {
+                    return fail(format!("schedule {:?}: {e}", c.name));
                 }
                 pod_claims.insert(c.name.clone());
                 claims.insert(c.name.clone(), c.pod.clone());
@@ -574,5 +786,93 @@ steps:
         let e = parse("s.yaml", &bad, None).unwrap_err();
         assert_eq!(e.line, Some(6), "{e}");
         assert!(e.to_string().contains("\"lots\" is not a quantity"), "{e}");
+    }
+
+    #[test]
+    fn a_schedule_step_takes_one_request_inline_or_several_with_constraints() {
+        let inline = GOOD.replace(
+            "  - restart\n",
+            "  - schedule: {name: s, pod: db, count: 4, match-attribute: resource.kubernetes.io/numaNode, selector: {socket: 0, smt: true}}\n  - restart\n",
+        );
+        let s = parse("s.yaml", &inline, None).unwrap();
+        let Step::Schedule(step) = &s.steps[5].1 else {
+            panic!("{:?}", s.steps[5])
+        };
+        let spec = step.spec();
+        assert_eq!(spec.requests.len(), 1);
+        assert_eq!(spec.requests[0].name, "cpus");
+        assert_eq!(spec.requests[0].count, 4);
+        assert_eq!(
+            spec.requests[0].selectors,
+            [
+                Selector {
+                    attribute: "smt".into(),
+                    value: AttributeValue::Bool(true)
+                },
+                Selector {
+                    attribute: "socket".into(),
+                    value: AttributeValue::Int(0)
+                }
+            ]
+        );
+        assert_eq!(spec.constraints[0].requests, Vec::<String>::new());
+        assert_eq!(
+            spec.constraints[0].match_attribute,
+            "resource.kubernetes.io/numaNode"
+        );
+
+        let listed = GOOD.replace(
+            "  - restart\n",
+            "  - schedule: {name: s, pod: db, requests: [{name: a, count: 2}, {name: b, cpu: 2500m}], constraints: [{requests: [a], match-attribute: resource.kubernetes.io/numaNode}]}\n  - restart\n",
+        );
+        let s = parse("s.yaml", &listed, None).unwrap();
+        let Step::Schedule(step) = &s.steps[5].1 else {
+            panic!()
+        };
+        let spec = step.spec();
+        assert_eq!(spec.requests[1].capacity["cpu"], Quantity::from_milli(2500));
+        assert_eq!(spec.requests[1].count, 1);
+        assert_eq!(spec.constraints[0].requests, ["a"]);
+        assert!(s.gates.consumable_capacity, "the gate is on by default");
+    }
+
+    #[test]
+    fn a_schedule_step_is_checked_like_the_api_server_would_with_its_line() {
+        let cases = [
+            (
+                "{name: s, pod: db, count: 2, requests: [{name: a}]}",
+                "not both",
+            ),
+            (
+                "{name: s, pod: db, match-attribute: numaNode}",
+                "must be a fully qualified name",
+            ),
+            ("{name: s, pod: db, count: 0}", "count must be at least 1"),
+            ("{name: c, pod: db}", "claim \"c\" already exists"),
+            ("{name: s, pod: nobody}", "pod \"nobody\" does not exist"),
+        ];
+        for (step, wanted) in cases {
+            let bad = GOOD.replace(
+                "  - restart\n",
+                &format!("  - schedule: {step}\n  - restart\n"),
+            );
+            let e = parse("s.yaml", &bad, None).unwrap_err();
+            assert_eq!(e.line, Some(12), "{step}: {e}");
+            assert!(e.to_string().contains(wanted), "{step}: {e}");
+        }
+    }
+
+    #[test]
+    fn feature_gates_know_their_names() {
+        let off = format!("feature-gates: {{DRAConsumableCapacity: false}}\n{GOOD}");
+        assert!(
+            !parse("s.yaml", &off, None)
+                .unwrap()
+                .gates
+                .consumable_capacity
+        );
+        let typo = format!("feature-gates: {{DRAConsumableCapacities: false}}\n{GOOD}");
+        let e = parse("s.yaml", &typo, None).unwrap_err();
+        assert!(e.to_string().contains("DRAConsumableCapacities"), "{e}");
     }
 }

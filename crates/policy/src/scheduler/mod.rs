@@ -309,7 +309,16 @@ impl Scheduler {
     }
 }
 
-/// What the API server refuses in a claim, as far as this model goes.
+impl ClaimSpec {
+    /// What the API server refuses in a claim, as far as this model goes: no requests, a
+    /// request name that is not a unique DNS label, a count of 0, a selector or capacity
+    /// without a name, a `matchAttribute` that is not fully qualified or names an unknown
+    /// request.
+    pub fn validate(&self) -> Result<(), ScheduleError> {
+        validate(self)
+    }
+}
+
 fn validate(spec: &ClaimSpec) -> Result<(), ScheduleError> {
     let invalid = |m: String| Err(ScheduleError::Invalid(m));
     if spec.requests.is_empty() {
