@@ -1,5 +1,22 @@
-//! Test doubles for the resource manager: a small deterministic policy, a fake runtime that
-//! records what it applied and fails on demand, and a fake claim source.
+//! Test doubles for the resource manager: a small deterministic policy ([`TestPolicy`]), the
+//! runtimes, and claims and containers to feed them. (Claims are served by resmgr's own
+//! in-memory `kube::fake::StaticClaims`, which the simulator uses too; the Kubernetes API server
+//! double is [`crate::fake_apiserver`].)
+//!
+//! # Which runtime for what
+//!
+//! Each `Runtime` double has one job; a test picks the one whose job it needs:
+//!
+//! | double | job | used by |
+//! |---|---|---|
+//! | [`FakeRuntime`] | records every call and its time, applies updates to a table, fails on demand (a whole call, a container, a container reported as failed) | the lifecycle tests, the kubelet end-to-end test |
+//! | [`FileRuntime`] | keeps its containers in a file, so what it applied survives the crash of the process that called it | the crash-consistency test |
+//! | [`StalledRuntime`] | does not answer until released, like a runtime holding its NRI lock | the lock-ordering test |
+//!
+//! Outside this package there are two more `Runtime`s, neither a test double: `NriRuntime`
+//! (resmgr's `nri_plugin`, production) and the simulator's `SimRuntime` (plugin-bin's
+//! `simulate::world`), part of `resmgr simulate`'s behaviour: it reports unknown containers as
+//! failed and keeps memory nodes, as a real runtime does, and injects nothing.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -194,7 +211,9 @@ impl Policy for TestPolicy {
     }
 }
 
-/// A runtime that applies updates to its own table of containers, and can be told to fail.
+/// A runtime that applies updates to its own table of containers, records every call, and can be
+/// told to fail: for tests of what the manager does with the runtime's answers. Updates to
+/// containers it never saw are applied, not refused (use `refuse` for that).
 #[derive(Debug, Default)]
 pub struct FakeRuntime {
     pub state: Mutex<RuntimeState>,

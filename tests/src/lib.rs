@@ -1,9 +1,13 @@
 //! Cross-crate integration tests of resmgr.
 //!
 //! The tests live in `tests/tests/*.rs`, each a scenario that crosses crate boundaries (the
-//! resource manager driven through its real front ends); the library holds the test doubles and
-//! the node set-up they share ([`fakes`], [`node`]). Protocol conformance against the upstream Go implementations lives in
-//! `tests/conformance`, a Go module run by `cargo xtask test`.
+//! resource manager driven through its real front ends, or one of its boundaries against a fake
+//! peer); the library is the one home of the test doubles and the node set-up they share:
+//! [`fakes`] (a policy, runtimes, claims), [`fake_apiserver`] (a Kubernetes API server, also run
+//! as the `fake-apiserver` binary by the Go agent suite) and [`node`]. Protocol conformance
+//! against the upstream Go implementations lives in `tests/conformance`, a Go module run by
+//! `cargo xtask test`.
 
+pub mod fake_apiserver;
 pub mod fakes;
 pub mod node;

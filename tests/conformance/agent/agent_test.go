@@ -135,7 +135,7 @@ func start(t *testing.T) *cluster {
 	return c
 }
 
-// startAPIServer runs resmgr's fake API server with our node and one allocated claim.
+// startAPIServer runs the fake API server (the tests package's fake-apiserver binary) with our node and one allocated claim.
 func (c *cluster) startAPIServer() string {
 	objects := []map[string]any{
 		{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": node, "uid": "node-uid"}},
@@ -160,7 +160,7 @@ func (c *cluster) startAPIServer() string {
 	if err := os.WriteFile(c.path("objects.json"), data, 0o600); err != nil {
 		c.t.Fatal(err)
 	}
-	bin, err := rustbin.Path("examples/fake-apiserver")
+	bin, err := rustbin.Path("fake-apiserver")
 	if err != nil {
 		c.t.Fatal(err)
 	}

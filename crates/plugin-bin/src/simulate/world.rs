@@ -24,7 +24,10 @@ pub struct Applied {
     pub mems: Option<NodeSet>,
 }
 
-/// A runtime that applies every update it gets to its table of running containers.
+/// A runtime that applies every update it gets to its table of running containers: the
+/// simulator's runtime, so part of what `resmgr simulate` shows, not a test double (tests that
+/// record calls or inject failures use the `tests` package's `FakeRuntime`; see its `fakes`
+/// module for which runtime double is for what).
 #[derive(Debug, Default)]
 pub struct SimRuntime {
     containers: Mutex<BTreeMap<String, Applied>>,

@@ -1,17 +1,15 @@
-//! The fake Kubernetes API server of resmgr's kube tests, as a process: the whole-agent
-//! conformance test (`tests/conformance/agent`) runs `resmgr run` against it.
+//! The fake Kubernetes API server ([`integration_tests::fake_apiserver`]) as a process: the
+//! whole-agent conformance test (`tests/conformance/agent`) runs `resmgr run` against it.
 //!
 //! `fake-apiserver <objects.json> <kubeconfig>` serves `resource.k8s.io/v1` (and `nodes`) on a
 //! loopback port, stores the objects in the JSON array (a Node, ResourceClaims), writes a
 //! kubeconfig pointing at itself, prints `ready <url>` and serves until its standard input closes,
 //! which is how the test that started it stops it.
 
-#[path = "../tests/kube_apiserver/mod.rs"]
-mod kube_apiserver;
-
 use std::io::Read as _;
 
 use anyhow::Context as _;
+use integration_tests::fake_apiserver::FakeApiServer;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -23,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
         &std::fs::read(objects).with_context(|| format!("reading {objects}"))?,
     )
     .with_context(|| format!("parsing {objects}"))?;
-    let server = kube_apiserver::FakeApiServer::start(&["v1"]).await;
+    let server = FakeApiServer::start(&["v1"]).await;
     for object in objects {
         server.insert(object);
     }

@@ -3,13 +3,11 @@
 //! after deletion, other nodes' and drivers' slices left alone, v1beta1 nesting, fields the API
 //! server drops, and what reaches the wire fitting k8s-openapi's types exactly.
 
-mod kube_apiserver;
-
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use hyper::Method;
+use integration_tests::fake_apiserver::FakeApiServer;
 use k8s_openapi::api::resource::{v1, v1beta1};
-use kube_apiserver::FakeApiServer;
 use policy::{AttributeValue, Capacity, Device, Quantity};
 use resmgr::kube::{
     DevicePublisher, NodeAllocatableCpu, PublishError, PublisherConfig, ResourceApiVersions,

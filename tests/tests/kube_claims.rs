@@ -1,12 +1,10 @@
 //! Reading ResourceClaims through real kube-rs against the fake API server: found, missing, wrong
 //! UID, not allocated, other drivers' results, our configurations, version fallback, retries.
 
-mod kube_apiserver;
-
 use std::{sync::Arc, time::Duration};
 
 use hyper::Method;
-use kube_apiserver::FakeApiServer;
+use integration_tests::fake_apiserver::FakeApiServer;
 use policy::{AllocationResult, ClaimConfig, ConfigSource, Quantity};
 use resmgr::{
     kube::{

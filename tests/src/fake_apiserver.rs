@@ -1,4 +1,4 @@
-//! A fake Kubernetes API server on loopback for the kube_* tests: plain HTTP/1.1 (hyper), enough
+//! A fake Kubernetes API server on loopback: plain HTTP/1.1 (hyper), enough
 //! of `resource.k8s.io` (discovery, ResourceClaim get, ResourceSlice get/list/watch/create/update/
 //! delete/deletecollection) and `nodes` get for the real kube-rs client to run against it.
 //!
@@ -9,8 +9,10 @@
 //! resmgr's own `validate_slice_spec` (422 when refused). Tests can make it drop device fields
 //! (a feature gate that is off), fail requests, and wait for a condition on its contents: every
 //! change wakes the waiters, so no test sleeps.
-
-#![allow(dead_code)] // each test crate uses a different part of it
+//!
+//! The kube module's tests (`tests/kube_claims.rs`, `tests/kube_slices.rs`) start it in process;
+//! the whole-agent conformance suite (`tests/conformance/agent`) runs it as a process, the
+//! `fake-apiserver` binary (`src/bin/fake-apiserver.rs`).
 
 use std::{
     collections::{BTreeMap, VecDeque},
