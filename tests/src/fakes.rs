@@ -37,11 +37,13 @@ pub const DRIVER: &str = "test.resmgr.io";
 /// as many as its results consume; every container runs on the shared CPUs (all that no claim
 /// holds), except containers of a pod a claim is reserved for, which run on the claim's CPUs.
 /// Its snapshot is its claims. Claims whose UID starts with `bad` get edits CDI refuses (an env
-/// entry without `=`), as a buggy policy would produce: the spec write fails on them.
+/// entry without `=`), as a buggy policy would produce: the spec write fails on them. Like any
+/// policy, it refuses a claim UID it holds when the allocation results differ.
 #[derive(Debug, Clone, Default)]
 pub struct TestPolicy {
     pub cpus: u32,
-    pub claims: BTreeMap<String, (Vec<String>, CpuSet)>,
+    /// By UID: the pods it is reserved for, its CPUs, and its results' devices.
+    pub claims: BTreeMap<String, (Vec<String>, CpuSet, Vec<String>)>,
     pub containers: BTreeMap<String, Container>,
     /// Also keep the IDs of the containers it placed in its snapshot (as a policy with durable
     /// per-container state would): the snapshot is then `{"claims": …, "containers": […]}`.
@@ -60,14 +62,14 @@ impl TestPolicy {
         let all: CpuSet = (0..self.cpus).collect();
         self.claims
             .values()
-            .fold(all, |free, (_, c)| free.difference(c))
+            .fold(all, |free, (_, c, _)| free.difference(c))
     }
 
     fn cpus_of(&self, c: &Container) -> CpuSet {
         self.claims
             .values()
-            .find(|(pods, _)| pods.contains(&c.pod.uid))
-            .map_or_else(|| self.shared(), |(_, cpus)| cpus.clone())
+            .find(|(pods, _, _)| pods.contains(&c.pod.uid))
+            .map_or_else(|| self.shared(), |(_, cpus, _)| cpus.clone())
     }
 
     /// Updates for every container whose cpuset is not what it should be.
@@ -166,7 +168,14 @@ impl Policy for TestPolicy {
                 .map(|_| ContainerEdits::with_env([env.clone()]))
                 .collect()
         };
-        if let Some((_, cpus)) = self.claims.get(&claim.uid) {
+        let devices: Vec<String> = claim.results.iter().map(|r| r.device.clone()).collect();
+        if let Some((_, cpus, held)) = self.claims.get(&claim.uid) {
+            if *held != devices {
+                return Err(PolicyError::Invalid {
+                    subject: format!("claim {}", claim.uid),
+                    reason: format!("it holds devices {held:?}, now asked for {devices:?}"),
+                });
+            }
             return Ok(ClaimAllocation {
                 edits: edits(cpus),
                 updates: Vec::new(),
@@ -191,7 +200,7 @@ impl Policy for TestPolicy {
             .collect();
         self.claims.insert(
             claim.uid.clone(),
-            (claim.reserved_for.clone(), cpus.clone()),
+            (claim.reserved_for.clone(), cpus.clone(), devices),
         );
         Ok(ClaimAllocation {
             edits: edits(&cpus),
@@ -436,17 +445,13 @@ impl FakeRuntime {
     }
 }
 
-/// The claims a state file accounts for (empty when there is none).
+/// The claims a state file accounts for (empty when there is none): the manager's records,
+/// which it commits together with the policy's claims, whatever the policy.
 pub fn saved_claims(state_dir: &Path) -> Vec<String> {
     match std::fs::read(state_dir.join("state.json")) {
         Ok(bytes) => {
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            v["policy_state"]
-                .as_object()
-                .unwrap()
-                .keys()
-                .cloned()
-                .collect()
+            v["claims"].as_object().unwrap().keys().cloned().collect()
         }
         Err(_) => Vec::new(),
     }

@@ -775,3 +775,67 @@ async fn a_claim_whose_configuration_the_policy_refuses_fails_alone_and_leaves_n
         "{spec}"
     );
 }
+
+/// The real policy on one socket of two NUMA nodes of 4 two-thread cores (numa0 is CPUs 0-7,
+/// numa1 8-15; CPU 0 reserved), serving our test driver.
+fn real_policy() -> Box<dyn policy::Policy> {
+    use policy::{Topology, TopologyAware, TopologySource};
+    let topology = Topology::load(&TopologySource::Synthetic(
+        "pack:1 numa:2 core:4 pu:2".into(),
+    ))
+    .unwrap();
+    let config = policy::Config {
+        driver: support::DRIVER.into(),
+        ..policy::Config::default()
+    };
+    Box::new(TopologyAware::new(topology, config).unwrap())
+}
+
+/// A claim of `cpus` CPUs on `device` of the real policy.
+fn real_claim(uid: &str, device: &str, cpus: u64) -> policy::Claim {
+    let mut c = claim(uid, "pod-db", cpus);
+    c.results[0].device = device.into();
+    c
+}
+
+#[tokio::test]
+async fn a_re_prepare_with_other_allocation_results_is_refused_by_name_and_keeps_the_claim() {
+    let h = Harness::new();
+    h.claims.insert(real_claim("c1", "numa0", 2));
+    let m = h.ready_with(real_policy(), &[]).await;
+    let first = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap();
+    let spec = fs::read_to_string(spec_path(&h, "c1")).unwrap();
+
+    // The claim was deallocated and allocated again elsewhere while we still hold it.
+    h.claims.insert(real_claim("c1", "numa1", 1));
+    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("claim default/claim-c1 (uid c1): allocating: "),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "result 0 (request cpus/big) is on numa0 with 2 cpus, now asked on numa1 with 1 cpu"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("unprepare"), "says how it resolves: {err}");
+    // Nothing changed: the claim keeps its CPUs, its spec, its record.
+    assert_eq!(fs::read_to_string(spec_path(&h, "c1")).unwrap(), spec);
+    assert_eq!(h.saved_claims(), ["c1"]);
+    assert_eq!(m.claim_record("c1").await.unwrap().devices, first);
+
+    // Once unprepared, the new results are prepared.
+    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    let now = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap();
+    assert_eq!(now[0].device, "numa1");
+    let spec = fs::read_to_string(spec_path(&h, "c1")).unwrap();
+    assert!(spec.contains("DRA_CPUSET_c1=8\""), "{spec}");
+}

@@ -100,6 +100,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         topology,
         Config {
             reserved_cpus: config.reserved_cpus.clone(),
+            driver: config.driver_name.clone(),
             ..Config::default()
         },
     )

@@ -49,8 +49,13 @@
 //!
 //! - [`Policy::allocate_claim`] returns exactly one [`cdi::ContainerEdits`] per allocation result,
 //!   in result order, each non-empty (CDI refuses a device without edits). It is idempotent:
-//!   allocating a claim UID the policy already holds returns the same edits and changes nothing
-//!   else. It is called on every prepare, including re-prepares after a restart.
+//!   allocating a claim UID the policy already holds, with the same allocation results, returns
+//!   the same edits and changes nothing else. It is called on every prepare, including
+//!   re-prepares after a restart. A UID it holds coming back with other results (the claim was
+//!   deallocated and allocated again before its unprepare reached us) is refused with
+//!   [`PolicyError::Invalid`] naming the difference, holding on to what it has: the old CPUs may
+//!   still be in use, and answering the new results with the old CPUs would tell the kubelet a
+//!   device the spec does not grant.
 //! - [`Policy::release_claim`] of an unknown UID is success.
 //! - [`Policy::claims`] lists the UIDs the policy accounts for; the resource manager removes CDI
 //!   specs of any other claim at start-up. Claims are durable: they must survive a restart
@@ -196,7 +201,8 @@ pub trait Policy: Send + std::fmt::Debug {
     /// [`PolicyError::Invalid`]; one that cannot be satisfied is [`PolicyError::DoesNotFit`];
     /// a [`Claim::config`] the policy cannot decode or honour is [`PolicyError::ClaimConfig`];
     /// and then no result of the claim is allocated. The configuration is read when the claim
-    /// is first allocated; a UID already held keeps what it got.
+    /// is first allocated; a UID already held keeps what it got, and is refused with
+    /// [`PolicyError::Invalid`] if its results changed.
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError>;
 
     /// Releases a whole claim and returns the updates for containers that gain from it; an

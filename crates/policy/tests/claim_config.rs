@@ -80,7 +80,7 @@ fn user(id: &str, uses: &[(&str, usize)]) -> Container {
         },
         cdi_devices: uses
             .iter()
-            .map(|(uid, i)| format!("cpu.resmgr.io/device=claim-{uid}-{i}"))
+            .map(|(uid, i)| format!("topology-aware.resmgr.io/device=claim-{uid}-{i}"))
             .collect(),
         ..Container::default()
     }

@@ -191,7 +191,7 @@ fn sync_rebuilds_placement_keeping_claims_and_running_exclusive_cpus() {
     let b1 = container("b1", QosClass::Burstable, 500);
     let mut x = container("x", QosClass::BestEffort, 0);
     x.pod.uid = "pod-x".into();
-    x.cdi_devices = vec!["cpu.resmgr.io/device=claim-u1-0".into()];
+    x.cdi_devices = vec!["topology-aware.resmgr.io/device=claim-u1-0".into()];
     let updates = q.sync(&[b1, g1, g2, x]).unwrap();
     let got: Vec<String> = updates
         .iter()
@@ -241,7 +241,7 @@ fn sync_rebuilds_placement_keeping_claims_and_running_exclusive_cpus() {
             };
             if *id == "x" {
                 c.pod.uid = "pod-x".into();
-                c.cdi_devices = vec!["cpu.resmgr.io/device=claim-u1-0".into()];
+                c.cdi_devices = vec!["topology-aware.resmgr.io/device=claim-u1-0".into()];
             }
             c.cpus = Some(pl.cpus);
             c.mems = pl.mems;
@@ -363,4 +363,69 @@ fn an_update_keeps_a_shared_container_in_its_pool() {
         "only its own update, in place"
     );
     assert_eq!(p.placement("b1").unwrap().cpus, set("48-63"));
+}
+
+#[test]
+fn another_drivers_device_named_like_our_claim_does_not_pin_a_container_to_it() {
+    let mut p = machine();
+    p.allocate_claim(&claim("u1", &[("numa1", 4)])).unwrap();
+    // The same device name under another vendor, or under our vendor in another class, is not
+    // our claim's device: a pod of another driver must not land on the claim's CPUs.
+    for foreign in [
+        "gpu.example.com/device=claim-u1-0",
+        "topology-aware.resmgr.io/gpu=claim-u1-0",
+    ] {
+        let mut c = container(&format!("c-{}", foreign.len()), QosClass::Burstable, 500);
+        c.cdi_devices = vec![foreign.into()];
+        let placed = p.allocate(&c).unwrap().adjustment.cpus.unwrap();
+        assert!(
+            !placed.intersects(&set("16-19")),
+            "{foreign}: placed on {placed}, the claim holds 16-19"
+        );
+    }
+    // Ours is.
+    let mut ours = container("ours", QosClass::Burstable, 500);
+    ours.cdi_devices = vec!["topology-aware.resmgr.io/device=claim-u1-0".into()];
+    assert_eq!(
+        p.allocate(&ours).unwrap().adjustment.cpus,
+        Some(set("16-19"))
+    );
+}
+
+#[test]
+fn a_held_claim_with_other_results_is_refused_naming_the_difference_and_kept() {
+    let mut p = machine();
+    p.allocate_claim(&claim("u1", &[("numa1", 4)])).unwrap();
+    let before = p.snapshot();
+    let refused = |p: &mut TopologyAware, c: Claim| match p.allocate_claim(&c) {
+        Err(PolicyError::Invalid { subject, reason }) => format!("{subject}: {reason}"),
+        other => panic!("{other:?}"),
+    };
+    let two = refused(&mut p, claim("u1", &[("numa1", 4), ("numa2", 1)]));
+    assert!(
+        two.starts_with("claim ml/trainer-cpus (u1): it is prepared with other allocation results: it holds 1 allocation results, now asked for 2;"),
+        "{two}"
+    );
+    let more = refused(&mut p, claim("u1", &[("numa1", 5)]));
+    assert!(
+        more.contains(
+            "result 0 (request cpus) is on numa1 with 4 cpus, now asked on numa1 with 5 cpus"
+        ),
+        "{more}"
+    );
+    let mut renamed = claim("u1", &[("numa1", 4)]);
+    renamed.results[0].request = "other".into();
+    let renamed = refused(&mut p, renamed);
+    assert!(
+        renamed.contains("result 0 is for request cpus, now asked for request other"),
+        "{renamed}"
+    );
+    assert_eq!(p.snapshot(), before, "the claim keeps what it holds");
+    // The same results are still idempotent, and a new pod sharing it is taken note of.
+    let mut shared = claim("u1", &[("numa1", 4)]);
+    shared.reserved_for.push("pod-y".into());
+    assert_eq!(
+        p.allocate_claim(&shared).unwrap().edits[0].env[0],
+        "DRA_CPUSET_u1=16-19"
+    );
 }

@@ -96,7 +96,7 @@ fn container(id: u8, kind: &Kind, mem_mib: u64) -> Container {
         Kind::UsesClaim(_) => (QosClass::Burstable, 2000),
     };
     let cdi_devices = match kind {
-        Kind::UsesClaim(k) => vec![format!("cpu.resmgr.io/device=claim-u{k}-0")],
+        Kind::UsesClaim(k) => vec![format!("topology-aware.resmgr.io/device=claim-u{k}-0")],
         _ => vec![],
     };
     Container {

@@ -103,7 +103,7 @@ fn container(words: &[&str]) -> Container {
             "dev" => {
                 let (uid, i) = value.split_once(':').unwrap();
                 c.cdi_devices
-                    .push(format!("cpu.resmgr.io/device=claim-{uid}-{i}"));
+                    .push(format!("topology-aware.resmgr.io/device=claim-{uid}-{i}"));
             }
             "env" => c.env.push(format!("DRA_CPUSET_{value}=whatever")),
             option => {

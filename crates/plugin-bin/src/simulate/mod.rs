@@ -125,6 +125,7 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         })?;
     let mut config = Config {
         reserved_cpus: scenario.reserved_cpus.clone(),
+        driver: driver.clone(),
         ..Config::default()
     };
     if let Some(ns) = &scenario.reserved_namespaces {

@@ -12,10 +12,12 @@
 //! `sh` drops `DRA_CPUSET_<uid>` from the environment of everything it starts, and a workload
 //! started through a shell wrapper would never see it. A container uses a claim when the runtime
 //! reports the CDI device `<vendor>/device=claim-<uid>-<i>` (the resource manager's naming,
-//! parsed with [`cdi::claim_of_device`]), which only the kubelet can inject; failing that
-//! (runtimes that do not report CDI devices) when its environment has `DRA_CPUSET_` with the
-//! claim's UID or its shell-safe name, and then only if its pod is among the claim's reserved-for
-//! pods, because a pod can set any environment variable it likes.
+//! parsed with [`cdi::claim_of_device`]) whose vendor is our driver ([`super::Config::driver`])
+//! and whose class is `device`: another driver may name its devices the same way, and its device
+//! is no proof of ours. Only the kubelet can inject such a device; failing that (runtimes that do
+//! not report CDI devices) when its environment has `DRA_CPUSET_` with the claim's UID or its
+//! shell-safe name, and then only if its pod is among the claim's reserved-for pods, because a
+//! pod can set any environment variable it likes.
 //!
 //! A result whose claim configuration turns `memoryPinning` off ([`super::claim_config`]) gets
 //! no `DRA_MEMS_<uid>`, and containers using it get no memory nodes from it.
@@ -26,7 +28,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     idset::{CpuSet, NodeSet},
-    model::{AttributeValue, Capacity, Container, Device, RequestPolicy, ValidValues},
+    model::{
+        AllocationResult, AttributeValue, Capacity, Claim, Container, Device, RequestPolicy,
+        ValidValues,
+    },
     quantity::Quantity,
     topology::Topology,
 };
@@ -118,6 +123,57 @@ impl ClaimRecord {
     pub fn describe(&self) -> String {
         format!("{}/{} ({})", self.namespace, self.name, self.uid)
     }
+
+    /// How `claim`'s allocation results differ from the ones this record was allocated for,
+    /// if they do: another number of results, or a result with another request, device or
+    /// number of CPUs. The first difference, in words.
+    pub fn difference(&self, claim: &Claim) -> Option<String> {
+        if self.results.len() != claim.results.len() {
+            return Some(format!(
+                "it holds {} allocation results, now asked for {}",
+                self.results.len(),
+                claim.results.len()
+            ));
+        }
+        self.results
+            .iter()
+            .zip(&claim.results)
+            .enumerate()
+            .find_map(|(i, (held, asked))| {
+                let n = u64::try_from(held.cpus.len()).unwrap_or(u64::MAX);
+                let m = cpus_asked(asked);
+                if held.request != asked.request {
+                    Some(format!(
+                        "result {i} is for request {}, now asked for request {}",
+                        held.request, asked.request
+                    ))
+                } else if held.device != asked.device || n != m {
+                    Some(format!(
+                        "result {i} (request {}) is on {} with {n} {}, now asked on {} with {m} {}",
+                        held.request,
+                        held.device,
+                        cpus_word(n),
+                        asked.device,
+                        cpus_word(m),
+                    ))
+                } else {
+                    None
+                }
+            })
+    }
+}
+
+/// The CPUs an allocation result asks for: its consumed `cpu` capacity, rounded up to whole
+/// CPUs; without one, the request policy's default of one.
+pub fn cpus_asked(result: &AllocationResult) -> u64 {
+    result
+        .consumed_capacity
+        .get("cpu")
+        .map_or(1, |q| q.units_ceil())
+}
+
+fn cpus_word(n: u64) -> &'static str {
+    if n == 1 { "cpu" } else { "cpus" }
 }
 
 /// The durable state: the claims, by UID.
@@ -208,16 +264,20 @@ pub fn devices(topo: &Topology, claimable: &BTreeMap<u32, CpuSet>) -> Vec<Device
         .collect()
 }
 
-/// The claims and result indexes `container` uses among `claims`: see the module docs.
+/// The claims and result indexes `container` uses among `claims`, whose devices are CDI devices
+/// of vendor `driver`: see the module docs.
 pub fn used_by(
     container: &Container,
     claims: &BTreeMap<String, ClaimRecord>,
+    driver: &str,
 ) -> BTreeMap<String, Vec<usize>> {
     let mut used: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for dev in &container.cdi_devices {
         // The resource manager names a claim's devices through the cdi crate; parse them back
-        // the same way. Devices of other drivers simply do not parse or name no claim of ours.
+        // the same way (which checks the class). Devices of other drivers do not parse, or name
+        // another vendor, or no claim of ours.
         if let Ok(d) = cdi::claim_of_device(dev)
+            && d.vendor == driver
             && claims
                 .get(d.uid.as_str())
                 .is_some_and(|c| d.index < c.results.len())
@@ -303,27 +363,22 @@ mod tests {
         c.cdi_devices = vec![
             format!("cpu.resmgr.io/device=claim-{uid}-1"),
             "gpu.example.com/device=claim-someone-elses-0".into(),
+            format!("gpu.example.com/device=claim-{uid}-0"),
+            format!("cpu.resmgr.io/gpu=claim-{uid}-0"),
             format!("cpu.resmgr.io/device=claim-{uid}-7"),
         ];
-        // The device is proof enough, whatever the pod; unknown claims and indexes are ignored.
-        assert_eq!(
-            used_by(&c, &claims),
-            BTreeMap::from([(uid.to_owned(), vec![1])])
-        );
+        // The device is proof enough, whatever the pod; unknown claims and indexes, and our
+        // claim's name under another vendor or class, are ignored.
+        let used = |c: &Container| used_by(c, &claims, "cpu.resmgr.io");
+        assert_eq!(used(&c), BTreeMap::from([(uid.to_owned(), vec![1])]));
 
         c.cdi_devices.clear();
         c.env = vec![format!("{CPUSET_ENV}{uid}=4-5")];
-        assert!(used_by(&c, &claims).is_empty(), "pod-b is not reserved for");
+        assert!(used(&c).is_empty(), "pod-b is not reserved for");
         c.pod.uid = "pod-a".into();
-        assert_eq!(
-            used_by(&c, &claims),
-            BTreeMap::from([(uid.to_owned(), vec![1])])
-        );
+        assert_eq!(used(&c), BTreeMap::from([(uid.to_owned(), vec![1])]));
         c.env = vec![format!("{CPUSET_ENV}{uid}=edited")];
-        assert_eq!(
-            used_by(&c, &claims),
-            BTreeMap::from([(uid.to_owned(), vec![0, 1])])
-        );
+        assert_eq!(used(&c), BTreeMap::from([(uid.to_owned(), vec![0, 1])]));
     }
 
     #[test]
@@ -363,19 +418,14 @@ mod tests {
         c.pod.uid = "pod-a".into();
         // All a shell wrapper passes on: the names with underscores.
         c.env = vec![format!("DRA_CPUSET_{}=4-5", shell_safe(uid))];
-        assert_eq!(
-            used_by(&c, &claims),
-            BTreeMap::from([(uid.to_owned(), vec![1])])
-        );
+        let used = |c: &Container| used_by(c, &claims, "cpu.resmgr.io");
+        assert_eq!(used(&c), BTreeMap::from([(uid.to_owned(), vec![1])]));
         // Both names, as the runtime injects them, are one use.
         c.env.push(format!("DRA_CPUSET_{uid}=4-5"));
-        assert_eq!(
-            used_by(&c, &claims),
-            BTreeMap::from([(uid.to_owned(), vec![1])])
-        );
+        assert_eq!(used(&c), BTreeMap::from([(uid.to_owned(), vec![1])]));
         // Still only for the claim's own pods.
         c.pod.uid = "pod-b".into();
-        assert!(used_by(&c, &claims).is_empty());
+        assert!(used(&c).is_empty());
     }
 
     #[test]

@@ -92,6 +92,9 @@ pub enum ReservedCpus {
     Set(CpuSet),
 }
 
+/// The DRA driver name the policy serves unless configured otherwise.
+pub const DEFAULT_DRIVER: &str = "topology-aware.resmgr.io";
+
 /// Configuration of the topology-aware policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -99,14 +102,20 @@ pub struct Config {
     pub reserved_cpus: ReservedCpus,
     /// Pods in these namespaces run on the reserved CPUs unless annotated otherwise.
     pub reserved_namespaces: Vec<String>,
+    /// Our DRA driver name, which is also the CDI vendor of the claim devices the resource
+    /// manager writes: a container uses one of our claims only through a device of this vendor
+    /// (see [`claims`]).
+    pub driver: String,
 }
 
 impl Default for Config {
-    /// One reserved CPU (CPU 0 on most machines), `kube-system` on it.
+    /// One reserved CPU (CPU 0 on most machines), `kube-system` on it, driver
+    /// [`DEFAULT_DRIVER`].
     fn default() -> Self {
         Self {
             reserved_cpus: ReservedCpus::Count(1),
             reserved_namespaces: vec!["kube-system".into()],
+            driver: DEFAULT_DRIVER.into(),
         }
     }
 }
@@ -674,7 +683,20 @@ impl Policy for TopologyAware {
 
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError> {
         if let Some(held) = self.claims.get_mut(&claim.uid) {
-            // Same UID, same CPUs. Later prepares may name more pods sharing the claim.
+            // Same UID, same results, same CPUs. Other results under a UID we hold mean the
+            // claim was deallocated and allocated again before its unprepare reached us: the
+            // old CPUs may still be in use, so the new results wait for the unprepare.
+            if let Some(difference) = held.difference(claim) {
+                return Err(PolicyError::Invalid {
+                    subject: format!("claim {}", held.describe()),
+                    reason: format!(
+                        "it is prepared with other allocation results: {difference}; it keeps \
+                         what it holds until it is unprepared, and a prepare after that gets the \
+                         new results"
+                    ),
+                });
+            }
+            // Later prepares may name more pods sharing the claim.
             for pod in &claim.reserved_for {
                 if !held.reserved_for.contains(pod) {
                     held.reserved_for.push(pod.clone());

@@ -48,7 +48,7 @@ fn subject(c: &Container) -> String {
 
 impl TopologyAware {
     fn classify(&self, c: &Container, opts: &Options) -> Class {
-        let used = claims::used_by(c, &self.claims);
+        let used = claims::used_by(c, &self.claims, &self.config.driver);
         if !used.is_empty() {
             let mut cpus = CpuSet::new();
             let mut mems = NodeSet::new();
@@ -415,7 +415,7 @@ impl TopologyAware {
                     ),
                 });
             };
-            let n = r.consumed_capacity.get("cpu").map_or(1, |q| q.units_ceil());
+            let n = claims::cpus_asked(r);
             if n == 0 {
                 return Err(PolicyError::Invalid {
                     subject,
