@@ -7,6 +7,7 @@
 
 mod bench;
 mod codegen;
+mod e2e;
 mod image;
 mod manifests;
 mod release;
@@ -70,6 +71,9 @@ enum Command {
     },
     /// Run every benchmark of the workspace and the conformance module; print one summary table.
     Bench,
+    /// Run resmgr end to end on containerd and runc: real containers, pinned, checked in the
+    /// kernel (needs root, the cgroup cpuset controller and Go; builds what it needs).
+    E2e(e2e::E2eArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -86,5 +90,6 @@ fn main() -> anyhow::Result<()> {
         Command::Manifests { check } => manifests::run(&root, check),
         Command::Image { engine, tag } => image::run(&root, engine.as_deref(), tag.as_deref()),
         Command::Bench => bench::run(&root),
+        Command::E2e(args) => e2e::run(&root, &args),
     }
 }

@@ -15,7 +15,12 @@ const PACKAGES: &[&str] = &["libhwloc-dev", "libudev-dev", "pkg-config"];
 
 /// Makes sure the system packages the build needs are installed.
 pub fn ensure() -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    ensure_packages(PACKAGES)
+}
+
+/// Makes sure `packages` are installed: as root with apt, otherwise stop and say how.
+pub fn ensure_packages(packages: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -55,7 +60,7 @@ fn installed(package: &str) -> bool {
 }
 
 /// Whether we run as root, read from `id -u` so xtask needs no libc bindings.
-fn running_as_root() -> bool {
+pub fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

@@ -8,6 +8,8 @@
 //! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
 //!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0;
 //!    and `go test` (which vets) of xtask's own Go program, the chart renderer in `xtask/helm`.
+//! 7. the containerd e2e (`cargo xtask e2e`) when the machine can run it (under `CI=true` it
+//!    must).
 
 use std::{
     path::{Path, PathBuf},
@@ -16,7 +18,7 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{codegen, sysdeps, util};
+use crate::{codegen, e2e, sysdeps, util};
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
     sysdeps::ensure()?;
@@ -41,6 +43,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .args(["test", "--workspace", "--locked"]),
     )?;
     conformance(root)?;
+    e2e::in_test(root)?;
     eprintln!("all checks passed");
     Ok(())
 }

@@ -1,0 +1,275 @@
+//! The kubelet's CRI calls, made with `crictl` against the run's containerd: pods with the
+//! cgroup parents the kubelet would give them, containers with their resources and CDI
+//! devices, updates, and removal.
+//!
+//! crictl reads its own configuration file (never the host's `/etc/crictl.yaml`) and takes pod
+//! and container configurations as JSON files in the CRI's field names.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+/// A pod's QoS class, which the kubelet puts in its cgroup parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qos {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+/// A pod to run.
+#[derive(Debug, Clone)]
+pub struct Pod {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub qos: Qos,
+}
+
+/// A container to create.
+#[derive(Debug, Clone, Default)]
+pub struct Container {
+    pub name: String,
+    pub command: Vec<String>,
+    /// CPU request in milli-CPUs (shares as the kubelet computes them); 0 = none.
+    pub cpu_request_milli: u64,
+    /// CPU limit in milli-CPUs (a CFS quota over a 100 ms period); 0 = none.
+    pub cpu_limit_milli: u64,
+    /// Memory limit in bytes; 0 = none.
+    pub memory_limit: u64,
+    /// Fully qualified CDI device names (`vendor/class=name`), as the kubelet passes a claim's.
+    pub cdi_devices: Vec<String>,
+}
+
+/// The kubelet's CPU shares for a request (`MilliCPUToShares`: at least 2).
+pub fn shares(milli: u64) -> u64 {
+    (milli * 1024 / 1000).max(2)
+}
+
+/// crictl against one containerd.
+#[derive(Debug, Clone)]
+pub struct Cri {
+    crictl: PathBuf,
+    config: PathBuf,
+    /// Where pod and container configurations and logs are written.
+    dir: PathBuf,
+    image: String,
+    /// The run's cgroup root (`/resmgr-e2e-<id>-kubepods`), the kubelet's `/kubepods`.
+    cgroup_root: String,
+}
+
+impl Cri {
+    pub fn new(
+        crictl: &Path,
+        socket: &Path,
+        dir: &Path,
+        image: &str,
+        cgroup_root: &str,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir.join("cri"))?;
+        let config = dir.join("crictl.yaml");
+        let endpoint = format!("unix://{}", socket.display());
+        std::fs::write(
+            &config,
+            format!("runtime-endpoint: {endpoint}\nimage-endpoint: {endpoint}\ntimeout: 30\n"),
+        )?;
+        Ok(Self {
+            crictl: crictl.to_owned(),
+            config,
+            dir: dir.join("cri"),
+            image: image.to_owned(),
+            cgroup_root: cgroup_root.to_owned(),
+        })
+    }
+
+    /// The crictl binary and the configuration file to pass it (`--config`).
+    pub fn crictl(&self) -> (&Path, &Path) {
+        (&self.crictl, &self.config)
+    }
+
+    fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(&self.crictl)
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .output()
+            .with_context(|| format!("running crictl {}", args.join(" ")))?;
+        if !out.status.success() {
+            bail!(
+                "crictl {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// Whether the CRI service answers.
+    pub fn ready(&self) -> bool {
+        self.run(&["version"]).is_ok()
+    }
+
+    /// The kubelet's cgroup parent for `pod` (cgroupfs driver).
+    pub fn cgroup_parent(&self, pod: &Pod) -> String {
+        let uid = &pod.uid;
+        match pod.qos {
+            Qos::Guaranteed => format!("{}/pod{uid}", self.cgroup_root),
+            Qos::Burstable => format!("{}/burstable/pod{uid}", self.cgroup_root),
+            Qos::BestEffort => format!("{}/besteffort/pod{uid}", self.cgroup_root),
+        }
+    }
+
+    fn pod_config(&self, pod: &Pod) -> Value {
+        json!({
+            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid, "attempt": 0},
+            "log_directory": self.dir.join(format!("logs-{}", pod.name)),
+            "linux": {
+                "cgroup_parent": self.cgroup_parent(pod),
+                // NODE: the host's network, so no CNI is needed.
+                "security_context": {"namespace_options": {"network": 2}},
+            },
+        })
+    }
+
+    fn write(&self, name: &str, value: &Value) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(name);
+        std::fs::write(&path, serde_json::to_vec_pretty(value)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Runs a pod sandbox; its ID.
+    pub fn run_pod(&self, pod: &Pod) -> anyhow::Result<String> {
+        let path = self.write(&format!("pod-{}.json", pod.name), &self.pod_config(pod))?;
+        self.run(&["runp", &path.display().to_string()])
+    }
+
+    /// Creates and starts a container in a pod; its ID.
+    pub fn start_container(
+        &self,
+        pod_id: &str,
+        pod: &Pod,
+        c: &Container,
+    ) -> anyhow::Result<String> {
+        let mut resources = json!({"cpu_shares": shares(c.cpu_request_milli)});
+        if c.cpu_request_milli == 0 && pod.qos == Qos::BestEffort {
+            resources["cpu_shares"] = json!(2);
+        }
+        if c.cpu_limit_milli > 0 {
+            resources["cpu_period"] = json!(100_000);
+            resources["cpu_quota"] = json!(c.cpu_limit_milli * 100);
+        }
+        if c.memory_limit > 0 {
+            resources["memory_limit_in_bytes"] = json!(c.memory_limit);
+        }
+        let mut config = json!({
+            "metadata": {"name": c.name},
+            "image": {"image": self.image},
+            "command": c.command,
+            "log_path": format!("{}.log", c.name),
+            "linux": {"resources": resources},
+        });
+        if !c.cdi_devices.is_empty() {
+            config["CDI_devices"] = c
+                .cdi_devices
+                .iter()
+                .map(|name| json!({"name": name}))
+                .collect();
+        }
+        let container = self.write(&format!("container-{}-{}.json", pod.name, c.name), &config)?;
+        let pod_config = self.write(&format!("pod-{}.json", pod.name), &self.pod_config(pod))?;
+        let id = self.run(&[
+            "create",
+            pod_id,
+            &container.display().to_string(),
+            &pod_config.display().to_string(),
+        ])?;
+        self.run(&["start", &id])?;
+        Ok(id)
+    }
+
+    /// The host PID of a container's process.
+    pub fn pid(&self, id: &str) -> anyhow::Result<u32> {
+        let out = self.run(&[
+            "inspect",
+            "-o",
+            "go-template",
+            "--template",
+            "{{.info.pid}}",
+            id,
+        ])?;
+        out.parse()
+            .with_context(|| format!("crictl inspect {id} gave pid {out:?}"))
+    }
+
+    /// `crictl update`: the kubelet resizing a running container.
+    pub fn update(&self, id: &str, args: &[&str]) -> anyhow::Result<()> {
+        let mut all = vec!["update"];
+        all.extend_from_slice(args);
+        all.push(id);
+        self.run(&all).map(drop)
+    }
+
+    /// Stops (at once) and removes a pod and its containers.
+    pub fn remove_pod(&self, pod_id: &str) -> anyhow::Result<()> {
+        self.run(&["stopp", pod_id])?;
+        self.run(&["rmp", pod_id]).map(drop)
+    }
+
+    /// Stops and removes every pod: the run's end, while containerd still answers.
+    pub fn remove_all_pods(&self) -> anyhow::Result<()> {
+        self.run(&["rmp", "--all", "--force"]).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cri() -> Cri {
+        let dir = tempfile::tempdir().unwrap();
+        Cri::new(
+            Path::new("/bin/false"),
+            Path::new("/run/x.sock"),
+            dir.path(),
+            "localhost/e2e:1",
+            "/resmgr-e2e-ab12-kubepods",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn cgroup_parents_carry_the_qos_class_as_the_kubelets_do() {
+        let cri = cri();
+        let pod = |qos| Pod {
+            name: "p".into(),
+            namespace: "default".into(),
+            uid: "a-b".into(),
+            qos,
+        };
+        assert_eq!(
+            cri.cgroup_parent(&pod(Qos::Guaranteed)),
+            "/resmgr-e2e-ab12-kubepods/poda-b"
+        );
+        assert_eq!(
+            cri.cgroup_parent(&pod(Qos::Burstable)),
+            "/resmgr-e2e-ab12-kubepods/burstable/poda-b"
+        );
+        assert_eq!(
+            cri.cgroup_parent(&pod(Qos::BestEffort)),
+            "/resmgr-e2e-ab12-kubepods/besteffort/poda-b"
+        );
+    }
+
+    #[test]
+    fn shares_follow_the_kubelet() {
+        assert_eq!(shares(0), 2);
+        assert_eq!(shares(100), 102);
+        assert_eq!(shares(1000), 1024);
+    }
+}

@@ -1,0 +1,185 @@
+//! The kubelet's side of the agent: registration through the plugin registry socket, then
+//! NodePrepareResources and NodeUnprepareResources (DRA v1) through the socket the agent
+//! names, with the generated clients of `dra-proto`, dialed over unix sockets as the kubelet
+//! dials them.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context as _, bail};
+use dra_proto::{
+    pluginregistration::{
+        InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
+    },
+    v1,
+};
+use tonic::transport::{Channel, Endpoint};
+
+/// Each call's limit, as the kubelet's (45 s) rounded down.
+const CALL_LIMIT: Duration = Duration::from_secs(40);
+
+/// A prepared claim: its CDI device IDs, in result order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub cdi_devices: Vec<String>,
+    pub devices: Vec<String>,
+}
+
+/// The kubelet, for one driver.
+#[derive(Debug)]
+pub struct Kubelet {
+    runtime: tokio::runtime::Runtime,
+    registry_dir: PathBuf,
+    driver: String,
+    dra: Option<v1::dra_plugin_client::DraPluginClient<Channel>>,
+}
+
+async fn unix_channel(socket: PathBuf) -> anyhow::Result<Channel> {
+    let path = socket.clone();
+    Endpoint::from_static("http://localhost")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .with_context(|| format!("dialing {}", socket.display()))
+}
+
+impl Kubelet {
+    pub fn new(registry_dir: PathBuf, driver: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            // A worker thread of its own drives the connections between calls, as a kubelet's
+            // would: an agent that stops sends GOAWAY on its idle connection, and waits until
+            // the client closes it.
+            runtime: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()?,
+            registry_dir,
+            driver: driver.to_owned(),
+            dra: None,
+        })
+    }
+
+    /// The registration socket the agent creates.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(format!("{}-reg.sock", self.driver))
+    }
+
+    /// Registers the plugin as the kubelet's plugin watcher does: GetInfo, check it, accept.
+    pub fn register(&mut self) -> anyhow::Result<()> {
+        let socket = self.registration_socket();
+        let driver = self.driver.clone();
+        let endpoint = self.runtime.block_on(async {
+            let mut client = RegistrationClient::new(unix_channel(socket).await?);
+            let info = tokio::time::timeout(CALL_LIMIT, client.get_info(InfoRequest {}))
+                .await
+                .context("GetInfo timed out")??
+                .into_inner();
+            if info.r#type != "DRAPlugin" || info.name != driver {
+                bail!(
+                    "GetInfo answered type {:?} name {:?}, want DRAPlugin {driver:?}",
+                    info.r#type,
+                    info.name
+                );
+            }
+            if !info.supported_versions.iter().any(|v| v == "v1.DRAPlugin") {
+                bail!(
+                    "the plugin supports {:?}, not v1.DRAPlugin",
+                    info.supported_versions
+                );
+            }
+            client
+                .notify_registration_status(RegistrationStatus {
+                    plugin_registered: true,
+                    error: String::new(),
+                })
+                .await?;
+            Ok(info.endpoint)
+        })?;
+        let dra = self
+            .runtime
+            .block_on(unix_channel(PathBuf::from(&endpoint)))?;
+        self.dra = Some(v1::dra_plugin_client::DraPluginClient::new(dra));
+        Ok(())
+    }
+
+    fn client(&self) -> anyhow::Result<v1::dra_plugin_client::DraPluginClient<Channel>> {
+        self.dra
+            .clone()
+            .context("the kubelet has not registered the plugin")
+    }
+
+    /// Prepares one claim; its devices, or the per-claim error.
+    pub fn prepare(&self, namespace: &str, name: &str, uid: &str) -> anyhow::Result<Prepared> {
+        let mut client = self.client()?;
+        let request = v1::NodePrepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: uid.into(),
+            }],
+        };
+        let answer = self
+            .runtime
+            .block_on(async {
+                tokio::time::timeout(CALL_LIMIT, client.node_prepare_resources(request)).await
+            })
+            .context("NodePrepareResources timed out")?
+            .context("NodePrepareResources")?
+            .into_inner();
+        let claim = answer
+            .claims
+            .get(uid)
+            .with_context(|| format!("the answer has no claim {uid}: {answer:?}"))?;
+        if !claim.error.is_empty() {
+            bail!("preparing {namespace}/{name}: {}", claim.error);
+        }
+        Ok(Prepared {
+            cdi_devices: claim
+                .devices
+                .iter()
+                .flat_map(|d| d.cdi_device_ids.iter().cloned())
+                .collect(),
+            devices: claim
+                .devices
+                .iter()
+                .map(|d| d.device_name.clone())
+                .collect(),
+        })
+    }
+
+    /// Unprepares one claim.
+    pub fn unprepare(&self, namespace: &str, name: &str, uid: &str) -> anyhow::Result<()> {
+        let mut client = self.client()?;
+        let request = v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: uid.into(),
+            }],
+        };
+        let answer = self
+            .runtime
+            .block_on(async {
+                tokio::time::timeout(CALL_LIMIT, client.node_unprepare_resources(request)).await
+            })
+            .context("NodeUnprepareResources timed out")?
+            .context("NodeUnprepareResources")?
+            .into_inner();
+        match answer.claims.get(uid) {
+            Some(c) if c.error.is_empty() => Ok(()),
+            Some(c) => bail!("unpreparing {namespace}/{name}: {}", c.error),
+            None => bail!("the answer has no claim {uid}: {answer:?}"),
+        }
+    }
+
+    /// Forgets the plugin (it went away); the next [`Self::register`] dials again.
+    pub fn forget(&mut self) {
+        self.dra = None;
+    }
+}

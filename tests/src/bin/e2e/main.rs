@@ -1,0 +1,326 @@
+//! `e2e`: resmgr end to end on a real runtime. containerd with NRI, runc, real containers in
+//! real cgroups created over CRI (`crictl`), `resmgr run` as the NRI plugin and the DRA driver,
+//! our kubelet client on its DRA socket and resmgr's fake API server; every scenario is checked
+//! in the kernel's view of each container. `cargo xtask e2e` builds the pieces and runs this.
+//!
+//! Each run lives in a directory of its own (sockets, containerd's root and state, runc's state,
+//! the agent's state, CDI specs, logs) and a cgroup root of its own
+//! (`/resmgr-e2e-<id>-kubepods/{burstable,besteffort}/pod<uid>`, named like the kubelet's so
+//! the agent reads each pod's QoS class from it), so several runs can share a machine. When it
+//! ends, however it ends, everything it started is stopped by PID and everything it created is
+//! removed ([`teardown`]).
+//!
+//! `e2e ... -- COMMAND` runs no scenarios: it brings the node up (containerd and a fake API
+//! server holding the Node, no agent) and runs COMMAND with the node in its environment
+//! ([`NODE_ENV`]), for people and suites that bring their own agent (and API server); then
+//! tears the node down.
+
+mod agent;
+mod apiserver;
+mod containerd;
+mod cri;
+mod kernel;
+mod kubelet;
+mod procs;
+mod scenarios;
+mod teardown;
+
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Instant,
+};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use policy::CpuSet;
+
+use crate::{
+    agent::AgentConfig,
+    apiserver::{AllocatedClaim, ApiServer as _, FakeApiServer},
+    containerd::{Containerd, Paths},
+    cri::Cri,
+    kernel::Machine,
+    kubelet::Kubelet,
+    scenarios::World,
+    teardown::{Guard, Teardown},
+};
+
+/// The driver name the agent serves.
+const DRIVER: &str = "topology-aware.resmgr.io";
+/// The node's name in the API server.
+const NODE: &str = "e2e-node";
+
+/// The variables `e2e -- COMMAND` gives COMMAND.
+pub const NODE_ENV: [&str; 10] = [
+    "RESMGR_E2E_RUN_DIR",
+    "RESMGR_E2E_CRI_ENDPOINT",
+    "RESMGR_E2E_CRICTL",
+    "RESMGR_E2E_CRICTL_CONFIG",
+    "RESMGR_E2E_NRI_SOCKET",
+    "RESMGR_E2E_CDI_DIR",
+    "RESMGR_E2E_IMAGE",
+    "RESMGR_E2E_CGROUP_ROOT",
+    "RESMGR_E2E_KUBECONFIG",
+    "RESMGR_E2E_NODE",
+];
+
+/// resmgr end to end on containerd and runc.
+#[derive(Debug, Parser)]
+#[command(name = "e2e")]
+struct Args {
+    /// The directory holding containerd, containerd-shim-runc-v2, ctr and crictl.
+    #[arg(long, value_name = "DIR")]
+    tools: PathBuf,
+    /// The runc binary.
+    #[arg(long, default_value = "/usr/sbin/runc")]
+    runc: PathBuf,
+    /// The test image, an OCI archive.
+    #[arg(long, value_name = "FILE")]
+    image: PathBuf,
+    /// The image's name in the archive.
+    #[arg(long)]
+    image_name: String,
+    /// The `resmgr` binary.
+    #[arg(long, value_name = "FILE")]
+    resmgr: PathBuf,
+    /// The fake API server binary.
+    #[arg(long, value_name = "FILE")]
+    fake_apiserver: PathBuf,
+    /// Where the run's directory is made; short, for the unix socket paths in it.
+    #[arg(long, default_value = "/tmp")]
+    run_root: PathBuf,
+    /// Keep the run's directory (its logs) at the end.
+    #[arg(long)]
+    keep: bool,
+    /// An extra flag for `resmgr run` (repeat for more).
+    #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    agent_args: Vec<String>,
+    /// Run only these scenarios (repeat; default: all, in order).
+    #[arg(long, value_name = "SCENARIO")]
+    only: Vec<String>,
+    /// Bring the node up, run this command against it, tear down.
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+/// The binaries containerd needs.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    pub dir: PathBuf,
+    pub runc: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let teardown = Teardown::default();
+    let result = run(&args, &teardown);
+    if let Some(signal) = teardown.interrupted() {
+        // What failed after the signal failed because of the teardown: say only that.
+        eprintln!("e2e: interrupted by signal {signal}; everything the run started is stopped");
+        return ExitCode::from(u8::try_from(128 + signal).unwrap_or(u8::MAX));
+    }
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("e2e: FAILED: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let machine = Machine::read()?;
+    kernel::cpuset_mount()?;
+    for tool in ["containerd", "containerd-shim-runc-v2", "ctr", "crictl"] {
+        let path = args.tools.join(tool);
+        if !path.is_file() {
+            bail!("{} is missing", path.display());
+        }
+    }
+    let run_dir = tempfile::Builder::new()
+        .prefix("rme2e-")
+        .tempdir_in(&args.run_root)
+        .with_context(|| format!("making a run directory in {}", args.run_root.display()))?
+        .keep();
+    let id = run_dir
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .trim_start_matches("rme2e-")
+        .to_ascii_lowercase();
+    let cgroup_root = format!("/resmgr-e2e-{id}-kubepods");
+    eprintln!(
+        "e2e: run directory {}, cgroup root {cgroup_root}",
+        run_dir.display()
+    );
+
+    teardown.set_run_dir(&run_dir, args.keep);
+    let _guard = Guard(teardown.clone());
+    teardown.on_signals(args.command.is_empty())?;
+    teardown.cgroup_root(&cgroup_root);
+
+    let tools = Tools {
+        dir: args.tools.clone(),
+        runc: args.runc.clone(),
+    };
+    let paths = Paths::under(&run_dir);
+    let cri = Cri::new(
+        &tools.dir.join("crictl"),
+        &paths.socket,
+        &run_dir,
+        &args.image_name,
+        &cgroup_root,
+    )?;
+    let mut containerd = Containerd::new(paths.clone(), &tools, &args.image_name, teardown)?;
+    containerd
+        .start(&cri)
+        .with_context(|| format!("starting containerd:\n{}", containerd.tail(30)))?;
+    {
+        // Pods go while containerd still answers: it stops the containers and shims, and
+        // unmounts their root filesystems, itself.
+        let cri = cri.clone();
+        teardown.graceful(move || {
+            if let Err(e) = cri.remove_all_pods() {
+                eprintln!("e2e: removing the pods: {e:#}");
+            }
+        });
+    }
+    containerd.import(&args.image)?;
+    eprintln!(
+        "e2e: containerd up and image imported in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    if !args.command.is_empty() {
+        let api =
+            FakeApiServer::start(&args.fake_apiserver, &run_dir, NODE, DRIVER, &[], teardown)?;
+        return exec(args, &run_dir, &paths, &cri, &cgroup_root, api.kubeconfig());
+    }
+
+    let reserved: CpuSet = machine
+        .online
+        .difference(&machine.isolated)
+        .first()
+        .into_iter()
+        .collect();
+    let claims = vec![plan_claim(&machine, &reserved)?];
+    let api = FakeApiServer::start(
+        &args.fake_apiserver,
+        &run_dir,
+        NODE,
+        DRIVER,
+        &claims,
+        teardown,
+    )?;
+    let agent_config = AgentConfig {
+        bin: args.resmgr.clone(),
+        node: NODE.into(),
+        driver: DRIVER.into(),
+        nri_socket: paths.nri_socket.clone(),
+        cdi_dir: paths.cdi_dir.clone(),
+        kubeconfig: api.kubeconfig().to_owned(),
+        reserved: format!("cpuset:{reserved}"),
+        dir: run_dir.clone(),
+        extra: args.agent_args.clone(),
+    };
+    let kubelet = Kubelet::new(agent_config.registry_dir(), DRIVER)?;
+    let mut world = World::new(
+        machine,
+        reserved,
+        cri,
+        containerd,
+        kubelet,
+        agent_config,
+        teardown.clone(),
+        claims,
+    );
+    let result = world.start_agent().and_then(|()| world.run(&args.only));
+    println!("{}", scenarios::table(&world.rows));
+    for note in &world.notes {
+        println!("note: {note}");
+    }
+    if let Err(e) = result {
+        eprintln!("e2e: FAILED: {e:#}");
+        eprintln!(
+            "--- resmgr run ({}):\n{}",
+            run_dir.join("agent.log").display(),
+            procs::tail(&run_dir.join("agent.log"), 40)
+        );
+        eprintln!(
+            "--- containerd ({}):\n{}",
+            paths.log.display(),
+            procs::tail(&paths.log, 20)
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    drop(api);
+    eprintln!(
+        "e2e: all scenarios passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The claim the scenarios prepare: half the claimable CPUs (at least one) of the NUMA node
+/// with the most of them, for the pod `db`.
+fn plan_claim(machine: &Machine, reserved: &CpuSet) -> anyhow::Result<AllocatedClaim> {
+    let allowed = machine.online.difference(&machine.isolated);
+    let (node, claimable) = machine
+        .nodes
+        .iter()
+        .map(|(id, cpus)| (*id, cpus.intersection(&allowed).difference(reserved).len()))
+        .max_by_key(|(id, n)| (*n, std::cmp::Reverse(*id)))
+        .context("no NUMA node")?;
+    if claimable == 0 {
+        bail!("no CPU is left to claim next to the reserved CPU {reserved}: the e2e needs 2 CPUs");
+    }
+    Ok(AllocatedClaim {
+        namespace: "default".into(),
+        name: "db-cpus".into(),
+        uid: "c1a1e2e0-0000-4000-8000-000000000001".into(),
+        pod_name: "db".into(),
+        pod_uid: scenarios::pod_uid("db"),
+        device: format!("numa{node}"),
+        cpus: (claimable / 2).max(1),
+    })
+}
+
+/// Runs the user's command against the node.
+fn exec(
+    args: &Args,
+    run_dir: &Path,
+    paths: &Paths,
+    cri: &Cri,
+    cgroup_root: &str,
+    kubeconfig: &Path,
+) -> anyhow::Result<ExitCode> {
+    let (crictl, crictl_config) = cri.crictl();
+    let values = [
+        run_dir.display().to_string(),
+        format!("unix://{}", paths.socket.display()),
+        crictl.display().to_string(),
+        crictl_config.display().to_string(),
+        paths.nri_socket.display().to_string(),
+        paths.cdi_dir.display().to_string(),
+        args.image_name.clone(),
+        cgroup_root.to_owned(),
+        kubeconfig.display().to_string(),
+        NODE.to_owned(),
+    ];
+    let mut cmd = std::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    for (name, value) in NODE_ENV.iter().zip(values) {
+        cmd.env(name, value);
+    }
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {:?}", args.command))?;
+    Ok(if status.success() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("e2e: {:?} failed: {status}", args.command);
+        ExitCode::FAILURE
+    })
+}

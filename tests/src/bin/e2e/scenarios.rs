@@ -1,0 +1,764 @@
+//! The scenarios, run in order on one node, and the model that says what every container must
+//! have at every moment.
+//!
+//! The model is ours, not the agent's: the reserved CPUs are what we configured; a claim holds
+//! the CPUs its CDI spec names (checked: as many as allocated, on the allocated NUMA node, none
+//! reserved or held by anyone else); an exclusive container holds what the kernel shows it has
+//! (checked the same way); and the shared containers hold every other allowed CPU. After each
+//! step every running container is checked in the kernel's view, its cgroup's cpuset and its
+//! process's `Cpus_allowed_list`/`Mems_allowed_list`, so a container that moved when it should
+//! not have fails as surely as one that did not move.
+//!
+//! The scenarios are designed for a 2-CPU machine (one reserved, one for everything else) and
+//! use more CPUs when there are more: a claim takes half of its NUMA node's claimable CPUs, and
+//! the shared containers keep running next to it when that leaves them a CPU.
+
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+
+use anyhow::{Context as _, bail, ensure};
+use policy::{CpuSet, NodeSet};
+use rustix::process::Signal;
+
+use crate::{
+    agent::{Agent, AgentConfig},
+    apiserver::AllocatedClaim,
+    containerd::Containerd,
+    cri::{Container, Cri, Pod, Qos},
+    kernel::{self, Machine},
+    kubelet::Kubelet,
+    teardown::{self, Teardown},
+};
+
+/// What a container must have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// The reserved CPUs (a reserved namespace).
+    Reserved,
+    /// The shared CPUs: every allowed CPU nobody holds.
+    Shared,
+    /// Exclusive CPUs of its own (its key in the grants).
+    Exclusive,
+    /// The CPUs of the claim with this UID.
+    Claim(String),
+}
+
+/// A running container.
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// `namespace/pod/container`.
+    pub key: String,
+    pub pod: String,
+    pub id: String,
+    pub pid: u32,
+    pub expect: Expect,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub scenario: String,
+    pub container: String,
+    pub expected_cpus: String,
+    pub cgroup_cpus: String,
+    pub allowed_cpus: String,
+    pub expected_mems: String,
+    pub cgroup_mems: String,
+    pub allowed_mems: String,
+    pub ok: bool,
+}
+
+/// A claim's grant, from its CDI spec.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub cpus: CpuSet,
+    pub mems: NodeSet,
+    pub cdi_devices: Vec<String>,
+}
+
+/// The node and everything the scenarios know about it.
+#[derive(Debug)]
+pub struct World {
+    pub machine: Machine,
+    pub reserved: CpuSet,
+    pub cri: Cri,
+    pub containerd: Containerd,
+    pub kubelet: Kubelet,
+    pub agent_config: AgentConfig,
+    pub agent: Option<Agent>,
+    pub teardown: Teardown,
+    pub claims: Vec<AllocatedClaim>,
+    /// Pod name -> (sandbox ID, pod).
+    pub pods: BTreeMap<String, (String, Pod)>,
+    pub running: Vec<Running>,
+    /// Exclusive containers' CPUs by key.
+    pub exclusive: BTreeMap<String, CpuSet>,
+    /// Claims' grants by UID.
+    pub granted: BTreeMap<String, Grant>,
+    pub rows: Vec<Row>,
+    /// What a scenario could not exercise on this machine, and why.
+    pub notes: Vec<String>,
+    scenario: String,
+}
+
+/// A scenario: a name and what it does.
+pub type Scenario = (&'static str, fn(&mut World) -> anyhow::Result<()>);
+
+/// Every scenario, in the order they run (each builds on what the one before left).
+pub const SCENARIOS: &[Scenario] = &[
+    ("reserved", reserved),
+    ("exclusive", exclusive),
+    ("shared", shared),
+    ("resize", resize),
+    ("claim", claim),
+    ("agent-sigterm", |w| agent_restart(w, Signal::TERM)),
+    ("agent-sigkill", |w| agent_restart(w, Signal::KILL)),
+    ("containerd-restart", containerd_restart),
+    ("unprepare", unprepare),
+];
+
+/// The command of every test container: a shell that execs a long sleep, so the process the
+/// kernel shows is the one the environment check reads, with what a shell passes on.
+fn sleeper() -> Vec<String> {
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "exec /bin/sleep 2147483647".into(),
+    ]
+}
+
+impl World {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        machine: Machine,
+        reserved: CpuSet,
+        cri: Cri,
+        containerd: Containerd,
+        kubelet: Kubelet,
+        agent_config: AgentConfig,
+        teardown: Teardown,
+        claims: Vec<AllocatedClaim>,
+    ) -> Self {
+        Self {
+            machine,
+            reserved,
+            cri,
+            containerd,
+            kubelet,
+            agent_config,
+            agent: None,
+            teardown,
+            claims,
+            pods: BTreeMap::new(),
+            running: Vec::new(),
+            exclusive: BTreeMap::new(),
+            granted: BTreeMap::new(),
+            rows: Vec::new(),
+            notes: Vec::new(),
+            scenario: String::new(),
+        }
+    }
+
+    /// Runs the scenarios named in `only` (all when empty), in order.
+    pub fn run(&mut self, only: &[String]) -> anyhow::Result<()> {
+        for (name, scenario) in SCENARIOS {
+            if !only.is_empty() && !only.iter().any(|o| o == name) {
+                continue;
+            }
+            self.scenario = (*name).to_owned();
+            eprintln!("e2e: scenario {name}");
+            scenario(self).with_context(|| format!("scenario {name}"))?;
+        }
+        Ok(())
+    }
+
+    pub fn start_agent(&mut self) -> anyhow::Result<()> {
+        let agent = Agent::start(&self.agent_config, &mut self.kubelet, &self.teardown)?;
+        self.agent = Some(agent);
+        Ok(())
+    }
+
+    fn agent(&mut self) -> anyhow::Result<Agent> {
+        self.agent.take().context("the agent is not running")
+    }
+
+    /// CPUs a container may be given at all: online, not isolated.
+    fn allowed(&self) -> CpuSet {
+        self.machine.online.difference(&self.machine.isolated)
+    }
+
+    /// CPUs held by exclusive containers and claims, but `except` (a key or claim UID).
+    fn held(&self, except: &str) -> CpuSet {
+        let mut held = CpuSet::new();
+        for (key, cpus) in &self.exclusive {
+            if key != except {
+                held = held.union(cpus);
+            }
+        }
+        for (uid, g) in &self.granted {
+            if uid != except {
+                held = held.union(&g.cpus);
+            }
+        }
+        held
+    }
+
+    /// The shared CPUs the model predicts. None are left when grants took them all; then the
+    /// shared containers fall back to the reserved CPUs (the kubelet's static CPU manager never
+    /// lets the shared pool run dry either).
+    pub fn shared_cpus(&self) -> CpuSet {
+        let shared = self
+            .allowed()
+            .difference(&self.reserved)
+            .difference(&self.held(""));
+        if shared.is_empty() {
+            self.reserved.clone()
+        } else {
+            shared
+        }
+    }
+
+    /// The CPUs and memory nodes `c` must have now.
+    fn expected(&self, c: &Running) -> anyhow::Result<(CpuSet, NodeSet)> {
+        Ok(match &c.expect {
+            Expect::Reserved => (self.reserved.clone(), self.machine.nodes_of(&self.reserved)),
+            Expect::Shared => {
+                let cpus = self.shared_cpus();
+                let mems = self.machine.nodes_of(&cpus);
+                (cpus, mems)
+            }
+            Expect::Exclusive => {
+                let cpus = self
+                    .exclusive
+                    .get(&c.key)
+                    .with_context(|| format!("no grant recorded for {}", c.key))?
+                    .clone();
+                let mems = self.machine.nodes_of(&cpus);
+                (cpus, mems)
+            }
+            Expect::Claim(uid) => {
+                let g = self
+                    .granted
+                    .get(uid)
+                    .with_context(|| format!("claim {uid} is not prepared"))?;
+                (g.cpus.clone(), g.mems.clone())
+            }
+        })
+    }
+
+    /// Checks every running container in the kernel's view; reports those in `report`.
+    pub fn check(&mut self, report: &[&str]) -> anyhow::Result<()> {
+        let mut failures = Vec::new();
+        for c in self.running.clone() {
+            let (cpus, mems) = self.expected(&c)?;
+            let view = kernel::view(c.pid).with_context(|| format!("reading {}", c.key))?;
+            // On a machine with several NUMA nodes a shared container may live in one node's
+            // pool: its shared CPUs there are as right as the whole machine's.
+            let (cpus, mems) = match self.machine.nodes.values().find(|node| {
+                let in_node = cpus.intersection(node);
+                c.expect == Expect::Shared && !in_node.is_empty() && in_node == view.cgroup_cpus
+            }) {
+                Some(node) if view.cgroup_cpus != cpus => {
+                    let in_node = cpus.intersection(node);
+                    let mems = self.machine.nodes_of(&in_node);
+                    (in_node, mems)
+                }
+                _ => (cpus, mems),
+            };
+            let ok = view.cgroup_cpus == cpus
+                && view.allowed_cpus == cpus
+                && view.cgroup_mems == mems
+                && view.allowed_mems == mems;
+            let row = Row {
+                scenario: self.scenario.clone(),
+                container: c.key.clone(),
+                expected_cpus: cpus.to_string(),
+                cgroup_cpus: view.cgroup_cpus.to_string(),
+                allowed_cpus: view.allowed_cpus.to_string(),
+                expected_mems: mems.to_string(),
+                cgroup_mems: view.cgroup_mems.to_string(),
+                allowed_mems: view.allowed_mems.to_string(),
+                ok,
+            };
+            if !ok {
+                failures.push(format!(
+                    "{} ({:?}) should have cpus {} mems {}, the kernel says cpuset.cpus {} Cpus_allowed_list {} cpuset.mems {} Mems_allowed_list {} ({})",
+                    c.key,
+                    c.expect,
+                    row.expected_cpus,
+                    row.expected_mems,
+                    row.cgroup_cpus,
+                    row.allowed_cpus,
+                    row.cgroup_mems,
+                    row.allowed_mems,
+                    view.cgroup.display()
+                ));
+            }
+            if report.contains(&c.key.as_str()) || !ok {
+                self.rows.push(row);
+            }
+        }
+        if !failures.is_empty() {
+            bail!("{}", failures.join("\n"));
+        }
+        Ok(())
+    }
+
+    /// Runs a pod (once per name).
+    fn pod(&mut self, name: &str, namespace: &str, qos: Qos) -> anyhow::Result<Pod> {
+        if let Some((_, pod)) = self.pods.get(name) {
+            return Ok(pod.clone());
+        }
+        let pod = Pod {
+            name: name.into(),
+            namespace: namespace.into(),
+            uid: pod_uid(name),
+            qos,
+        };
+        let id = self.cri.run_pod(&pod)?;
+        self.pods.insert(name.into(), (id, pod.clone()));
+        Ok(pod)
+    }
+
+    /// Starts a container in a running pod and records what it must have.
+    fn container(&mut self, pod: &Pod, c: &Container, expect: Expect) -> anyhow::Result<Running> {
+        let (pod_id, _) = self.pods[&pod.name].clone();
+        let id = self
+            .cri
+            .start_container(&pod_id, pod, c)
+            .with_context(|| format!("starting {}/{}/{}", pod.namespace, pod.name, c.name))?;
+        let pid = self.cri.pid(&id)?;
+        let running = Running {
+            key: format!("{}/{}/{}", pod.namespace, pod.name, c.name),
+            pod: pod.name.clone(),
+            id,
+            pid,
+            expect,
+        };
+        self.running.push(running.clone());
+        Ok(running)
+    }
+
+    /// Stops and removes a pod; its containers leave the model.
+    fn remove_pod(&mut self, name: &str) -> anyhow::Result<()> {
+        let (id, _) = self
+            .pods
+            .remove(name)
+            .with_context(|| format!("no pod {name}"))?;
+        self.cri.remove_pod(&id)?;
+        let gone: Vec<Running> = self
+            .running
+            .iter()
+            .filter(|c| c.pod == name)
+            .cloned()
+            .collect();
+        self.running.retain(|c| c.pod != name);
+        for c in gone {
+            self.exclusive.remove(&c.key);
+            ensure!(
+                teardown::wait_gone(c.pid, std::time::Duration::from_secs(30)),
+                "{} (pid {}) still runs after its pod was removed",
+                c.key,
+                c.pid
+            );
+        }
+        Ok(())
+    }
+
+    /// Prepares a claim as the kubelet does before it runs the claim's pod; records its grant
+    /// from the CDI spec the agent wrote, after checking it against the allocation.
+    fn prepare(&mut self, claim: &AllocatedClaim) -> anyhow::Result<()> {
+        let prepared = self
+            .kubelet
+            .prepare(&claim.namespace, &claim.name, &claim.uid)?;
+        ensure!(
+            prepared.devices == [claim.device.clone()] && prepared.cdi_devices.len() == 1,
+            "{} prepared as {prepared:?}, allocated on {}",
+            claim.name,
+            claim.device
+        );
+        let env = spec_env(&self.agent_config.cdi_dir, &claim.uid)?;
+        let var = |prefix: &str, name: &str| {
+            env.iter()
+                .find_map(|e| e.strip_prefix(&format!("{prefix}{name}=")))
+                .map(str::to_owned)
+        };
+        let safe = claim.uid.replace('-', "_");
+        let cpus_text = var("DRA_CPUSET_", &claim.uid).with_context(|| {
+            format!(
+                "the spec of {} has no DRA_CPUSET_{}: {env:?}",
+                claim.name, claim.uid
+            )
+        })?;
+        ensure!(
+            var("DRA_CPUSET_", &safe).as_deref() == Some(cpus_text.as_str()),
+            "the spec of {} lacks the shell-safe DRA_CPUSET_{safe}: {env:?}",
+            claim.name
+        );
+        let mems_text = var("DRA_MEMS_", &claim.uid).unwrap_or_default();
+        let cpus: CpuSet = cpus_text.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mems: NodeSet = mems_text.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let node: u32 = claim
+            .device
+            .strip_prefix("numa")
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("device {} is not numaN", claim.device))?;
+        let node_cpus = self.machine.nodes.get(&node).cloned().unwrap_or_default();
+        let free = node_cpus
+            .intersection(&self.allowed())
+            .difference(&self.reserved)
+            .difference(&self.held(&claim.uid));
+        ensure!(
+            cpus.len() == claim.cpus && free.is_superset(&cpus),
+            "{} was granted cpus {cpus}: want {} of the free cpus {free} of numa{node}",
+            claim.name,
+            claim.cpus
+        );
+        ensure!(
+            mems.to_string() == node.to_string(),
+            "{} pins memory nodes {mems:?}, want {node}",
+            claim.name
+        );
+        self.granted.insert(
+            claim.uid.clone(),
+            Grant {
+                cpus,
+                mems,
+                cdi_devices: prepared.cdi_devices,
+            },
+        );
+        Ok(())
+    }
+
+    /// Records an exclusive container's CPUs from the kernel, after checking them.
+    fn learn_exclusive(&mut self, c: &Running, n: usize) -> anyhow::Result<()> {
+        let view = kernel::view(c.pid)?;
+        let free = self
+            .allowed()
+            .difference(&self.reserved)
+            .difference(&self.held(&c.key));
+        ensure!(
+            view.cgroup_cpus.len() == n && free.is_superset(&view.cgroup_cpus),
+            "{} got cpus {}: want {n} exclusive of the free cpus {free}",
+            c.key,
+            view.cgroup_cpus
+        );
+        self.exclusive.insert(c.key.clone(), view.cgroup_cpus);
+        Ok(())
+    }
+}
+
+/// A pod's UID from its name (the model needs it before the pod exists, for claims).
+pub fn pod_uid(name: &str) -> String {
+    let mut hex = String::new();
+    for b in name.bytes().take(10) {
+        let _ = write!(hex, "{b:02x}");
+    }
+    let hex = format!("{hex:0<20}");
+    format!("{}-e2e0-4000-8000-{}", &hex[..8], &hex[8..])
+}
+
+/// The environment entries of claim `uid`'s CDI spec in `dir`.
+fn spec_env(dir: &Path, uid: &str) -> anyhow::Result<Vec<String>> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.contains(uid) && name.ends_with(".json") {
+            let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            let mut env = Vec::new();
+            for device in spec["devices"].as_array().into_iter().flatten() {
+                for e in device["containerEdits"]["env"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    env.extend(e.as_str().map(str::to_owned));
+                }
+            }
+            return Ok(env);
+        }
+    }
+    bail!("no CDI spec for claim {uid} in {}", dir.display())
+}
+
+fn burstable(name: &str, milli: u64) -> Container {
+    Container {
+        name: name.into(),
+        command: sleeper(),
+        cpu_request_milli: milli,
+        ..Container::default()
+    }
+}
+
+/// A system pod in `kube-system` runs on the reserved CPUs.
+fn reserved(w: &mut World) -> anyhow::Result<()> {
+    let pod = w.pod("coredns", "kube-system", Qos::Burstable)?;
+    let c = w.container(&pod, &burstable("dns", 100), Expect::Reserved)?;
+    w.check(&[&c.key])
+}
+
+/// A Guaranteed container of whole CPUs gets CPUs of its own; nothing else moves. It then goes
+/// (on 2 CPUs it holds the only CPU the shared containers of the next scenarios can have).
+fn exclusive(w: &mut World) -> anyhow::Result<()> {
+    let pod = w.pod("pinned", "default", Qos::Guaranteed)?;
+    let c = Container {
+        name: "worker".into(),
+        command: sleeper(),
+        cpu_request_milli: 1000,
+        cpu_limit_milli: 1000,
+        memory_limit: 64 << 20,
+        ..Container::default()
+    };
+    let c = w.container(&pod, &c, Expect::Exclusive)?;
+    w.learn_exclusive(&c, 1)?;
+    w.check(&[&c.key])?;
+    w.remove_pod("pinned")?;
+    w.check(&[])
+}
+
+/// A Burstable container gets the shared CPUs.
+fn shared(w: &mut World) -> anyhow::Result<()> {
+    let pod = w.pod("web", "default", Qos::Burstable)?;
+    let c = w.container(&pod, &burstable("app", 100), Expect::Shared)?;
+    w.check(&[&c.key])
+}
+
+/// The kubelet resizes a running container (`crictl update`): the new CPU values reach its
+/// cgroup, and its cpuset stays what the agent gave it.
+fn resize(w: &mut World) -> anyhow::Result<()> {
+    let c = w
+        .running
+        .iter()
+        .find(|c| c.key == "default/web/app")
+        .cloned()
+        .context("the shared scenario's container is not running")?;
+    w.cri.update(
+        &c.id,
+        &[
+            "--cpu-share",
+            "512",
+            "--cpu-period",
+            "100000",
+            "--cpu-quota",
+            "50000",
+        ],
+    )?;
+    if kernel::cpuset_mount()?.1 {
+        let max = kernel::cgroup_value(c.pid, "cpu", "cpu.max")?;
+        ensure!(max == "50000 100000", "cpu.max is {max:?} after the resize");
+    } else {
+        let shares = kernel::cgroup_value(c.pid, "cpu", "cpu.shares")?;
+        let quota = kernel::cgroup_value(c.pid, "cpu", "cpu.cfs_quota_us")?;
+        ensure!(
+            shares == "512" && quota == "50000",
+            "cpu.shares {shares} cpu.cfs_quota_us {quota} after the resize, want 512 and 50000"
+        );
+    }
+    w.check(&[&c.key])
+}
+
+/// The kubelet prepares a claim, then runs its pod: the agent takes the claim's CPUs out of the
+/// shared pool and moves the running shared containers off them at once (UpdateContainers),
+/// and the claim's container runs on exactly the claim's CPUs and memory nodes, with both names
+/// of its environment variables reaching a process started through a shell.
+fn claim(w: &mut World) -> anyhow::Result<()> {
+    let claim = w.claims[0].clone();
+    // On 2 CPUs the claim takes the only shared CPU. Without a shared-pool fallback the agent
+    // rightly refuses a claim that a running shared container needs, so they go first.
+    if w.shared_cpus().len() <= claim.cpus {
+        w.notes.push(format!(
+            "claim: {} shared cpu(s) and a claim of {}: the shared containers went before the \
+             claim, so the push path (UpdateContainers moving them) was not exercised",
+            w.shared_cpus().len(),
+            claim.cpus
+        ));
+        w.remove_pod("web")?;
+    }
+    let shared_keys: Vec<String> = w
+        .running
+        .iter()
+        .filter(|c| c.expect == Expect::Shared)
+        .map(|c| c.key.clone())
+        .collect();
+    w.prepare(&claim)?;
+    // Prepare returns after the updates were delivered: the shared containers have moved.
+    let keys: Vec<&str> = shared_keys.iter().map(String::as_str).collect();
+    w.check(&keys)?;
+
+    let pod = w.pod(&claim.pod_name, "default", Qos::Burstable)?;
+    ensure!(
+        pod.uid == claim.pod_uid,
+        "the claim is reserved for another pod"
+    );
+    let mut c = burstable("postgres", 100);
+    c.cdi_devices = w.granted[&claim.uid].cdi_devices.clone();
+    let c = w.container(&pod, &c, Expect::Claim(claim.uid.clone()))?;
+    w.check(&[&c.key])?;
+
+    // What the process sees: sh passed on the shell-safe name only.
+    let env = kernel::environ(c.pid)?;
+    let safe = format!("DRA_CPUSET_{}=", claim.uid.replace('-', "_"));
+    let want = w.granted[&claim.uid].cpus.to_string();
+    let seen = env.iter().find_map(|e| e.strip_prefix(&safe));
+    ensure!(
+        seen == Some(want.as_str()),
+        "{} started through sh sees {safe}{seen:?}, want {want}: {env:?}",
+        c.key
+    );
+    if env
+        .iter()
+        .any(|e| e.starts_with(&format!("DRA_CPUSET_{}=", claim.uid)))
+    {
+        w.notes
+            .push("claim: this shell passed DRA_CPUSET_<uid> with hyphens on as well".to_owned());
+    }
+    Ok(())
+}
+
+/// The agent stops (SIGTERM: exits 0 having saved its state; SIGKILL: no chance to) and starts
+/// again: nothing moved while it was away, it rebuilds from its state and the runtime's
+/// Synchronize without moving anything, and it still knows the claim: a new container of the
+/// claim's pod gets the claim's CPUs.
+fn agent_restart(w: &mut World, signal: Signal) -> anyhow::Result<()> {
+    w.check(&[])?;
+    let agent = w.agent()?;
+    let status = agent.stop(signal)?;
+    if signal == Signal::TERM {
+        ensure!(
+            status.success(),
+            "resmgr run exited with {status} on SIGTERM"
+        );
+    }
+    w.check(&[])?;
+    w.start_agent()?;
+    let all: Vec<String> = w.running.iter().map(|c| c.key.clone()).collect();
+    w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())?;
+    claim_sidecar(
+        w,
+        if signal == Signal::TERM {
+            "after-term"
+        } else {
+            "after-kill"
+        },
+    )
+}
+
+/// A new container of the claim's pod, using the claim.
+fn claim_sidecar(w: &mut World, name: &str) -> anyhow::Result<()> {
+    let claim = w.claims[0].clone();
+    let pod = w.pods[&claim.pod_name].1.clone();
+    let mut c = burstable(name, 0);
+    c.cdi_devices = w.granted[&claim.uid].cdi_devices.clone();
+    let c = w.container(&pod, &c, Expect::Claim(claim.uid.clone()))?;
+    w.check(&[&c.key])
+}
+
+/// containerd stops under the agent: the agent exits non-zero (it cannot serve without its
+/// runtime); the containers keep running under their shims, untouched. containerd comes back,
+/// the agent is restarted (as its DaemonSet would), rebuilds, and serves the claim again.
+fn containerd_restart(w: &mut World) -> anyhow::Result<()> {
+    w.check(&[])?;
+    w.containerd.stop()?;
+    let agent = w.agent()?;
+    let status = agent.wait_exit()?;
+    ensure!(
+        !status.success(),
+        "resmgr run exited with {status} when containerd went away, want a failure"
+    );
+    for c in &w.running {
+        ensure!(
+            teardown::alive(c.pid),
+            "{} (pid {}) died with containerd",
+            c.key,
+            c.pid
+        );
+    }
+    w.check(&[])?;
+    w.containerd.start(&w.cri)?;
+    w.start_agent()?;
+    let all: Vec<String> = w.running.iter().map(|c| c.key.clone()).collect();
+    w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())?;
+    claim_sidecar(w, "after-containerd")
+}
+
+/// The claim's pod goes and the kubelet unprepares the claim: its spec is removed and its
+/// CPUs are shared again, with the running shared containers at once, and with a new one.
+fn unprepare(w: &mut World) -> anyhow::Result<()> {
+    let claim = w.claims[0].clone();
+    w.remove_pod(&claim.pod_name)?;
+    w.kubelet
+        .unprepare(&claim.namespace, &claim.name, &claim.uid)?;
+    ensure!(
+        spec_env(&w.agent_config.cdi_dir, &claim.uid).is_err(),
+        "the CDI spec of {} is still there after unprepare",
+        claim.name
+    );
+    let returned = w.granted.remove(&claim.uid).context("claim not granted")?;
+    ensure!(
+        w.shared_cpus().is_superset(&returned.cpus),
+        "the model does not share the returned cpus {}",
+        returned.cpus
+    );
+    let shared: Vec<String> = w
+        .running
+        .iter()
+        .filter(|c| c.expect == Expect::Shared)
+        .map(|c| c.key.clone())
+        .collect();
+    w.check(&shared.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let pod = w.pod("later", "default", Qos::Burstable)?;
+    let c = w.container(&pod, &burstable("app", 100), Expect::Shared)?;
+    w.check(&[&c.key])
+}
+
+/// The report: one line per checked container and scenario.
+pub fn table(rows: &[Row]) -> String {
+    let header = [
+        "SCENARIO",
+        "CONTAINER",
+        "EXPECTED CPUS",
+        "CPUSET.CPUS",
+        "CPUS_ALLOWED",
+        "EXPECTED MEMS",
+        "CPUSET.MEMS",
+        "MEMS_ALLOWED",
+        "",
+    ];
+    let cells: Vec<[String; 9]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.scenario.clone(),
+                r.container.clone(),
+                r.expected_cpus.clone(),
+                r.cgroup_cpus.clone(),
+                r.allowed_cpus.clone(),
+                r.expected_mems.clone(),
+                r.cgroup_mems.clone(),
+                r.allowed_mems.clone(),
+                if r.ok { "ok" } else { "FAIL" }.to_owned(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String]| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(parts.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(&header.map(str::to_owned));
+    for row in &cells {
+        line(row);
+    }
+    out
+}

@@ -1,0 +1,59 @@
+//! The e2e's container image: one layer holding busybox-static and a link per applet, whose
+//! entrypoint sleeps. It serves both as the pods' sandbox ("pause") image and as their
+//! containers' image, so no registry is needed. Built with [`xtask::oci`], so its name and
+//! digest are the same on every machine with the same busybox.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use xtask::oci::{Compression, Config, Image, Layer};
+
+use crate::util;
+
+/// The image's name in the runtime.
+pub const NAME: &str = "localhost/resmgr-e2e:busybox";
+
+/// Where Debian's busybox-static puts the binary.
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// Builds the image from `busybox` into `out`; its path.
+pub fn build(busybox: &Path, out: &Path) -> anyhow::Result<PathBuf> {
+    let applets = util::output(std::process::Command::new(busybox).arg("--list"))?;
+    let tree = tempfile::tempdir()?;
+    let bin = tree.path().join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let tmp = tree.path().join("tmp");
+    std::fs::create_dir_all(&tmp)?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
+    std::fs::copy(busybox, bin.join("busybox"))
+        .with_context(|| format!("copying {}", busybox.display()))?;
+    let mut count = 0;
+    for applet in applets.lines().map(str::trim) {
+        if applet.is_empty() || applet == "busybox" || applet.contains('/') {
+            continue;
+        }
+        std::os::unix::fs::symlink("busybox", bin.join(applet))?;
+        count += 1;
+    }
+    if count == 0 {
+        bail!("{} --list named no applets", busybox.display());
+    }
+    let mut config = Config {
+        entrypoint: vec!["/bin/sleep".into(), "2147483647".into()],
+        env: vec!["PATH=/bin".into()],
+        ..Config::default()
+    };
+    config.labels.insert(
+        "org.opencontainers.image.description".into(),
+        "resmgr e2e test image: busybox, sleeps".into(),
+    );
+    let image = Image {
+        name: NAME.into(),
+        config,
+        layers: vec![Layer::from_dir(tree.path(), Compression::Gzip)?],
+        annotations: Default::default(),
+    };
+    let path = out.join("resmgr-e2e-image.tar");
+    image.write_archive(&path)?;
+    Ok(path)
+}
