@@ -4,7 +4,8 @@
 //! (the state, then the CDI spec), each written to a temporary file, fsynced, renamed and its
 //! directory fsynced. The floor is exactly that, measured in the same run, interleaved with the
 //! prepares so both see the same disk and the same load: an empty NodePrepareResources (answered
-//! by the server without touching the lifecycle) plus two such writes in the same file system.
+//! by the server without touching the lifecycle) plus two writes in the same file system by the
+//! agent's own durable write (`cdi::durable::replace`).
 //! Target: the prepare's median under 1.5 times the floor's.
 //!
 //! Everything else a prepare does is here too: the real topology-aware policy on a 64-thread
@@ -15,8 +16,6 @@
 
 use std::{
     fs,
-    io::Write,
-    path::Path,
     time::{Duration, Instant},
 };
 
@@ -27,16 +26,6 @@ use integration_tests::{
 };
 
 const ITERATIONS: usize = 200;
-
-fn durable_write(dir: &Path, name: &str, bytes: &[u8]) {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = fs::File::create(&tmp).unwrap();
-    f.write_all(bytes).unwrap();
-    f.sync_all().unwrap();
-    drop(f);
-    fs::rename(&tmp, dir.join(name)).unwrap();
-    fs::File::open(dir).unwrap().sync_all().unwrap();
-}
 
 fn percentile(samples: &mut [Duration], q: f64) -> f64 {
     samples.sort();
@@ -88,8 +77,14 @@ async fn main() {
             .node_prepare_resources(v1::NodePrepareResourcesRequest::default())
             .await
             .unwrap();
-        durable_write(&floor_dir, "state.json", &state);
-        durable_write(&floor_dir, "spec.json", b"{\"cdiVersion\":\"0.3.0\"}");
+        cdi::durable::replace(&floor_dir, "state.json", &state, 0o644).unwrap();
+        cdi::durable::replace(
+            &floor_dir,
+            "spec.json",
+            b"{\"cdiVersion\":\"0.3.0\"}",
+            0o644,
+        )
+        .unwrap();
         floors.push(start.elapsed());
 
         let uid = format!("c{i}");

@@ -422,6 +422,29 @@ impl Harness {
     pub fn saved_claims(&self) -> Vec<String> {
         saved_claims(&self.state_dir())
     }
+
+    /// Makes every state save fail until [`Harness::mend_state_saves`]: the state directory is
+    /// moved aside, intact, and a file put in its place, so a save cannot create it. (Tests run as
+    /// root, which permissions do not stop, and the save's temporary file has a random name.)
+    pub fn break_state_saves(&self) {
+        let dir = self.state_dir();
+        if dir.exists() {
+            std::fs::rename(&dir, self.state_aside()).unwrap();
+        }
+        std::fs::write(&dir, b"not a directory").unwrap();
+    }
+
+    /// Undoes [`Harness::break_state_saves`]: the state directory is back as it was.
+    pub fn mend_state_saves(&self) {
+        std::fs::remove_file(self.state_dir()).unwrap();
+        if self.state_aside().exists() {
+            std::fs::rename(self.state_aside(), self.state_dir()).unwrap();
+        }
+    }
+
+    fn state_aside(&self) -> PathBuf {
+        self.dir.path().join("state.aside")
+    }
 }
 
 impl FakeRuntime {

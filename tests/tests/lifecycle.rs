@@ -218,11 +218,12 @@ async fn a_failed_state_save_rolls_a_new_claim_back() {
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
-    fs::create_dir_all(h.state_dir().join(".state.json.tmp")).unwrap();
+    h.break_state_saves();
     let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
         .clone()
         .unwrap_err()
         .to_string();
+    h.mend_state_saves();
     assert!(err.contains("saving the state: saving state file"), "{err}");
     assert!(
         err.ends_with("rolled back in memory; saving that failed"),
@@ -235,7 +236,6 @@ async fn a_failed_state_save_rolls_a_new_claim_back() {
         "nothing reached the runtime"
     );
 
-    fs::remove_dir(h.state_dir().join(".state.json.tmp")).unwrap();
     assert!(
         m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok(),
         "the retry succeeds"
@@ -283,11 +283,12 @@ async fn a_failed_re_prepare_keeps_the_allocation() {
         .clone()
         .unwrap();
 
-    fs::create_dir_all(h.state_dir().join(".state.json.tmp")).unwrap();
+    h.break_state_saves();
     let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
         .clone()
         .unwrap_err()
         .to_string();
+    h.mend_state_saves();
     assert!(
         err.ends_with("the claim stays allocated: it was prepared before"),
         "{err}"
@@ -300,7 +301,6 @@ async fn a_failed_re_prepare_keeps_the_allocation() {
         "a still shares only the rest"
     );
 
-    fs::remove_dir(h.state_dir().join(".state.json.tmp")).unwrap();
     assert_eq!(
         m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"],
         Ok(first)
@@ -448,6 +448,26 @@ async fn start_up_removes_specs_no_claim_accounts_for() {
         1,
         "another vendor's spec is left alone"
     );
+}
+
+#[tokio::test]
+async fn start_up_removes_the_temporary_files_of_interrupted_state_saves() {
+    let h = Harness::new();
+    drop(h.ready(TestPolicy::new(8), &[]).await);
+    fs::create_dir_all(h.state_dir()).unwrap();
+    // What a crash during a save leaves: today's random names, and the fixed name of old builds.
+    for name in [".state.json.a1b2c3.tmp", ".state.json.tmp"] {
+        fs::write(h.state_dir().join(name), b"{").unwrap();
+    }
+    fs::write(h.state_dir().join("notes.txt"), b"not ours").unwrap();
+    h.start(TestPolicy::new(8)).unwrap();
+    let mut left: Vec<String> = fs::read_dir(h.state_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    left.retain(|n| n != "state.json");
+    assert_eq!(left, ["notes.txt"]);
 }
 
 #[tokio::test]

@@ -1,4 +1,5 @@
-//! The CDI (Container Device Interface) spec model and the per-claim spec store.
+//! The CDI (Container Device Interface) spec model, the per-claim spec store, and the durable
+//! file write both it and resmgr's state file use.
 //!
 //! A prepared DRA claim is granted to its containers through a CDI spec of its own: the kubelet
 //! hands the runtime the qualified device names [`SpecStore::write_claim`] returned, and
@@ -32,7 +33,9 @@
 //! - [`version`]: the known versions and the minimum a spec needs; the store writes exactly that.
 //! - [`validate`]: whole-spec and edit validation, errors naming the field and the value.
 //! - [`claim`]: claim UIDs and the naming scheme above (no IO).
-//! - [`store`]: [`SpecStore`], the only module that touches files.
+//! - [`store`]: [`SpecStore`], the claims' spec files.
+//! - [`durable`]: atomic and durable file replacement, the only module that writes files; also
+//!   used by resmgr for its state file (the module says why it lives here).
 //!
 //! # Why not the `container-device-interface` crate
 //!
@@ -42,6 +45,7 @@
 //! (`tests/conformance/cdi`) check our files against its cache.
 
 pub mod claim;
+pub mod durable;
 pub mod names;
 pub mod spec;
 pub mod store;

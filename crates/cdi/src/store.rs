@@ -1,23 +1,22 @@
 //! `SpecStore`: one CDI spec file per prepared claim in one directory, written atomically and
 //! durably, removed idempotently, and listed for start-up reconciliation.
 //!
-//! A write goes to a temporary file in the same directory, named `.<file>.<random>.tmp` (never
-//! ending in `.json` or `.yaml`, so the runtimes' scanners and watchers ignore it), made 0644,
-//! fsynced, renamed over the spec's name, and the directory fsynced. A reader therefore sees the
-//! old spec or the new one, never a mix; the rename of a name from the same directory is also what
-//! makes a runtime's auto-refreshing CDI cache notice the change. A crash can leave a temporary
-//! file behind; [`SpecStore::claims`] never reports one and
+//! A write is [`durable::replace`]: a temporary file in the same directory, named
+//! `.<file>.<random>.tmp` (never ending in `.json` or `.yaml`, so the runtimes' scanners and
+//! watchers ignore it), made 0644, fsynced, renamed over the spec's name, and the directory
+//! fsynced. A reader therefore sees the old spec or the new one, never a mix; the rename of a name
+//! from the same directory is also what makes a runtime's auto-refreshing CDI cache notice the
+//! change. A crash can leave a temporary file behind; [`SpecStore::claims`] never reports one and
 //! [`SpecStore::remove_temporary_files`] deletes them at start-up.
 
 use std::{
-    fs::{self, DirBuilder, File, Permissions},
-    io::{self, Write},
-    os::unix::fs::{DirBuilderExt, PermissionsExt},
+    fs, io,
     path::{Path, PathBuf},
 };
 
 use crate::{
     claim::{self, CLASS, ClaimUid, MAX_UID_LEN, SPEC_EXTENSION, UidError},
+    durable::{self, TEMP_RAND_LEN, TEMP_SUFFIX, WriteError},
     names::{self, NameError, QualifiedName},
     spec::{ContainerEdits, Device, Spec},
     validate::{self, ValidationError},
@@ -28,10 +27,6 @@ use crate::{
 const SPEC_MODE: u32 = 0o644;
 /// The mode of a spec directory the store creates, as the reference writer creates it.
 const DIR_MODE: u32 = 0o755;
-/// Random characters in a temporary file name.
-const TEMP_RAND_LEN: usize = 6;
-/// The suffix of temporary files.
-const TEMP_SUFFIX: &str = ".tmp";
 /// The longest file name Linux file systems accept (NAME_MAX).
 const NAME_MAX: usize = 255;
 
@@ -95,6 +90,16 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+}
+
+impl From<WriteError> for StoreError {
+    fn from(e: WriteError) -> Self {
+        Self::Io {
+            op: e.step,
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 /// The per-claim spec files of one vendor in one directory.
@@ -193,8 +198,13 @@ impl SpecStore {
             })
             .collect::<Result<Vec<_>, _>>()?;
 
-        self.ensure_dir()?;
-        self.write_durably(&claim::spec_file_name(&self.vendor, &uid), &spec.to_json())?;
+        durable::create_dir(&self.dir, DIR_MODE)?;
+        durable::replace(
+            &self.dir,
+            &claim::spec_file_name(&self.vendor, &uid),
+            &spec.to_json(),
+            SPEC_MODE,
+        )?;
         Ok(names)
     }
 
@@ -210,7 +220,7 @@ impl SpecStore {
         };
         // Synced even when nothing was removed: an earlier removal may have crashed before its
         // sync, and success must mean the spec stays gone.
-        match sync_dir(&self.dir) {
+        match durable::sync_dir(&self.dir).map_err(StoreError::from) {
             Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
             other => other?,
         }
@@ -245,24 +255,8 @@ impl SpecStore {
     /// Deletes temporary files a crashed write left behind and returns how many. Call it only when
     /// no write is in flight (at start-up): a live write's temporary file looks the same.
     pub fn remove_temporary_files(&self) -> Result<usize, StoreError> {
-        let prefix = format!(".{}-{CLASS}_", self.vendor);
-        let mut removed = 0;
-        for name in self.file_names()? {
-            if name.starts_with(&prefix) && name.ends_with(TEMP_SUFFIX) {
-                let path = self.dir.join(&name);
-                match fs::remove_file(&path) {
-                    Ok(()) => removed += 1,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(source) => {
-                        return Err(io_error("removing temporary cdi spec", &path, source));
-                    }
-                }
-            }
-        }
-        if removed > 0 {
-            sync_dir(&self.dir)?;
-        }
-        Ok(removed)
+        let spec_prefix = format!("{}-{CLASS}_", self.vendor);
+        Ok(durable::remove_temporary_files(&self.dir, &spec_prefix)?)
     }
 
     // === internals ===
@@ -289,52 +283,6 @@ impl SpecStore {
         }
         Ok(names)
     }
-
-    /// Creates the directory (and parents) if it is missing, durably.
-    fn ensure_dir(&self) -> Result<(), StoreError> {
-        if self.dir.is_dir() {
-            return Ok(());
-        }
-        DirBuilder::new()
-            .recursive(true)
-            .mode(DIR_MODE)
-            .create(&self.dir)
-            .map_err(|source| io_error("creating cdi spec directory", &self.dir, source))?;
-        if let Some(parent) = self.dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-        Ok(())
-    }
-
-    /// Replaces `<dir>/<name>` with `data`: temporary file, fsync, rename, fsync the directory.
-    fn write_durably(&self, name: &str, data: &[u8]) -> Result<(), StoreError> {
-        let target = self.dir.join(name);
-        let mut tmp = tempfile::Builder::new()
-            .prefix(&format!(".{name}."))
-            .suffix(TEMP_SUFFIX)
-            .rand_bytes(TEMP_RAND_LEN)
-            .tempfile_in(&self.dir)
-            .map_err(|source| io_error("creating temporary cdi spec in", &self.dir, source))?;
-        // Dropping `tmp` before `persist` deletes the temporary file, so every early return
-        // below cleans up after itself.
-        let tmp_path = tmp.path().to_path_buf();
-        let tmp_path = tmp_path.as_path();
-        let io = |op| move |source| io_error(op, tmp_path, source);
-        tmp.as_file()
-            .set_permissions(Permissions::from_mode(SPEC_MODE))
-            .map_err(io("setting the mode of"))?;
-        tmp.write_all(data).map_err(io("writing"))?;
-        tmp.as_file().sync_all().map_err(io("syncing"))?;
-        tmp.persist(&target)
-            .map_err(|e| io_error("renaming a temporary cdi spec onto", &target, e.error))?;
-        sync_dir(&self.dir)
-    }
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| io_error("syncing directory", dir, source))
 }
 
 fn io_error(op: &'static str, path: &Path, source: io::Error) -> StoreError {

@@ -148,7 +148,8 @@ pub struct Manager {
 impl Manager {
     /// Starts the manager from what is on disk: loads the state (a missing state is a fresh
     /// start; an unreadable one is an error and nothing is deleted), restores the policy from it,
-    /// and removes the CDI specs of claims the policy does not account for.
+    /// and removes the CDI specs of claims the policy does not account for and the temporary
+    /// files of writes a crash interrupted.
     pub fn start(
         config: ManagerConfig,
         mut policy: Box<dyn Policy>,
@@ -158,6 +159,7 @@ impl Manager {
         claim_reader: Arc<dyn ClaimReader>,
     ) -> Result<Self, StartError> {
         let state = state_file.load(policy.name())?;
+        state_file.remove_temporary_files()?;
         let records = match state {
             Some(state) => {
                 policy

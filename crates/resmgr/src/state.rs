@@ -1,20 +1,16 @@
 //! The durable state file: the policy's snapshot and our records of prepared claims.
 //!
 //! One JSON file, `<state-dir>/state.json`, written atomically and durably on every commit
-//! (temporary file in the same directory, fsync, rename, fsync the directory), so that after a
-//! crash it holds exactly the last commit. It is the only memory the agent has of a previous run:
+//! ([`cdi::durable::replace`]: temporary file in the same directory, fsync, rename, fsync the
+//! directory), so that after a crash it holds exactly the last commit. It is the only memory the agent has of a previous run:
 //! at start-up everything durable is rebuilt from it and from the CDI directory.
 //!
 //! A state file that cannot be read is an error that stops the agent: deleting or overwriting it
 //! would forget claims whose CPUs are in use. A missing file is a fresh start.
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    io::{self, Write},
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeMap, fs, io, path::PathBuf};
 
+use cdi::durable::{self, WriteError};
 use serde::{Deserialize, Serialize};
 
 /// The format version this build writes and reads.
@@ -22,6 +18,12 @@ pub const STATE_VERSION: u32 = 1;
 
 /// The file name inside the state directory.
 pub const STATE_FILE: &str = "state.json";
+
+/// The mode of the state file.
+const STATE_MODE: u32 = 0o644;
+
+/// The mode of a state directory the agent creates.
+const DIR_MODE: u32 = 0o755;
 
 /// Everything durable.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -104,15 +106,32 @@ pub enum StateError {
         /// The policy running now.
         expected: String,
     },
+    /// The state could not be encoded; nothing was written.
+    #[error("encoding the state for {path}")]
+    Encode {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
     /// Writing the file failed; the previous state is intact.
-    #[error("saving state file {path}: {step}: {source}")]
+    #[error("saving state file {path}")]
     Write {
         /// The file.
         path: PathBuf,
-        /// The step that failed.
-        step: &'static str,
+        /// The step that failed, and why.
+        #[source]
+        source: WriteError,
+    },
+    /// Temporary files that crashed saves left could not be removed.
+    #[error("removing temporary files of state file {path}")]
+    Cleanup {
+        /// The file.
+        path: PathBuf,
         /// The cause.
-        source: io::Error,
+        #[source]
+        source: WriteError,
     },
 }
 
@@ -166,37 +185,29 @@ impl StateFile {
         Ok(Some(state))
     }
 
-    /// Saves the state atomically and durably.
+    /// Saves the state atomically and durably, creating the directory if needed.
     pub fn save(&self, state: &State) -> Result<(), StateError> {
         let path = self.path();
-        let mut bytes = serde_json::to_vec_pretty(state).map_err(|e| StateError::Write {
+        let mut bytes = serde_json::to_vec_pretty(state).map_err(|source| StateError::Encode {
             path: path.clone(),
-            step: "encoding",
-            source: io::Error::other(e),
+            source,
         })?;
         bytes.push(b'\n');
-        write_durably(&self.dir, STATE_FILE, &bytes).map_err(|(step, source)| StateError::Write {
-            path,
-            step,
-            source,
+        durable::create_dir(&self.dir, DIR_MODE)
+            .and_then(|()| durable::replace(&self.dir, STATE_FILE, &bytes, STATE_MODE))
+            .map_err(|source| StateError::Write { path, source })
+    }
+
+    /// Deletes the temporary files saves left behind when the process died during them, and
+    /// returns how many. Only at start-up: a save in flight has one too.
+    pub fn remove_temporary_files(&self) -> Result<usize, StateError> {
+        durable::remove_temporary_files(&self.dir, STATE_FILE).map_err(|source| {
+            StateError::Cleanup {
+                path: self.path(),
+                source,
+            }
         })
     }
-}
-
-/// Writes `dir/name` so that a crash leaves either the old or the new contents: a temporary file
-/// in the same directory, fsynced, renamed over the target, then the directory fsynced so the
-/// rename itself is durable.
-fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), (&'static str, io::Error)> {
-    fs::create_dir_all(dir).map_err(|e| ("creating the directory", e))?;
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let mut file = fs::File::create(&tmp).map_err(|e| ("creating the temporary file", e))?;
-    file.write_all(bytes).map_err(|e| ("writing", e))?;
-    file.sync_all().map_err(|e| ("syncing the file", e))?;
-    drop(file);
-    fs::rename(&tmp, dir.join(name)).map_err(|e| ("renaming into place", e))?;
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ("syncing the directory", e))
 }
 
 #[cfg(test)]
@@ -284,22 +295,36 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_save_keeps_the_previous_state() {
+    fn a_save_that_fails_part_way_leaves_no_temporary_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = StateFile::new(dir.path());
-        file.save(&state()).unwrap();
-        // A directory where the temporary file must go makes the write fail part-way.
-        fs::create_dir(dir.path().join(".state.json.tmp")).unwrap();
-        let mut changed = state();
-        changed.claims.clear();
-        let err = file.save(&changed).unwrap_err();
-        assert!(matches!(
-            err,
-            StateError::Write {
-                step: "creating the temporary file",
-                ..
-            }
-        ));
-        assert_eq!(file.load("p").unwrap(), Some(state()));
+        // A non-empty directory where the file goes: everything succeeds up to the rename.
+        fs::create_dir_all(file.path().join("in-the-way")).unwrap();
+        file.save(&state()).unwrap_err();
+        let mut names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [STATE_FILE], "only what was there before");
+    }
+
+    #[test]
+    fn a_failed_save_is_an_error_naming_the_file_and_the_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path().join("sub"));
+        // A file where the directory goes. (That the previous state survives a failed write is
+        // the durable write's contract, tested in cdi::durable.)
+        fs::write(dir.path().join("sub"), b"").unwrap();
+        let err = file.save(&state()).unwrap_err();
+        let StateError::Write { path, source } = &err else {
+            panic!("{err}");
+        };
+        assert_eq!(*path, file.path());
+        assert_eq!(source.step, "creating directory");
+        assert_eq!(
+            err.to_string(),
+            format!("saving state file {}", file.path().display())
+        );
     }
 }
