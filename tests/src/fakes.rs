@@ -135,7 +135,7 @@ impl Policy for TestPolicy {
                 cpus: Some(cpus),
                 mems: None,
             },
-            updates: Vec::new(),
+            ..Allocation::default()
         })
     }
 
@@ -178,7 +178,7 @@ impl Policy for TestPolicy {
             }
             return Ok(ClaimAllocation {
                 edits: edits(cpus),
-                updates: Vec::new(),
+                ..ClaimAllocation::default()
             });
         }
         let want: u64 = claim
@@ -205,6 +205,7 @@ impl Policy for TestPolicy {
         Ok(ClaimAllocation {
             edits: edits(&cpus),
             updates: self.ripple(),
+            warnings: Vec::new(),
         })
     }
 

@@ -30,9 +30,18 @@ pub struct Node {
 impl Node {
     /// Starts a node on the hwloc synthetic machine `topology`, whose API server holds `claims`.
     pub async fn start(topology: &str, claims: impl IntoIterator<Item = Claim>) -> Self {
+        Self::start_with(topology, claims, policy::Config::default()).await
+    }
+
+    /// [`Node::start`] with the policy configured as `config` says.
+    pub async fn start_with(
+        topology: &str,
+        claims: impl IntoIterator<Item = Claim>,
+        config: policy::Config,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let topology = Topology::load(&TopologySource::Synthetic(topology.into())).unwrap();
-        let policy = TopologyAware::new(topology, policy::Config::default()).unwrap();
+        let policy = TopologyAware::new(topology, config).unwrap();
         let reader = Arc::new(StaticClaims::new());
         for claim in claims {
             reader.insert(claim);

@@ -384,11 +384,20 @@ async fn fields_the_api_server_drops_are_reported_and_not_rewritten_forever() {
     let (server, publisher) = start(&["v1"], config()).await;
     // DRAConsumableCapacity off (Kubernetes 1.34/1.35 default).
     server.drop_device_fields(&["allowMultipleAllocations"]);
+    let mut watched = publisher.dropped_fields();
+    assert!(watched.borrow_and_update().is_empty());
     let first = publisher.publish(devices(2)).await.unwrap();
     assert_eq!(first.dropped_fields, ["devices[].allowMultipleAllocations"]);
+    // Whoever watches learns it too, once.
+    assert!(watched.has_changed().unwrap());
+    assert_eq!(
+        watched.borrow_and_update().iter().collect::<Vec<_>>(),
+        ["devices[].allowMultipleAllocations"]
+    );
     let again = publisher.publish(devices(2)).await.unwrap();
     assert_eq!((again.created, again.updated, again.deleted), (0, 0, 0));
     assert!(again.dropped_fields.is_empty(), "reported once");
+    assert!(!watched.has_changed().unwrap());
 }
 
 #[tokio::test]

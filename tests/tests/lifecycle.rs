@@ -633,7 +633,7 @@ async fn the_background_retry_delivers_what_a_commit_could_not_with_doubling_bac
 }
 
 /// The runtime events with the real topology-aware policy: one NUMA node of 4 cores x 2 threads,
-/// a shared container `web` and an exclusive `batch` (2 whole CPUs).
+/// a shared container `web` and an exclusive `batch` (2 whole CPUs, with `cpu-exclusivity: pods`).
 mod events {
     use integration_tests::{fakes::container, node::Node};
     use policy::{CpuSet, QosClass, Resources};
@@ -651,7 +651,11 @@ mod events {
 
     /// The node and the CPUs `batch` holds.
     async fn node_with_web_and_batch() -> (Node, CpuSet) {
-        let node = Node::start("pack:1 core:4 pu:2", []).await;
+        let pods = policy::Config {
+            exclusivity: policy::topology_aware::Exclusivity::Pods,
+            ..policy::Config::default()
+        };
+        let node = Node::start_with("pack:1 core:4 pu:2", [], pods).await;
         node.synchronize(&[]).await;
         let web = node
             .manager

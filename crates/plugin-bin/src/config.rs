@@ -11,7 +11,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use policy::{TopologySource, topology_aware::ReservedCpus};
+use policy::{
+    TopologySource,
+    topology_aware::{DeviceModel, Exclusivity, ReservedCpus},
+};
 
 use crate::values::{self, Format};
 
@@ -72,10 +75,31 @@ pub struct RunFlags {
     /// published ResourceSlices (needs DRANodeAllocatableResources, Kubernetes 1.36) [default: false].
     #[arg(long, value_name = "BOOL")]
     pub node_allocatable_cpu: Option<String>,
+    /// Who gets CPUs of their own: `claims` (DRA claims only; Guaranteed pods without one share),
+    /// `partition` (claims get --claim-cpus, Guaranteed pods exclusive CPUs from the rest) or
+    /// `pods` (Guaranteed pods, as nri-plugins; no devices published) [default: claims].
+    #[arg(long, value_name = "MODE")]
+    pub cpu_exclusivity: Option<String>,
+    /// With `--cpu-exclusivity partition`: the CPUs published for claims, a count (`8`) or a
+    /// cpuset (`8-15`).
+    #[arg(long, value_name = "COUNT|CPUSET")]
+    pub claim_cpus: Option<String>,
+    /// `grouped` (one device per NUMA node or socket with consumable capacity `cpu`; needs
+    /// DRAConsumableCapacity) or `individual` (one device per CPU; any cluster with DRA)
+    /// [default: grouped].
+    #[arg(long, value_name = "MODE")]
+    pub device_mode: Option<String>,
+    /// What a grouped device stands for: `numa` or `socket` [default: numa].
+    #[arg(long, value_name = "GROUP")]
+    pub group_by: Option<String>,
+    /// The smallest amount a claim gets: `cpu` (a hardware thread) or `core` (whole cores only,
+    /// which the scheduler then accounts for) [default: cpu].
+    #[arg(long, value_name = "UNIT")]
+    pub claim_granularity: Option<String>,
 }
 
 /// The keys of the config file, which are the flags' names.
-pub const KEYS: [&str; 14] = [
+pub const KEYS: [&str; 19] = [
     "node-name",
     "driver-name",
     "nri-socket",
@@ -90,6 +114,11 @@ pub const KEYS: [&str; 14] = [
     "metrics-addr",
     "log-format",
     "node-allocatable-cpu",
+    "cpu-exclusivity",
+    "claim-cpus",
+    "device-mode",
+    "group-by",
+    "claim-granularity",
 ];
 
 /// The checked configuration of `resmgr run`.
@@ -112,6 +141,28 @@ pub struct RunConfig {
     #[serde(serialize_with = "show_format")]
     pub log_format: Format,
     pub node_allocatable_cpu: bool,
+    #[serde(flatten, serialize_with = "show_policy")]
+    pub policy: (Exclusivity, DeviceModel),
+}
+
+fn show_policy<S: serde::Serializer>(
+    (exclusivity, devices): &(Exclusivity, DeviceModel),
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap as _;
+    let values = values::show_policy_settings(exclusivity, devices);
+    let keys = [
+        "cpu_exclusivity",
+        "claim_cpus",
+        "device_mode",
+        "group_by",
+        "claim_granularity",
+    ];
+    let mut map = s.serialize_map(Some(keys.len()))?;
+    for (key, value) in keys.iter().zip(&values) {
+        map.serialize_entry(key, value)?;
+    }
+    map.end()
 }
 
 fn show_topology<S: serde::Serializer>(t: &TopologySource, s: S) -> Result<S::Ok, S::Error> {
@@ -144,6 +195,14 @@ enum Origin {
 }
 
 impl Origin {
+    fn key(&self) -> &'static str {
+        match self {
+            Self::Flag(key) | Self::File { key, .. } | Self::Env(_, key) | Self::Default(key) => {
+                key
+            }
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             Self::Flag(key) => format!("--{key}"),
@@ -246,7 +305,7 @@ impl RunFlags {
             Some(path) => FileValues::read(path)?,
             None => FileValues::default(),
         };
-        let flags: [(&'static str, &Option<String>); 14] = [
+        let flags: [(&'static str, &Option<String>); 19] = [
             ("node-name", &self.node_name),
             ("driver-name", &self.driver_name),
             ("nri-socket", &self.nri_socket),
@@ -261,6 +320,11 @@ impl RunFlags {
             ("metrics-addr", &self.metrics_addr),
             ("log-format", &self.log_format),
             ("node-allocatable-cpu", &self.node_allocatable_cpu),
+            ("cpu-exclusivity", &self.cpu_exclusivity),
+            ("claim-cpus", &self.claim_cpus),
+            ("device-mode", &self.device_mode),
+            ("group-by", &self.group_by),
+            ("claim-granularity", &self.claim_granularity),
         ];
         let get =
             |key: &'static str, default: Option<(String, Origin)>| -> Option<(String, Origin)> {
@@ -381,6 +445,31 @@ impl RunFlags {
             .parse()
             .map_err(|_| refuse(&origin, &value, "expected `true` or `false`"))?;
 
+        let given = |key| get(key, None);
+        let policy_keys = [
+            given("cpu-exclusivity"),
+            given("claim-cpus"),
+            given("device-mode"),
+            given("group-by"),
+            given("claim-granularity"),
+        ];
+        let value = |i: usize| policy_keys[i].as_ref().map(|(v, _)| v.as_str());
+        let policy = values::policy_settings(&values::PolicyValues {
+            cpu_exclusivity: value(0),
+            claim_cpus: value(1),
+            device_mode: value(2),
+            group_by: value(3),
+            claim_granularity: value(4),
+        })
+        .map_err(|e| {
+            let origin = policy_keys
+                .iter()
+                .flatten()
+                .find(|(_, o)| o.key() == e.key)
+                .map_or_else(|| format!("--{}", e.key), |(_, o)| o.describe());
+            anyhow::anyhow!("{origin}: {}", e.reason)
+        })?;
+
         Ok(RunConfig {
             node_name,
             driver_name,
@@ -396,6 +485,7 @@ impl RunFlags {
             metrics_addr,
             log_format,
             node_allocatable_cpu,
+            policy,
         })
     }
 }

@@ -8,6 +8,8 @@
 //! | `resmgr_nri_events_total{kind}` | counter | NRI events handled, by kind |
 //! | `resmgr_pool_cpus{pool,kind}` | gauge | CPUs of each pool that are reserved, shared, exclusive or claimed, as the policy's `inventory()` reports them (none for a policy that reports no pools) |
 //! | `resmgr_pending_updates` | gauge | containers with updates the runtime does not have yet |
+//! | `resmgr_container_fallbacks{kind}` | gauge | containers the policy placed otherwise than their request asks rather than refuse them, by kind: `not-exclusive` (shared CPUs instead of exclusive ones), `widened` (claims took their pool's shared CPUs: an enclosing pool's), `reserved` (nothing shared anywhere: the reserved CPUs), `memory-unpinned` |
+//! | `resmgr_slice_fields_dropped{field}` | gauge | 1 for each field of our ResourceSlices the API server drops (a feature gate is off), say `devices[].allowMultipleAllocations` without DRAConsumableCapacity |
 //!
 //! The gauges are read from the policy and the manager when scraped, so they are never stale.
 
@@ -35,6 +37,16 @@ struct PoolLabel {
     kind: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FieldLabel {
+    field: String,
+}
+
 /// Every metric the agent exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -45,6 +57,8 @@ pub struct Metrics {
     nri_events: Family<EventLabel, Counter>,
     pool_cpus: Family<PoolLabel, Gauge>,
     pending: Gauge,
+    fallbacks: Family<KindLabel, Gauge>,
+    dropped_fields: Family<FieldLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -63,6 +77,8 @@ impl Metrics {
         let nri_events = Family::<EventLabel, Counter>::default();
         let pool_cpus = Family::<PoolLabel, Gauge>::default();
         let pending = Gauge::default();
+        let fallbacks = Family::<KindLabel, Gauge>::default();
+        let dropped_fields = Family::<FieldLabel, Gauge>::default();
         registry.register(
             "prepare_duration_seconds",
             "Duration of kubelet NodePrepareResources calls",
@@ -93,7 +109,19 @@ impl Metrics {
             "Containers with updates the runtime does not have yet",
             pending.clone(),
         );
+        registry.register(
+            "container_fallbacks",
+            "Containers placed otherwise than their request asks rather than refused, by kind",
+            fallbacks.clone(),
+        );
+        registry.register(
+            "slice_fields_dropped",
+            "Fields of our ResourceSlices the API server drops (1 each): a feature gate is off",
+            dropped_fields.clone(),
+        );
         Self {
+            fallbacks,
+            dropped_fields,
             registry,
             prepare_seconds,
             unprepare_seconds,
@@ -130,6 +158,32 @@ impl Metrics {
         }
         self.pending
             .set(i64::try_from(pending_updates).unwrap_or(i64::MAX));
+        for kind in [
+            policy::Fallback::NotExclusive,
+            policy::Fallback::Widened,
+            policy::Fallback::Reserved,
+            policy::Fallback::MemoryUnpinned,
+        ] {
+            let n = inventory
+                .containers
+                .iter()
+                .filter(|c| c.fallbacks.contains(&kind))
+                .count();
+            self.fallbacks
+                .get_or_create(&KindLabel {
+                    kind: kind.as_str().into(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Records a field of our ResourceSlices the API server drops.
+    pub fn slice_field_dropped(&self, field: &str) {
+        self.dropped_fields
+            .get_or_create(&FieldLabel {
+                field: field.into(),
+            })
+            .set(1);
     }
 
     /// The OpenMetrics text.
@@ -171,11 +225,28 @@ mod tests {
                 exclusive: 0,
                 claimed: 0,
             }],
-            containers: Vec::new(),
+            containers: ["not-exclusive,widened", "reserved", ""]
+                .iter()
+                .enumerate()
+                .map(|(i, kinds)| crate::view::ContainerRow {
+                    id: format!("c{i}"),
+                    name: String::new(),
+                    grant: crate::view::GrantKind::Shared,
+                    pool: None,
+                    cpus: "1-3".into(),
+                    mems: None,
+                    fallbacks: kinds
+                        .split(',')
+                        .filter(|k| !k.is_empty())
+                        .map(|k| serde_json::from_value(serde_json::json!(k)).unwrap())
+                        .collect(),
+                })
+                .collect(),
             claims: Vec::new(),
             source: policy::Inventory::default(),
         };
         m.refresh(&inventory, 2);
+        m.slice_field_dropped("devices[].allowMultipleAllocations");
         let text = m.encode();
         for wanted in [
             "resmgr_prepare_duration_seconds_count 1",
@@ -185,6 +256,11 @@ mod tests {
             "resmgr_pool_cpus{pool=\"root\",kind=\"shared\"} 3",
             "resmgr_pool_cpus{pool=\"root\",kind=\"reserved\"} 1",
             "resmgr_pending_updates 2",
+            "resmgr_container_fallbacks{kind=\"not-exclusive\"} 1",
+            "resmgr_container_fallbacks{kind=\"widened\"} 1",
+            "resmgr_container_fallbacks{kind=\"reserved\"} 1",
+            "resmgr_container_fallbacks{kind=\"memory-unpinned\"} 0",
+            "resmgr_slice_fields_dropped{field=\"devices[].allowMultipleAllocations\"} 1",
         ] {
             assert!(text.contains(wanted), "{wanted:?} not in\n{text}");
         }

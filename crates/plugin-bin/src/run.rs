@@ -21,7 +21,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use policy::{Topology, topology_aware::Config, topology_aware::ReservedCpus};
+use policy::{
+    Topology,
+    topology_aware::{Config, DeviceMode, ReservedCpus},
+};
 use resmgr::{
     Manager, ManagerConfig,
     dra_handler::LifecycleHandler,
@@ -101,10 +104,15 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         Config {
             reserved_cpus: config.reserved_cpus.clone(),
             driver: config.driver_name.clone(),
+            exclusivity: config.policy.0.clone(),
+            devices: config.policy.1,
             ..Config::default()
         },
     )
-    .map_err(|e| anyhow::anyhow!("--reserved-cpus: {e}"))?;
+    .map_err(|e| match e {
+        policy::topology_aware::ConfigError::ClaimCpus(_) => anyhow::anyhow!("--claim-cpus: {e}"),
+        _ => anyhow::anyhow!("--reserved-cpus: {e}"),
+    })?;
     let (policy, policy_view) = view::share(policy);
     let client = kube::connect(config.kubeconfig.as_deref())
         .await
@@ -197,6 +205,11 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         versions,
     )
     .map_err(|e| anyhow::anyhow!("--node-name/--driver-name: {e}"))?;
+    let watcher = tokio::spawn(watch_dropped_fields(
+        publisher.dropped_fields(),
+        config.policy.1.mode,
+        metrics.clone(),
+    ));
     match policy_view.devices() {
         Ok(devices) => {
             use kube::DevicePublisher as _;
@@ -217,6 +230,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         why = connection.closed() => Stop::RuntimeLost(why),
     };
     maintainer.abort();
+    watcher.abort();
     finish(&manager, Some(plugin)).await?;
     if matches!(stop, Stop::RuntimeLost(_)) {
         // The endpoints stop on a signal by themselves; without one they would serve forever.
@@ -233,6 +247,44 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Exports the fields the API server drops from our slices as metrics, and says once, as an
+/// error, when that makes the device model wrong for the cluster.
+async fn watch_dropped_fields(
+    mut dropped: tokio::sync::watch::Receiver<std::collections::BTreeSet<String>>,
+    mode: DeviceMode,
+    metrics: Arc<Metrics>,
+) {
+    let mut told = false;
+    loop {
+        let fields = dropped.borrow_and_update().clone();
+        for field in &fields {
+            metrics.slice_field_dropped(field);
+        }
+        if !told && let Some(advice) = dropped_capacity_advice(mode, &fields) {
+            error!(fields = ?fields, "{advice}");
+            told = true;
+        }
+        if dropped.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What to tell the operator when the API server drops consumable capacity (the
+/// `DRAConsumableCapacity` gate is off) and grouped devices depend on it.
+fn dropped_capacity_advice(
+    mode: DeviceMode,
+    fields: &std::collections::BTreeSet<String>,
+) -> Option<&'static str> {
+    let capacity = fields.iter().any(|f| {
+        f == "devices[].allowMultipleAllocations"
+            || (f.starts_with("devices[].capacity.") && f.ends_with(".requestPolicy"))
+    });
+    (capacity && mode == DeviceMode::Grouped).then_some(
+        "the api server drops consumable capacity from our resource slices (DRAConsumableCapacity is off in this cluster): the scheduler hands each grouped device to one claim, which gets all of its cpus; set device-mode: individual for this cluster (or turn the gate on)",
+    )
 }
 
 /// Resolves with the signal's name once a stop signal arrived.
@@ -394,6 +446,23 @@ fn show_topology(t: &policy::TopologySource) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn dropped_capacity_fields_call_for_individual_devices_only_when_grouped() {
+        use super::{DeviceMode, dropped_capacity_advice};
+        let fields = |list: &[&str]| list.iter().map(|f| (*f).to_owned()).collect();
+        let dropped = fields(&["devices[].allowMultipleAllocations"]);
+        let advice = dropped_capacity_advice(DeviceMode::Grouped, &dropped).unwrap();
+        assert!(advice.contains("device-mode: individual"), "{advice}");
+        let policy = fields(&["devices[].capacity.cpu.requestPolicy"]);
+        assert!(dropped_capacity_advice(DeviceMode::Grouped, &policy).is_some());
+        assert_eq!(
+            dropped_capacity_advice(DeviceMode::Individual, &dropped),
+            None
+        );
+        let other = fields(&["devices[].nodeAllocatableResourceMappings"]);
+        assert_eq!(dropped_capacity_advice(DeviceMode::Grouped, &other), None);
+    }
+
     use policy::{AllocationResult, Claim, Quantity};
     use resmgr::kube::fake::StaticClaims;
 

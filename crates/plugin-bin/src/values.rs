@@ -4,7 +4,12 @@
 
 use std::{fmt, path::Path, str::FromStr};
 
-use policy::{CpuSet, TopologySource, topology_aware::ReservedCpus};
+use policy::{
+    CpuSet, TopologySource,
+    topology_aware::{
+        ClaimCpus, DeviceMode, DeviceModel, Exclusivity, Granularity, GroupBy, ReservedCpus,
+    },
+};
 
 /// What `--topology` accepts, for messages.
 pub const TOPOLOGY_ALLOWED: &str = "`live`, `synthetic:<hwloc description>` (for example `synthetic:pack:2 numa:2 core:8 pu:2`) or `xml:<file>`";
@@ -61,6 +66,133 @@ fn cpuset(text: &str) -> Result<CpuSet, String> {
         return Err("the cpuset is empty".into());
     }
     Ok(set)
+}
+
+/// The policy's settings as written (`cpu-exclusivity`, `claim-cpus`, `device-mode`, `group-by`,
+/// `claim-granularity`), each `None` when not given.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PolicyValues<'a> {
+    pub cpu_exclusivity: Option<&'a str>,
+    pub claim_cpus: Option<&'a str>,
+    pub device_mode: Option<&'a str>,
+    pub group_by: Option<&'a str>,
+    pub claim_granularity: Option<&'a str>,
+}
+
+/// Which of [`PolicyValues`] is wrong, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyValueError {
+    /// The key (`cpu-exclusivity`, ...).
+    pub key: &'static str,
+    /// What is wrong, with what is allowed.
+    pub reason: String,
+}
+
+/// Checks the policy's settings together: each value, `claim-cpus` exactly with `partition`,
+/// `group-by: socket` only with `grouped` devices.
+pub fn policy_settings(
+    v: &PolicyValues<'_>,
+) -> Result<(Exclusivity, DeviceModel), PolicyValueError> {
+    let fail = |key, reason: String| PolicyValueError { key, reason };
+    let pick = |key: &'static str, value: Option<&str>, allowed: &[&'static str]| {
+        let value = value.map(str::trim).unwrap_or(allowed[0]);
+        allowed.iter().position(|a| *a == value).ok_or_else(|| {
+            let list: Vec<String> = allowed.iter().map(|a| format!("`{a}`")).collect();
+            fail(
+                key,
+                format!("{value:?} is not allowed: expected {}", list.join(", ")),
+            )
+        })
+    };
+    let exclusivity = pick(
+        "cpu-exclusivity",
+        v.cpu_exclusivity,
+        &["claims", "partition", "pods"],
+    )?;
+    let exclusivity = match (exclusivity, v.claim_cpus) {
+        (1, Some(cpus)) => {
+            Exclusivity::Partition(claim_cpus(cpus).map_err(|e| fail("claim-cpus", e))?)
+        }
+        (1, None) => {
+            return Err(fail(
+                "claim-cpus",
+                "is not set: cpu-exclusivity partition publishes these cpus for claims (a count such as `8`, or a cpuset such as `8-15`)".into(),
+            ));
+        }
+        (_, Some(cpus)) => {
+            return Err(fail(
+                "claim-cpus",
+                format!("{cpus:?} is set, but only cpu-exclusivity partition uses it"),
+            ));
+        }
+        (0, None) => Exclusivity::Claims,
+        (_, None) => Exclusivity::Pods,
+    };
+    let mode = match pick("device-mode", v.device_mode, &["grouped", "individual"])? {
+        0 => DeviceMode::Grouped,
+        _ => DeviceMode::Individual,
+    };
+    let group_by = match pick("group-by", v.group_by, &["numa", "socket"])? {
+        0 => GroupBy::Numa,
+        _ => GroupBy::Socket,
+    };
+    if mode == DeviceMode::Individual && group_by == GroupBy::Socket {
+        return Err(fail(
+            "group-by",
+            "\"socket\" groups grouped devices only: individual devices carry their socket as an attribute (use matchAttribute on it)".into(),
+        ));
+    }
+    let granularity = match pick("claim-granularity", v.claim_granularity, &["cpu", "core"])? {
+        0 => Granularity::Cpu,
+        _ => Granularity::Core,
+    };
+    Ok((
+        exclusivity,
+        DeviceModel {
+            mode,
+            group_by,
+            granularity,
+        },
+    ))
+}
+
+/// `claim-cpus`: a count or a cpuset, written like `reserved-cpus`.
+fn claim_cpus(value: &str) -> Result<ClaimCpus, String> {
+    reserved_cpus(value)
+        .map(|r| match r {
+            ReservedCpus::Count(n) => ClaimCpus::Count(n),
+            ReservedCpus::Set(set) => ClaimCpus::Set(set),
+        })
+        .map_err(|e| e.replace("reserved-cpus value", "claim-cpus value"))
+}
+
+/// The policy's settings the way they are written, in [`PolicyValues`] order.
+pub fn show_policy_settings(exclusivity: &Exclusivity, devices: &DeviceModel) -> [String; 5] {
+    let (name, cpus) = match exclusivity {
+        Exclusivity::Claims => ("claims", None),
+        Exclusivity::Partition(ClaimCpus::Count(n)) => ("partition", Some(n.to_string())),
+        Exclusivity::Partition(ClaimCpus::Set(set)) => ("partition", Some(set.to_string())),
+        Exclusivity::Pods => ("pods", None),
+    };
+    [
+        name.to_owned(),
+        cpus.unwrap_or_default(),
+        match devices.mode {
+            DeviceMode::Grouped => "grouped",
+            DeviceMode::Individual => "individual",
+        }
+        .to_owned(),
+        match devices.group_by {
+            GroupBy::Numa => "numa",
+            GroupBy::Socket => "socket",
+        }
+        .to_owned(),
+        match devices.granularity {
+            Granularity::Cpu => "cpu",
+            Granularity::Core => "core",
+        }
+        .to_owned(),
+    ]
 }
 
 /// Shows a reserved-cpus value the way it is written.
@@ -124,6 +256,113 @@ mod tests {
         for bad in ["", "livee", "synthetic:", "xml:", "hwloc:x"] {
             let e = topology(bad, None).unwrap_err();
             assert!(e.contains("expected `live`"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn policy_settings_check_each_value_and_how_they_go_together() {
+        let ok = |v: PolicyValues<'_>| policy_settings(&v).unwrap();
+        let (e, d) = ok(PolicyValues::default());
+        assert_eq!((e, d), (Exclusivity::Claims, DeviceModel::default()));
+        let (e, d) = ok(PolicyValues {
+            cpu_exclusivity: Some("partition"),
+            claim_cpus: Some("8-15"),
+            device_mode: Some("individual"),
+            claim_granularity: Some("core"),
+            ..PolicyValues::default()
+        });
+        assert_eq!(
+            e,
+            Exclusivity::Partition(ClaimCpus::Set("8-15".parse().unwrap()))
+        );
+        assert_eq!(
+            (d.mode, d.group_by, d.granularity),
+            (DeviceMode::Individual, GroupBy::Numa, Granularity::Core)
+        );
+        let (e, _) = ok(PolicyValues {
+            cpu_exclusivity: Some("partition"),
+            claim_cpus: Some("4"),
+            ..PolicyValues::default()
+        });
+        assert_eq!(e, Exclusivity::Partition(ClaimCpus::Count(4)));
+        assert_eq!(
+            ok(PolicyValues {
+                cpu_exclusivity: Some("pods"),
+                group_by: Some("socket"),
+                ..PolicyValues::default()
+            }),
+            (
+                Exclusivity::Pods,
+                DeviceModel {
+                    group_by: GroupBy::Socket,
+                    ..DeviceModel::default()
+                }
+            )
+        );
+        let bad = |v: PolicyValues<'_>| {
+            let e = policy_settings(&v).unwrap_err();
+            format!("{}: {}", e.key, e.reason)
+        };
+        let e = bad(PolicyValues {
+            cpu_exclusivity: Some("exclusive"),
+            ..PolicyValues::default()
+        });
+        assert_eq!(
+            e,
+            "cpu-exclusivity: \"exclusive\" is not allowed: expected `claims`, `partition`, `pods`"
+        );
+        let e = bad(PolicyValues {
+            cpu_exclusivity: Some("partition"),
+            ..PolicyValues::default()
+        });
+        assert!(e.starts_with("claim-cpus: is not set"), "{e}");
+        let e = bad(PolicyValues {
+            claim_cpus: Some("4"),
+            ..PolicyValues::default()
+        });
+        assert!(e.contains("only cpu-exclusivity partition uses it"), "{e}");
+        let e = bad(PolicyValues {
+            cpu_exclusivity: Some("partition"),
+            claim_cpus: Some("x"),
+            ..PolicyValues::default()
+        });
+        assert!(
+            e.starts_with("claim-cpus: \"x\" is not a claim-cpus value"),
+            "{e}"
+        );
+        let e = bad(PolicyValues {
+            device_mode: Some("individual"),
+            group_by: Some("socket"),
+            ..PolicyValues::default()
+        });
+        assert!(
+            e.starts_with("group-by: \"socket\" groups grouped devices only"),
+            "{e}"
+        );
+        for (key, v) in [
+            (
+                "device-mode",
+                PolicyValues {
+                    device_mode: Some("per-cpu"),
+                    ..PolicyValues::default()
+                },
+            ),
+            (
+                "group-by",
+                PolicyValues {
+                    group_by: Some("die"),
+                    ..PolicyValues::default()
+                },
+            ),
+            (
+                "claim-granularity",
+                PolicyValues {
+                    claim_granularity: Some("thread"),
+                    ..PolicyValues::default()
+                },
+            ),
+        ] {
+            assert!(bad(v).starts_with(&format!("{key}: ")), "{key}");
         }
     }
 

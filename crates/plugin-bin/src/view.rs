@@ -103,6 +103,9 @@ pub struct ContainerRow {
     pub cpus: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mems: Option<String>,
+    /// What the policy did instead of refusing it, if anything.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fallbacks: Vec<policy::Fallback>,
 }
 
 /// One claim's grant, as printed.
@@ -171,6 +174,7 @@ impl From<policy::Inventory> for Inventory {
                 pool: c.pool.clone(),
                 cpus: c.cpus.to_string(),
                 mems: c.mems.as_ref().map(ToString::to_string),
+                fallbacks: c.fallbacks.clone(),
             })
             .collect();
         let claims = inv

@@ -71,6 +71,19 @@ fn every_flag_refuses_a_bad_value_naming_the_flag_the_value_and_what_is_allowed(
         ("--metrics-addr", "127.0.0.1", "IP address and port"),
         ("--log-format", "xml", "`text` or `json`"),
         ("--node-allocatable-cpu", "yes", "`true` or `false`"),
+        (
+            "--cpu-exclusivity",
+            "exclusive",
+            "`claims`, `partition`, `pods`",
+        ),
+        (
+            "--claim-cpus",
+            "4",
+            "only cpu-exclusivity partition uses it",
+        ),
+        ("--device-mode", "per-cpu", "`grouped`, `individual`"),
+        ("--group-by", "die", "`numa`, `socket`"),
+        ("--claim-granularity", "thread", "`cpu`, `core`"),
     ];
     for (flag, value, allowed) in cases {
         let mut cmd = resmgr();
@@ -123,7 +136,12 @@ fn the_config_file_sets_every_key_and_flags_win() {
          reserved-cpus: \"0-1\"\n\
          metrics-addr: \"0.0.0.0:9000\"\n\
          log-format: json\n\
-         node-allocatable-cpu: true\n",
+         node-allocatable-cpu: true\n\
+         cpu-exclusivity: partition\n\
+         claim-cpus: 1\n\
+         device-mode: individual\n\
+         group-by: numa\n\
+         claim-granularity: core\n",
     )
     .unwrap();
     let out = run_ok(
@@ -147,6 +165,11 @@ fn the_config_file_sets_every_key_and_flags_win() {
         "metrics_addr": "0.0.0.0:9000",
         "log_format": "json",
         "node_allocatable_cpu": true,
+        "cpu_exclusivity": "partition",
+        "claim_cpus": "1",
+        "device_mode": "individual",
+        "group_by": "numa",
+        "claim_granularity": "core",
     });
     assert_eq!(got, want);
 
@@ -423,6 +446,44 @@ steps:
     assert!(
         out.contains("+ default/db/pg: claim, cpus 4-5, mems -"),
         "{out}"
+    );
+}
+
+/// The 2-CPU VM with one CPU reserved (issue 18's third finding): the simulator once refused
+/// the machine (its device's request policy was invalid). Its one claimable CPU is published and
+/// claimed, and a BestEffort container then runs on the reserved CPU rather than being refused.
+#[test]
+fn simulate_runs_a_two_cpu_machine_with_one_cpu_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("small.yaml");
+    std::fs::write(
+        &file,
+        "topology: \"pack:1 core:2 pu:1\"
+reserved-cpus: \"cpuset:0\"
+steps:
+  - pod: {name: g, qos: Guaranteed}
+  - claim: {name: one, pod: g, results: [{request: cpus, device: numa0, cpu: 1}]}
+  - container: {pod: g, name: app, cpu-request: 1, claims: [one]}
+  - pod: {name: be, qos: BestEffort}
+  - container: {pod: be, name: app}
+  - remove: {pod: g}
+",
+    )
+    .unwrap();
+    let out = run_ok(resmgr().arg("simulate").arg(&file));
+    let report = text(&out.stdout);
+    for wanted in [
+        "DRA devices published: numa0 (1 cpus)",
+        "+ claim default/one: numa0 -> cpus 1, mems 0",
+        "+ default/be/app: shared in root, cpus 0, mems 0",
+        "~ default/be/app: cpus 0 -> 1",
+    ] {
+        assert!(report.contains(wanted), "{wanted:?} not in\n{report}");
+    }
+    let log = text(&out.stderr);
+    assert!(
+        log.contains("runs on the reserved cpus 0 until some are shared again"),
+        "{log}"
     );
 }
 

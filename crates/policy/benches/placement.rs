@@ -16,7 +16,9 @@ use std::{
 
 use policy::{
     Claim, Container, Pod, Policy, QosClass, Quantity, Resources, Topology, TopologyAware,
-    TopologySource, model::AllocationResult, topology_aware::Config,
+    TopologySource,
+    model::AllocationResult,
+    topology_aware::{ClaimCpus, Config, Exclusivity},
 };
 
 const MACHINE: &str = "pack:4 numa:4 core:32 pu:2";
@@ -82,7 +84,13 @@ fn loaded() -> (TopologyAware, Vec<Container>) {
     let topo = Topology::load(&TopologySource::Synthetic(MACHINE.into())).expect("synthetic");
     assert_eq!(topo.online.len(), 1_024);
     assert_eq!(topo.numa_nodes.len(), 16);
-    let mut p = TopologyAware::new(topo, Config::default()).expect("config");
+    // Exclusive CPUs for the Guaranteed containers from the low half of the machine, the
+    // high half (numa8-15) published for claims.
+    let config = Config {
+        exclusivity: Exclusivity::Partition(ClaimCpus::Set("512-1023".parse().expect("a cpuset"))),
+        ..Config::default()
+    };
+    let mut p = TopologyAware::new(topo, config).expect("config");
     let containers = workload();
     for c in &containers {
         p.allocate(c).expect("the workload fits");
@@ -116,7 +124,7 @@ fn bench_claim(p: &mut TopologyAware) {
                 results: vec![AllocationResult {
                     request: "cpus".into(),
                     pool: "node".into(),
-                    // The exclusive containers packed the low nodes; the high half has room.
+                    // The high half is published for claims.
                     device: format!("numa{}", 8 + i % 8),
                     share_id: None,
                     consumed_capacity: BTreeMap::from([("cpu".into(), Quantity::from_units(2))]),

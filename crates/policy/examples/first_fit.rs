@@ -76,7 +76,7 @@ impl Policy for FirstFit {
         let exclusive = self.placed.get(&c.id).is_some_and(Option::is_some);
         let mut updates = if exclusive { self.ripple() } else { vec![] };
         updates.retain(|u| u.container_id != c.id);
-        Ok(Allocation { adjustment, updates })
+        Ok(Allocation { adjustment, updates, warnings: vec![] })
     }
     fn update(&mut self, id: &str, _: &Resources) -> Result<Vec<ContainerUpdate>, PolicyError> {
         // Keeps the placement; the topology-aware policy re-places instead.
@@ -103,7 +103,14 @@ impl Policy for FirstFit {
         let place = |(id, own): (&String, &Option<CpuSet>)| {
             let grant = if own.is_some() { GrantKind::Exclusive } else { GrantKind::Shared };
             let cpus = own.clone().unwrap_or_else(|| self.free());
-            ContainerPlacement { id: id.clone(), grant, pool: None, cpus, mems: None }
+            ContainerPlacement {
+                id: id.clone(),
+                grant,
+                pool: None,
+                cpus,
+                mems: None,
+                fallbacks: vec![],
+            }
         };
         let containers = self.placed.iter().map(place).collect();
         Inventory { shared: self.free(), containers, ..Inventory::default() }

@@ -67,8 +67,23 @@
 //!   environment must check the pod against [`Claim::reserved_for`].
 //! - [`Claim::config`] carries the opaque configurations for our driver that the workload owner
 //!   (claim) or the administrator (DeviceClass) wrote; [`crate::ClaimConfig`] states which apply
-//!   to a result and which wins. A policy either honours them or refuses the claim
+//!   to a result and which wins. A configuration that cannot be decoded is refused
 //!   ([`PolicyError::ClaimConfig`]): silently ignoring a configuration it was given is a bug.
+//!
+//! # What the scheduler was promised
+//!
+//! A claim reaches the policy only after the scheduler allocated it from [`Policy::devices`], and
+//! the scheduler never moves an allocated claim: a claim the policy refuses leaves its pod stuck
+//! for good while the kubelet retries. So the devices must promise only what the policy will
+//! grant whatever else happens on the node (containers placed through NRI take nothing a device
+//! promises), and [`Policy::allocate_claim`] grants what the result consumed. A configuration the
+//! scheduler cannot see (say whole cores on devices that hand out single CPUs) does not turn into
+//! a refusal: the claim gets what the scheduler allocated, honouring the configuration as far as
+//! that allows, and [`ClaimAllocation::warnings`] says what could not be honoured. A policy that
+//! needs the scheduler to account for something publishes it in its devices (the topology-aware
+//! policy's whole-core devices). Likewise a container the kubelet admitted is never refused for
+//! CPUs or memory: it is placed as well as possible (shared CPUs instead of exclusive ones, the
+//! reserved CPUs when nothing else is shared) and [`Allocation::warnings`] says so.
 //! - A policy that does not serve claims returns [`PolicyError::NoDraClaims`] from
 //!   [`Policy::devices`] and [`Policy::allocate_claim`]; the resource manager then publishes no
 //!   devices and fails every claim with a clear message.
@@ -172,9 +187,11 @@ pub trait Policy: Send + std::fmt::Debug {
     fn sync(&mut self, containers: &[Container]) -> Result<Vec<ContainerUpdate>, PolicyError>;
 
     /// Places a container being created: its [`crate::Adjustment`] and the updates the placement
-    /// made to other containers. Refuse with [`PolicyError::DoesNotFit`] or
-    /// [`PolicyError::Invalid`] (the runtime then fails the container). Allocating a container
-    /// id the policy already holds returns its current placement and changes nothing.
+    /// made to other containers. The kubelet admitted it, so it should not be refused for lack
+    /// of CPUs or memory (see the module docs): place it as well as possible and say so in
+    /// [`Allocation::warnings`]. Refuse with [`PolicyError::Invalid`] what is malformed (the
+    /// runtime then fails the container). Allocating a container id the policy already holds
+    /// returns its current placement and changes nothing.
     fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError>;
 
     /// A running container's requests or limits changed; returns updates, the container's own
@@ -192,16 +209,21 @@ pub trait Policy: Send + std::fmt::Debug {
 
     /// The devices to publish for DRA, in a stable order. The resource manager republishes
     /// when the list changes, so it should depend on the machine and configuration only, not on
-    /// what is allocated (consumable capacity is accounted by the scheduler).
+    /// what is allocated (consumable capacity is accounted by the scheduler). Everything they
+    /// promise must be grantable to the claims the scheduler allocates from them, whatever the
+    /// containers on the node (see the module docs). An empty list publishes an empty pool.
     fn devices(&self) -> Result<Vec<Device>, PolicyError>;
 
     /// Allocates a claim's results: one non-empty set of edits per result, in result order,
     /// plus the updates the allocation made to running containers. Idempotent per claim UID
     /// (see the module docs). A result naming a device this policy does not publish is
-    /// [`PolicyError::Invalid`]; one that cannot be satisfied is [`PolicyError::DoesNotFit`];
-    /// a [`Claim::config`] the policy cannot decode or honour is [`PolicyError::ClaimConfig`];
-    /// and then no result of the claim is allocated. The configuration is read when the claim
-    /// is first allocated; a UID already held keeps what it got, and is refused with
+    /// [`PolicyError::Invalid`]; one that cannot be satisfied (which the scheduler does not do
+    /// from current devices) is [`PolicyError::DoesNotFit`]; a [`Claim::config`] the policy
+    /// cannot decode is [`PolicyError::ClaimConfig`]; and then no result of the claim is
+    /// allocated. A configuration that decodes but cannot be honoured on the devices the
+    /// scheduler picked is not a refusal: grant what was allocated and say why in
+    /// [`ClaimAllocation::warnings`]. The configuration is read when the claim is first
+    /// allocated; a UID already held keeps what it got, and is refused with
     /// [`PolicyError::Invalid`] if its results changed.
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError>;
 

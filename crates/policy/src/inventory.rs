@@ -78,6 +78,35 @@ impl GrantKind {
     }
 }
 
+/// What a policy did for a container instead of refusing it: the kubelet admitted it, so it
+/// must run, even where its request would not put it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fallback {
+    /// It asked for exclusive CPUs and none could be had: it runs on shared CPUs.
+    NotExclusive,
+    /// Its pool has no shared CPU left (claims took them): it runs on the shared CPUs of an
+    /// enclosing pool.
+    Widened,
+    /// No CPU is shared anywhere: it runs on the reserved CPUs.
+    Reserved,
+    /// Its memory did not fit next to its CPUs: its memory is not pinned.
+    MemoryUnpinned,
+}
+
+impl Fallback {
+    /// The fallback in words, as it serializes: `not-exclusive`, `widened`, `reserved`,
+    /// `memory-unpinned`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotExclusive => "not-exclusive",
+            Self::Widened => "widened",
+            Self::Reserved => "reserved",
+            Self::MemoryUnpinned => "memory-unpinned",
+        }
+    }
+}
+
 /// One container's placement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerPlacement {
@@ -93,6 +122,9 @@ pub struct ContainerPlacement {
     /// Its memory nodes, when the policy pins them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mems: Option<NodeSet>,
+    /// What was done for it instead of refusing it, if anything.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallbacks: Vec<Fallback>,
 }
 
 /// One claim's grant.
@@ -128,6 +160,20 @@ mod tests {
             let json = serde_json::to_value(kind).unwrap();
             assert_eq!(json, serde_json::Value::String(kind.as_str().into()));
             assert_eq!(serde_json::from_value::<GrantKind>(json).unwrap(), kind);
+        }
+    }
+
+    #[test]
+    fn fallbacks_serialize_as_their_words() {
+        for kind in [
+            Fallback::NotExclusive,
+            Fallback::Widened,
+            Fallback::Reserved,
+            Fallback::MemoryUnpinned,
+        ] {
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json, serde_json::Value::String(kind.as_str().into()));
+            assert_eq!(serde_json::from_value::<Fallback>(json).unwrap(), kind);
         }
     }
 }

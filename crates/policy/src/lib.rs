@@ -27,7 +27,9 @@ pub mod topology_aware;
 
 pub use api::{Policy, PolicyError};
 pub use idset::{CpuSet, IdSet, IdSetParseError, NodeSet};
-pub use inventory::{ClaimPlacement, ContainerPlacement, GrantKind, Inventory, PoolUsage};
+pub use inventory::{
+    ClaimPlacement, ContainerPlacement, Fallback, GrantKind, Inventory, PoolUsage,
+};
 pub use model::{
     Adjustment, Allocation, AllocationResult, AttributeValue, Capacity, Claim, ClaimAllocation,
     ClaimConfig, ConfigSource, Container, ContainerUpdate, Device, Pod, QosClass, RequestPolicy,

@@ -195,6 +195,10 @@ pub struct Allocation {
     pub adjustment: Adjustment,
     /// Changes to other containers the placement made (for example shared pools shrinking).
     pub updates: Vec<ContainerUpdate>,
+    /// What the operator should know about the placement: what the policy did instead of
+    /// refusing (shared CPUs for a container that asked for exclusive ones, the reserved CPUs
+    /// when nothing else is shared). The resource manager logs each as a warning.
+    pub warnings: Vec<String>,
 }
 
 /// The policy's answer to a claim allocation.
@@ -205,6 +209,11 @@ pub struct ClaimAllocation {
     pub edits: Vec<cdi::ContainerEdits>,
     /// Changes to running containers the allocation made.
     pub updates: Vec<ContainerUpdate>,
+    /// What the operator should know about the allocation: a configuration granted as well as
+    /// the allocation allows rather than refused (`fullCores` on per-CPU devices), shared
+    /// containers moved off the CPUs the claim took. The resource manager logs each as a
+    /// warning.
+    pub warnings: Vec<String>,
 }
 
 /// A typed attribute value of a published device.

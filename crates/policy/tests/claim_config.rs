@@ -1,6 +1,7 @@
 //! A claim's configuration for the topology-aware policy: `memoryPinning` and `fullCores` in
-//! the edits and in the containers using the claim, class/claim precedence, refusals that
-//! change nothing, and the choice kept across snapshot/restore and re-prepares.
+//! the edits and in the containers using the claim, class/claim precedence, refusals of
+//! malformed configurations that change nothing, and the choice kept across snapshot/restore
+//! and re-prepares.
 
 use std::collections::BTreeMap;
 
@@ -138,7 +139,7 @@ fn memory_pinning_off_leaves_dra_mems_out_and_the_container_unpinned() {
 }
 
 #[test]
-fn full_cores_takes_whole_cores_only_or_refuses() {
+fn full_cores_takes_whole_cores_when_it_can_and_otherwise_warns_instead_of_refusing() {
     let mut p = machine();
     // One CPU splits core 16-17.
     p.allocate_claim(&claim("u0", &[("cpus", "numa1", 1)], vec![]))
@@ -152,25 +153,30 @@ fn full_cores_takes_whole_cores_only_or_refuses() {
         .allocate_claim(&claim("u1", &[("cpus", "numa1", 3)], vec![]))
         .unwrap();
     assert_eq!(split.edits[0].env[0], "DRA_CPUSET_u1=17-19");
+    assert!(split.warnings.is_empty());
 
-    // With fullCores the same count cannot be whole cores: refused, nothing taken.
+    // With fullCores the same count cannot be whole cores. The scheduler allocated it from a
+    // per-CPU device without seeing the configuration, so refusing it would strand the pod:
+    // it gets what it consumed, and a warning says why it is not whole cores.
     let mut q = p.clone();
-    let before = q.snapshot();
-    let err = q
+    let a = q
         .allocate_claim(&claim("u1", &[("cpus", "numa1", 3)], whole()))
-        .unwrap_err();
+        .unwrap();
+    assert_eq!(a.edits[0].env[0], "DRA_CPUSET_u1=17-19");
+    assert_eq!(a.warnings.len(), 1, "{:?}", a.warnings);
+    let w = &a.warnings[0];
     assert!(
-        matches!(&err, PolicyError::DoesNotFit { reason, .. } if reason.contains("whole cores (fullCores)") && reason.contains("numa1")),
-        "{err}"
+        w.contains("fullCores") && w.contains("17-19") && w.contains("wholeCores"),
+        "{w}"
     );
-    assert_eq!((q.claims(), q.snapshot()), (vec!["u0".to_owned()], before));
 
-    // An even count skips the split core's sibling and takes a whole one.
+    // An even count skips the split core's sibling and takes a whole one, without a warning.
     let mut q = p.clone();
     let a = q
         .allocate_claim(&claim("u1", &[("cpus", "numa1", 2)], whole()))
         .unwrap();
     assert_eq!(a.edits[0].env, ["DRA_CPUSET_u1=18-19", "DRA_MEMS_u1=1"]);
+    assert!(a.warnings.is_empty(), "{:?}", a.warnings);
     let used = q.allocate(&user("a", &[("u1", 0)])).unwrap().adjustment;
     assert_eq!(used.cpus, Some(set("18-19")));
     // Without it, one CPU would have come from the split core.

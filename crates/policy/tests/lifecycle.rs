@@ -4,12 +4,14 @@
 use std::collections::BTreeMap;
 
 use policy::{
-    Claim, Container, Pod, Policy, PolicyError, QosClass, Quantity, Resources, TopologyAware,
+    Claim, Container, Fallback, Pod, Policy, PolicyError, QosClass, Quantity, Resources,
+    TopologyAware,
     model::AllocationResult,
+    topology_aware::{ClaimCpus, Exclusivity},
 };
 
 mod common;
-use common::{machine, set};
+use common::{machine, machine_with, set};
 
 fn container(id: &str, qos: QosClass, cpu_milli: u64) -> Container {
     Container {
@@ -74,15 +76,32 @@ fn claim_edits_put_cpus_and_memory_nodes_in_the_environment() {
         .allocate_claim(&claim("u1", &[("numa1", 4), ("numa2", 2)]))
         .unwrap();
     assert_eq!(a.edits.len(), 2, "one edit per result");
-    assert_eq!(a.edits[0].env, ["DRA_CPUSET_u1=16-19", "DRA_MEMS_u1=1"]);
-    assert_eq!(a.edits[1].env, ["DRA_CPUSET_u1=32-33", "DRA_MEMS_u1=2"]);
+    // Both results are of request `cpus`: a container using it gets both devices, and each
+    // says the whole of it.
+    assert_eq!(
+        a.edits[0].env,
+        ["DRA_CPUSET_u1=16-19,32-33", "DRA_MEMS_u1=1-2"]
+    );
+    assert_eq!(a.edits[1].env, a.edits[0].env);
     assert_eq!(p.claims(), ["u1"]);
     assert_eq!(p.claim_cpus("u1"), Some(set("16-19,32-33")));
-    // A missing consumed capacity takes the request policy's default of one CPU.
-    let mut one = claim("u2", &[("numa1", 1)]);
-    one.results[0].consumed_capacity.clear();
-    let a = p.allocate_claim(&one).unwrap();
-    assert_eq!(a.edits[0].env[0], "DRA_CPUSET_u2=20");
+    // Without a consumed capacity (the API server dropped it), the scheduler handed the
+    // device out whole: the claim gets all of it.
+    let mut whole = claim("u2", &[("numa3", 1)]);
+    whole.results[0].consumed_capacity.clear();
+    let a = p.allocate_claim(&whole).unwrap();
+    assert_eq!(a.edits[0].env[0], "DRA_CPUSET_u2=48-63");
+    // A device others hold CPUs of cannot have been handed out whole: the error says which
+    // setting fits a cluster that drops consumable capacity.
+    let mut late = claim("u3", &[("numa1", 1)]);
+    late.results[0].consumed_capacity.clear();
+    let err = p.allocate_claim(&late).unwrap_err().to_string();
+    assert!(
+        err.contains("DRAConsumableCapacity")
+            && err.contains("device-mode individual")
+            && err.contains("16-19 of it are held by claim ml/trainer-cpus (u1)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -143,11 +162,11 @@ fn restore_refuses_what_cannot_be_put_back() {
         ),
         (
             serde_json::from_str(&good.to_string().replace("2-3", "0-1")).unwrap(),
-            "cpus 0-1 are not free to claim on numa0",
+            "result 0 (device numa0): cpus 0-1: 0-1 are reserved or kernel-isolated here",
         ),
         (
-            serde_json::from_str(&good.to_string().replace("numa0", "numa7")).unwrap(),
-            "device numa7 is not published",
+            serde_json::from_str(&good.to_string().replace("2-3", "126-129")).unwrap(),
+            "cpus 126-129: 126-129 are not online here (online 0-63)",
         ),
     ];
     for (snap, want) in cases {
@@ -170,16 +189,29 @@ fn restore_refuses_what_cannot_be_put_back() {
     let err = machine()
         .restore(&serde_json::from_str(&doubled).unwrap())
         .unwrap_err();
-    assert!(err.to_string().contains("already held 2-3"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("2-3 are already held by another claim"),
+        "{err}"
+    );
+    // Device names do not matter: a claim restores on its CPUs whatever is published now
+    // (here a device of another model).
+    let renamed: serde_json::Value =
+        serde_json::from_str(&good.to_string().replace("numa0", "cpu2")).unwrap();
+    let mut q = machine();
+    q.restore(&renamed).unwrap();
+    assert_eq!(q.claim_cpus("u1"), Some(set("2-3")));
 }
 
 #[test]
 fn sync_rebuilds_placement_keeping_claims_and_running_exclusive_cpus() {
-    let mut p = machine();
+    // Claims get 16-19, Guaranteed containers exclusive CPUs from the rest.
+    let partition = || machine_with(Exclusivity::Partition(ClaimCpus::Set(set("16-19"))));
+    let mut p = partition();
     p.allocate_claim(&claim("u1", &[("numa1", 4)])).unwrap();
     let snap = p.snapshot();
 
-    let mut q = machine();
+    let mut q = partition();
     q.restore(&snap).unwrap();
     // g1 already runs on 20-21 (free): it stays there, and is reported unchanged.
     let mut g1 = container("g1", QosClass::Guaranteed, 2000);
@@ -252,8 +284,8 @@ fn sync_rebuilds_placement_keeping_claims_and_running_exclusive_cpus() {
 }
 
 #[test]
-fn update_moves_a_container_and_a_failed_update_changes_nothing() {
-    let mut p = machine();
+fn update_moves_a_container_and_one_that_does_not_fit_runs_shared() {
+    let mut p = machine_with(Exclusivity::Pods);
     p.allocate(&container("b1", QosClass::Burstable, 500))
         .unwrap();
     p.allocate(&container("g1", QosClass::Guaranteed, 1000))
@@ -272,15 +304,17 @@ fn update_moves_a_container_and_a_failed_update_changes_nothing() {
     );
     assert_eq!(last.cpus, Some(set("2-5")));
 
-    let before = (placements(&p), p.shared_cpus());
+    // The kubelet resized it already: more than can be had exclusively runs shared.
     let huge = Resources {
         cpu_request_milli: 100_000,
         cpu_limit_milli: Some(100_000),
         ..Resources::default()
     };
-    let err = p.update("g1", &huge).unwrap_err();
-    assert!(matches!(err, PolicyError::DoesNotFit { .. }), "{err}");
-    assert_eq!((placements(&p), p.shared_cpus()), before);
+    let updates = p.update("g1", &huge).unwrap();
+    assert_eq!(updates.last().unwrap().cpus, Some(p.shared_cpus()));
+    let placed = p.inventory().containers;
+    let g1 = placed.iter().find(|c| c.id == "g1").unwrap();
+    assert_eq!(g1.fallbacks, [Fallback::NotExclusive]);
     assert!(matches!(
         p.update("nope", &huge),
         Err(PolicyError::UnknownContainer(id)) if id == "nope"

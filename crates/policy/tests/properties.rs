@@ -1,8 +1,12 @@
 //! Property tests: random sequences of allocate / release / claim / unclaim / sync on the
-//! topology-aware policy, checking after every step that
+//! topology-aware policy, under each `cpu-exclusivity` setting, checking after every step that
 //!
+//! - every container is placed (none is refused: the kubelet admitted it), and every claim
+//!   that fits what its device advertises and claims already consumed is granted, while one
+//!   that does not is refused (as the scheduler, counting consumed capacity, would never
+//!   allocate it);
 //! - no CPU is granted exclusively twice (containers and claims together);
-//! - shared and exclusive CPUs never overlap, and no shared container is left without CPUs;
+//! - shared and exclusive CPUs never overlap, and no container is left without CPUs;
 //! - a refused call changes nothing;
 //! - an exclusive request that one NUMA node could hold never spans two;
 //! - when every request is whole cores, every grant is whole cores (SMT siblings are not split
@@ -14,10 +18,10 @@
 use std::collections::BTreeMap;
 
 use policy::{
-    Claim, Container, CpuSet, Pod, Policy, QosClass, Quantity, Resources, Topology, TopologyAware,
-    TopologySource,
+    Claim, Container, CpuSet, GrantKind, Pod, Policy, QosClass, Quantity, Resources, Topology,
+    TopologyAware, TopologySource,
     model::AllocationResult,
-    topology_aware::{Config, Grant, ReservedCpus},
+    topology_aware::{ClaimCpus, Config, Exclusivity, Grant, ReservedCpus},
 };
 use proptest::prelude::*;
 
@@ -75,16 +79,94 @@ fn ops(whole_cores_only: bool) -> impl Strategy<Value = Vec<Op>> {
 
 /// Two sockets of two NUMA nodes of four 2-thread cores, numbered as Linux does on most x86
 /// servers: first threads 0-15, their siblings 16-31 (core k is CPUs k and k+16), so that
-/// picking the lowest free CPUs would split cores.
-fn machine() -> TopologyAware {
+/// picking the lowest free CPUs would split cores. With `Partition`, numa1 and numa3 are
+/// published for claims.
+fn machine(mode: Mode) -> TopologyAware {
     let siblings: Vec<String> = (0..16).map(|k| format!("{k},{}", k + 16)).collect();
     let desc = format!("pack:2 numa:2 core:4 pu:2(indexes={})", siblings.join(","));
     let topo = Topology::load(&TopologySource::Synthetic(desc)).unwrap();
+    let exclusivity = match mode {
+        Mode::Claims => Exclusivity::Claims,
+        Mode::Partition => {
+            Exclusivity::Partition(ClaimCpus::Set("4-7,12-15,20-23,28-31".parse().unwrap()))
+        }
+        Mode::Pods => Exclusivity::Pods,
+    };
     let config = Config {
         reserved_cpus: ReservedCpus::Set("0,16".parse().unwrap()),
+        exclusivity,
         ..Config::default()
     };
     TopologyAware::new(topo, config).unwrap()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Claims,
+    Partition,
+    Pods,
+}
+
+/// The `cpu` capacity each device advertises.
+fn capacities(p: &TopologyAware) -> BTreeMap<String, u64> {
+    p.devices()
+        .unwrap()
+        .iter()
+        .map(|d| (d.name.clone(), d.capacities["cpu"].value.units_ceil()))
+        .collect()
+}
+
+/// Whether NUMA node `node` could have held `n` exclusive CPUs for a container: whether every
+/// pool holding it has `n` shared CPUs (not published for claims) beyond what its shared
+/// containers need (their requests, at least one CPU per pool in use).
+fn numa_could_hold(
+    p: &TopologyAware,
+    specs: &BTreeMap<String, Container>,
+    node: u32,
+    n: u64,
+) -> bool {
+    let inv = p.inventory();
+    let published = p.devices().unwrap().iter().fold(CpuSet::new(), |acc, d| {
+        let cpus = &p
+            .topology()
+            .numa_nodes
+            .iter()
+            .find(|m| {
+                d.attributes.get("resource.kubernetes.io/numaNode")
+                    == Some(&policy::AttributeValue::Int(m.id.into()))
+            })
+            .unwrap()
+            .cpus;
+        acc.union(cpus)
+    });
+    let claim_cpus = published
+        .intersection(&p.topology().online)
+        .difference(p.reserved_cpus());
+    let name = format!("numa{node}");
+    let Some(at) = inv.pools.iter().position(|pool| pool.name == name) else {
+        return false;
+    };
+    // The pool and its ancestors: each earlier pool of smaller depth that contains it.
+    let target = &inv.pools[at];
+    inv.pools[..=at]
+        .iter()
+        .filter(|pool| pool.cpus.is_superset(&target.cpus))
+        .all(|pool| {
+            let (milli, count) = inv
+                .containers
+                .iter()
+                .filter(|c| c.grant == GrantKind::Shared)
+                .filter(|c| {
+                    let home = inv.pools.iter().find(|x| Some(&x.name) == c.pool.as_ref());
+                    home.is_some_and(|h| pool.cpus.is_superset(&h.cpus))
+                })
+                .fold((0, 0), |(m, k), c| {
+                    (m + specs[&c.id].resources.cpu_request_milli, k + 1)
+                });
+            let need = milli.div_ceil(1000).max(u64::from(count > 0));
+            let have = pool.shared.difference(&claim_cpus).len() as u64;
+            have >= need + n
+        })
 }
 
 fn container(id: u8, kind: &Kind, mem_mib: u64) -> Container {
@@ -213,65 +295,93 @@ fn whole_cores(p: &TopologyAware, cpus: &CpuSet) -> bool {
         .all(|c| !c.threads.intersects(cpus) || cpus.is_superset(&c.threads))
 }
 
-fn run(ops: Vec<Op>, whole_cores_only: bool) -> Result<(), TestCaseError> {
-    let mut p = machine();
+fn run(ops: Vec<Op>, whole_cores_only: bool, mode: Mode) -> Result<(), TestCaseError> {
+    let mut p = machine(mode);
     let initial = observe(&p);
+    let advertised = capacities(&p);
     let mut specs: BTreeMap<String, Container> = BTreeMap::new();
+    // What the scheduler has handed out: claim UID -> (device, cpus).
+    let mut allocated: BTreeMap<String, (String, u64)> = BTreeMap::new();
     for op in ops {
-        let before = p.clone();
         let before_seen = observe(&p);
         let failed = match &op {
             Op::Alloc { id, kind, mem_mib } => {
                 let c = container(*id, kind, *mem_mib);
                 let known = specs.contains_key(&c.id);
-                match p.allocate(&c) {
-                    Ok(a) => {
-                        if !known {
-                            specs.insert(c.id.clone(), c.clone());
-                        }
-                        if let (Kind::Guaranteed(n), Some(cpus), false) =
-                            (kind, &a.adjustment.cpus, known)
-                        {
-                            let nodes = numa_of(&p, cpus);
-                            if nodes.len() > 1 {
-                                // Could one NUMA node have held it? Ask the claim allocator,
-                                // which cuts CPUs out of a node under the same rules.
-                                for node in 0..4 {
-                                    let mut probe = before.clone();
-                                    let fits = probe.allocate_claim(&claim(99, node, *n)).is_ok();
-                                    prop_assert!(
-                                        !fits,
-                                        "{} cpus {cpus} span {nodes:?} though numa{node} had room",
-                                        n
-                                    );
-                                }
-                            }
-                            if whole_cores_only {
-                                prop_assert!(whole_cores(&p, cpus), "{cpus} splits a core");
-                            }
-                        }
-                        false
-                    }
-                    Err(_) => true,
+                let a = p.allocate(&c);
+                prop_assert!(a.is_ok(), "{op:?} was refused: {a:?}");
+                let a = a.unwrap();
+                if !known {
+                    specs.insert(c.id.clone(), c.clone());
                 }
+                let exclusive = p.placement(&c.id).map(|pl| pl.grant);
+                if let (Kind::Guaranteed(n), Some(cpus), false, Some(Grant::Exclusive { .. })) =
+                    (kind, &a.adjustment.cpus, known, exclusive)
+                {
+                    let nodes = numa_of(&p, cpus);
+                    if nodes.len() > 1 {
+                        let mut undo = p.clone();
+                        undo.release(&c.id).unwrap();
+                        for node in 0..4 {
+                            prop_assert!(
+                                !numa_could_hold(&undo, &specs, node, *n),
+                                "{} cpus {cpus} span {nodes:?} though numa{node} had room",
+                                n
+                            );
+                        }
+                    }
+                    if whole_cores_only {
+                        prop_assert!(whole_cores(&p, cpus), "{cpus} splits a core");
+                    }
+                }
+                false
             }
             Op::Release(id) => {
                 p.release(&format!("c{id}")).unwrap();
                 specs.remove(&format!("c{id}"));
                 false
             }
-            Op::Claim { uid, node, cpus } => match p.allocate_claim(&claim(*uid, *node, *cpus)) {
-                Ok(_) => {
+            Op::Claim { uid, node, cpus } => {
+                let key = format!("u{uid}");
+                let device = format!("numa{node}");
+                let consumed: u64 = allocated
+                    .iter()
+                    .filter(|(k, (d, _))| **k != key && *d == device)
+                    .map(|(_, (_, n))| n)
+                    .sum();
+                let schedulable = advertised
+                    .get(&device)
+                    .is_some_and(|cap| consumed + cpus <= *cap);
+                let held = allocated.get(&key).cloned();
+                let result = p.allocate_claim(&claim(*uid, *node, *cpus));
+                if let Some(was) = &held {
+                    // A re-prepare: what it got before; other results under the same UID wait
+                    // for the unprepare.
+                    let same = *was == (device.clone(), *cpus);
+                    prop_assert_eq!(result.is_ok(), same, "re-preparing {}: {:?}", key, result);
+                } else {
+                    prop_assert_eq!(
+                        result.is_ok(),
+                        schedulable,
+                        "{:?} with {} of {:?} consumed: {:?}",
+                        op,
+                        consumed,
+                        advertised.get(&device),
+                        result
+                    );
+                }
+                if result.is_ok() && held.is_none() {
+                    allocated.insert(key.clone(), (device, *cpus));
                     if whole_cores_only {
-                        let got = p.claim_cpus(&format!("u{uid}")).unwrap();
+                        let got = p.claim_cpus(&key).unwrap();
                         prop_assert!(whole_cores(&p, &got), "claim {got} splits a core");
                     }
-                    false
                 }
-                Err(_) => true,
-            },
+                result.is_err()
+            }
             Op::Unclaim(uid) => {
                 p.release_claim(&format!("u{uid}")).unwrap();
+                allocated.remove(&format!("u{uid}"));
                 false
             }
             Op::Sync => {
@@ -322,12 +432,23 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_sequences_keep_the_invariants(ops in ops(false)) {
-        run(ops, false)?;
+    fn random_sequences_keep_the_invariants_with_exclusivity_through_claims(ops in ops(false)) {
+        run(ops, false, Mode::Claims)?;
+    }
+
+    #[test]
+    fn random_sequences_keep_the_invariants_with_a_claim_partition(ops in ops(false)) {
+        run(ops, false, Mode::Partition)?;
+    }
+
+    #[test]
+    fn random_sequences_keep_the_invariants_with_exclusive_pods(ops in ops(false)) {
+        run(ops, false, Mode::Pods)?;
     }
 
     #[test]
     fn whole_core_requests_get_whole_cores(ops in ops(true)) {
-        run(ops, true)?;
+        run(ops.clone(), true, Mode::Partition)?;
+        run(ops, true, Mode::Claims)?;
     }
 }

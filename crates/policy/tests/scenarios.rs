@@ -5,8 +5,13 @@
 //! - `alloc <id> <qos> cpu=<N|Nm> [mem=<MiB>] [ns=<namespace>] [pod=<uid>] [dev=<claim>:<i>]
 //!   [env=<claim>] [<option>=<value>]` places a container (options are `resource-policy.resmgr.io`
 //!   annotations scoped to it); expected `cpus=<set> mems=<set|->`, then ` | <id>=<cpus>` for
-//!   every update of another container, by id.
+//!   every update of another container, by id, then ` ! <warning>` for each warning (what the
+//!   policy did instead of refusing).
 //! - `fail <same as alloc>`: expected is a fragment of the error.
+//! - An expected value starting with `~` is a fragment of what the step prints.
+//!
+//! Machines run with `cpu-exclusivity: pods` (exclusive CPUs for Guaranteed containers) unless
+//! they say otherwise.
 //! - `release <id>`, `unclaim <uid>`: expected are the updates, `<id>=<cpus>` by id.
 //! - `claim <uid> <device>:<cpus>... [pods=<uid>,...]`: expected are each result's CPUs, `;`
 //!   separated, then the updates.
@@ -18,7 +23,7 @@ use policy::{
     Claim, Container, ContainerUpdate, CpuSet, Pod, Policy, QosClass, Quantity, Resources,
     Topology, TopologyAware, TopologySource,
     model::AllocationResult,
-    topology_aware::{Config, ReservedCpus},
+    topology_aware::{ClaimCpus, Config, Exclusivity, ReservedCpus},
 };
 
 const DOMAIN: &str = "resource-policy.resmgr.io";
@@ -28,6 +33,7 @@ struct Machine {
     /// sysfs `online` and `isolated` contents, when the machine has offline or isolated CPUs.
     sysfs: Option<(&'static str, &'static str)>,
     reserved: ReservedCpus,
+    exclusivity: Exclusivity,
 }
 
 fn synthetic(desc: &str, reserved: ReservedCpus) -> Machine {
@@ -35,6 +41,7 @@ fn synthetic(desc: &str, reserved: ReservedCpus) -> Machine {
         source: TopologySource::Synthetic(desc.into()),
         sysfs: None,
         reserved,
+        exclusivity: Exclusivity::Pods,
     }
 }
 
@@ -50,6 +57,7 @@ fn policy(machine: &Machine) -> TopologyAware {
     let topo = Topology::load_with_sysfs(&machine.source, root.as_deref()).unwrap();
     let config = Config {
         reserved_cpus: machine.reserved.clone(),
+        exclusivity: machine.exclusivity.clone(),
         ..Config::default()
     };
     TopologyAware::new(topo, config).unwrap()
@@ -151,7 +159,12 @@ fn step(p: &mut TopologyAware, line: &str) -> String {
                 a.adjustment.cpus.unwrap(),
                 mems(a.adjustment.mems.as_ref())
             );
-            with_updates(head, &a.updates)
+            let mut out = with_updates(head, &a.updates);
+            for w in &a.warnings {
+                out.push_str(" ! ");
+                out.push_str(w);
+            }
+            out
         }
         "fail" => match p.allocate(&container(&words[1..])) {
             Ok(a) => format!("unexpected success: {a:?}"),
@@ -238,10 +251,12 @@ fn one_socket_without_smt() {
             ("alloc g1 guaranteed cpu=2", "cpus=1-2 mems=0"),
             ("alloc b1 burstable cpu=500m", "cpus=3-7 mems=0"),
             ("alloc g2 guaranteed cpu=3", "cpus=3-5 mems=0 | b1=6-7"),
+            // Exclusive CPUs that cannot be had: shared ones, with a warning, never a refusal.
             (
-                "fail g3 guaranteed cpu=2",
-                "container default/pod-g3/g3 does not fit: needs 2 exclusive cpus; at most 1 can be cut out of one pool (root: 2 shared, 1 needed by its shared containers)",
+                "alloc g3 guaranteed cpu=2",
+                "cpus=6-7 mems=0 ! needs 2 exclusive cpus; at most 1 can be cut out of one pool (root: 2 shared, 1 needed by its shared containers): runs on shared cpus instead ! needs 2000m of shared cpu and no pool has that much left: placed in root, which has 1500m left, overcommitting its shared cpus",
             ),
+            ("release g3", ""),
             ("alloc k1 besteffort ns=kube-system", "cpus=0 mems=0"),
             ("alloc f1 guaranteed cpu=1500m", "cpus=6-7 mems=0"),
             ("release g2", "b1=3-7 f1=3-7"),
@@ -273,32 +288,57 @@ fn two_sockets_two_numa_nodes_eight_cores_two_threads() {
             ("alloc g4 guaranteed cpu=8", "cpus=16-23 mems=1 | b1=24-31"),
             // Too big for a NUMA node: the tightest socket.
             ("alloc g5 guaranteed cpu=20", "cpus=32-51 mems=2-3"),
-            ("claim c1 numa3:2", "52-53"),
-            ("claim c2 numa1:3", "24-26 | b1=27-31"),
-            // Idempotent: same CPUs, no updates.
-            ("claim c2 numa1:3", "24-26"),
-            (
-                "claim c3 numa1:5",
-                "claim default/name-c3 (c3) does not fit: result 0 (request cpus) needs 5 cpus on numa1: 5 of its 16 claimable cpus are free, its shared containers need 2",
-            ),
-            (
-                "claim c4 numa9:1",
-                "~device \"numa9\" is not one this policy publishes",
-            ),
-            ("release g4", "b1=16-23,27-31"),
-            ("unclaim c2", "b1=16-31"),
-            ("unclaim c2", ""),
-            // A container using claim c1 through its CDI device runs on the claim's CPUs.
-            ("alloc x1 burstable cpu=1 dev=c1:0", "cpus=52-53 mems=3"),
-            // The environment fallback needs the pod in the claim's reserved-for list.
-            ("claim c5 numa3:2 pods=pod-x2", "54-55"),
-            ("alloc x2 besteffort env=c5", "cpus=54-55 mems=3"),
-            // Not reserved for x3's pod: an ordinary BestEffort container.
-            ("alloc x3 besteffort env=c5", "cpus=56-63 mems=3"),
+            ("release g4", "b1=16-31"),
             (
                 "alloc k1 burstable cpu=100m ns=kube-system",
                 "cpus=0-1 mems=0",
             ),
+        ],
+    );
+}
+
+#[test]
+fn claims_on_a_partition_and_exclusive_cpus_from_the_rest() {
+    // numa1 (16-31) and numa3 (48-63) are published for claims.
+    let machine = Machine {
+        exclusivity: Exclusivity::Partition(ClaimCpus::Set(set("16-31,48-63"))),
+        ..synthetic("pack:2 numa:2 core:8 pu:2", ReservedCpus::Set(set("0-1")))
+    };
+    run(
+        &machine,
+        &[
+            // Exclusive grants stay off the claimable CPUs: numa0 packs first.
+            ("alloc g1 guaranteed cpu=4", "cpus=2-5 mems=0"),
+            // Shared containers borrow the claimable CPUs while they are unclaimed.
+            ("alloc b1 burstable cpu=2", "cpus=16-31 mems=1"),
+            // Too big for numa0 and numa2 is all that is left of socket1 for exclusive grants.
+            ("alloc g2 guaranteed cpu=16", "cpus=32-47 mems=2"),
+            ("claim c1 numa3:2", "48-49"),
+            // A claim takes back what it lent, whatever the shared containers need.
+            ("claim c2 numa1:14", "16-29 | b1=30-31"),
+            // Idempotent: same CPUs, no updates.
+            ("claim c2 numa1:14", "16-29"),
+            // The pool runs dry: its containers widen to what the socket still shares.
+            ("claim c3 numa1:2", "30-31 | b1=6-15"),
+            // More than the device has left: the scheduler never allocates it.
+            (
+                "claim c4 numa1:1",
+                "claim default/name-c4 (c4) does not fit: result 0 (request cpus) consumed 1 cpus of device numa1, but only 0 of its 16 are free (16-31 held by claim default/name-c2 (c2), claim default/name-c3 (c3))",
+            ),
+            (
+                "claim c5 numa0:1",
+                "~device \"numa0\": it is not one this node publishes",
+            ),
+            ("unclaim c3", "b1=30-31"),
+            ("unclaim c2", "b1=16-31"),
+            ("unclaim c2", ""),
+            // A container using claim c1 through its CDI device runs on the claim's CPUs.
+            ("alloc x1 burstable cpu=1 dev=c1:0", "cpus=48-49 mems=3"),
+            // The environment fallback needs the pod in the claim's reserved-for list.
+            ("claim c6 numa3:2 pods=pod-x2", "50-51"),
+            ("alloc x2 besteffort env=c6", "cpus=50-51 mems=3"),
+            // Not reserved for x3's pod: an ordinary BestEffort container.
+            ("alloc x3 besteffort env=c6", "~mems=3"),
         ],
     );
 }
@@ -320,10 +360,12 @@ fn eight_numa_nodes_thirty_two_cores_two_threads() {
             ("alloc g3 guaranteed cpu=4", "cpus=8-11 mems=0"),
             ("alloc g4 guaranteed cpu=64 mem=512", "cpus=320-383 mems=5"),
             ("alloc g5 guaranteed cpu=100", "cpus=384-483 mems=6-7"),
+            // More memory than is free: the kubelet admitted it, so it runs unpinned.
             (
-                "fail g6 guaranteed cpu=1 mem=8192",
-                "needs 8192 MiB of memory, nodes 0-7 have 6044 MiB free",
+                "alloc g6 guaranteed cpu=1 mem=8192",
+                "~cpus=256 mems=- | b3=257-319 ! needs 8192 MiB of memory, nodes 0-7 have 6044 MiB free;",
             ),
+            ("release g6", "b3=256-319"),
             ("release g1", ""),
             ("check b1", "cpus=128-191 mems=2"),
         ],
@@ -336,6 +378,7 @@ fn offline_and_isolated_cpus() {
         source: TopologySource::Synthetic("pack:1 numa:2 core:4 pu:2".into()),
         sysfs: Some(("0-13\n", "6-7,12-13\n")),
         reserved: ReservedCpus::Count(1),
+        exclusivity: Exclusivity::Pods,
     };
     run(
         &machine,
@@ -361,7 +404,11 @@ fn offline_and_isolated_cpus() {
             // Neither NUMA node can spare two without starving b1 or leaving numa0 empty of
             // what b1 needs: the root gives one from each, splitting a core.
             ("alloc g5 guaranteed cpu=2", "cpus=1,10 mems=0-1 | b1=11"),
-            ("fail g6 guaranteed cpu=1", "needs 1 exclusive cpus"),
+            (
+                "alloc g6 guaranteed cpu=1",
+                "cpus=11 mems=0-1 ! needs 1 exclusive cpus; at most 0 can be cut out of one pool (root: 1 shared, 1 needed by its shared containers): runs on shared cpus instead ! needs 1000m of shared cpu and no pool has that much left: placed in root, which has 900m left, overcommitting its shared cpus",
+            ),
+            ("release g6", ""),
             ("release g3", "b1=8-9,11"),
         ],
     );
@@ -373,6 +420,7 @@ fn pools_carry_reserved_isolated_shared_and_exclusive_cpus() {
         source: TopologySource::Synthetic("pack:1 numa:2 core:4 pu:2".into()),
         sysfs: Some(("0-13\n", "6-7,12-13\n")),
         reserved: ReservedCpus::Count(1),
+        exclusivity: Exclusivity::Pods,
     };
     let mut p = policy(&machine);
     run_on(
@@ -434,9 +482,10 @@ fn memory_only_nodes_are_used_when_asked_for() {
                 "cpus=5 mems=0,2 | b1=6-7",
             ),
             (
-                "fail g5 guaranteed cpu=1 mem=4096",
-                "needs 4096 MiB of memory",
+                "alloc g5 guaranteed cpu=1 mem=4096",
+                "~cpus=6 mems=- | b1=7 ! needs 4096 MiB of memory, nodes 0,2 have 0 MiB free;",
             ),
+            ("release g5", "b1=6-7"),
             ("alloc u1 besteffort pin-memory=false", "cpus=6-7 mems=-"),
         ],
     );
@@ -450,6 +499,7 @@ fn xml_machine_with_firmware_distances_and_a_cxl_node() {
         ),
         sysfs: None,
         reserved: ReservedCpus::Set(CpuSet::new()),
+        exclusivity: Exclusivity::Pods,
     };
     run(
         &machine,
@@ -473,7 +523,10 @@ fn xml_machine_with_firmware_distances_and_a_cxl_node() {
 
 #[test]
 fn devices_are_one_per_numa_node_with_consumable_cpu_capacity() {
-    let machine = synthetic("pack:2 numa:2 core:8 pu:2", ReservedCpus::Set(set("0-1")));
+    let machine = Machine {
+        exclusivity: Exclusivity::Claims,
+        ..synthetic("pack:2 numa:2 core:8 pu:2", ReservedCpus::Set(set("0-1")))
+    };
     let p = policy(&machine);
     let devices = p.devices().unwrap();
     let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
@@ -500,4 +553,19 @@ fn devices_are_one_per_numa_node_with_consumable_cpu_capacity() {
     assert_eq!(d.attributes["resource.kubernetes.io/numaNode"], Int(0));
     assert_eq!(devices[3].attributes["socket"], Int(1));
     assert_eq!(d.attributes["smt"], Bool(true));
+    assert_eq!(
+        d.attributes["wholeCores"],
+        Bool(false),
+        "single threads of cores"
+    );
+    // With exclusive CPUs for pods, nothing is published.
+    assert_eq!(
+        policy(&synthetic(
+            "pack:2 numa:2 core:8 pu:2",
+            ReservedCpus::Set(set("0-1"))
+        ))
+        .devices()
+        .unwrap(),
+        []
+    );
 }

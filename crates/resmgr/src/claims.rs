@@ -144,6 +144,9 @@ impl Manager {
                 .allocate_claim(&claim)
                 .map_err(|e| fail("allocating", e.to_string()))?;
             crash_point("prepare.allocated");
+            for warning in &allocation.warnings {
+                warn!(claim = %claim_ref, "{warning}");
+            }
             self.record_pending(&mut inner, allocation.updates);
             if allocation.edits.len() != claim.results.len() {
                 let undo = self.roll_back(&mut inner, claim_ref, had_spec);

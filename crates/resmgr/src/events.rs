@@ -108,6 +108,9 @@ impl Manager {
             updates = allocation.updates.len(),
             "container placed"
         );
+        for warning in &allocation.warnings {
+            warn!(container = %describe(container), "{warning}");
+        }
         Ok(allocation)
     }
 

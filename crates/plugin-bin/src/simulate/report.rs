@@ -30,7 +30,7 @@ impl DeviceSummary {
         let capacity = d.capacities.get("cpu").map(|c| c.value);
         let numa_node = d
             .attributes
-            .get(policy::topology_aware::claims::NUMA_NODE_ATTRIBUTE)
+            .get(policy::topology_aware::devices::NUMA_NODE_ATTRIBUTE)
             .and_then(|a| match a {
                 AttributeValue::Int(n) => Some(*n),
                 _ => None,
@@ -58,6 +58,9 @@ pub enum Change {
         pool: Option<String>,
         cpus: String,
         mems: String,
+        /// What the policy did instead of refusing it (`not-exclusive`, `reserved`, ...).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        fallbacks: Vec<String>,
     },
     /// A running container's cpuset or memory nodes changed in the runtime.
     Updated {
@@ -324,12 +327,18 @@ fn change_line(c: &Change) -> String {
             pool,
             cpus,
             mems,
+            fallbacks,
         } => {
             let how = match pool {
                 Some(p) => format!("{grant} in {p}"),
                 None => grant.clone(),
             };
-            format!("+ {container}: {how}, cpus {cpus}, mems {mems}")
+            let instead = if fallbacks.is_empty() {
+                String::new()
+            } else {
+                format!(" (instead of a refusal: {})", fallbacks.join(", "))
+            };
+            format!("+ {container}: {how}, cpus {cpus}, mems {mems}{instead}")
         }
         Change::Updated {
             container,

@@ -28,6 +28,10 @@
 //! consumable capacity (the default of Kubernetes 1.34 and 1.35) would: shared devices are
 //! handed out whole. It is on by default, as from 1.36.
 //!
+//! The policy's settings are header keys with the agent's names and values (docs/kubernetes.md):
+//! `cpu-exclusivity` (`claims`, `partition` with `claim-cpus`, `pods`), `device-mode`
+//! (`grouped`, `individual`), `group-by` (`numa`, `socket`), `claim-granularity` (`cpu`, `core`).
+//!
 //! Shape errors come from the YAML decoder with its line and column; meaning errors (a container
 //! of a pod never declared, a claim used before it exists) are found here, with the line of the
 //! step, before anything runs.
@@ -41,7 +45,7 @@ use std::{
 use policy::{
     AttributeValue, QosClass, Quantity, TopologySource,
     scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, Selector},
-    topology_aware::ReservedCpus,
+    topology_aware::{DeviceModel, Exclusivity, ReservedCpus},
 };
 use serde::{Deserialize, Deserializer};
 
@@ -56,6 +60,10 @@ pub struct Scenario {
     pub topology_line: Option<usize>,
     pub reserved_cpus: ReservedCpus,
     pub reserved_namespaces: Option<Vec<String>>,
+    /// Who gets CPUs of their own (`cpu-exclusivity`, `claim-cpus`).
+    pub exclusivity: Exclusivity,
+    /// How the claimable CPUs are published (`device-mode`, `group-by`, `claim-granularity`).
+    pub devices: DeviceModel,
     pub node_name: String,
     /// The feature gates the simulated scheduler runs with.
     pub gates: Gates,
@@ -75,6 +83,16 @@ struct File {
     reserved_namespaces: Option<Vec<String>>,
     #[serde(default)]
     node_name: Option<String>,
+    #[serde(default)]
+    cpu_exclusivity: Option<String>,
+    #[serde(default)]
+    claim_cpus: Option<Scalar>,
+    #[serde(default)]
+    device_mode: Option<String>,
+    #[serde(default)]
+    group_by: Option<String>,
+    #[serde(default)]
+    claim_granularity: Option<String>,
     #[serde(default)]
     feature_gates: FeatureGates,
     // Steps are written `- pod: {...}`: a map with the variant's name as its one key.
@@ -488,6 +506,14 @@ pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, Sc
         Some(v) => values::reserved_cpus(&v.0)
             .map_err(|e| err(key_line("reserved-cpus"), format!("reserved-cpus: {e}")))?,
     };
+    let (exclusivity, devices) = values::policy_settings(&values::PolicyValues {
+        cpu_exclusivity: raw.cpu_exclusivity.as_deref(),
+        claim_cpus: raw.claim_cpus.as_ref().map(|s| s.0.as_str()),
+        device_mode: raw.device_mode.as_deref(),
+        group_by: raw.group_by.as_deref(),
+        claim_granularity: raw.claim_granularity.as_deref(),
+    })
+    .map_err(|e| err(key_line(e.key), format!("{}: {}", e.key, e.reason)))?;
     let lines = step_lines(text, raw.steps.len());
     let steps: Vec<(Option<usize>, Step)> = lines.into_iter().zip(raw.steps).collect();
     check(&steps).map_err(|(line, message)| err(line, message))?;
@@ -503,6 +529,8 @@ pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, Sc
         topology_line: key_line("topology"),
         reserved_cpus,
         reserved_namespaces: raw.reserved_namespaces,
+        exclusivity,
+        devices,
         node_name: raw.node_name.unwrap_or_else(|| "sim-node".into()),
         gates: Gates {
             consumable_capacity: raw.feature_gates.consumable_capacity,
@@ -860,6 +888,33 @@ steps:
             assert_eq!(e.line, Some(12), "{step}: {e}");
             assert!(e.to_string().contains(wanted), "{step}: {e}");
         }
+    }
+
+    #[test]
+    fn the_policy_settings_are_header_keys_checked_with_their_line() {
+        let header = "cpu-exclusivity: partition\nclaim-cpus: 4-7\ndevice-mode: individual\nclaim-granularity: core\n";
+        let s = parse("s.yaml", &format!("{header}{GOOD}"), None).unwrap();
+        assert_eq!(
+            s.exclusivity,
+            Exclusivity::Partition(policy::topology_aware::ClaimCpus::Set(
+                "4-7".parse().unwrap()
+            ))
+        );
+        assert_eq!(
+            s.devices.mode,
+            policy::topology_aware::DeviceMode::Individual
+        );
+        let s = parse("s.yaml", GOOD, None).unwrap();
+        assert_eq!(
+            (s.exclusivity, s.devices),
+            (Exclusivity::Claims, DeviceModel::default())
+        );
+        let e = parse("s.yaml", &format!("{GOOD}group-by: die\n"), None).unwrap_err();
+        assert!(
+            e.to_string().contains("group-by: \"die\" is not allowed"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(GOOD.lines().count() + 1));
     }
 
     #[test]

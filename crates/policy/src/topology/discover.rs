@@ -29,7 +29,7 @@ use hwlocality::{
 };
 
 use super::{
-    CacheGroup, Core, Die, MemoryKind, NumaNode, Package, Topology,
+    CacheGroup, Core, CoreKind, Die, MemoryKind, NumaNode, Package, Topology,
     sysfs::{self, SysfsError},
 };
 use crate::idset::CpuSet;
@@ -244,6 +244,7 @@ fn from_hwloc(hw: &HwTopology, facts: &sysfs::CpuFacts) -> Topology {
 
     let index_of =
         |list: &[(u64, CpuSet)], cpu: u32| list.iter().position(|(_, c)| c.contains(cpu));
+    let kinds = core_kinds(hw);
     let cores: Vec<Core> = cores
         .iter()
         .filter_map(|(_, threads)| {
@@ -255,6 +256,10 @@ fn from_hwloc(hw: &HwTopology, facts: &sysfs::CpuFacts) -> Topology {
                 numa: pu.node,
                 l3: index_of(&l3s, first),
                 threads: threads.clone(),
+                kind: kinds
+                    .iter()
+                    .find(|(cpus, _)| cpus.contains(first))
+                    .map_or(CoreKind::Standard, |(_, kind)| *kind),
             })
         })
         .collect();
@@ -277,6 +282,41 @@ fn from_hwloc(hw: &HwTopology, facts: &sysfs::CpuFacts) -> Topology {
         offline,
         isolated,
     }
+}
+
+/// The kind of each CPU on a hybrid part: hwloc's CPU kinds, ranked by efficiency (higher is
+/// more performant), or by the `CoreType` it reports (`IntelCore`, `IntelAtom`) when it could not
+/// rank them. One kind, or none known, is a machine of standard cores (an empty list).
+fn core_kinds(hw: &HwTopology) -> Vec<(CpuSet, CoreKind)> {
+    let Ok(kinds) = hw.cpu_kinds() else {
+        return Vec::new();
+    };
+    let kinds: Vec<_> = kinds.collect();
+    if kinds.len() < 2 {
+        return Vec::new();
+    }
+    let core_type = |k: &hwlocality::cpu::kind::CpuKind<'_>| {
+        k.infos
+            .iter()
+            .find(|i| i.name().to_string_lossy() == "CoreType")
+            .map(|i| i.value().to_string_lossy().into_owned())
+    };
+    let most = kinds.iter().filter_map(|k| k.efficiency).max();
+    kinds
+        .iter()
+        .map(|k| {
+            let performance = match (k.efficiency, most) {
+                (Some(e), Some(most)) => e == most,
+                _ => core_type(k).is_some_and(|t| t == "IntelCore"),
+            };
+            let kind = if performance {
+                CoreKind::Performance
+            } else {
+                CoreKind::Efficiency
+            };
+            (cpus_of(&k.cpuset), kind)
+        })
+        .collect()
 }
 
 fn numa_nodes(hw: &HwTopology, pu_nodes: &[(u32, Option<u32>)]) -> Vec<NumaNode> {

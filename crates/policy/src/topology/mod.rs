@@ -102,6 +102,32 @@ pub struct CacheGroup {
     pub cpus: CpuSet,
 }
 
+/// What kind of core a core is, on hybrid parts (performance and efficiency cores).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub enum CoreKind {
+    /// The machine has one kind of core (or does not say).
+    #[default]
+    Standard,
+    /// A performance core of a hybrid part (the kind hwloc ranks most performant).
+    Performance,
+    /// An efficiency core of a hybrid part (every other kind).
+    Efficiency,
+}
+
+impl CoreKind {
+    /// The name devices publish (`standard`, `p-core`, `e-core`, as kubernetes-sigs/dra-driver-cpu
+    /// names them).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Standard => "standard",
+            Self::Performance => "p-core",
+            Self::Efficiency => "e-core",
+        }
+    }
+}
+
 /// A physical core and its hardware threads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Core {
@@ -115,6 +141,9 @@ pub struct Core {
     pub l3: Option<usize>,
     /// The core's online hardware threads (SMT siblings).
     pub threads: CpuSet,
+    /// Performance or efficiency core on a hybrid part.
+    #[serde(default)]
+    pub kind: CoreKind,
 }
 
 /// The machine as the policy sees it. See the module docs.

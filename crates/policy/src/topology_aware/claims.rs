@@ -1,26 +1,27 @@
-//! DRA claims: the devices published, claim records (the durable state), CDI edits, and finding
-//! which claims a container uses.
-//!
-//! Devices: one per NUMA node with CPUs, named `numa<N>`, whose consumable capacity `cpu` is the
-//! number of CPUs a claim may take there (online, not reserved, not isolated). Several claims
-//! share a device (`allowMultipleAllocations`), each consuming whole CPUs (request policy:
-//! default 1, minimum 1, step 1).
+//! DRA claims: claim records (the durable state), CDI edits, and finding which claims a
+//! container uses. What is published and what a result gets is [`super::devices`]' business.
 //!
 //! A claim's result `i` is granted through CDI edits that set `DRA_CPUSET_<uid>=<cpus>` and
 //! `DRA_MEMS_<uid>=<nodes>`, and the same under the claim's [`shell_safe`] name (hyphens as
 //! underscores): a Kubernetes UID has hyphens, which no shell accepts in a variable name, so
 //! `sh` drops `DRA_CPUSET_<uid>` from the environment of everything it starts, and a workload
-//! started through a shell wrapper would never see it. A container uses a claim when the runtime
-//! reports the CDI device `<vendor>/device=claim-<uid>-<i>` (the resource manager's naming,
-//! parsed with [`cdi::claim_of_device`]) whose vendor is our driver ([`super::Config::driver`])
-//! and whose class is `device`: another driver may name its devices the same way, and its device
-//! is no proof of ours. Only the kubelet can inject such a device; failing that (runtimes that do
-//! not report CDI devices) when its environment has `DRA_CPUSET_` with the claim's UID or its
-//! shell-safe name, and then only if its pod is among the claim's reserved-for pods, because a
-//! pod can set any environment variable it likes.
+//! started through a shell wrapper would never see it. The CPUs and nodes are those of every
+//! result of the same request: a container gets the devices of the requests it names, so with
+//! several results per request (`count: 4` of individual devices) each result's edits say the
+//! same, whole thing. A container using a claim is pinned to the CPUs of the results it uses. It
+//! uses a claim when the runtime reports the CDI device `<vendor>/device=claim-<uid>-<i>` (the
+//! resource manager's naming, parsed with [`cdi::claim_of_device`]) whose vendor is our driver
+//! ([`super::Config::driver`]) and whose class is `device`: another driver may name its devices
+//! the same way, and its device is no proof of ours. Only the kubelet can inject such a device;
+//! failing that (runtimes that do not report CDI devices) when its environment has `DRA_CPUSET_`
+//! with the claim's UID or its shell-safe name, and then only if its pod is among the claim's
+//! reserved-for pods, because a pod can set any environment variable it likes.
 //!
 //! A result whose claim configuration turns `memoryPinning` off ([`super::claim_config`]) gets
 //! no `DRA_MEMS_<uid>`, and containers using it get no memory nodes from it.
+//!
+//! Records saved by earlier versions (results on grouped `numa<N>` devices) restore as they are:
+//! a record says which CPUs a result holds, whatever devices are published now.
 
 use std::collections::BTreeMap;
 
@@ -28,27 +29,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     idset::{CpuSet, NodeSet},
-    model::{
-        AllocationResult, AttributeValue, Capacity, Claim, Container, Device, RequestPolicy,
-        ValidValues,
-    },
-    quantity::Quantity,
-    topology::Topology,
+    model::{AllocationResult, Claim, Container},
 };
 
 /// The prefix of the environment variable carrying a claim's CPUs.
 pub const CPUSET_ENV: &str = "DRA_CPUSET_";
 /// The prefix of the environment variable carrying a claim's memory nodes.
 pub const MEMS_ENV: &str = "DRA_MEMS_";
-/// The standard attribute naming a device's NUMA node.
-pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
-
 /// One allocation result of a claim, as granted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultRecord {
     /// The request it satisfies.
     pub request: String,
-    /// The device it was allocated on (`numa<N>`).
+    /// The device it was allocated on (`numa<N>`, `cpu<N>`, ...).
     pub device: String,
     /// The CPUs granted.
     pub cpus: CpuSet,
@@ -94,9 +87,20 @@ impl ClaimRecord {
             .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus))
     }
 
-    /// The CDI edits of every result, in result order: its CPUs, and its memory nodes when
-    /// it pins memory (a container is told only what it is held to), each under the claim's UID
-    /// and, when that differs, under its [`shell_safe`] name.
+    /// The CPUs and memory nodes of every result for `request`: what a container using it is
+    /// told it has.
+    pub fn request_cpus(&self, request: &str) -> (CpuSet, NodeSet) {
+        self.results
+            .iter()
+            .filter(|r| r.request == request)
+            .fold((CpuSet::new(), NodeSet::new()), |(cpus, mems), r| {
+                (cpus.union(&r.cpus), mems.union(&r.mems))
+            })
+    }
+
+    /// The CDI edits of every result, in result order: the CPUs of its request, and its memory
+    /// nodes when it pins memory (a container is told only what it is held to), each under the
+    /// claim's UID and, when that differs, under its [`shell_safe`] name.
     pub fn edits(&self) -> Vec<cdi::ContainerEdits> {
         let safe = shell_safe(&self.uid);
         let names: Vec<&str> = if safe == self.uid {
@@ -107,14 +111,15 @@ impl ClaimRecord {
         self.results
             .iter()
             .map(|r| {
-                let cpus = names
+                let (cpus, mems) = self.request_cpus(&r.request);
+                let cpu_vars = names
                     .iter()
-                    .map(|name| format!("{CPUSET_ENV}{name}={}", r.cpus));
-                let mems = names
+                    .map(|name| format!("{CPUSET_ENV}{name}={cpus}"));
+                let mem_vars = names
                     .iter()
                     .filter(|_| r.memory_pinning)
-                    .map(|name| format!("{MEMS_ENV}{name}={}", r.mems));
-                cdi::ContainerEdits::with_env(cpus.chain(mems))
+                    .map(|name| format!("{MEMS_ENV}{name}={mems}"));
+                cdi::ContainerEdits::with_env(cpu_vars.chain(mem_vars))
             })
             .collect()
     }
@@ -126,8 +131,14 @@ impl ClaimRecord {
 
     /// How `claim`'s allocation results differ from the ones this record was allocated for,
     /// if they do: another number of results, or a result with another request, device or
-    /// number of CPUs. The first difference, in words.
-    pub fn difference(&self, claim: &Claim) -> Option<String> {
+    /// number of CPUs. `cpus_of` says how many CPUs a result gets (`None` when that cannot be
+    /// known, for a device no longer published: then the count is not compared). The first
+    /// difference, in words.
+    pub fn difference(
+        &self,
+        claim: &Claim,
+        cpus_of: impl Fn(&AllocationResult) -> Option<u64>,
+    ) -> Option<String> {
         if self.results.len() != claim.results.len() {
             return Some(format!(
                 "it holds {} allocation results, now asked for {}",
@@ -141,7 +152,7 @@ impl ClaimRecord {
             .enumerate()
             .find_map(|(i, (held, asked))| {
                 let n = u64::try_from(held.cpus.len()).unwrap_or(u64::MAX);
-                let m = cpus_asked(asked);
+                let m = cpus_of(asked).unwrap_or(n);
                 if held.request != asked.request {
                     Some(format!(
                         "result {i} is for request {}, now asked for request {}",
@@ -163,15 +174,6 @@ impl ClaimRecord {
     }
 }
 
-/// The CPUs an allocation result asks for: its consumed `cpu` capacity, rounded up to whole
-/// CPUs; without one, the request policy's default of one.
-pub fn cpus_asked(result: &AllocationResult) -> u64 {
-    result
-        .consumed_capacity
-        .get("cpu")
-        .map_or(1, |q| q.units_ceil())
-}
-
 fn cpus_word(n: u64) -> &'static str {
     if n == 1 { "cpu" } else { "cpus" }
 }
@@ -190,78 +192,6 @@ pub struct Snapshot {
 /// the UID's only change.
 pub fn shell_safe(uid: &str) -> String {
     uid.replace('-', "_")
-}
-
-/// The device name of NUMA node `node`.
-pub fn device_name(node: u32) -> String {
-    format!("numa{node}")
-}
-
-/// The NUMA node a device name stands for.
-pub fn device_node(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("numa")?;
-    if digits.is_empty() || (digits.len() > 1 && digits.starts_with('0')) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
-/// The CPUs a claim may take on each NUMA node with CPUs.
-pub fn claimable(topo: &Topology, reserved: &CpuSet) -> BTreeMap<u32, CpuSet> {
-    topo.numa_nodes
-        .iter()
-        .filter(|n| !n.is_memory_only())
-        .map(|n| {
-            let cpus = n
-                .cpus
-                .intersection(&topo.online)
-                .difference(reserved)
-                .difference(&topo.isolated);
-            (n.id, cpus)
-        })
-        .filter(|(_, cpus)| !cpus.is_empty())
-        .collect()
-}
-
-/// The devices to publish: see the module docs.
-pub fn devices(topo: &Topology, claimable: &BTreeMap<u32, CpuSet>) -> Vec<Device> {
-    claimable
-        .iter()
-        .map(|(&node, cpus)| {
-            let numa = topo.numa_node(node);
-            let smt = topo
-                .cores
-                .iter()
-                .any(|c| c.numa == Some(node) && c.threads.len() > 1);
-            let mut attributes = BTreeMap::new();
-            attributes.insert(
-                NUMA_NODE_ATTRIBUTE.to_owned(),
-                AttributeValue::Int(node.into()),
-            );
-            if let Some(socket) = numa.and_then(|n| n.package) {
-                attributes.insert("socket".to_owned(), AttributeValue::Int(socket.into()));
-            }
-            attributes.insert("smt".to_owned(), AttributeValue::Bool(smt));
-            let count = u64::try_from(cpus.len()).unwrap_or(u64::MAX);
-            let capacity = Capacity {
-                value: Quantity::from_units(count),
-                request_policy: Some(RequestPolicy {
-                    default: Some(Quantity::from_units(1)),
-                    valid: ValidValues::Range {
-                        min: Quantity::from_units(1),
-                        max: Some(Quantity::from_units(count)),
-                        step: Some(Quantity::from_units(1)),
-                    },
-                }),
-            };
-            Device {
-                name: device_name(node),
-                attributes,
-                capacities: BTreeMap::from([("cpu".to_owned(), capacity)]),
-                allow_multiple_allocations: true,
-            }
-        })
-        .collect()
 }
 
 /// The claims and result indexes `container` uses among `claims`, whose devices are CDI devices
@@ -307,12 +237,12 @@ pub fn used_by(
         if !claim.reserved_for.contains(&container.pod.uid) {
             continue;
         }
-        // The value says which result; a value we did not write means all of them.
+        // The value says which request; a value we did not write means all of them.
         let matching: Vec<usize> = claim
             .results
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.cpus.to_string() == value)
+            .filter(|(_, r)| claim.request_cpus(&r.request).0.to_string() == value)
             .map(|(i, _)| i)
             .collect();
         let indexes = if matching.is_empty() {
@@ -338,8 +268,8 @@ mod tests {
     use super::*;
 
     fn held(uid: &str, pods: &[&str]) -> ClaimRecord {
-        let result = |cpus: &str| ResultRecord {
-            request: "cpus".into(),
+        let result = |request: &str, cpus: &str| ResultRecord {
+            request: request.into(),
             device: "numa0".into(),
             cpus: cpus.parse().unwrap(),
             mems: "0".parse().unwrap(),
@@ -350,7 +280,7 @@ mod tests {
             namespace: "ns".into(),
             name: "c".into(),
             reserved_for: pods.iter().map(|p| (*p).to_owned()).collect(),
-            results: vec![result("2-3"), result("4-5")],
+            results: vec![result("a", "2-3"), result("b", "4-5")],
         }
     }
 
@@ -429,10 +359,23 @@ mod tests {
     }
 
     #[test]
-    fn device_names_round_trip() {
-        assert_eq!(device_node(&device_name(12)), Some(12));
-        assert_eq!(device_node("numa"), None);
-        assert_eq!(device_node("numa01"), None);
-        assert_eq!(device_node("cpu1"), None);
+    fn results_of_one_request_tell_their_containers_all_of_its_cpus() {
+        let mut claim = held("u1", &["pod-a"]);
+        for r in &mut claim.results {
+            r.request = "cpus".into();
+        }
+        claim.results[1].mems = "1".parse().unwrap();
+        let env: Vec<Vec<String>> = claim.edits().into_iter().map(|e| e.env).collect();
+        let all = vec!["DRA_CPUSET_u1=2-5".to_owned(), "DRA_MEMS_u1=0-1".to_owned()];
+        assert_eq!(env, [all.clone(), all]);
+        // Through the environment, that value means both results.
+        let claims = BTreeMap::from([("u1".to_owned(), claim)]);
+        let mut c = Container::default();
+        c.pod.uid = "pod-a".into();
+        c.env = vec![format!("{CPUSET_ENV}u1=2-5")];
+        assert_eq!(
+            used_by(&c, &claims, "cpu.resmgr.io"),
+            BTreeMap::from([("u1".to_owned(), vec![0, 1])])
+        );
     }
 }

@@ -4,7 +4,7 @@
 use super::{Grant, TopologyAware, pools::PoolKind};
 use crate::{
     idset::{CpuSet, NodeSet},
-    inventory::{ClaimPlacement, ContainerPlacement, GrantKind, Inventory, PoolUsage},
+    inventory::{ClaimPlacement, ContainerPlacement, Fallback, GrantKind, Inventory, PoolUsage},
 };
 
 /// What `p` has placed where.
@@ -47,6 +47,7 @@ pub(super) fn of(p: &TopologyAware) -> Inventory {
                     .map(|pool| pool.name.clone()),
                 cpus: p.cpus_of(&placed.grant),
                 mems: placed.mems.clone(),
+                fallbacks: fallbacks(p, placed),
             }
         })
         .collect();
@@ -81,6 +82,17 @@ pub(super) fn of(p: &TopologyAware) -> Inventory {
     }
 }
 
+/// What was done for a container instead of refusing it: at placement, and where its shared
+/// CPUs come from now.
+fn fallbacks(p: &TopologyAware, placed: &super::Placed) -> Vec<Fallback> {
+    let mut out = placed.fallbacks.clone();
+    if let Grant::Shared { pool, .. } = &placed.grant {
+        out.extend(p.shared_fallback(*pool));
+    }
+    out.sort_unstable();
+    out
+}
+
 fn kind_name(kind: PoolKind) -> &'static str {
     match kind {
         PoolKind::Root => "root",
@@ -101,7 +113,7 @@ mod tests {
         model::{AllocationResult, Claim, Container, Pod, QosClass, Resources},
         quantity::Quantity,
         topology::{Topology, TopologySource},
-        topology_aware::{Config, ReservedCpus},
+        topology_aware::{ClaimCpus, Config, Exclusivity, ReservedCpus},
     };
 
     fn set(s: &str) -> CpuSet {
@@ -128,9 +140,9 @@ mod tests {
         }
     }
 
-    /// Two NUMA nodes of four single-thread cores (CPUs 0-3, 4-7), CPU 0 reserved; a system
-    /// pod on the reserved CPU, a Burstable container shared, 2 exclusive CPUs for a database,
-    /// and a 2-CPU claim on numa1.
+    /// Two NUMA nodes of four single-thread cores (CPUs 0-3, 4-7), CPU 0 reserved and numa1's
+    /// CPUs published for claims; a system pod on the reserved CPU, a Burstable container
+    /// shared, 2 exclusive CPUs for a database, and a 2-CPU claim on numa1.
     fn scenario() -> TopologyAware {
         let topo = Topology::load(&TopologySource::Synthetic(
             "pack:1 numa:2 core:4 pu:1".into(),
@@ -138,6 +150,7 @@ mod tests {
         .unwrap();
         let config = Config {
             reserved_cpus: ReservedCpus::Set(set("0")),
+            exclusivity: Exclusivity::Partition(ClaimCpus::Set(set("4-7"))),
             ..Config::default()
         };
         let mut p = TopologyAware::new(topo, config).unwrap();
@@ -208,6 +221,7 @@ mod tests {
                 pool: pool.map(Into::into),
                 cpus: set(cpus),
                 mems: Some(NodeSet::from_iter([mems])),
+                fallbacks: Vec::new(),
             };
         assert_eq!(
             inv.containers,

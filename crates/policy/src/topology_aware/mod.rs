@@ -5,25 +5,33 @@
 //! The machine is a tree of pools ([`pools`]): root, sockets, dies, NUMA nodes, L3 groups. Each
 //! online CPU is *reserved* (configured, for system pods), *isolated* (by the kernel), *shared*,
 //! or *taken* by an exclusive grant (a container or a claim). A pool's shared CPUs are its CPUs
-//! that are none of the others.
+//! that are none of the others. Some CPUs are also *published* for claims ([`devices`]): which
+//! ones, and whether containers may have CPUs of their own, is [`Exclusivity`].
 //!
 //! | container | gets |
 //! |---|---|
 //! | uses a DRA claim of ours | the claim's CPUs and memory nodes |
 //! | reserved namespace (`kube-system`) or `reserved-cpus` annotation | the reserved CPUs |
-//! | Guaranteed, whole CPUs, not `prefer-shared-cpus` | exclusive CPUs (isolated ones with `prefer-isolated-cpus`, when a pool has enough) |
-//! | anything else (Burstable, BestEffort, fractional) | the shared CPUs of one pool |
+//! | Guaranteed, whole CPUs, not `prefer-shared-cpus`, with `partition` or `pods` | exclusive CPUs not published for claims (isolated ones with `prefer-isolated-cpus`, when a pool has enough) |
+//! | anything else (Burstable, BestEffort, fractional; Guaranteed with `claims`) | the shared CPUs of one pool |
 //!
 //! - **Exclusive** grants come from the tightest pool that fits (fewest CPUs, so a request that
 //!   fits in a NUMA node or L3 group never spans two), then one whose memory has room, then the
 //!   one with the fewest free CPUs (packing), then the lower id. Inside it, whole idle cores
-//!   first ([`cpus`]). A grant never takes a CPU that a pool's shared containers need (their
-//!   summed requests, at least one CPU per pool in use).
+//!   first ([`cpus`]). A grant never takes a CPU that is published for claims, nor one that a
+//!   pool's shared containers need (their summed requests, at least one CPU per pool in use).
 //! - **Shared** containers go to a pool with room for their request in it and every ancestor:
 //!   memory fitting first, then room for the CPU limit, the deeper pool, fewer containers, more
 //!   room, lower id. Their cpuset is the pool's shared CPUs *at any time*: when an exclusive
 //!   grant or a claim cuts CPUs out of a pool, or gives them back, every shared container of
 //!   that pool gets an update (the ripple).
+//! - **Nothing the kubelet admitted is refused** for CPUs or memory: a Guaranteed container
+//!   whose exclusive CPUs cannot be had runs shared; a shared container no pool has room for
+//!   overcommits the roomiest; when claims take a pool's last shared CPUs its containers run on
+//!   the shared CPUs of the enclosing pool, and when nothing is shared anywhere on the reserved
+//!   CPUs (which the kubelet's static CPU manager keeps in its shared pool for this reason);
+//!   memory that does not fit is left unpinned. Each comes with a warning in the answer and shows
+//!   in the inventory as a [`crate::Fallback`], which the binary exports as a metric.
 //! - **Memory** ([`memory`]) is pinned to the DRAM nodes of the CPUs granted (of the pool, for
 //!   shared containers), plus the memory-only nodes
 //!   attached to it when the `memory-type` annotation asks for their kind, widened by distance
@@ -31,10 +39,14 @@
 //!
 //! # Claims
 //!
-//! See [`claims`]: one device per NUMA node, CPUs picked whole cores first out of the node's
-//! shared CPUs (rippling shared containers away), recorded durably and granted through CDI
-//! environment edits; containers using a claim are pinned to it. A claim's configuration
-//! ([`claim_config`]) may leave its memory unpinned or ask for whole cores only.
+//! See [`devices`] for what is published and what a result gets (the scheduler's promise:
+//! every claim it allocates from our devices is granted), [`claims`] for the records and CDI
+//! edits: CPUs picked whole cores first out of the device's claimable CPUs, never waiting for
+//! shared containers (they move), recorded durably and granted through CDI environment edits;
+//! containers using a claim are pinned to it. A claim's configuration ([`claim_config`]) may
+//! leave its memory unpinned or ask for whole cores, which it gets when its device hands out
+//! whole cores or whole cores make up what it consumed, and otherwise gets what the scheduler
+//! allocated, with a warning.
 //!
 //! # Determinism and cost
 //!
@@ -44,15 +56,16 @@
 //!
 //! Measured with `cargo bench -p policy` (`benches/placement.rs`) on a synthetic
 //! `pack:4 numa:4 core:32 pu:2` machine (1,024 threads, 16 NUMA nodes) holding 1,000 containers
-//! (100 with 2 exclusive CPUs, 500 Burstable, 400 BestEffort), on the 2-vCPU development VM
-//! while other builds kept its load average at 11-13, so these are pessimistic:
+//! (100 with 2 exclusive CPUs, 500 Burstable, 400 BestEffort; half the machine published for
+//! claims with `partition`), on the 2-vCPU development VM while other builds kept its load
+//! average high, so these are pessimistic:
 //!
 //! | operation | median | p99 | target |
 //! |---|---|---|---|
-//! | place a Burstable container | 1.8 µs | 5.7 µs | median < 20 µs |
-//! | place a 2-CPU exclusive container (ripples ~60 shared containers) | 5.7 µs | 12 µs | median < 20 µs |
-//! | allocate a 2-CPU claim (same ripple) | 9.9 µs | 141 µs | median < 20 µs |
-//! | sync all 1,000 containers | 11.2 ms | 19.3 ms | < 20 ms |
+//! | place a Burstable container | 1.8 µs | 2.0 µs | median < 20 µs |
+//! | place a 2-CPU exclusive container (ripples ~60 shared containers) | 5.4 µs | 8.1 µs | median < 20 µs |
+//! | allocate a 2-CPU claim (same ripple) | 9.5 µs | 36 µs | median < 20 µs |
+//! | sync all 1,000 containers | 15.6 ms | 28.9 ms | < 20 ms |
 //!
 //! The cost of an exclusive grant or a claim is mostly the ripple: one update per shared
 //! container of every pool that lost CPUs, which is the answer itself.
@@ -61,6 +74,7 @@ pub mod annotations;
 pub mod claim_config;
 pub mod claims;
 pub mod cpus;
+pub mod devices;
 mod inventory;
 pub mod memory;
 mod place;
@@ -68,14 +82,16 @@ pub mod pools;
 
 use std::collections::BTreeMap;
 
-use claims::{ClaimRecord, ResultRecord, Snapshot};
+use claims::{ClaimRecord, Snapshot};
 use cpus::CpuIndex;
+pub use devices::{DeviceMode, DeviceModel, DeviceTable, Granularity, GroupBy};
 use memory::Ledger;
 use pools::Pool;
 
 use crate::{
     api::{Policy, PolicyError},
     idset::{CpuSet, NodeSet},
+    inventory::Fallback,
     model::{
         Adjustment, Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device,
         Resources,
@@ -95,10 +111,40 @@ pub enum ReservedCpus {
 /// The DRA driver name the policy serves unless configured otherwise.
 pub const DEFAULT_DRIVER: &str = "topology-aware.resmgr.io";
 
+/// Which CPUs a [`Exclusivity::Partition`] sets aside for claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimCpus {
+    /// This many CPUs, picked like an exclusive grant (whole cores, tightly packed).
+    Count(usize),
+    /// Exactly these CPUs (offline ones are ignored).
+    Set(CpuSet),
+}
+
+/// Who gets CPUs of their own. The published devices promise the scheduler CPUs; this decides
+/// what else may take CPUs, so that the promise holds (see [`devices`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Exclusivity {
+    /// Only DRA claims get CPUs of their own (the model of kubernetes-sigs/dra-driver-cpu).
+    /// Guaranteed containers without a claim run on shared CPUs; every CPU that is not reserved
+    /// or kernel-isolated is published, and claims never wait for shared containers, which
+    /// move to the CPUs still shared. Needs the kubelet's CPU manager policy `none`.
+    #[default]
+    Claims,
+    /// A fixed set of CPUs is published for claims and never granted to a container
+    /// exclusively; while unclaimed they are lent to the shared pools and taken back (with
+    /// container updates) when a claim arrives. Guaranteed containers with whole CPUs get
+    /// exclusive CPUs from the rest, as with `Pods`.
+    Partition(ClaimCpus),
+    /// Classic nri-plugins: Guaranteed containers with whole CPUs get exclusive CPUs; no device
+    /// is published (an empty pool) and claims are refused.
+    Pods,
+}
+
 /// Configuration of the topology-aware policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// CPUs for system pods; they are never granted exclusively or shared.
+    /// CPUs for system pods; they are never granted exclusively or shared, except as the last
+    /// resort of shared containers when no other CPU is shared.
     pub reserved_cpus: ReservedCpus,
     /// Pods in these namespaces run on the reserved CPUs unless annotated otherwise.
     pub reserved_namespaces: Vec<String>,
@@ -106,16 +152,22 @@ pub struct Config {
     /// manager writes: a container uses one of our claims only through a device of this vendor
     /// (see [`claims`]).
     pub driver: String,
+    /// Who gets CPUs of their own.
+    pub exclusivity: Exclusivity,
+    /// How the claimable CPUs are published.
+    pub devices: DeviceModel,
 }
 
 impl Default for Config {
     /// One reserved CPU (CPU 0 on most machines), `kube-system` on it, driver
-    /// [`DEFAULT_DRIVER`].
+    /// [`DEFAULT_DRIVER`], exclusive CPUs through claims only, one device per NUMA node.
     fn default() -> Self {
         Self {
             reserved_cpus: ReservedCpus::Count(1),
             reserved_namespaces: vec!["kube-system".into()],
             driver: DEFAULT_DRIVER.into(),
+            exclusivity: Exclusivity::default(),
+            devices: DeviceModel::default(),
         }
     }
 }
@@ -126,6 +178,9 @@ pub enum ConfigError {
     /// The reserved CPUs cannot be had.
     #[error("cannot reserve cpus: {0}")]
     Reserved(String),
+    /// The CPUs for claims cannot be had.
+    #[error("cannot set cpus aside for claims: {0}")]
+    ClaimCpus(String),
 }
 
 /// How a container is placed.
@@ -167,6 +222,11 @@ struct Placed {
     grant: Grant,
     mems: Option<NodeSet>,
     charge: Vec<(u32, u64)>,
+    /// What was done instead of refusing it, at placement ([`Fallback::NotExclusive`],
+    /// [`Fallback::MemoryUnpinned`]); where its shared CPUs come from is worked out when asked.
+    fallbacks: Vec<Fallback>,
+    /// What to tell the operator about the placement; taken by the call that made it.
+    warnings: Vec<String>,
 }
 
 /// Load on a pool from shared containers, its subtree included.
@@ -217,7 +277,8 @@ pub struct TopologyAware {
     reserved: CpuSet,
     /// Online, isolated, not reserved.
     isolated: CpuSet,
-    claimable: BTreeMap<u32, CpuSet>,
+    /// The published devices and the claimable CPUs behind them.
+    table: DeviceTable,
     /// Memory-only nodes: (node, kind, the CPU node closest to it).
     attached: Vec<(u32, MemoryKind, u32)>,
     /// Cut out of the shared CPUs: exclusive container grants and claims.
@@ -225,6 +286,9 @@ pub struct TopologyAware {
     isolated_taken: CpuSet,
     /// Per pool: its shared CPUs now.
     shared: Vec<CpuSet>,
+    /// Per pool: what its shared containers run on now: its shared CPUs, or, when it has none
+    /// left, its parent's, and so up to the root; with nothing shared at all, the reserved CPUs.
+    runs_on: Vec<CpuSet>,
     load: Vec<PoolLoad>,
     containers: BTreeMap<String, Placed>,
     claims: BTreeMap<String, ClaimRecord>,
@@ -281,7 +345,8 @@ impl TopologyAware {
             }
         };
         let isolated = topo.isolated.difference(&reserved);
-        let claimable = claims::claimable(&topo, &reserved);
+        let claimable = claimable(&topo, &index, &config, &reserved)?;
+        let table = DeviceTable::build(&topo, &claimable, &config.devices);
         let ledger = Ledger::new(&topo);
         let attached = topo
             .numa_nodes
@@ -300,11 +365,12 @@ impl TopologyAware {
             attached,
             load: vec![PoolLoad::default(); pools.len()],
             shared: vec![CpuSet::new(); pools.len()],
+            runs_on: vec![CpuSet::new(); pools.len()],
             pools,
             index,
             reserved,
             isolated,
-            claimable,
+            table,
             taken: CpuSet::new(),
             isolated_taken: CpuSet::new(),
             containers: BTreeMap::new(),
@@ -385,7 +451,7 @@ impl TopologyAware {
     fn cpus_of(&self, grant: &Grant) -> CpuSet {
         match grant {
             Grant::Reserved => self.reserved.clone(),
-            Grant::Shared { pool, .. } => self.shared.get(*pool).cloned().unwrap_or_default(),
+            Grant::Shared { pool, .. } => self.runs_on.get(*pool).cloned().unwrap_or_default(),
             Grant::Exclusive { cpus, .. }
             | Grant::Isolated { cpus, .. }
             | Grant::Claim { cpus } => cpus.clone(),
@@ -415,11 +481,56 @@ impl TopologyAware {
                 *slot = now;
             }
         }
+        self.runs_on = self.compute_runs_on();
+    }
+
+    /// What each pool's shared containers run on: see [`TopologyAware::runs_on`]'s field docs.
+    /// Pools are numbered parents first, so one pass sees every parent before its children.
+    fn compute_runs_on(&self) -> Vec<CpuSet> {
+        let mut out: Vec<CpuSet> = Vec::with_capacity(self.pools.len());
+        for (i, pool) in self.pools.iter().enumerate() {
+            let own = self.shared.get(i).filter(|s| !s.is_empty());
+            let set = match (own, pool.parent.and_then(|p| out.get(p))) {
+                (Some(own), _) => own.clone(),
+                (None, Some(parent)) => parent.clone(),
+                (None, None) => self.last_resort(),
+            };
+            out.push(set);
+        }
+        out
+    }
+
+    /// Where shared containers run when no CPU is shared anywhere: the reserved CPUs, which the
+    /// kubelet's static CPU manager keeps in its shared pool for this very reason; on a machine
+    /// configured without reserved CPUs, every online CPU rather than none.
+    fn last_resort(&self) -> CpuSet {
+        if self.reserved.is_empty() {
+            self.topo.online.clone()
+        } else {
+            self.reserved.clone()
+        }
+    }
+
+    /// Why shared pool `pool`'s containers do not run on its own shared CPUs, if they do not.
+    fn shared_fallback(&self, pool: usize) -> Option<Fallback> {
+        if self.shared.get(pool).is_some_and(|s| !s.is_empty()) {
+            return None;
+        }
+        let widened = self
+            .ancestors(pool)
+            .any(|a| self.shared.get(a).is_some_and(|s| !s.is_empty()));
+        Some(if widened {
+            Fallback::Widened
+        } else {
+            Fallback::Reserved
+        })
     }
 
     /// Recomputes the shared CPUs of the pools holding any of `changed`, and queues an update
-    /// for every shared container of a pool whose set changed (the ripple).
+    /// for every shared container whose CPUs changed (the ripple): the members of those pools,
+    /// and of pools below them that had run out of shared CPUs and borrow theirs.
     fn ripple(&mut self, changed: &CpuSet, updates: &mut Updates) {
+        let mut any = false;
         for i in 0..self.pools.len() {
             let Some(pool) = self.pools.get(i) else {
                 continue;
@@ -428,33 +539,54 @@ impl TopologyAware {
                 continue;
             }
             let now = self.pool_shared_now(pool);
-            if self.shared.get(i) == Some(&now) {
+            if let Some(slot) = self.shared.get_mut(i)
+                && *slot != now
+            {
+                *slot = now;
+                any = true;
+            }
+        }
+        if !any {
+            return;
+        }
+        let now = self.compute_runs_on();
+        let before = std::mem::replace(&mut self.runs_on, now);
+        for (i, (was, now)) in before.iter().zip(&self.runs_on).enumerate() {
+            if was == now {
                 continue;
             }
-            if let Some(slot) = self.shared.get_mut(i) {
-                *slot = now;
-            }
-            let (Some(load), Some(cpus)) = (self.load.get(i), self.shared.get(i)) else {
+            let Some(load) = self.load.get(i) else {
                 continue;
             };
             for (id, mems) in &load.members {
                 updates.push(ContainerUpdate {
                     container_id: id.clone(),
-                    cpus: Some(cpus.clone()),
+                    cpus: Some(now.clone()),
                     mems: mems.clone(),
                 });
             }
         }
     }
 
-    /// Shared CPUs each pool can still give up to exclusive grants.
+    /// Shared CPUs each pool can still give up to exclusive container grants: those that are
+    /// not published for claims, minus what its shared containers need (so that claims taking
+    /// back what they lent never leave shared containers short because of an exclusive grant).
     fn spare(&self) -> Vec<i64> {
         (0..self.pools.len())
             .map(|i| {
-                let have = self.shared.get(i).map_or(0, CpuSet::len);
+                let have = self.exclusive_free(i).len();
                 to_i64(have) - to_i64(self.need(i))
             })
             .collect()
+    }
+
+    /// The shared CPUs of pool `pool` an exclusive container grant may take: never the ones
+    /// published for claims.
+    fn exclusive_free(&self, pool: usize) -> CpuSet {
+        self.shared
+            .get(pool)
+            .map(|s| s.difference(self.table.cpus()))
+            .unwrap_or_default()
     }
 
     /// CPUs a pool's shared containers need: their summed requests, at least one if any.
@@ -467,6 +599,67 @@ impl TopologyAware {
 
     fn ancestors(&self, pool: usize) -> impl Iterator<Item = usize> + '_ {
         std::iter::successors(Some(pool), |&p| self.pools.get(p).and_then(|p| p.parent))
+    }
+
+    /// How many CPUs an allocation result gets (see [`devices`]): what it consumed of a shared
+    /// device, all of a device handed out whole; for a device not published (the device model
+    /// changed since it was allocated), what it consumed, if it says.
+    fn cpus_for(&self, r: &crate::model::AllocationResult) -> Option<u64> {
+        let consumed = r
+            .consumed_capacity
+            .get(devices::CPU_CAPACITY)
+            .map(|q| q.units_ceil());
+        let Some(device) = self.table.get(&r.device) else {
+            return consumed;
+        };
+        let whole = u64::try_from(device.cpus.len()).ok();
+        match device.share {
+            devices::Share::Whole => whole,
+            devices::Share::Consumable { .. } => consumed.or(whole),
+        }
+    }
+
+    /// For every pool with shared containers, why they do not run on its own shared CPUs.
+    fn pool_fallbacks(&self) -> Vec<Option<Fallback>> {
+        (0..self.pools.len())
+            .map(|i| {
+                let members = self.load.get(i).is_some_and(|l| !l.members.is_empty());
+                members.then(|| self.shared_fallback(i)).flatten()
+            })
+            .collect()
+    }
+
+    /// Warnings for pools whose shared containers lost their own shared CPUs since `before`
+    /// (a [`TopologyAware::pool_fallbacks`]), blaming `cause`.
+    fn fallback_warnings(&self, before: &[Option<Fallback>], cause: &str) -> Vec<String> {
+        let now = self.pool_fallbacks();
+        let mut out = Vec::new();
+        for (i, (was, is)) in before.iter().zip(&now).enumerate() {
+            let (Some(is), Some(pool), Some(load)) = (is, self.pools.get(i), self.load.get(i))
+            else {
+                continue;
+            };
+            if was.as_ref() == Some(is) {
+                continue;
+            }
+            let cpus = self.runs_on.get(i).cloned().unwrap_or_default();
+            let instead = match is {
+                Fallback::Reserved => "the reserved cpus, as nothing else is shared".to_owned(),
+                _ => {
+                    let from = self
+                        .ancestors(i)
+                        .find(|&a| self.shared.get(a).is_some_and(|s| !s.is_empty()))
+                        .and_then(|a| self.pools.get(a))
+                        .map_or_else(|| "an enclosing pool".to_owned(), |p| p.name.clone());
+                    format!("the shared cpus of {from}")
+                }
+            };
+            out.push(format!(
+                "{cause} took the last shared cpus of pool {pool}: its shared containers ({}) now run on {instead} ({cpus})",
+                load.members.len()
+            ));
+        }
+        out
     }
 
     /// Records a placement: CPUs, pool load, memory; queues the ripple.
@@ -532,8 +725,42 @@ impl TopologyAware {
     fn claim_edits(&self, uid: &str) -> Option<ClaimAllocation> {
         self.claims.get(uid).map(|c| ClaimAllocation {
             edits: c.edits(),
-            updates: Vec::new(),
+            ..ClaimAllocation::default()
         })
+    }
+}
+
+/// The CPUs claims may take, as `config.exclusivity` says: see [`Exclusivity`].
+fn claimable(
+    topo: &Topology,
+    index: &CpuIndex,
+    config: &Config,
+    reserved: &CpuSet,
+) -> Result<CpuSet, ConfigError> {
+    let available = topo.online.difference(reserved).difference(&topo.isolated);
+    match &config.exclusivity {
+        Exclusivity::Pods => Ok(CpuSet::new()),
+        Exclusivity::Claims => Ok(available),
+        Exclusivity::Partition(ClaimCpus::Set(set)) => {
+            let online = set.intersection(&topo.online);
+            for (what, cpus) in [("reserved", reserved), ("kernel-isolated", &topo.isolated)] {
+                let both = online.intersection(cpus);
+                if !both.is_empty() {
+                    return Err(ConfigError::ClaimCpus(format!(
+                        "cpus {both} of {set} are {what}"
+                    )));
+                }
+            }
+            Ok(online)
+        }
+        Exclusivity::Partition(ClaimCpus::Count(n)) => {
+            cpus::pick(topo, index, &available, *n, None).ok_or_else(|| {
+                ConfigError::ClaimCpus(format!(
+                    "{n} cpus asked for, {} online and neither reserved nor isolated",
+                    available.len()
+                ))
+            })
+        }
     }
 }
 
@@ -562,26 +789,43 @@ impl Policy for TopologyAware {
                 snap.version
             )));
         }
+        // A claim keeps its CPUs whatever devices are published now (the device model or the
+        // claimable CPUs may have changed since): its pods may be using them. It only needs
+        // CPUs that a claim could ever have held, held by no other claim.
+        let grantable = self
+            .topo
+            .online
+            .difference(&self.reserved)
+            .difference(&self.topo.isolated);
         let mut taken = self.taken.clone();
         let mut restored = BTreeMap::new();
         for claim in snap.claims {
             for (i, r) in claim.results.iter().enumerate() {
-                let allowed = claims::device_node(&r.device).and_then(|n| self.claimable.get(&n));
-                let Some(allowed) = allowed else {
-                    return Err(PolicyError::Restore(format!(
-                        "claim {} result {i}: device {} is not published on this machine",
-                        claim.describe(),
-                        r.device
-                    )));
-                };
-                if !allowed.is_superset(&r.cpus) || taken.intersects(&r.cpus) {
-                    return Err(PolicyError::Restore(format!(
-                        "claim {} result {i}: cpus {} are not free to claim on {} (claimable {}, already held {})",
-                        claim.describe(),
-                        r.cpus,
-                        r.device,
-                        allowed,
+                let why = if !self.topo.online.is_superset(&r.cpus) {
+                    Some(format!(
+                        "{} are not online here (online {})",
+                        r.cpus.difference(&self.topo.online),
+                        self.topo.online
+                    ))
+                } else if !grantable.is_superset(&r.cpus) {
+                    Some(format!(
+                        "{} are reserved or kernel-isolated here",
+                        r.cpus.difference(&grantable)
+                    ))
+                } else if taken.intersects(&r.cpus) {
+                    Some(format!(
+                        "{} are already held by another claim",
                         taken.intersection(&r.cpus)
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return Err(PolicyError::Restore(format!(
+                        "claim {} result {i} (device {}): cpus {}: {why}",
+                        claim.describe(),
+                        r.device,
+                        r.cpus,
                     )));
                 }
                 taken = taken.union(&r.cpus);
@@ -616,10 +860,11 @@ impl Policy for TopologyAware {
                     cpus: Some(self.cpus_of(&p.grant)),
                     mems: p.mems.clone(),
                 },
-                updates: Vec::new(),
+                ..Allocation::default()
             });
         }
-        let placed = self.plan(container)?;
+        let mut placed = self.plan(container)?;
+        let warnings = std::mem::take(&mut placed.warnings);
         let mut updates = Updates::new();
         self.commit(&container.id, placed, &mut updates);
         updates.remove(&container.id);
@@ -634,6 +879,7 @@ impl Policy for TopologyAware {
         Ok(Allocation {
             adjustment,
             updates: into_vec(updates),
+            warnings,
         })
     }
 
@@ -653,7 +899,9 @@ impl Policy for TopologyAware {
             return Err(PolicyError::UnknownContainer(container_id.to_owned()));
         };
         match self.plan_again(&container) {
-            Ok(placed) => {
+            Ok(mut placed) => {
+                // An update has no answer but updates; where it landed shows in the inventory.
+                placed.warnings.clear();
                 self.commit(container_id, placed, &mut updates);
                 let own = updates
                     .remove(container_id)
@@ -678,15 +926,15 @@ impl Policy for TopologyAware {
     }
 
     fn devices(&self) -> Result<Vec<Device>, PolicyError> {
-        Ok(claims::devices(&self.topo, &self.claimable))
+        Ok(self.table.devices())
     }
 
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError> {
-        if let Some(held) = self.claims.get_mut(&claim.uid) {
+        if let Some(held) = self.claims.get(&claim.uid) {
             // Same UID, same results, same CPUs. Other results under a UID we hold mean the
             // claim was deallocated and allocated again before its unprepare reached us: the
             // old CPUs may still be in use, so the new results wait for the unprepare.
-            if let Some(difference) = held.difference(claim) {
+            if let Some(difference) = held.difference(claim, |r| self.cpus_for(r)) {
                 return Err(PolicyError::Invalid {
                     subject: format!("claim {}", held.describe()),
                     reason: format!(
@@ -696,6 +944,8 @@ impl Policy for TopologyAware {
                     ),
                 });
             }
+        }
+        if let Some(held) = self.claims.get_mut(&claim.uid) {
             // Later prepares may name more pods sharing the claim.
             for pod in &claim.reserved_for {
                 if !held.reserved_for.contains(pod) {
@@ -709,16 +959,20 @@ impl Policy for TopologyAware {
                     reason: "vanished while being read".into(),
                 });
         }
-        let record = self.plan_claim(claim)?;
+        let (record, mut warnings) = self.plan_claim(claim)?;
         let cpus = record.cpus();
         let edits = record.edits();
+        let before = self.pool_fallbacks();
         self.taken = self.taken.union(&cpus);
         self.claims.insert(claim.uid.clone(), record);
         let mut updates = Updates::new();
         self.ripple(&cpus, &mut updates);
+        warnings
+            .extend(self.fallback_warnings(&before, &format!("claim {}", describe_claim(claim))));
         Ok(ClaimAllocation {
             edits,
             updates: into_vec(updates),
+            warnings,
         })
     }
 
@@ -742,14 +996,7 @@ impl Policy for TopologyAware {
     }
 }
 
-impl ResultRecord {
-    fn new(request: &str, node: u32, cpus: CpuSet) -> Self {
-        Self {
-            request: request.to_owned(),
-            device: claims::device_name(node),
-            cpus,
-            mems: NodeSet::from_iter([node]),
-            memory_pinning: true,
-        }
-    }
+/// `namespace/name (uid)` of a claim, for messages.
+fn describe_claim(claim: &Claim) -> String {
+    format!("{}/{} ({})", claim.namespace, claim.name, claim.uid)
 }

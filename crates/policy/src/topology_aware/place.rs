@@ -6,16 +6,18 @@
 use std::{cmp::Reverse, collections::BTreeMap};
 
 use super::{
-    Grant, Placed, TopologyAware, Updates,
+    Exclusivity, Grant, Placed, TopologyAware, Updates,
     annotations::{self, Options, describe},
     claim_config,
     claims::{self, ClaimRecord, ResultRecord},
     cpus::{self, Spare},
+    devices::{self, CPU_CAPACITY, Share},
     to_i64,
 };
 use crate::{
     api::PolicyError,
     idset::{CpuSet, NodeSet},
+    inventory::Fallback,
     model::{Claim, Container, ContainerUpdate, QosClass},
     topology::MemoryKind,
 };
@@ -75,7 +77,9 @@ impl TopologyAware {
             return Class::Reserved;
         }
         let milli = c.resources.cpu_request_milli;
-        if c.pod.qos == QosClass::Guaranteed
+        // With exclusivity through claims only, a Guaranteed container without a claim shares.
+        if self.config.exclusivity != Exclusivity::Claims
+            && c.pod.qos == QosClass::Guaranteed
             && milli >= 1000
             && milli.is_multiple_of(1000)
             && !opts.prefer_shared
@@ -89,11 +93,12 @@ impl TopologyAware {
         Class::Shared { milli }
     }
 
-    /// Plans a new container's placement.
+    /// Plans a new container's placement. A container the kubelet admitted is never refused
+    /// for CPUs or memory (only for a malformed request): see [`TopologyAware::plan_admitted`].
     pub(super) fn plan(&self, c: &Container) -> Result<Placed, PolicyError> {
         let opts = annotations::options(c, &self.config.reserved_namespaces)?;
         let class = self.classify(c, &opts);
-        self.plan_class(c, &opts, &class)
+        self.plan_admitted(c, &opts, &class, None)
     }
 
     /// Plans a running container again (its resources changed), preferring, when it stays
@@ -101,9 +106,38 @@ impl TopologyAware {
     pub(super) fn plan_again(&self, c: &Container) -> Result<Placed, PolicyError> {
         let opts = annotations::options(c, &self.config.reserved_namespaces)?;
         let class = self.classify(c, &opts);
-        match class {
-            Class::Shared { milli } => self.plan_shared(c, &opts, milli, c.cpus.as_ref()),
-            _ => self.plan_class(c, &opts, &class),
+        self.plan_admitted(c, &opts, &class, c.cpus.as_ref())
+    }
+
+    /// Plans a container as its class asks; when its memory does not fit next to its CPUs,
+    /// without pinning its memory (with a warning): the kubelet admitted it against the node's
+    /// memory, which per-node accounting cannot refuse after the fact. CPUs never refuse it
+    /// (see [`TopologyAware::plan_class`]).
+    fn plan_admitted(
+        &self,
+        c: &Container,
+        opts: &Options,
+        class: &Class,
+        running_on: Option<&CpuSet>,
+    ) -> Result<Placed, PolicyError> {
+        let plan = |opts: &Options| match class {
+            Class::Shared { milli } => self.plan_shared(c, opts, *milli, running_on),
+            _ => self.plan_class(c, opts, class),
+        };
+        match plan(opts) {
+            Err(PolicyError::DoesNotFit { reason, .. }) if opts.pin_memory => {
+                let unpinned = Options {
+                    pin_memory: false,
+                    ..opts.clone()
+                };
+                let mut placed = plan(&unpinned)?;
+                placed.fallbacks.push(Fallback::MemoryUnpinned);
+                placed
+                    .warnings
+                    .push(format!("{reason}: its memory is not pinned instead"));
+                Ok(placed)
+            }
+            other => other,
         }
     }
 
@@ -131,7 +165,21 @@ impl TopologyAware {
                 let (mems, charge) = self.plan_memory(c, opts, &nodes, "the reserved cpus")?;
                 Ok(self.placed(c, Grant::Reserved, mems, charge))
             }
-            Class::Exclusive { n, isolated } => self.plan_exclusive(c, opts, *n, *isolated),
+            Class::Exclusive { n, isolated } => {
+                match self.plan_exclusive(c, opts, *n, *isolated)? {
+                    Ok(placed) => Ok(placed),
+                    Err(reason) => {
+                        // Refusing would leave the pod the kubelet admitted failing for good.
+                        let milli = c.resources.cpu_request_milli;
+                        let mut placed = self.plan_shared(c, opts, milli, None)?;
+                        placed.fallbacks.insert(0, Fallback::NotExclusive);
+                        placed
+                            .warnings
+                            .insert(0, format!("{reason}: runs on shared cpus instead"));
+                        Ok(placed)
+                    }
+                }
+            }
             Class::Shared { milli } => self.plan_shared(c, opts, *milli, None),
         }
     }
@@ -148,6 +196,8 @@ impl TopologyAware {
             grant,
             mems,
             charge,
+            fallbacks: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 
@@ -223,13 +273,15 @@ impl TopologyAware {
         free >= request
     }
 
+    /// Plans exclusive CPUs: `Ok(Err(reason))` when no pool can spare them (the caller places
+    /// the container shared instead), `Err` when its memory does not fit.
     fn plan_exclusive(
         &self,
         c: &Container,
         opts: &Options,
         n: usize,
         isolated: bool,
-    ) -> Result<Placed, PolicyError> {
+    ) -> Result<Result<Placed, String>, PolicyError> {
         if isolated {
             let free = self.isolated.difference(&self.isolated_taken);
             let mut order: Vec<&super::Pool> = self.pools.iter().collect();
@@ -243,7 +295,7 @@ impl TopologyAware {
                         pool: pool.id,
                         cpus,
                     };
-                    return Ok(self.placed(c, grant, mems, charge));
+                    return Ok(Ok(self.placed(c, grant, mems, charge)));
                 }
             }
             // Not enough isolated CPUs anywhere: ordinary exclusive CPUs.
@@ -271,14 +323,16 @@ impl TopologyAware {
             .collect();
         candidates.sort_unstable();
         for (_, _, _, id) in candidates {
-            let (Some(pool), Some(free)) = (self.pools.get(id), self.shared.get(id)) else {
+            let Some(pool) = self.pools.get(id) else {
                 continue;
             };
+            // Never the CPUs published for claims.
+            let free = self.exclusive_free(id);
             let mut left = spare.clone();
             let picked = cpus::pick(
                 &self.topo,
                 &self.index,
-                free,
+                &free,
                 n,
                 Some(Spare {
                     per_pool: &mut left,
@@ -288,7 +342,8 @@ impl TopologyAware {
                 // Memory next to the CPUs granted, which may be fewer nodes than the pool has.
                 let nodes = self.nodes_of(&cpus);
                 let (mems, charge) = self.plan_memory(c, opts, &nodes, &pool.name)?;
-                return Ok(self.placed(c, Grant::Exclusive { pool: id, cpus }, mems, charge));
+                let grant = Grant::Exclusive { pool: id, cpus };
+                return Ok(Ok(self.placed(c, grant, mems, charge)));
             }
         }
         let best = self
@@ -299,17 +354,19 @@ impl TopologyAware {
             .and_then(|(most, Reverse(id))| Some((most, self.pools.get(id)?)));
         let reason = match best {
             Some((most, pool)) => format!(
-                "needs {n} exclusive cpus; at most {} can be cut out of one pool ({pool}: {} shared, {} needed by its shared containers)",
+                "needs {n} exclusive cpus; at most {} can be cut out of one pool ({pool}: {} shared{}, {} needed by its shared containers)",
                 most.max(0),
-                self.shared.get(pool.id).map_or(0, CpuSet::len),
+                self.exclusive_free(pool.id).len(),
+                if self.table.cpus().is_empty() {
+                    ""
+                } else {
+                    " and not published for claims"
+                },
                 self.need(pool.id)
             ),
             None => format!("needs {n} exclusive cpus; no pool has any"),
         };
-        Err(PolicyError::DoesNotFit {
-            subject: subject(c),
-            reason,
-        })
+        Ok(Err(reason))
     }
 
     /// Milli-CPUs of shared capacity left in `pool`, capped by every ancestor.
@@ -327,6 +384,11 @@ impl TopologyAware {
     /// Picks the pool for a shared container. `running_on` is the cpuset a running container
     /// has now (on sync): among pools that fit, the one whose shared CPUs cover most of it wins,
     /// so that restarting the agent does not move running containers between NUMA nodes.
+    ///
+    /// It never refuses for CPUs: when no pool has room for the request, the container goes to
+    /// the pool with the most room (overcommitting it); when no CPU is shared anywhere, to the
+    /// root pool, whose containers then run on the reserved CPUs until CPUs are shared again
+    /// (see [`TopologyAware::runs_on`]'s field docs). Both with a warning.
     fn plan_shared(
         &self,
         c: &Container,
@@ -343,11 +405,13 @@ impl TopologyAware {
                     .map_or(0, |s| s.intersection(cur).len())
             })
         };
-        let best = self
-            .pools
-            .iter()
-            .filter(|p| self.shared.get(p.id).is_some_and(|s| !s.is_empty()))
-            .map(|p| (p, self.shared_room(p.id)))
+        let sharing = || {
+            self.pools
+                .iter()
+                .filter(|p| self.shared.get(p.id).is_some_and(|s| !s.is_empty()))
+                .map(|p| (p, self.shared_room(p.id)))
+        };
+        let best = sharing()
             .filter(|&(_, room)| room >= want)
             .min_by_key(|&(p, room)| {
                 let cpus = self.shared.get(p.id).map_or(0, CpuSet::len);
@@ -364,27 +428,42 @@ impl TopologyAware {
                     p.id,
                 )
             });
-        let Some((pool, _)) = best else {
-            let most = self
-                .pools
-                .iter()
-                .map(|p| (self.shared_room(p.id), Reverse(p.id)))
-                .max();
-            let reason = match most
-                .and_then(|(room, Reverse(id))| Some((room, self.pools.get(id)?)))
-            {
-                Some((room, pool)) if room > 0 => format!(
-                    "needs {milli}m of shared cpu; the most any pool has left is {room}m in {pool}"
-                ),
-                _ => format!("needs {milli}m of shared cpu; no shared cpu is left"),
-            };
-            return Err(PolicyError::DoesNotFit {
-                subject: subject(c),
-                reason,
-            });
+        let mut warning = None;
+        let pool = match best {
+            Some((pool, _)) => pool,
+            None => match sharing().min_by_key(|&(p, room)| {
+                (
+                    !self.memory_fits(c, opts, &p.nodes),
+                    Reverse(overlap(p.id)),
+                    Reverse(room),
+                    p.id,
+                )
+            }) {
+                Some((pool, room)) => {
+                    if milli > 0 {
+                        warning = Some(format!(
+                            "needs {milli}m of shared cpu and no pool has that much left: placed in {pool}, which has {room}m left, overcommitting its shared cpus"
+                        ));
+                    }
+                    pool
+                }
+                None => {
+                    let Some(root) = self.pools.first() else {
+                        return Err(PolicyError::DoesNotFit {
+                            subject: subject(c),
+                            reason: "the machine has no cpu pool".into(),
+                        });
+                    };
+                    warning = Some(format!(
+                        "no cpu is shared anywhere (claims and exclusive grants hold them all): runs on the reserved cpus {} until some are shared again",
+                        self.last_resort()
+                    ));
+                    root
+                }
+            },
         };
         let (mems, charge) = self.plan_memory(c, opts, &pool.nodes, &pool.name)?;
-        Ok(self.placed(
+        let mut placed = self.placed(
             c,
             Grant::Shared {
                 pool: pool.id,
@@ -392,97 +471,179 @@ impl TopologyAware {
             },
             mems,
             charge,
-        ))
+        );
+        placed.warnings.extend(warning);
+        Ok(placed)
     }
 
     /// Plans a new claim's CPUs, result by result, on the unchanged state, as its
-    /// configuration asks.
-    pub(super) fn plan_claim(&self, claim: &Claim) -> Result<ClaimRecord, PolicyError> {
+    /// configuration asks; and what to warn about.
+    ///
+    /// Each result gets what the scheduler accounted on its device (see [`super::devices`]): a
+    /// grouped device's consumed CPUs (picked whole cores first, and only whole cores on a
+    /// whole-core device), a grouped device whole when the result consumed nothing (the API
+    /// server dropped consumable capacity and the scheduler handed it out alone), an individual
+    /// device's CPUs. It never waits for shared containers: they move to what stays shared. A
+    /// result that cannot be had means the allocation disagrees with what this node published
+    /// (another claim holds the CPUs), which the scheduler does not do from current slices.
+    pub(super) fn plan_claim(
+        &self,
+        claim: &Claim,
+    ) -> Result<(ClaimRecord, Vec<String>), PolicyError> {
         let subject = format!("claim {}/{} ({})", claim.namespace, claim.name, claim.uid);
         let settings = claim_config::settings(claim)?;
-        let mut spare = self.spare();
         let mut tentative = CpuSet::new();
         let mut results = Vec::with_capacity(claim.results.len());
-        for ((i, r), s) in claim.results.iter().enumerate().zip(settings) {
-            let node = claims::device_node(&r.device).filter(|n| self.claimable.contains_key(n));
-            let (Some(node), Some(claimable)) = (node, node.and_then(|n| self.claimable.get(&n)))
-            else {
+        for ((i, r), s) in claim.results.iter().enumerate().zip(&settings) {
+            let at = format!("result {i} (request {})", r.request);
+            let Some(device) = self.table.get(&r.device) else {
+                let why = if self.config.exclusivity == Exclusivity::Pods {
+                    "this node publishes no devices (cpu-exclusivity: pods)".to_owned()
+                } else {
+                    "it is not one this node publishes".to_owned()
+                };
                 return Err(PolicyError::Invalid {
                     subject,
-                    reason: format!(
-                        "result {i} (request {}): device {:?} is not one this policy publishes",
-                        r.request, r.device
-                    ),
+                    reason: format!("{at}: device {:?}: {why}", r.device),
                 });
             };
-            let n = claims::cpus_asked(r);
-            if n == 0 {
-                return Err(PolicyError::Invalid {
-                    subject,
-                    reason: format!("result {i} (request {}): consumes no cpu", r.request),
-                });
-            }
-            let n = usize::try_from(n).unwrap_or(usize::MAX);
-            let mut free = claimable.difference(&self.taken).difference(&tentative);
-            if s.full_cores {
-                free = self.whole_cores(&free);
-            }
-            let picked = cpus::pick(
-                &self.topo,
-                &self.index,
-                &free,
-                n,
-                Some(Spare {
-                    per_pool: &mut spare,
-                }),
-            )
-            .filter(|cpus| !s.full_cores || self.whole_cores(cpus) == *cpus);
-            let Some(cpus) = picked else {
-                let name = claims::device_name(node);
-                let need: usize = self
-                    .pools
-                    .iter()
-                    .filter(|p| p.name == name)
-                    .map(|p| self.need(p.id))
-                    .sum();
-                let (what, free_what) = if s.full_cores {
-                    ("in whole cores (fullCores) ", "cpus in free whole cores")
-                } else {
-                    ("", "claimable cpus are free")
-                };
-                return Err(PolicyError::DoesNotFit {
-                    subject,
-                    reason: format!(
-                        "result {i} (request {}) needs {n} cpus {what}on {name}: {} of its {} {free_what}, its shared containers need {need}",
-                        r.request,
-                        free.len(),
-                        claimable.len()
-                    ),
-                });
+            let free = device.cpus.difference(&self.taken).difference(&tentative);
+            let consumed = match device.share {
+                Share::Whole => None,
+                Share::Consumable { .. } => r.consumed_capacity.get(CPU_CAPACITY),
+            };
+            let cpus = match consumed {
+                None => {
+                    if free != device.cpus {
+                        let why = match device.share {
+                            Share::Whole => "it is allocated to one claim at a time".to_owned(),
+                            Share::Consumable { .. } => "the result consumed no capacity, so the scheduler handed the device out whole (DRAConsumableCapacity is off: device-mode individual fits this cluster)".to_owned(),
+                        };
+                        return Err(PolicyError::DoesNotFit {
+                            subject,
+                            reason: format!(
+                                "{at} on device {}: {why}, but cpus {} of it are held by {}",
+                                r.device,
+                                device.cpus.difference(&free),
+                                self.holders(&device.cpus.difference(&free), &tentative)
+                            ),
+                        });
+                    }
+                    device.cpus.clone()
+                }
+                Some(q) => {
+                    let n = usize::try_from(q.units_ceil()).unwrap_or(usize::MAX);
+                    if n == 0 {
+                        return Err(PolicyError::Invalid {
+                            subject,
+                            reason: format!("{at}: consumes no cpu"),
+                        });
+                    }
+                    let whole = (device.whole_cores || s.full_cores)
+                        .then(|| self.pick_whole_cores(&free, n))
+                        .flatten();
+                    let picked =
+                        whole.or_else(|| cpus::pick(&self.topo, &self.index, &free, n, None));
+                    let Some(cpus) = picked else {
+                        return Err(PolicyError::DoesNotFit {
+                            subject,
+                            reason: format!(
+                                "{at} consumed {n} cpus of device {}, but only {} of its {} are free ({} held by {})",
+                                r.device,
+                                free.len(),
+                                device.cpus.len(),
+                                device.cpus.difference(&free),
+                                self.holders(&device.cpus.difference(&free), &tentative)
+                            ),
+                        });
+                    };
+                    cpus
+                }
             };
             tentative = tentative.union(&cpus);
-            let mut record = ResultRecord::new(&r.request, node, cpus);
-            record.memory_pinning = s.memory_pinning;
-            results.push(record);
+            results.push(ResultRecord {
+                request: r.request.clone(),
+                device: r.device.clone(),
+                mems: self.nodes_of(&cpus),
+                cpus,
+                memory_pinning: s.memory_pinning,
+            });
         }
-        Ok(ClaimRecord {
-            uid: claim.uid.clone(),
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-            reserved_for: claim.reserved_for.clone(),
-            results,
-        })
+        let mut warnings = Vec::new();
+        // fullCores: whole cores per request (an individual request's CPUs are whole cores
+        // together, not one by one).
+        let mut asked: BTreeMap<&str, CpuSet> = BTreeMap::new();
+        for (r, s) in results.iter().zip(&settings) {
+            if s.full_cores {
+                let entry = asked.entry(r.request.as_str()).or_default();
+                *entry = entry.union(&r.cpus);
+            }
+        }
+        for (request, cpus) in asked {
+            let split = cpus.difference(&devices::whole_cores(&self.topo, &cpus));
+            if !split.is_empty() {
+                warnings.push(format!(
+                    "{subject}: request {request} asks for whole cores (fullCores), but got cpus {cpus}, which share cores through {split}: its devices hand out single cpus (claim-granularity: cpu), so it gets what the scheduler allocated; select devices with wholeCores in its DeviceClass to get whole cores"
+                ));
+            }
+        }
+        Ok((
+            ClaimRecord {
+                uid: claim.uid.clone(),
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                reserved_for: claim.reserved_for.clone(),
+                results,
+            },
+            warnings,
+        ))
     }
 
-    /// The CPUs of `cpus` whose core is in it whole (every online thread of the core; a core's
-    /// threads are its online ones).
-    fn whole_cores(&self, cpus: &CpuSet) -> CpuSet {
-        self.topo
+    /// Who holds `cpus`: the claims (and this claim's earlier results, `tentative`).
+    fn holders(&self, cpus: &CpuSet, tentative: &CpuSet) -> String {
+        let mut who: Vec<String> = self
+            .claims
+            .values()
+            .filter(|c| c.cpus().intersects(cpus))
+            .map(|c| format!("claim {}", c.describe()))
+            .collect();
+        if tentative.intersects(cpus) {
+            who.push("this claim's other results".into());
+        }
+        if who.is_empty() {
+            "containers".into()
+        } else {
+            who.join(", ")
+        }
+    }
+
+    /// `n` CPUs of `free` in whole cores, if whole cores can make them up exactly: as the
+    /// picker chooses them (cache locality, packing), else the largest cores first (on hybrid
+    /// parts, where cores have different thread counts).
+    fn pick_whole_cores(&self, free: &CpuSet, n: usize) -> Option<CpuSet> {
+        let whole = devices::whole_cores(&self.topo, free);
+        if let Some(cpus) = cpus::pick(&self.topo, &self.index, &whole, n, None)
+            && devices::whole_cores(&self.topo, &cpus) == cpus
+        {
+            return Some(cpus);
+        }
+        let mut cores: Vec<&CpuSet> = self
+            .topo
             .cores
             .iter()
-            .map(|core| &core.threads)
-            .filter(|threads| !threads.is_empty() && cpus.is_superset(threads))
-            .fold(CpuSet::new(), |acc, threads| acc.union(threads))
+            .map(|c| &c.threads)
+            .filter(|t| !t.is_empty() && whole.is_superset(t))
+            .collect();
+        cores.sort_by_key(|t| (Reverse(t.len()), t.first()));
+        let mut picked = CpuSet::new();
+        let mut left = n;
+        for threads in cores {
+            if threads.len() <= left {
+                picked = picked.union(threads);
+                left -= threads.len();
+            }
+        }
+        (left == 0).then_some(picked)
     }
 
     /// Keeps a running exclusive container on the CPUs it has, when they are still free.
@@ -504,8 +665,8 @@ impl TopologyAware {
                 cpus: cpus.clone(),
             }
         } else {
-            let free = self.shared.first()?;
-            if !free.is_superset(cpus) {
+            // Not if claims may take them now (the exclusivity setting changed since).
+            if !self.exclusive_free(0).is_superset(cpus) {
                 return None;
             }
             let mut spare = self.spare();
@@ -527,8 +688,32 @@ impl TopologyAware {
         Some(self.placed(c, grant, mems, charge))
     }
 
-    /// Places a running container no matter what: as planned, else without memory pinning,
-    /// else on shared CPUs, else anywhere shared or reserved.
+    /// Exclusive CPUs for a running container, with its memory unpinned if it does not fit
+    /// pinned; `None` when the CPUs cannot be had.
+    fn plan_exclusive_running(
+        &self,
+        c: &Container,
+        opts: &Options,
+        n: usize,
+        isolated: bool,
+    ) -> Option<Placed> {
+        match self.plan_exclusive(c, opts, n, isolated) {
+            Ok(Ok(placed)) => Some(placed),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                let unpinned = Options {
+                    pin_memory: false,
+                    ..opts.clone()
+                };
+                let mut placed = self.plan_exclusive(c, &unpinned, n, isolated).ok()?.ok()?;
+                placed.fallbacks.push(Fallback::MemoryUnpinned);
+                Some(placed)
+            }
+        }
+    }
+
+    /// Places a running container no matter what: as planned (which never refuses for CPUs or
+    /// memory), else, for a request the policy cannot read, on the shared CPUs of the root.
     fn place_running(
         &mut self,
         c: &Container,
@@ -536,44 +721,31 @@ impl TopologyAware {
         class: &Class,
         updates: &mut Updates,
     ) {
-        let unpinned = Options {
-            pin_memory: false,
-            ..opts.clone()
-        };
-        let shared = Class::Shared {
-            milli: c.resources.cpu_request_milli,
-        };
-        let where_it_runs = match class {
-            Class::Shared { milli } => self.plan_shared(c, opts, *milli, c.cpus.as_ref()).ok(),
-            _ => None,
-        };
-        let placed = where_it_runs
-            .map(Ok)
-            .unwrap_or_else(|| self.plan_class(c, opts, class))
-            .or_else(|_| self.plan_class(c, &unpinned, class))
-            .or_else(|_| self.plan_class(c, &unpinned, &shared))
-            .ok()
-            .or_else(|| {
-                let grant = if self.shared.first().is_some_and(|s| !s.is_empty()) {
-                    Grant::Shared {
-                        pool: 0,
-                        milli: c.resources.cpu_request_milli,
-                    }
-                } else if !self.reserved.is_empty() {
-                    Grant::Reserved
-                } else {
-                    return None;
+        let mut placed = self
+            .plan_admitted(c, opts, class, c.cpus.as_ref())
+            .unwrap_or_else(|_| {
+                let grant = Grant::Shared {
+                    pool: 0,
+                    milli: c.resources.cpu_request_milli,
                 };
-                Some(self.placed(c, grant, None, Vec::new()))
+                self.placed(c, grant, None, Vec::new())
             });
-        if let Some(placed) = placed {
-            self.commit(&c.id, placed, updates);
-        }
+        // Nobody to tell on a sync; the inventory shows where it landed.
+        placed.warnings.clear();
+        self.commit(&c.id, placed, updates);
     }
 
     /// Rebuilds every container placement, keeping the claims; returns updates for containers
     /// whose cpuset or memory nodes differ from what the runtime reported.
     pub(super) fn sync_containers(&mut self, containers: &[Container]) -> Vec<ContainerUpdate> {
+        // Containers that run shared because their exclusive CPUs could not be had stay shared:
+        // a sync does not move running workloads it need not move.
+        let ran_shared: std::collections::BTreeSet<String> = self
+            .containers
+            .iter()
+            .filter(|(_, p)| p.fallbacks.contains(&Fallback::NotExclusive))
+            .map(|(id, _)| id.clone())
+            .collect();
         self.containers.clear();
         for l in &mut self.load {
             *l = super::PoolLoad::default();
@@ -606,7 +778,40 @@ impl TopologyAware {
             }
         }
 
-        // Exclusive grants, leaving the shared containers to come room at the root.
+        let mut exclusive: Vec<(&Container, &Options, &Class, usize)> = planned
+            .iter()
+            .filter_map(|(c, o, class)| match class {
+                Class::Exclusive { n, .. } => Some((*c, o, class, *n)),
+                _ => None,
+            })
+            .collect();
+        // Those that ran shared stay shared, placed with the shared ones (and like them,
+        // where they run now): the policy said so before this sync, or, after a restart, their
+        // CPUs are shared with another container, which exclusive CPUs never are.
+        let shares_cpus = |c: &Container| {
+            c.cpus.as_ref().is_some_and(|mine| {
+                containers
+                    .iter()
+                    .any(|o| o.id != c.id && o.cpus.as_ref().is_some_and(|x| x.intersects(mine)))
+            })
+        };
+        let mut not_exclusive = Vec::new();
+        let mut rest = Vec::new();
+        for &(c, opts, class, n) in &exclusive {
+            let Class::Exclusive { isolated, .. } = class else {
+                continue;
+            };
+            if ran_shared.contains(&c.id) || shares_cpus(c) {
+                not_exclusive.push((c, opts));
+                continue;
+            }
+            match self.plan_keep(c, opts, n, *isolated) {
+                Some(placed) => self.commit(&c.id, placed, &mut scratch),
+                None => rest.push((c, opts, class, n)),
+            }
+        }
+        // New exclusive grants, leaving the shared containers to come room at the root. (Those
+        // kept above are running: they stay where they are, shared containers or not.)
         let (shared_milli, shared_count) = planned
             .iter()
             .filter_map(|(_, _, class)| match class {
@@ -618,27 +823,16 @@ impl TopologyAware {
             root.milli += shared_milli;
             root.count += shared_count;
         }
-        let mut exclusive: Vec<(&Container, &Options, &Class, usize)> = planned
-            .iter()
-            .filter_map(|(c, o, class)| match class {
-                Class::Exclusive { n, .. } => Some((*c, o, class, *n)),
-                _ => None,
-            })
-            .collect();
-        let mut rest = Vec::new();
-        for &(c, opts, class, n) in &exclusive {
+        exclusive = rest;
+        exclusive.sort_by(|a, b| b.3.cmp(&a.3).then_with(|| a.0.id.cmp(&b.0.id)));
+        for (c, opts, class, n) in exclusive {
             let Class::Exclusive { isolated, .. } = class else {
                 continue;
             };
-            match self.plan_keep(c, opts, n, *isolated) {
+            match self.plan_exclusive_running(c, opts, n, *isolated) {
                 Some(placed) => self.commit(&c.id, placed, &mut scratch),
-                None => rest.push((c, opts, class, n)),
+                None => not_exclusive.push((c, opts)),
             }
-        }
-        exclusive = rest;
-        exclusive.sort_by(|a, b| b.3.cmp(&a.3).then_with(|| a.0.id.cmp(&b.0.id)));
-        for (c, opts, class, _) in exclusive {
-            self.place_running(c, opts, class, &mut scratch);
         }
         if let Some(root) = self.load.first_mut() {
             root.milli = root.milli.saturating_sub(shared_milli);
@@ -649,6 +843,23 @@ impl TopologyAware {
             if matches!(class, Class::Shared { .. }) {
                 self.place_running(c, opts, class, &mut scratch);
             }
+        }
+        for (c, opts) in not_exclusive {
+            let shared = Class::Shared {
+                milli: c.resources.cpu_request_milli,
+            };
+            let mut placed = self
+                .plan_admitted(c, opts, &shared, c.cpus.as_ref())
+                .unwrap_or_else(|_| {
+                    let grant = Grant::Shared {
+                        pool: 0,
+                        milli: c.resources.cpu_request_milli,
+                    };
+                    self.placed(c, grant, None, Vec::new())
+                });
+            placed.fallbacks.insert(0, Fallback::NotExclusive);
+            placed.warnings.clear();
+            self.commit(&c.id, placed, &mut scratch);
         }
 
         by_id

@@ -15,6 +15,10 @@
 //! [`SlicePublisher::maintain`] watches the pool and reconciles when a slice is deleted, when one
 //! is changed by anyone but us (we remember the resourceVersions our writes produced), and after
 //! every (re)list of the watch, and retries failed publications with backoff.
+//!
+//! Fields the API server drops (a feature gate is off) are reported in each [`PublishReport`]
+//! and, for whoever wants to react whenever it happens (the binary logs which setting fits the
+//! cluster and exports a metric), through [`SlicePublisher::dropped_fields`].
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
@@ -31,7 +35,10 @@ use futures::{FutureExt, StreamExt, future::BoxFuture};
 use k8s_openapi::api::{core::v1::Node, resource::v1 as wire};
 use policy::Device;
 use serde_json::Value;
-use tokio::{sync::Notify, time::Instant};
+use tokio::{
+    sync::{Notify, watch},
+    time::Instant,
+};
 
 use super::{
     DevicePublisher, PublisherConfig, PublisherConfigError,
@@ -113,6 +120,8 @@ struct Inner {
     state: tokio::sync::Mutex<State>,
     /// Tells [`SlicePublisher::maintain`] that a publication failed and needs retrying.
     retry: Notify,
+    /// Every field the API server was seen dropping, as printed (`devices[].allowMultipleAllocations`).
+    dropped: watch::Sender<BTreeSet<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -155,8 +164,16 @@ impl SlicePublisher {
                 versions,
                 state: tokio::sync::Mutex::new(State::default()),
                 retry: Notify::new(),
+                dropped: watch::Sender::new(BTreeSet::new()),
             }),
         })
+    }
+
+    /// The fields the API server has been seen dropping from our slices since we started,
+    /// updated as publications (by [`DevicePublisher::publish`] or
+    /// [`SlicePublisher::maintain`]) find more.
+    pub fn dropped_fields(&self) -> watch::Receiver<BTreeSet<String>> {
+        self.inner.dropped.subscribe()
     }
 
     /// The configuration.
@@ -648,6 +665,10 @@ impl Reconciliation<'_> {
                     "the api server dropped a field of our resource slices: its feature gate is off (see docs/kubernetes.md)"
                 );
                 self.report.dropped_fields.push(field.to_string());
+                self.publisher
+                    .inner
+                    .dropped
+                    .send_if_modified(|all| all.insert(field.to_string()));
             }
         }
     }

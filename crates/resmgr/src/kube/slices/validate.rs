@@ -383,6 +383,58 @@ mod tests {
         result.unwrap_err().field
     }
 
+    /// What the topology-aware policy publishes passes on every machine shape and device model,
+    /// down to a 2-CPU VM with one CPU reserved (one claimable CPU: its request policy once
+    /// asked for a step past the capacity, and the node published nothing) and a 1-CPU one
+    /// (nothing claimable: no device, which publishes an empty pool).
+    #[test]
+    fn the_topology_aware_policys_devices_pass_on_every_machine_and_model() {
+        use policy::{
+            Policy, Topology, TopologyAware, TopologySource,
+            topology_aware::{Config, DeviceMode, DeviceModel, Granularity, GroupBy},
+        };
+        let shapes = [
+            "pack:1 core:1 pu:1",
+            "pack:1 core:2 pu:1",
+            "pack:1 core:1 pu:2",
+            "pack:1 numa:2 core:4 pu:2",
+            "pack:2 numa:2 l3:2 core:8 pu:2",
+        ];
+        for shape in shapes {
+            let topo = Topology::load(&TopologySource::Synthetic(shape.into())).unwrap();
+            for mode in [DeviceMode::Grouped, DeviceMode::Individual] {
+                for group_by in [GroupBy::Numa, GroupBy::Socket] {
+                    for granularity in [Granularity::Cpu, Granularity::Core] {
+                        let config = Config {
+                            devices: DeviceModel {
+                                mode,
+                                group_by,
+                                granularity,
+                            },
+                            ..Config::default()
+                        };
+                        let p = TopologyAware::new(topo.clone(), config).unwrap();
+                        let devices = p.devices().unwrap();
+                        let at = format!("{shape} {mode:?} {group_by:?} {granularity:?}");
+                        validate_devices("topology-aware.resmgr.io", &devices)
+                            .unwrap_or_else(|e| panic!("{at}: {e}"));
+                        let claimable = u64::try_from(topo.online.len()).unwrap() - 1;
+                        let published: u64 = devices
+                            .iter()
+                            .map(|d| d.capacities["cpu"].value.units_ceil())
+                            .sum();
+                        if granularity == Granularity::Cpu {
+                            assert_eq!(published, claimable, "{at}");
+                        }
+                        if shape == "pack:1 core:1 pu:1" {
+                            assert!(devices.is_empty(), "{at}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn accepts_a_typical_cpu_device() {
         let mut d = device("numa-0");

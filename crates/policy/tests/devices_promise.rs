@@ -1,0 +1,326 @@
+//! What the published devices promise, the policy grants (issue 18's findings, each reproduced
+//! as measured): a claim the scheduler allocated from our devices is prepared with what it
+//! consumed, and no container the kubelet admitted is refused for CPUs.
+
+use std::collections::BTreeMap;
+
+use policy::{
+    AttributeValue, Claim, Container, CpuSet, Fallback, Pod, Policy, PolicyError, QosClass,
+    Quantity, Resources, Topology, TopologyAware, TopologySource, ValidValues,
+    model::{AllocationResult, ClaimConfig, ConfigSource},
+    topology_aware::{Config, DeviceModel, Exclusivity, Granularity, ReservedCpus},
+};
+use serde_json::json;
+
+fn policy(desc: &str, reserved: &str) -> TopologyAware {
+    policy_with(desc, reserved, Config::default())
+}
+
+fn policy_with(desc: &str, reserved: &str, config: Config) -> TopologyAware {
+    let topo = Topology::load(&TopologySource::Synthetic(desc.into())).unwrap();
+    let config = Config {
+        reserved_cpus: ReservedCpus::Set(reserved.parse().unwrap()),
+        ..config
+    };
+    TopologyAware::new(topo, config).unwrap()
+}
+
+fn fallbacks(p: &TopologyAware, id: &str) -> Vec<Fallback> {
+    let inv = p.inventory();
+    inv.containers
+        .iter()
+        .find(|c| c.id == id)
+        .map(|c| c.fallbacks.clone())
+        .unwrap()
+}
+
+fn full_cores() -> ClaimConfig {
+    ClaimConfig {
+        source: ConfigSource::Class,
+        requests: Vec::new(),
+        parameters: json!({"apiVersion": "resmgr.io/v1alpha1", "kind": "CpuConfig", "fullCores": true}),
+    }
+}
+
+fn set(s: &str) -> CpuSet {
+    s.parse().unwrap()
+}
+
+fn container(id: &str, qos: QosClass, cpu_milli: u64) -> Container {
+    Container {
+        id: id.into(),
+        pod: Pod {
+            uid: format!("pod-{id}"),
+            namespace: "default".into(),
+            name: format!("pod-{id}"),
+            qos,
+            annotations: BTreeMap::new(),
+        },
+        name: id.into(),
+        resources: Resources {
+            cpu_request_milli: cpu_milli,
+            cpu_limit_milli: (qos == QosClass::Guaranteed).then_some(cpu_milli),
+            ..Resources::default()
+        },
+        ..Container::default()
+    }
+}
+
+/// A claim with one result on `device`; `cpus` is its consumed capacity, `None` when the API
+/// server dropped it (DRAConsumableCapacity off).
+fn claim(uid: &str, device: &str, cpus: Option<u64>) -> Claim {
+    Claim {
+        uid: uid.into(),
+        namespace: "ml".into(),
+        name: format!("claim-{uid}"),
+        reserved_for: vec![format!("pod-{uid}")],
+        results: vec![AllocationResult {
+            request: "cpus".into(),
+            pool: "node".into(),
+            device: device.into(),
+            share_id: cpus.map(|_| "share".into()),
+            consumed_capacity: cpus
+                .map(|n| BTreeMap::from([("cpu".to_owned(), Quantity::from_units(n))]))
+                .unwrap_or_default(),
+        }],
+        config: Vec::new(),
+    }
+}
+
+/// The capacity `cpu` each device advertises.
+fn advertised(p: &TopologyAware) -> Vec<(String, u64)> {
+    p.devices()
+        .unwrap()
+        .iter()
+        .map(|d| (d.name.clone(), d.capacities["cpu"].value.units_ceil()))
+        .collect()
+}
+
+/// Finding 1: NRI placements ate what the slices promised. Three Guaranteed 2-CPU containers
+/// without claims took exclusive CPUs while numa0 still advertised 6 CPUs, and a claim for the
+/// advertised 6 was refused. With the default `cpu-exclusivity` (claims) they run on shared CPUs
+/// and the claim gets its 6.
+#[test]
+fn a_claim_for_what_a_device_advertises_is_granted_after_guaranteed_pods_without_claims() {
+    let mut p = policy("pack:1 numa:2 core:4 pu:2", "0-1");
+    for id in ["g1", "g2", "g3"] {
+        p.allocate(&container(id, QosClass::Guaranteed, 2000))
+            .unwrap();
+    }
+    assert_eq!(
+        advertised(&p),
+        [("numa0".to_owned(), 6), ("numa1".to_owned(), 8)]
+    );
+    let granted = p.allocate_claim(&claim("u1", "numa0", Some(6))).unwrap();
+    assert_eq!(p.claim_cpus("u1"), Some(set("2-7")));
+    assert_eq!(granted.edits[0].env[0], "DRA_CPUSET_u1=2-7");
+    // The Guaranteed containers were shared all along, and now share numa1.
+    for id in ["g1", "g2", "g3"] {
+        let cpus = p.placement(id).unwrap().cpus;
+        assert!(!cpus.intersects(&set("2-7")), "{id} on {cpus}");
+    }
+}
+
+/// Finding 1, second half: shared containers' requests counted against claims, invisibly to the
+/// scheduler. A claim never waits for shared containers: they move to CPUs still shared.
+#[test]
+fn a_claim_does_not_wait_for_shared_containers() {
+    let mut p = policy("pack:1 numa:2 core:4 pu:2", "0-1");
+    // Four CPUs' worth of Burstable requests land on numa1 (the roomier node), one CPU's on
+    // numa0.
+    p.allocate(&container("b1", QosClass::Burstable, 4000))
+        .unwrap();
+    p.allocate(&container("b2", QosClass::Burstable, 1000))
+        .unwrap();
+    assert_eq!(p.placement("b1").unwrap().pool.as_deref(), Some("numa1"));
+    assert_eq!(p.placement("b2").unwrap().pool.as_deref(), Some("numa0"));
+    let granted = p.allocate_claim(&claim("u1", "numa1", Some(8))).unwrap();
+    assert_eq!(p.claim_cpus("u1"), Some(set("8-15")));
+    for id in ["b1", "b2"] {
+        let cpus = p.placement(id).unwrap().cpus;
+        assert_eq!(cpus, set("2-7"), "{id} runs on the CPUs still shared");
+    }
+    assert_eq!(fallbacks(&p, "b1"), [Fallback::Widened]);
+    assert_eq!(fallbacks(&p, "b2"), []);
+    assert_eq!(granted.updates.len(), 1);
+    assert_eq!(
+        granted.warnings,
+        [
+            "claim ml/claim-u1 (u1) took the last shared cpus of pool numa1: its shared containers (1) now run on the shared cpus of root (2-7)"
+        ]
+    );
+    // The claim goes: they are back at home.
+    p.release_claim("u1").unwrap();
+    assert_eq!(p.placement("b1").unwrap().cpus, set("8-15"));
+    assert!(fallbacks(&p, "b1").is_empty());
+}
+
+/// Finding 2: without DRAConsumableCapacity the API server drops `consumedCapacity` and the
+/// scheduler hands the whole device to one claim; the claim got one CPU. It gets the device.
+#[test]
+fn a_result_without_consumed_capacity_gets_the_whole_device() {
+    let mut p = policy("pack:1 numa:2 core:4 pu:2", "0-1");
+    let first = p.allocate_claim(&claim("u1", "numa1", None)).unwrap();
+    assert_eq!(p.claim_cpus("u1"), Some(set("8-15")));
+    // Re-prepared (the kubelet restarted): the same whole device, not "other results".
+    let again = p.allocate_claim(&claim("u1", "numa1", None)).unwrap();
+    assert_eq!(again.edits, first.edits);
+    p.allocate_claim(&claim("u0", "numa0", None)).unwrap();
+    assert_eq!(p.claim_cpus("u0"), Some(set("2-7")));
+}
+
+/// Finding 4: on a 2-CPU node with one CPU reserved, once the other is claimed nothing is
+/// shared; a BestEffort container the kubelet admitted was refused (`no shared cpu is left`).
+/// It runs on the reserved CPU, as the kubelet's static CPU manager would run it.
+#[test]
+fn with_nothing_shared_a_container_runs_on_the_reserved_cpus() {
+    let mut p = policy("pack:1 core:2 pu:1", "0");
+    p.allocate_claim(&claim("u1", "numa0", Some(1))).unwrap();
+    assert_eq!(p.claim_cpus("u1"), Some(set("1")));
+    let placed = p
+        .allocate(&container("be", QosClass::BestEffort, 0))
+        .unwrap();
+    assert_eq!(placed.adjustment.cpus, Some(set("0")));
+    assert_eq!(
+        placed.warnings,
+        [
+            "no cpu is shared anywhere (claims and exclusive grants hold them all): runs on the reserved cpus 0 until some are shared again"
+        ]
+    );
+    assert_eq!(fallbacks(&p, "be"), [Fallback::Reserved]);
+    // The claim goes: the container gets the CPU back.
+    let updates = p.release_claim("u1").unwrap();
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].cpus, Some(set("1")));
+    assert!(fallbacks(&p, "be").is_empty());
+}
+
+/// Finding 4 as measured: with exclusive CPUs for Guaranteed pods (nri-plugins' model), a
+/// Guaranteed 1-CPU container takes the only CPU not reserved, and a BestEffort container then
+/// runs on the reserved CPU instead of failing; a Guaranteed container whose exclusive CPUs
+/// cannot be had runs shared.
+#[test]
+fn with_exclusive_pods_nothing_the_kubelet_admitted_is_refused() {
+    let pods = Config {
+        exclusivity: Exclusivity::Pods,
+        ..Config::default()
+    };
+    let mut p = policy_with("pack:1 core:2 pu:1", "0", pods);
+    let g = p
+        .allocate(&container("g", QosClass::Guaranteed, 1000))
+        .unwrap();
+    assert_eq!(g.adjustment.cpus, Some(set("1")));
+    let be = p
+        .allocate(&container("be", QosClass::BestEffort, 0))
+        .unwrap();
+    assert_eq!(be.adjustment.cpus, Some(set("0")));
+    assert_eq!(fallbacks(&p, "be"), [Fallback::Reserved]);
+    let g2 = p
+        .allocate(&container("g2", QosClass::Guaranteed, 1000))
+        .unwrap();
+    assert_eq!(g2.adjustment.cpus, Some(set("0")));
+    assert!(
+        g2.warnings[0].starts_with("needs 1 exclusive cpus")
+            && g2.warnings[0].ends_with("runs on shared cpus instead"),
+        "{:?}",
+        g2.warnings
+    );
+    assert_eq!(
+        fallbacks(&p, "g2"),
+        [Fallback::NotExclusive, Fallback::Reserved]
+    );
+    // When g goes, both get its CPU.
+    let updates = p.release("g").unwrap();
+    assert_eq!(updates.len(), 2);
+    assert!(updates.iter().all(|u| u.cpus == Some(set("1"))));
+}
+
+/// Finding 4's message: on a single-NUMA machine the pool is `root`, not `numa0`, and the
+/// refusal of a claim that cannot be had (here two claims allocated the same device whole, which
+/// the scheduler never does) named numa0 and counted no shared containers. A claim's refusal now
+/// speaks of its device and who holds it.
+#[test]
+fn a_claim_refusal_names_its_device_and_who_holds_it() {
+    let mut p = policy("pack:1 core:4 pu:1", "0");
+    p.allocate(&container("b", QosClass::Burstable, 1000))
+        .unwrap();
+    p.allocate_claim(&claim("u1", "numa0", Some(3))).unwrap();
+    let err = p
+        .allocate_claim(&claim("u2", "numa0", Some(1)))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "claim ml/claim-u2 (u2) does not fit: result 0 (request cpus) consumed 1 cpus of device numa0, but only 0 of its 3 are free (1-3 held by claim ml/claim-u1 (u1))"
+    );
+    let PolicyError::DoesNotFit { .. } = err else {
+        panic!("{err:?}")
+    };
+}
+
+/// The fullCores finding: a claim for 3 CPUs whose DeviceClass sets fullCores, allocated by the
+/// scheduler on an SMT-2 node's per-CPU device, was refused after allocation (a stuck pod). The
+/// scheduler cannot see the configuration, so the claim is granted what it consumed.
+#[test]
+fn full_cores_the_scheduler_could_not_see_is_not_a_refusal() {
+    let mut p = policy("pack:1 numa:2 core:4 pu:2", "0-1");
+    let mut c = claim("u1", "numa1", Some(3));
+    c.config = vec![full_cores()];
+    let granted = p.allocate_claim(&c).unwrap();
+    let got = p.claim_cpus("u1").unwrap();
+    assert_eq!(got.len(), 3);
+    assert_eq!(got, set("8-10"), "whole cores first, then one thread");
+    assert_eq!(granted.warnings.len(), 1);
+    assert!(
+        granted.warnings[0].contains("fullCores"),
+        "{:?}",
+        granted.warnings
+    );
+}
+
+/// How the scheduler sees whole cores: with `claim-granularity: core` every device is whole
+/// cores (`wholeCores: true`, which a DeviceClass setting fullCores selects) and its request
+/// policy counts in cores, so the scheduler rounds 3 CPUs up to 4 and the claim gets 2 cores.
+#[test]
+fn whole_core_devices_make_the_scheduler_round_up_to_cores() {
+    let cores = Config {
+        devices: DeviceModel {
+            granularity: Granularity::Core,
+            ..DeviceModel::default()
+        },
+        ..Config::default()
+    };
+    let mut p = policy_with("pack:1 numa:2 core:4 pu:2", "0", cores);
+    let devices = p.devices().unwrap();
+    let numa0 = &devices[0];
+    assert_eq!(numa0.attributes["wholeCores"], AttributeValue::Bool(true));
+    // CPU 1's sibling is reserved: not published.
+    let cpu = &numa0.capacities["cpu"];
+    assert_eq!(cpu.value, Quantity::from_units(6));
+    let policy = cpu.request_policy.as_ref().unwrap();
+    assert_eq!(policy.default, Some(Quantity::from_units(2)));
+    assert_eq!(
+        policy.valid,
+        ValidValues::Range {
+            min: Quantity::from_units(2),
+            max: Some(Quantity::from_units(6)),
+            step: Some(Quantity::from_units(2)),
+        }
+    );
+    // The scheduler consumed 4 for a request of 3.
+    let mut c = claim("u1", "numa1", Some(4));
+    c.config = vec![full_cores()];
+    let granted = p.allocate_claim(&c).unwrap();
+    assert!(granted.warnings.is_empty(), "{:?}", granted.warnings);
+    assert_eq!(p.claim_cpus("u1"), Some(set("8-11")));
+    // Claims of one core each never split one, so the last core is always whole.
+    for (i, uid) in ["u2", "u3"].iter().enumerate() {
+        p.allocate_claim(&claim(uid, "numa1", Some(2))).unwrap();
+        assert_eq!(p.claim_cpus(uid).unwrap().len(), 2, "claim {i}");
+    }
+    assert_eq!(
+        p.claim_cpus("u2")
+            .unwrap()
+            .union(&p.claim_cpus("u3").unwrap()),
+        set("12-15")
+    );
+}
