@@ -23,8 +23,8 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
 use policy::{
-    AllocationResult, Claim, Container, Device, Pod, QosClass, Quantity, Resources, Topology, cdi,
-    scheduler::Scheduler, topology_aware::Config,
+    AllocationResult, AttributeValue, Claim, Container, CpuSet, Device, Pod, QosClass, Quantity,
+    Resources, Topology, cdi, scheduler::Scheduler, topology_aware::Config,
 };
 use resmgr::{
     Manager, ManagerConfig, kube::fake::StaticClaims, kubelet_plugin::ClaimRef, state::StateFile,
@@ -467,6 +467,7 @@ impl Sim {
                 )
             })
             .collect();
+        let picked = picked_cpus(&results, &seen);
         let claim = Claim {
             uid: uid.clone(),
             namespace: pod.namespace.clone(),
@@ -484,11 +485,22 @@ impl Sim {
                     .claims
                     .iter()
                     .find(|c| c.uid == uid)
-                    .map_or(0, |c| c.cpus.len() as u64);
-                if granted != promised {
-                    let message = format!(
-                        "the scheduler handed out {promised} cpu(s), the node granted {granted}"
-                    );
+                    .map(|c| c.cpus.clone())
+                    .unwrap_or_default();
+                let differs = match &picked {
+                    Some(picked) if *picked != granted => Some(format!(
+                        "the scheduler picked cpus {picked}, the node granted cpus {}",
+                        show_cpus(&granted)
+                    )),
+                    Some(_) => None,
+                    None => (granted.len() as u64 != promised).then(|| {
+                        format!(
+                            "the scheduler handed out {promised} cpu(s), the node granted {}",
+                            granted.len()
+                        )
+                    }),
+                };
+                if let Some(message) = differs {
                     self.problems.push(Problem {
                         step: self.current_step,
                         kind: "mismatch".into(),
@@ -847,6 +859,34 @@ fn claim_config(steps: &[scenario::ConfigStep]) -> Vec<policy::ClaimConfig> {
         .collect()
 }
 
+/// The very CPUs the scheduler picked, when every result is a device handed out whole that
+/// names its CPUs (the `cpu` or `cpus` attribute of a device per CPU or per core); `None`
+/// otherwise (shared devices, or devices that do not say).
+fn picked_cpus(results: &[AllocationResult], devices: &[Device]) -> Option<CpuSet> {
+    let mut picked = CpuSet::new();
+    for r in results {
+        if r.share_id.is_some() {
+            return None;
+        }
+        let device = devices.iter().find(|d| d.name == r.device)?;
+        let cpus = match (device.attributes.get("cpu"), device.attributes.get("cpus")) {
+            (Some(AttributeValue::Int(cpu)), _) => CpuSet::from_iter([u32::try_from(*cpu).ok()?]),
+            (_, Some(AttributeValue::String(list))) => list.parse().ok()?,
+            _ => return None,
+        };
+        picked = picked.union(&cpus);
+    }
+    Some(picked)
+}
+
+fn show_cpus(cpus: &CpuSet) -> String {
+    if cpus.is_empty() {
+        "none".to_owned()
+    } else {
+        cpus.to_string()
+    }
+}
+
 /// One result as the report shows it, and the CPUs the scheduler counts it for: the `cpu` it
 /// consumed from a shared device, the whole `cpu` capacity of a device handed out whole, or
 /// one CPU for a device without one (a device per CPU).
@@ -928,6 +968,39 @@ mod tests {
             Change::Scheduled { claim, cpus, .. } => Some((claim.as_str(), *cpus)),
             _ => None,
         })
+    }
+
+    #[test]
+    fn the_cpus_the_scheduler_picked_are_known_from_devices_that_name_them() {
+        let device = |name: &str, attribute: Option<(&str, AttributeValue)>| Device {
+            name: name.into(),
+            attributes: attribute
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+            capacities: BTreeMap::new(),
+            allow_multiple_allocations: false,
+        };
+        let devices = [
+            device("cpu4", Some(("cpu", AttributeValue::Int(4)))),
+            device(
+                "core2",
+                Some(("cpus", AttributeValue::String("5,37".into()))),
+            ),
+            device("numa0", None),
+        ];
+        let result = |device: &str, share: Option<&str>| AllocationResult {
+            request: "cpus".into(),
+            pool: "n".into(),
+            device: device.into(),
+            share_id: share.map(Into::into),
+            consumed_capacity: BTreeMap::new(),
+        };
+        let picked = picked_cpus(&[result("cpu4", None), result("core2", None)], &devices);
+        assert_eq!(picked, Some("4-5,37".parse().unwrap()));
+        assert_eq!(picked_cpus(&[result("numa0", None)], &devices), None);
+        assert_eq!(picked_cpus(&[result("cpu4", Some("s"))], &devices), None);
+        assert_eq!(picked_cpus(&[result("gone", None)], &devices), None);
     }
 
     const MACHINE: &str = "topology: \"pack:1 numa:2 core:4 pu:2\"\nreserved-cpus: \"0-1\"\n";
