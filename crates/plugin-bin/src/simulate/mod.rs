@@ -260,6 +260,8 @@ pub(crate) fn start_manager(
 struct Observed {
     applied: BTreeMap<String, Applied>,
     inventory: Inventory,
+    /// The devices published (empty when the policy cannot say).
+    devices: Vec<DeviceSummary>,
 }
 
 impl Sim {
@@ -267,6 +269,13 @@ impl Sim {
         Observed {
             applied: self.runtime.table(),
             inventory: self.view.inventory(),
+            devices: self
+                .view
+                .devices_to_show()
+                .unwrap_or_default()
+                .iter()
+                .map(DeviceSummary::of)
+                .collect(),
         }
     }
 
@@ -788,6 +797,11 @@ impl Sim {
 
     fn diff(&self, before: &Observed, after: &Observed) -> Vec<Change> {
         let mut out = Vec::new();
+        if after.devices != before.devices {
+            out.push(Change::Republished {
+                devices: after.devices.clone(),
+            });
+        }
         let placement = |id: &str| after.inventory.containers.iter().find(|c| c.id == id);
         for (id, now) in &after.applied {
             let name = self.container_name(id);

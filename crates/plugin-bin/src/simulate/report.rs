@@ -99,8 +99,10 @@ pub enum Change {
         #[serde(skip_serializing_if = "Vec::is_empty")]
         dropped: Vec<String>,
     },
-    /// The node granted a scheduled claim another number of CPUs than the scheduler counts.
+    /// The node granted a scheduled claim other CPUs than the scheduler counts.
     Mismatch { claim: String, message: String },
+    /// The devices the agent publishes changed (the scheduler sees the new ones from now on).
+    Republished { devices: Vec<DeviceSummary> },
 }
 
 /// One result the scheduler wrote.
@@ -293,6 +295,9 @@ impl Report {
 
 /// The devices in one line: each with its CPUs, or, for many, a count per NUMA node.
 fn devices_line(devices: &[DeviceSummary]) -> String {
+    if devices.is_empty() {
+        return "none".to_owned();
+    }
     if devices.len() <= 8 {
         let each: Vec<String> = devices
             .iter()
@@ -416,6 +421,9 @@ fn change_line(c: &Change) -> String {
             line
         }
         Change::Mismatch { claim, message } => format!("! MISMATCH {claim}: {message}"),
+        Change::Republished { devices } => {
+            format!("DRA devices published now: {}", devices_line(devices))
+        }
     }
 }
 
