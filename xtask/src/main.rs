@@ -7,6 +7,7 @@
 
 mod bench;
 mod codegen;
+mod controlplane;
 mod e2e;
 mod image;
 mod manifests;

@@ -8,8 +8,8 @@
 //! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
 //!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0;
 //!    and `go test` (which vets) of xtask's own Go program, the chart renderer in `xtask/helm`.
-//! 7. the containerd e2e (`cargo xtask e2e`) when the machine can run it (under `CI=true` it
-//!    must).
+//! 7. the e2e (`cargo xtask e2e`): the containerd stage and the control plane stage, each when
+//!    the machine can run it (under `CI=true` it must).
 
 use std::{
     path::{Path, PathBuf},

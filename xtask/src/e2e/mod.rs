@@ -1,8 +1,11 @@
-//! `cargo xtask e2e`: resmgr end to end on a real runtime.
+//! `cargo xtask e2e`: resmgr end to end, in two stages (`--stage` picks; default both):
 //!
-//! Sets up what the run needs and hands over to the runner (`tests/src/bin/e2e`, the binary
-//! `e2e`), which starts containerd, the fake API server and `resmgr run`, plays the kubelet,
-//! runs the scenarios and tears everything down:
+//! - `containerd`: on a real runtime, below;
+//! - `controlplane`: against a real kube-apiserver and kube-scheduler ([`crate::controlplane`]).
+//!
+//! The containerd stage sets up what the run needs and hands over to the runner
+//! (`tests/src/bin/e2e`, the binary `e2e`), which starts containerd, the fake API server and
+//! `resmgr run`, plays the kubelet, runs the scenarios and tears everything down:
 //!
 //! 1. checks the machine ([`prerequisites`]: root, a cgroup cpuset controller, overlayfs, Go,
 //!    two CPUs) and says what is missing and how to get it;
@@ -13,8 +16,8 @@
 //! 4. builds the workspace's binaries and the test image ([`image`], with [`xtask::oci`]);
 //! 5. runs `e2e`.
 //!
-//! `cargo xtask test` runs it after the conformance tests when the machine can; under `CI=true`
-//! a missing prerequisite fails the run instead ([`in_test`]).
+//! `cargo xtask test` runs each stage after the conformance tests when the machine can; under
+//! `CI=true` a missing prerequisite fails the run instead ([`in_test`]).
 
 pub mod image;
 pub mod tools;
@@ -27,14 +30,26 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{sysdeps, test, util};
+use crate::{controlplane, sysdeps, test, util};
 
 /// Debian packages the e2e uses: the OCI runtime and the test image's only program.
 const PACKAGES: &[&str] = &["runc", "busybox-static"];
 
+/// A part of the e2e with prerequisites of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stage {
+    /// resmgr on containerd and runc, real containers checked in the kernel.
+    Containerd,
+    /// resmgr against a real kube-apiserver and kube-scheduler.
+    Controlplane,
+}
+
 /// Options of `cargo xtask e2e`.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct E2eArgs {
+    /// Run only this stage (repeat); default: all.
+    #[arg(long, value_enum)]
+    pub stage: Vec<Stage>,
     /// Keep the run's directory (logs, containerd's and the agent's state) afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -140,8 +155,24 @@ fn online_cpus() -> Option<usize> {
     Some(n)
 }
 
-/// `cargo xtask e2e`.
+/// `cargo xtask e2e`: the stages `args` selects, in order.
 pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
+    let all = args.stage.is_empty();
+    if all || args.stage.contains(&Stage::Containerd) {
+        containerd(root, args)?;
+    }
+    if all || args.stage.contains(&Stage::Controlplane) {
+        let missing = controlplane::prerequisites();
+        if !missing.is_empty() {
+            bail!("the control plane e2e cannot run here:\n{}", list(&missing));
+        }
+        controlplane::run(root, &test::build_test_binaries(root)?)?;
+    }
+    Ok(())
+}
+
+/// The containerd stage.
+fn containerd(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
     let missing = prerequisites();
     if !missing.is_empty() {
         bail!("the e2e cannot run here:\n{}", list(&missing));
@@ -207,24 +238,40 @@ fn list(missing: &[Missing]) -> String {
         .join("\n")
 }
 
-/// The e2e as a step of `cargo xtask test`: run when the machine can; when it cannot, fail
-/// under `CI=true` (CI machines are made for it) and otherwise say what is missing and go on.
+/// The e2e as a step of `cargo xtask test`: each stage runs when the machine can; when it
+/// cannot, fail under `CI=true` (CI machines are made for it) and otherwise say what is missing
+/// and go on.
 pub fn in_test(root: &Path) -> anyhow::Result<()> {
-    let missing = prerequisites();
-    if missing.is_empty() {
-        return run(root, &E2eArgs::default());
+    let stages = [
+        (Stage::Containerd, "the containerd e2e", prerequisites()),
+        (
+            Stage::Controlplane,
+            "the control plane e2e",
+            controlplane::prerequisites(),
+        ),
+    ];
+    for (stage, name, missing) in stages {
+        if missing.is_empty() {
+            run(
+                root,
+                &E2eArgs {
+                    stage: vec![stage],
+                    ..E2eArgs::default()
+                },
+            )?;
+        } else if std::env::var("CI").is_ok_and(|v| v == "true") {
+            bail!("CI=true and {name} cannot run here:\n{}", list(&missing));
+        } else {
+            eprintln!(
+                "NOT RUN: {name} (`cargo xtask e2e --stage {}`), because this machine lacks:\n{}\n\
+                 (under CI=true this is a failure)",
+                clap::ValueEnum::to_possible_value(&stage)
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default(),
+                list(&missing)
+            );
+        }
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        bail!(
-            "CI=true and the containerd e2e cannot run here:\n{}",
-            list(&missing)
-        );
-    }
-    eprintln!(
-        "NOT RUN: the containerd e2e (`cargo xtask e2e`), because this machine lacks:\n{}\n\
-         (under CI=true this is a failure)",
-        list(&missing)
-    );
     Ok(())
 }
 
