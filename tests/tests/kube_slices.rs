@@ -480,3 +480,43 @@ async fn a_failed_publication_is_retried_in_the_background() {
         })
         .await;
 }
+
+/// The topology-aware policy's individual devices of a 1,024-CPU machine (one per CPU, CPU 0
+/// reserved): 8 slices of one pool, each counting the pool's 8 slices, each passing the API
+/// server's rules.
+#[tokio::test]
+async fn individual_devices_of_a_1024_cpu_machine_are_eight_slices_of_one_pool() {
+    use policy::{
+        Policy, Topology, TopologyAware, TopologySource,
+        topology_aware::{Config, DeviceMode, DeviceModel},
+    };
+    let topo = Topology::load(&TopologySource::Synthetic(
+        "pack:4 numa:4 core:32 pu:2".into(),
+    ))
+    .unwrap();
+    let individual = Config {
+        devices: DeviceModel {
+            mode: DeviceMode::Individual,
+            ..DeviceModel::default()
+        },
+        ..Config::default()
+    };
+    let devices = TopologyAware::new(topo, individual)
+        .unwrap()
+        .devices()
+        .unwrap();
+    assert_eq!(devices.len(), 1_023);
+    let (server, publisher) = start(&["v1"], config()).await;
+    let report = publisher.publish(devices).await.unwrap();
+    assert_eq!((report.slices, report.created), (8, 8));
+    let slices = server.slices();
+    assert_eq!(slices.len(), 8);
+    let mut total = 0;
+    for slice in &slices {
+        assert_eq!(slice["spec"]["pool"]["resourceSliceCount"], 8);
+        let spec: v1::ResourceSliceSpec = serde_json::from_value(slice["spec"].clone()).unwrap();
+        validate_slice_spec(&spec).unwrap();
+        total += device_names(slice).len();
+    }
+    assert_eq!(total, 1_023);
+}

@@ -324,3 +324,62 @@ fn whole_core_devices_make_the_scheduler_round_up_to_cores() {
         set("12-15")
     );
 }
+
+/// A hybrid part (two 2-thread performance cores, four 1-thread efficiency cores), CPU 0
+/// reserved: individual devices say which kind of core they are, and with whole-core granularity
+/// every claim the request policy allows is made of whole cores of either kind, to the last CPU.
+#[test]
+fn hybrid_parts_publish_core_types_and_whole_cores_of_either_kind() {
+    let xml = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hybrid.xml");
+    let topo = Topology::load(&TopologySource::Xml(xml)).unwrap();
+    let config = |mode, granularity| Config {
+        reserved_cpus: ReservedCpus::Set(set("0")),
+        devices: DeviceModel {
+            mode,
+            granularity,
+            ..DeviceModel::default()
+        },
+        ..Config::default()
+    };
+    use policy::topology_aware::DeviceMode;
+    let individual = TopologyAware::new(
+        topo.clone(),
+        config(DeviceMode::Individual, Granularity::Cpu),
+    )
+    .unwrap();
+    let types: Vec<(String, AttributeValue)> = individual
+        .devices()
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.name, d.attributes["coreType"].clone()))
+        .collect();
+    let kind = |k: &str| AttributeValue::String(k.into());
+    assert_eq!(
+        types,
+        [
+            ("cpu1".to_owned(), kind("p-core")),
+            ("cpu2".to_owned(), kind("p-core")),
+            ("cpu3".to_owned(), kind("p-core")),
+            ("cpu4".to_owned(), kind("e-core")),
+            ("cpu5".to_owned(), kind("e-core")),
+            ("cpu6".to_owned(), kind("e-core")),
+            ("cpu7".to_owned(), kind("e-core")),
+        ]
+    );
+    let mut p = TopologyAware::new(topo, config(DeviceMode::Grouped, Granularity::Core)).unwrap();
+    let numa0 = &p.devices().unwrap()[0];
+    // CPU 1's sibling is reserved: 2-3 and the four efficiency cores.
+    assert_eq!(numa0.capacities["cpu"].value, Quantity::from_units(6));
+    let policy = numa0.capacities["cpu"].request_policy.clone().unwrap();
+    assert_eq!(policy.default, Some(Quantity::from_units(2)));
+    for uid in ["u1", "u2", "u3"] {
+        p.allocate_claim(&claim(uid, "numa0", Some(2))).unwrap();
+        let cpus = p.claim_cpus(uid).unwrap();
+        let whole = p
+            .topology()
+            .cores
+            .iter()
+            .all(|c| !c.threads.intersects(&cpus) || cpus.is_superset(&c.threads));
+        assert!(whole, "claim {uid} got {cpus}, which splits a core");
+    }
+}

@@ -463,3 +463,49 @@ fn a_held_claim_with_other_results_is_refused_naming_the_difference_and_kept() {
         "DRA_CPUSET_u1=16-19"
     );
 }
+
+/// A state file of the version before device models: grouped `numa<N>` devices, no
+/// `memory_pinning` field. It restores on its CPUs whatever model is configured now, and the
+/// claim's re-prepare with the same allocation is answered as before.
+#[test]
+fn claims_saved_before_device_models_restore_under_every_model() {
+    use policy::topology_aware::{Config, DeviceMode, DeviceModel, Granularity, ReservedCpus};
+    let saved = serde_json::json!({
+        "version": 1,
+        "claims": [{
+            "uid": "u1",
+            "namespace": "ml",
+            "name": "trainer-cpus",
+            "reserved_for": ["pod-x"],
+            "results": [{"request": "cpus", "device": "numa1", "cpus": "16-19", "mems": "1"}],
+        }],
+    });
+    for mode in [DeviceMode::Grouped, DeviceMode::Individual] {
+        for granularity in [Granularity::Cpu, Granularity::Core] {
+            let topo = policy::Topology::load(&policy::TopologySource::Synthetic(
+                "pack:2 numa:2 core:8 pu:2".into(),
+            ))
+            .unwrap();
+            let config = Config {
+                reserved_cpus: ReservedCpus::Set(set("0-1")),
+                devices: DeviceModel {
+                    mode,
+                    granularity,
+                    ..DeviceModel::default()
+                },
+                ..Config::default()
+            };
+            let mut p = TopologyAware::new(topo, config).unwrap();
+            p.restore(&saved).unwrap();
+            let at = format!("{mode:?} {granularity:?}");
+            assert_eq!(p.claim_cpus("u1"), Some(set("16-19")), "{at}");
+            let again = p.allocate_claim(&claim("u1", &[("numa1", 4)])).unwrap();
+            assert_eq!(
+                again.edits[0].env,
+                ["DRA_CPUSET_u1=16-19", "DRA_MEMS_u1=1"],
+                "{at}"
+            );
+            assert_eq!(p.snapshot(), saved, "{at}");
+        }
+    }
+}

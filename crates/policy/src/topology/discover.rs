@@ -284,9 +284,10 @@ fn from_hwloc(hw: &HwTopology, facts: &sysfs::CpuFacts) -> Topology {
     }
 }
 
-/// The kind of each CPU on a hybrid part: hwloc's CPU kinds, ranked by efficiency (higher is
-/// more performant), or by the `CoreType` it reports (`IntelCore`, `IntelAtom`) when it could not
-/// rank them. One kind, or none known, is a machine of standard cores (an empty list).
+/// The kind of each CPU on a hybrid part: hwloc's CPU kinds, ranked by efficiency (the highest
+/// is the performance kind) when hwloc could rank them (every kind has an efficiency, not all the
+/// same), else by the `CoreType` it reports (`IntelCore` performance, `IntelAtom` efficiency).
+/// One kind, or kinds it cannot tell apart, is a machine of standard cores (an empty list).
 fn core_kinds(hw: &HwTopology) -> Vec<(CpuSet, CoreKind)> {
     let Ok(kinds) = hw.cpu_kinds() else {
         return Vec::new();
@@ -296,25 +297,30 @@ fn core_kinds(hw: &HwTopology) -> Vec<(CpuSet, CoreKind)> {
         return Vec::new();
     }
     let core_type = |k: &hwlocality::cpu::kind::CpuKind<'_>| {
-        k.infos
+        let info = k
+            .infos
             .iter()
-            .find(|i| i.name().to_string_lossy() == "CoreType")
-            .map(|i| i.value().to_string_lossy().into_owned())
+            .find(|i| i.name().to_string_lossy() == "CoreType")?;
+        match info.value().to_string_lossy().as_ref() {
+            "IntelCore" => Some(CoreKind::Performance),
+            "IntelAtom" => Some(CoreKind::Efficiency),
+            _ => None,
+        }
     };
-    let most = kinds.iter().filter_map(|k| k.efficiency).max();
+    let efficiencies: Option<Vec<usize>> = kinds.iter().map(|k| k.efficiency).collect();
+    let ranked = efficiencies
+        .as_ref()
+        .filter(|e| e.iter().min() != e.iter().max())
+        .and_then(|e| e.iter().max().copied());
     kinds
         .iter()
-        .map(|k| {
-            let performance = match (k.efficiency, most) {
-                (Some(e), Some(most)) => e == most,
-                _ => core_type(k).is_some_and(|t| t == "IntelCore"),
+        .filter_map(|k| {
+            let kind = match (ranked, k.efficiency) {
+                (Some(most), Some(e)) if e == most => CoreKind::Performance,
+                (Some(_), _) => CoreKind::Efficiency,
+                (None, _) => core_type(k)?,
             };
-            let kind = if performance {
-                CoreKind::Performance
-            } else {
-                CoreKind::Efficiency
-            };
-            (cpus_of(&k.cpuset), kind)
+            Some((cpus_of(&k.cpuset), kind))
         })
         .collect()
 }
@@ -503,6 +509,51 @@ mod tests {
             "an offline cpu is not isolated"
         );
         assert_eq!(t.cores[3].threads.to_string(), "6");
+    }
+
+    #[test]
+    fn hybrid_parts_tell_performance_from_efficiency_cores() {
+        let xml =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hybrid.xml");
+        let t = Topology::load(&TopologySource::Xml(xml.clone())).unwrap();
+        let kinds: Vec<(String, CoreKind)> = t
+            .cores
+            .iter()
+            .map(|c| (c.threads.to_string(), c.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("0-1".to_owned(), CoreKind::Performance),
+                ("2-3".to_owned(), CoreKind::Performance),
+                ("4".to_owned(), CoreKind::Efficiency),
+                ("5".to_owned(), CoreKind::Efficiency),
+                ("6".to_owned(), CoreKind::Efficiency),
+                ("7".to_owned(), CoreKind::Efficiency),
+            ]
+        );
+        assert_eq!(t.threads_per_core(), 2);
+        // Ranked efficiencies win over the CoreType names (here the other way round).
+        let text = std::fs::read_to_string(&xml).unwrap();
+        let ranked = text.replacen(
+            "\"0x000000f0\" forced_efficiency=\"0\"",
+            "\"0x000000f0\" forced_efficiency=\"1\"",
+            1,
+        );
+        assert_ne!(ranked, text);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ranked.xml");
+        std::fs::write(&file, ranked).unwrap();
+        let t = Topology::load(&TopologySource::Xml(file)).unwrap();
+        assert_eq!(t.cores[0].kind, CoreKind::Efficiency);
+        assert_eq!(t.cores[5].kind, CoreKind::Performance);
+        // A machine of one kind is standard cores.
+        assert!(
+            synthetic("pack:1 core:2 pu:2")
+                .cores
+                .iter()
+                .all(|c| c.kind == CoreKind::Standard)
+        );
     }
 
     #[test]
