@@ -54,11 +54,13 @@
 //! - `socket`: directories, locking, stale sockets, atomic appearance, removal;
 //! - `registration`: `GetInfo` and the registration state;
 //! - `dra`, `wire`, `handler`: the DRA service over one handler, version conversion;
-//! - `authority`: the `:authority` rewrite in front of both servers.
+//! - `authority`: the `:authority` rewrite in front of both servers;
+//! - [`names`]: DNS label and subdomain rules, shared with the driver.
 
 mod authority;
 mod dra;
 mod handler;
+pub mod names;
 mod plugin;
 mod registration;
 mod socket;

@@ -26,6 +26,7 @@ use crate::{
     authority::{MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, RewritingStream, server_limits},
     dra::DraService,
     handler::ClaimHandler,
+    names,
     registration::{RegistrationService, RegistrationState},
     socket::{BoundSocket, SocketError},
 };
@@ -275,25 +276,8 @@ impl ServerTask {
 /// subdomain (lower-case alphanumerics, `-` and `.`, alphanumeric at both ends) of at most 63
 /// characters, as ResourceSlice validation requires.
 fn validate_driver_name(name: &str) -> Result<(), KubeletError> {
-    let invalid = || KubeletError::InvalidDriverName(name.to_owned());
-    let bytes = name.as_bytes();
-    let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    if bytes.is_empty() || bytes.len() > 63 {
-        return Err(invalid());
-    }
-    if !bytes.iter().all(|b| alnum(b) || *b == b'-' || *b == b'.') {
-        return Err(invalid());
-    }
-    if !bytes.first().is_some_and(alnum) || !bytes.last().is_some_and(alnum) {
-        return Err(invalid());
-    }
-    // Each dot-separated label also starts and ends alphanumeric.
-    if name.split('.').any(|label| {
-        !label.as_bytes().first().is_some_and(alnum) || !label.as_bytes().last().is_some_and(alnum)
-    }) {
-        return Err(invalid());
-    }
-    Ok(())
+    names::dns_subdomain(name, names::MAX_DRIVER_NAME_LEN)
+        .map_err(|_| KubeletError::InvalidDriverName(name.to_owned()))
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use policy::{
     TopologySource,
     topology_aware::{DeviceModel, Exclusivity, ReservedCpus},
 };
+use resmgr::kubelet_plugin::names::dns_subdomain;
 
 use crate::values::{self, Format};
 
@@ -356,7 +357,7 @@ impl RunFlags {
                 "--node-name is not set, nor NODE_NAME, nor node-name in a config file: the node's name is needed to publish its devices (a DNS subdomain such as `worker-1`)"
             );
         };
-        if !is_dns_subdomain(&node_name, 253) {
+        if dns_subdomain(&node_name, 253).is_err() {
             return Err(refuse(
                 &origin,
                 &node_name,
@@ -366,7 +367,7 @@ impl RunFlags {
 
         let (driver_name, origin) =
             get("driver-name", fixed("driver-name", DEFAULT_DRIVER)).unwrap_or_default_pair();
-        if !is_dns_subdomain(&driver_name, 63) || !driver_name.contains('.') {
+        if dns_subdomain(&driver_name, 63).is_err() || !driver_name.contains('.') {
             return Err(refuse(
                 &origin,
                 &driver_name,
@@ -501,22 +502,6 @@ impl OrDefaultPair for Option<(String, Origin)> {
     }
 }
 
-/// RFC 1123 subdomain: dot-separated labels of lower-case letters, digits and `-`, each
-/// starting and ending with a letter or digit.
-fn is_dns_subdomain(s: &str, max: usize) -> bool {
-    !s.is_empty()
-        && s.len() <= max
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,13 +562,5 @@ mod tests {
             e.contains("line 1: topology: expected a single value"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn dns_subdomains() {
-        assert!(is_dns_subdomain("a.b-c.io", 63));
-        for bad in ["", "A.io", "-a.io", "a..io", "a_b.io", "a.io-"] {
-            assert!(!is_dns_subdomain(bad, 63), "{bad:?}");
-        }
     }
 }

@@ -9,13 +9,14 @@
 //! never the manager's lock, and only for as long as the policy takes to copy out its inventory,
 //! so they cannot stall an NRI event. Nothing here knows which policy it is.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 pub use policy::GrantKind;
 use policy::{
     Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Policy, PolicyError,
     Resources,
 };
+use resmgr::sync::lock;
 use serde::Serialize;
 
 /// The policy as the manager holds it: every call goes to the shared policy.
@@ -42,12 +43,6 @@ pub fn share(policy: Box<dyn Policy>) -> (SharedPolicy, PolicyView) {
         },
         PolicyView { inner },
     )
-}
-
-fn lock(m: &Mutex<Box<dyn Policy>>) -> MutexGuard<'_, Box<dyn Policy>> {
-    // A panic inside a policy call poisons the mutex; the policy's own rule is that a failed
-    // call leaves it as it was, so its state is still the best we have.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Policy for SharedPolicy {

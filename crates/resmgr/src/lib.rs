@@ -20,6 +20,7 @@ pub mod nri_plugin;
 pub mod pending;
 pub mod runtime;
 pub mod state;
+pub mod sync;
 
 pub use claims::{AdmitError, ClaimAnswers, LifecycleError};
 pub use kube::{ClaimReadError, ClaimReader};

@@ -4,18 +4,10 @@
 //! It is deliberately dumb: the decisions under test are the real manager's and the real
 //! policy's, and it only records their effects so the report can show them.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Mutex, MutexGuard, PoisonError},
-};
+use std::{collections::BTreeMap, sync::Mutex};
 
 use policy::{ContainerUpdate, CpuSet, NodeSet};
-use resmgr::{BoxFuture, Runtime, RuntimeError};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Plain data; a panic elsewhere cannot leave it half-written in a way that matters here.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use resmgr::{BoxFuture, Runtime, RuntimeError, sync::lock};
 
 /// A container as the runtime has it applied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -3,14 +3,13 @@
 //! would have been published. Both apply the same checks as the real ones (UID, allocation,
 //! device validation), so a simulation refuses what a cluster would.
 
-use std::{
-    collections::HashMap,
-    sync::{Mutex, MutexGuard, PoisonError},
-};
+use std::{collections::HashMap, sync::Mutex};
 
 use futures::future::BoxFuture;
 use kubelet_plugin::ClaimRef;
 use policy::{Claim, Device};
+
+use crate::sync::lock;
 
 use super::{
     claims::{ClaimReadError, ClaimReader},
@@ -113,11 +112,6 @@ impl DevicePublisher for RecordingPublisher {
             });
         Box::pin(std::future::ready(result))
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means a panic elsewhere while holding plain data that stays valid.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -154,11 +154,7 @@ impl ResourceApiVersions {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<ResourceApiVersion>> {
-        // A poisoned lock only means another thread panicked while holding a plain value; the
-        // value is still a valid choice.
-        self.cached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.cached)
     }
 
     async fn probe(&self) -> Result<ResourceApiVersion, DiscoveryError> {

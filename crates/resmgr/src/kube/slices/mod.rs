@@ -19,6 +19,7 @@ pub mod wire;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use kubelet_plugin::names::dns_subdomain;
 use policy::Device;
 
 pub use publisher::{PublishError, PublishReport, SlicePublisher};
@@ -94,8 +95,8 @@ impl PublisherConfig {
     /// Checks the names the API server would refuse.
     pub fn validate(&self) -> Result<(), PublisherConfigError> {
         let error = |field, reason| PublisherConfigError { field, reason };
-        validate::dns_subdomain(&self.driver, 63).map_err(|r| error("driver", r))?;
-        validate::dns_subdomain(&self.node_name, 253).map_err(|r| error("node name", r))?;
+        dns_subdomain(&self.driver, 63).map_err(|e| error("driver", e.to_string()))?;
+        dns_subdomain(&self.node_name, 253).map_err(|e| error("node name", e.to_string()))?;
         if let Some(cpu) = &self.node_allocatable_cpu {
             validate::qualified_name(&cpu.capacity)
                 .map_err(|r| error("node-allocatable cpu capacity", r))?;

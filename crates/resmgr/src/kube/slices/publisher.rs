@@ -46,9 +46,12 @@ use super::{
     validate::{DeviceValidationError, validate_devices},
     wire::{FieldPath, comparable, dropped_fields, from_wire, to_wire},
 };
-use crate::kube::{
-    retry::{AttemptError, RetryError},
-    version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions, is_path_not_served},
+use crate::{
+    errors::chain,
+    kube::{
+        retry::{AttemptError, RetryError},
+        version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions, is_path_not_served},
+    },
 };
 
 /// Times a reconciliation starts over after a write conflict before giving up.
@@ -270,7 +273,7 @@ impl SlicePublisher {
                     *backoff = config.resync_backoff;
                 }
                 Err(error) => {
-                    tracing::warn!(error = %error_chain(&error), retry_in = ?*backoff, "republishing resource slices failed");
+                    tracing::warn!(error = %chain(&error), retry_in = ?*backoff, "republishing resource slices failed");
                     retry_at = Some(Instant::now() + *backoff);
                     *backoff = (*backoff * 2).min(config.max_resync_backoff);
                 }
@@ -679,16 +682,4 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// The error and its sources on one line, for logs.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        line.push_str(": ");
-        line.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    line
 }

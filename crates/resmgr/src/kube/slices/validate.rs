@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 
+use kubelet_plugin::names::{dns_label, dns_subdomain};
 use policy::{AttributeValue, Capacity, Device, Quantity, RequestPolicy, ValidValues};
 
 /// Attributes and capacities together, per device.
@@ -47,7 +48,7 @@ pub fn validate_devices(driver: &str, devices: &[Device]) -> Result<(), DeviceVa
 
 /// Checks one device.
 pub fn validate_device(driver: &str, device: &Device) -> Result<(), DeviceValidationError> {
-    dns_label(&device.name).map_err(|reason| error(device, "name", reason))?;
+    dns_label(&device.name).map_err(|e| error(device, "name", e.to_string()))?;
     let count = device.attributes.len() + device.capacities.len();
     if count > MAX_ATTRIBUTES_AND_CAPACITIES {
         return Err(error(
@@ -116,7 +117,7 @@ pub fn validate_slice_spec(
     spec: &k8s_openapi::api::resource::v1::ResourceSliceSpec,
 ) -> Result<(), SliceValidationError> {
     let error = |field: String, reason: String| SliceValidationError { field, reason };
-    dns_subdomain(&spec.driver, 63).map_err(|r| error("driver".into(), r))?;
+    dns_subdomain(&spec.driver, 63).map_err(|e| error("driver".into(), e.to_string()))?;
     if spec.pool.name.is_empty() || spec.pool.name.len() > 253 {
         return Err(error(
             "pool.name".into(),
@@ -130,7 +131,9 @@ pub fn validate_slice_spec(
         ));
     }
     match &spec.node_name {
-        Some(node) => dns_subdomain(node, 253).map_err(|r| error("nodeName".into(), r))?,
+        Some(node) => {
+            dns_subdomain(node, 253).map_err(|e| error("nodeName".into(), e.to_string()))?
+        }
         None => {
             return Err(error(
                 "nodeName".into(),
@@ -148,7 +151,7 @@ pub fn validate_slice_spec(
     let mut names = BTreeSet::new();
     for (i, device) in devices.iter().enumerate() {
         let at = |field: &str| format!("devices[{i}].{field}");
-        dns_label(&device.name).map_err(|r| error(at("name"), r))?;
+        dns_label(&device.name).map_err(|e| error(at("name"), e.to_string()))?;
         if !names.insert(device.name.as_str()) {
             return Err(error(at("name"), "duplicate".into()));
         }
@@ -297,36 +300,6 @@ fn multiple_of(value: Quantity, step: Quantity, what: &str) -> Result<(), String
         ));
     }
     Ok(())
-}
-
-/// A DNS label (RFC 1123): 1-63 of `a-z0-9-`, starting and ending alphanumeric. Device names.
-pub fn dns_label(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 63 {
-        return Err(format!("{name:?} must be 1 to 63 characters"));
-    }
-    let ok = name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} is not a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)"
-        ))
-    }
-}
-
-/// A DNS subdomain (RFC 1123): dot-separated DNS labels, at most `max` characters in all.
-/// Driver names (63) and node and pool names (253).
-pub fn dns_subdomain(name: &str, max: usize) -> Result<(), String> {
-    if name.is_empty() || name.len() > max {
-        return Err(format!("{name:?} must be 1 to {max} characters"));
-    }
-    name.split('.')
-        .try_for_each(dns_label)
-        .map_err(|_| format!("{name:?} is not a DNS subdomain (DNS labels joined by '.')"))
 }
 
 /// A qualified name of an attribute or capacity: `domain/id` or a bare `id`, where the domain is
@@ -623,14 +596,6 @@ mod tests {
             .insert("cpu".into(), capacity("8", Some(policy)));
         let err = validate_device("d.io", &d).unwrap_err();
         assert!(err.reason.contains("multiple allocations"), "{err}");
-    }
-
-    #[test]
-    fn checks_subdomains() {
-        dns_subdomain("cpu.resmgr.io", 63).unwrap();
-        for bad in ["", "a..b", "A.b", ".a", "a.", &"a".repeat(64)] {
-            dns_subdomain(bad, 63).unwrap_err();
-        }
     }
 
     /// What the API server would refuse, refused here too, naming the field.
