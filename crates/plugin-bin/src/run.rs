@@ -186,10 +186,12 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         plugins_dir: config.kubelet_plugins_dir.clone(),
         registry_dir: config.kubelet_registry_dir.clone(),
     };
+    let devices_may_change = Arc::new(tokio::sync::Notify::new());
     let handler = Arc::new(Measured {
         inner: LifecycleHandler::new(manager.clone()),
         metrics: metrics.clone(),
         view: policy_view.clone(),
+        devices_may_change: devices_may_change.clone(),
     });
     let plugin = KubeletPlugin::start(&kubelet_config, handler)
         .await
@@ -210,9 +212,11 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         config.policy.1.mode,
         metrics.clone(),
     ));
+    let mut published = Vec::new();
     match policy_view.devices() {
         Ok(devices) => {
             use kube::DevicePublisher as _;
+            published.clone_from(&devices);
             match publisher.publish(devices).await {
                 Ok(report) => info!(?report, "published our devices"),
                 // The maintainer below retries.
@@ -223,6 +227,15 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         }
         Err(e) => warn!(error = %e, "the policy publishes no devices"),
     }
+    let republisher = {
+        let (view, publisher) = (policy_view.clone(), publisher.clone());
+        tokio::spawn(async move {
+            loop {
+                devices_may_change.notified().await;
+                republish_if_changed(&view, &publisher, &mut published).await;
+            }
+        })
+    };
     let maintainer = tokio::spawn(async move { publisher.maintain().await });
 
     let stop = tokio::select! {
@@ -230,6 +243,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         why = connection.closed() => Stop::RuntimeLost(why),
     };
     maintainer.abort();
+    republisher.abort();
     watcher.abort();
     finish(&manager, Some(plugin)).await?;
     if matches!(stop, Stop::RuntimeLost(_)) {
@@ -247,6 +261,31 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Publishes the policy's devices if they differ from `published` (the last ones), which they
+/// do when a claim on a device of an earlier configuration gave back CPUs the devices withheld.
+/// A failure leaves the maintainer retrying the new devices. Returns what was published.
+async fn republish_if_changed(
+    view: &view::PolicyView,
+    publisher: &impl kube::DevicePublisher,
+    published: &mut Vec<policy::Device>,
+) -> Option<Vec<policy::Device>> {
+    let devices = view.devices().ok()?;
+    if devices == *published {
+        return None;
+    }
+    published.clone_from(&devices);
+    match publisher.publish(devices.clone()).await {
+        Ok(report) => info!(
+            ?report,
+            "republished our devices: a claim gave back withheld cpus"
+        ),
+        Err(e) => {
+            warn!(error = %resmgr::errors::chain(&e), "republishing our devices failed; retrying")
+        }
+    }
+    Some(devices)
 }
 
 /// Exports the fields the API server drops from our slices as metrics, and says once, as an
@@ -375,6 +414,9 @@ struct Measured {
     inner: LifecycleHandler,
     metrics: Arc<Metrics>,
     view: view::PolicyView,
+    /// Told after unprepares: releasing a claim can change the devices (see
+    /// [`republish_if_changed`]).
+    devices_may_change: Arc<tokio::sync::Notify>,
 }
 
 impl ClaimHandler for Measured {
@@ -416,6 +458,7 @@ impl ClaimHandler for Measured {
             {
                 info!(claim = %c.name, uid = %c.uid, cpus = %c.cpus, "claim gave back cpus");
             }
+            self.devices_may_change.notify_one();
         }
         answer
     }
@@ -446,6 +489,61 @@ fn show_topology(t: &policy::TopologySource) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn devices_withheld_for_a_claim_of_an_earlier_model_are_republished_when_it_goes() {
+        use policy::{
+            Policy as _,
+            topology_aware::{DeviceMode, DeviceModel},
+        };
+        let topology = || {
+            Topology::load(&policy::TopologySource::Synthetic(
+                "pack:1 core:4 pu:1".into(),
+            ))
+            .unwrap()
+        };
+        // A claim of the grouped model, restored under the individual one.
+        let mut grouped = policy_choice::build(topology(), Config::default()).unwrap();
+        grouped
+            .allocate_claim(&policy::Claim {
+                uid: "u1".into(),
+                results: vec![policy::AllocationResult {
+                    request: "cpus".into(),
+                    device: "numa0".into(),
+                    consumed_capacity: [("cpu".to_owned(), policy::Quantity::from_units(2))].into(),
+                    ..policy::AllocationResult::default()
+                }],
+                ..policy::Claim::default()
+            })
+            .unwrap();
+        let individual = Config {
+            devices: DeviceModel {
+                mode: DeviceMode::Individual,
+                ..DeviceModel::default()
+            },
+            ..Config::default()
+        };
+        let mut policy = policy_choice::build(topology(), individual).unwrap();
+        policy.restore(&grouped.snapshot()).unwrap();
+        let (mut shared, view) = view::share(policy);
+        let mut published = view.devices().unwrap();
+        assert_eq!(published.len(), 1, "cpu3 only: u1 holds 1-2");
+        let publisher = resmgr::kube::fake::RecordingPublisher::new(crate::config::DEFAULT_DRIVER);
+        assert_eq!(
+            republish_if_changed(&view, &publisher, &mut published).await,
+            None
+        );
+        shared.release_claim("u1").unwrap();
+        let now = republish_if_changed(&view, &publisher, &mut published)
+            .await
+            .unwrap();
+        assert_eq!(now.len(), 3);
+        assert_eq!(publisher.current(), Some(now));
+        assert_eq!(
+            republish_if_changed(&view, &publisher, &mut published).await,
+            None
+        );
+    }
+
     #[test]
     fn dropped_capacity_fields_call_for_individual_devices_only_when_grouped() {
         use super::{DeviceMode, dropped_capacity_advice};
@@ -509,6 +607,7 @@ mod tests {
             inner: LifecycleHandler::new(manager.clone()),
             metrics: metrics.clone(),
             view: view.clone(),
+            devices_may_change: Arc::new(tokio::sync::Notify::new()),
         };
         let refs = [
             ClaimRef::new("ns", "c", "uid-1"),
@@ -517,6 +616,14 @@ mod tests {
         let answers = handler.prepare(&refs).await.unwrap();
         assert!(answers["uid-1"].is_ok() && answers["uid-2"].is_err());
         handler.unprepare(&refs[..1]).await.unwrap();
+        // The unprepare told the republisher to look at the devices (a stored permit: ready at
+        // once; the timeout only guards against a hang).
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            handler.devices_may_change.notified(),
+        )
+        .await
+        .expect("an unprepare tells the republisher");
         let text = metrics.encode();
         for wanted in [
             "resmgr_claims_prepared_total 1",

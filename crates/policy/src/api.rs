@@ -207,11 +207,14 @@ pub trait Policy: Send + std::fmt::Debug {
     /// gain from it. An unknown container is success.
     fn release(&mut self, container_id: &str) -> Result<Vec<ContainerUpdate>, PolicyError>;
 
-    /// The devices to publish for DRA, in a stable order. The resource manager republishes
-    /// when the list changes, so it should depend on the machine and configuration only, not on
-    /// what is allocated (consumable capacity is accounted by the scheduler). Everything they
-    /// promise must be grantable to the claims the scheduler allocates from them, whatever the
-    /// containers on the node (see the module docs). An empty list publishes an empty pool.
+    /// The devices to publish for DRA, in a stable order. They are published at start-up and
+    /// again after a claim is released if the list changed; so they should depend on the machine
+    /// and configuration, not on what is allocated (consumable capacity is accounted by the
+    /// scheduler), except to withhold what claims the scheduler does not count hold (claims on
+    /// devices of an earlier configuration, restored from a snapshot), until they are released.
+    /// Everything they promise must be grantable to the claims the scheduler allocates from
+    /// them, whatever the containers on the node (see the module docs). An empty list publishes
+    /// an empty pool.
     fn devices(&self) -> Result<Vec<Device>, PolicyError>;
 
     /// Allocates a claim's results: one non-empty set of edits per result, in result order,

@@ -383,3 +383,59 @@ fn hybrid_parts_publish_core_types_and_whole_cores_of_either_kind() {
         assert!(whole, "claim {uid} got {cpus}, which splits a core");
     }
 }
+
+/// The device model changes while a claim is held (the agent restarts with another
+/// `device-mode` or `group-by`): the scheduler does not count the claim against the new devices,
+/// so they must not promise its CPUs again until it is released.
+#[test]
+fn devices_of_a_new_model_withhold_what_claims_on_the_old_ones_hold() {
+    use policy::topology_aware::{DeviceMode, GroupBy};
+    let model = |mode, group_by| Config {
+        devices: DeviceModel {
+            mode,
+            group_by,
+            ..DeviceModel::default()
+        },
+        ..Config::default()
+    };
+    let names = |p: &TopologyAware| -> Vec<String> {
+        p.devices().unwrap().into_iter().map(|d| d.name).collect()
+    };
+    let mut grouped = policy("pack:2 numa:1 core:4 pu:1", "0");
+    grouped
+        .allocate_claim(&claim("u1", "numa0", Some(3)))
+        .unwrap();
+    assert_eq!(grouped.claim_cpus("u1"), Some(set("1-3")));
+    let saved = grouped.snapshot();
+
+    // Individual devices: cpu1-3 are not published while u1 holds them.
+    let mut p = policy_with(
+        "pack:2 numa:1 core:4 pu:1",
+        "0",
+        model(DeviceMode::Individual, GroupBy::Numa),
+    );
+    assert_eq!(names(&p).len(), 7);
+    p.restore(&saved).unwrap();
+    assert_eq!(names(&p), ["cpu4", "cpu5", "cpu6", "cpu7"]);
+    // Its re-prepare is answered as before.
+    let again = p.allocate_claim(&claim("u1", "numa0", Some(3))).unwrap();
+    assert_eq!(again.edits[0].env[0], "DRA_CPUSET_u1=1-3");
+    p.release_claim("u1").unwrap();
+    assert_eq!(names(&p).len(), 7, "published again once released");
+
+    // Grouped by socket: socket0's capacity leaves out what u1 holds.
+    let mut p = policy_with(
+        "pack:2 numa:1 core:4 pu:1",
+        "0",
+        model(DeviceMode::Grouped, GroupBy::Socket),
+    );
+    p.restore(&saved).unwrap();
+    assert_eq!(advertised(&p), [("socket1".to_owned(), 4)]);
+    // Under the same model nothing is withheld: the scheduler counts u1 on numa0 itself.
+    let mut same = policy("pack:2 numa:1 core:4 pu:1", "0");
+    same.restore(&saved).unwrap();
+    assert_eq!(
+        advertised(&same),
+        [("numa0".to_owned(), 3), ("numa1".to_owned(), 4)]
+    );
+}

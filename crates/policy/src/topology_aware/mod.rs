@@ -277,7 +277,11 @@ pub struct TopologyAware {
     reserved: CpuSet,
     /// Online, isolated, not reserved.
     isolated: CpuSet,
-    /// The published devices and the claimable CPUs behind them.
+    /// The CPUs claims may take, as the configuration says ([`Exclusivity`]).
+    claimable: CpuSet,
+    /// The published devices and the claimable CPUs behind them: `claimable` cut by the device
+    /// model, less what claims on devices no longer published hold (see
+    /// [`TopologyAware::refresh_devices`]).
     table: DeviceTable,
     /// Memory-only nodes: (node, kind, the CPU node closest to it).
     attached: Vec<(u32, MemoryKind, u32)>,
@@ -370,6 +374,7 @@ impl TopologyAware {
             index,
             reserved,
             isolated,
+            claimable,
             table,
             taken: CpuSet::new(),
             isolated_taken: CpuSet::new(),
@@ -482,6 +487,28 @@ impl TopologyAware {
             }
         }
         self.runs_on = self.compute_runs_on();
+    }
+
+    /// Rebuilds the published devices, withholding the CPUs that claims allocated on devices
+    /// this configuration does not publish hold (the device model, `group-by` or the claimable
+    /// CPUs changed while they were held): the scheduler does not count those claims against the
+    /// new devices, so publishing their CPUs would promise them twice. When such a claim goes,
+    /// its CPUs are published again. Claims on devices still published need nothing: the
+    /// scheduler already counts them.
+    fn refresh_devices(&mut self) {
+        let full = DeviceTable::build(&self.topo, &self.claimable, &self.config.devices);
+        let withheld = self
+            .claims
+            .values()
+            .flat_map(|c| &c.results)
+            .filter(|r| full.get(&r.device).is_none())
+            .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus));
+        self.table = if withheld.intersects(full.cpus()) {
+            let claimable = self.claimable.difference(&withheld);
+            DeviceTable::build(&self.topo, &claimable, &self.config.devices)
+        } else {
+            full
+        };
     }
 
     /// What each pool's shared containers run on: see [`TopologyAware::runs_on`]'s field docs.
@@ -836,6 +863,7 @@ impl Policy for TopologyAware {
         let changed = taken.difference(&self.taken);
         self.taken = taken;
         self.claims.extend(restored);
+        self.refresh_devices();
         self.ripple(&changed, &mut updates);
         Ok(())
     }
@@ -982,6 +1010,13 @@ impl Policy for TopologyAware {
         };
         let cpus = record.cpus();
         self.taken = self.taken.difference(&cpus);
+        if record
+            .results
+            .iter()
+            .any(|r| self.table.get(&r.device).is_none())
+        {
+            self.refresh_devices();
+        }
         let mut updates = Updates::new();
         self.ripple(&cpus, &mut updates);
         Ok(into_vec(updates))
