@@ -22,6 +22,8 @@ use crate::{codegen, e2e, sysdeps, util};
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
     sysdeps::ensure()?;
+    // The e2e's containerd build (Go, minutes on a fresh machine) overlaps the steps below.
+    let e2e_runtime = e2e::prefetch();
     util::run(
         util::cargo()
             .current_dir(root)
@@ -43,7 +45,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .args(["test", "--workspace", "--locked"]),
     )?;
     conformance(root)?;
-    e2e::in_test(root)?;
+    e2e::in_test(root, e2e_runtime)?;
     eprintln!("all checks passed");
     Ok(())
 }

@@ -159,7 +159,7 @@ fn online_cpus() -> Option<usize> {
 pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
     let all = args.stage.is_empty();
     if all || args.stage.contains(&Stage::Containerd) {
-        containerd(root, args)?;
+        containerd(root, args, None)?;
     }
     if all || args.stage.contains(&Stage::Controlplane) {
         let missing = controlplane::prerequisites();
@@ -171,15 +171,59 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The containerd stage.
-fn containerd(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
+/// The containerd stage's runtime build, started in the background so that it overlaps other
+/// work.
+#[derive(Debug)]
+pub struct Prefetch {
+    build: std::thread::JoinHandle<anyhow::Result<PathBuf>>,
+    log: PathBuf,
+}
+
+/// Starts building the containerd stage's runtime in the background when the machine can run
+/// the stage: `cargo xtask test` does this first, so that on a fresh machine the Go module
+/// downloads and builds (minutes, `nice`d) overlap the Rust build and tests instead of
+/// following them.
+pub fn prefetch() -> Option<Prefetch> {
+    if !prerequisites().is_empty() {
+        return None;
+    }
+    let log = std::env::temp_dir().join(format!("resmgr-e2e-tools-{}.log", std::process::id()));
+    let build_log = log.clone();
+    let build = std::thread::spawn(move || tools::ensure(Some(&build_log)));
+    Some(Prefetch { build, log })
+}
+
+impl Prefetch {
+    fn join(self) -> anyhow::Result<PathBuf> {
+        if !self.build.is_finished() {
+            eprintln!(
+                "waiting for the e2e's containerd build to finish (its output: {})",
+                self.log.display()
+            );
+        }
+        let built = self
+            .build
+            .join()
+            .map_err(|_| anyhow::anyhow!("the build of the e2e's runtime panicked"))?;
+        if built.is_ok() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+        built
+    }
+}
+
+/// The containerd stage, with the runtime from [`prefetch`] when it was started.
+fn containerd(root: &Path, args: &E2eArgs, prefetched: Option<Prefetch>) -> anyhow::Result<()> {
     let missing = prerequisites();
     if !missing.is_empty() {
         bail!("the e2e cannot run here:\n{}", list(&missing));
     }
     let started = Instant::now();
     sysdeps::ensure_packages(PACKAGES)?;
-    let tools = tools::ensure()?;
+    let tools = match prefetched {
+        Some(p) => p.join()?,
+        None => tools::ensure(None)?,
+    };
     let bin_dir = test::build_test_binaries(root)?;
     let out = test::target_dir(root)?.join("e2e");
     std::fs::create_dir_all(&out)?;
@@ -238,10 +282,10 @@ fn list(missing: &[Missing]) -> String {
         .join("\n")
 }
 
-/// The e2e as a step of `cargo xtask test`: each stage runs when the machine can; when it
-/// cannot, fail under `CI=true` (CI machines are made for it) and otherwise say what is missing
-/// and go on.
-pub fn in_test(root: &Path) -> anyhow::Result<()> {
+/// The e2e as a step of `cargo xtask test`: each stage runs when the machine can (the
+/// containerd stage with the runtime from [`prefetch`]); when it cannot, fail under `CI=true`
+/// (CI machines are made for it) and otherwise say what is missing and go on.
+pub fn in_test(root: &Path, mut prefetched: Option<Prefetch>) -> anyhow::Result<()> {
     let stages = [
         (Stage::Containerd, "the containerd e2e", prerequisites()),
         (
@@ -252,13 +296,14 @@ pub fn in_test(root: &Path) -> anyhow::Result<()> {
     ];
     for (stage, name, missing) in stages {
         if missing.is_empty() {
-            run(
-                root,
-                &E2eArgs {
-                    stage: vec![stage],
-                    ..E2eArgs::default()
-                },
-            )?;
+            let args = E2eArgs {
+                stage: vec![stage],
+                ..E2eArgs::default()
+            };
+            match stage {
+                Stage::Containerd => containerd(root, &args, prefetched.take())?,
+                Stage::Controlplane => run(root, &args)?,
+            }
         } else if std::env::var("CI").is_ok_and(|v| v == "true") {
             bail!("CI=true and {name} cannot run here:\n{}", list(&missing));
         } else {

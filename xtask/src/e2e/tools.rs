@@ -90,7 +90,9 @@ fn key(go_version: &str) -> String {
 }
 
 /// The directory holding the built binaries, building them first when the cache has none.
-pub fn ensure() -> anyhow::Result<PathBuf> {
+/// With `log`, the build's output goes there instead of to the terminal (a build in the
+/// background of other steps).
+pub fn ensure(log: Option<&Path>) -> anyhow::Result<PathBuf> {
     let go_version = util::output(Command::new("go").args(["env", "GOVERSION"]))?
         .trim()
         .to_owned();
@@ -100,6 +102,7 @@ pub fn ensure() -> anyhow::Result<PathBuf> {
         return Ok(bin);
     }
     std::fs::create_dir_all(dir.parent().unwrap_or(&dir))?;
+    remove_abandoned(dir.parent().unwrap_or(&dir));
     let tmp = tempfile::Builder::new()
         .prefix(".building-")
         .tempdir_in(dir.parent().unwrap_or(&dir))?;
@@ -108,7 +111,7 @@ pub fn ensure() -> anyhow::Result<PathBuf> {
         "building containerd {CONTAINERD} and crictl {CRICTL} with {go_version} into {} (once; later runs reuse them)",
         bin.display()
     );
-    build(&tmp.path().join("bin"))?;
+    build(&tmp.path().join("bin"), log)?;
     eprintln!(
         "built the containerd tools in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -125,7 +128,32 @@ pub fn ensure() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-fn build(gobin: &Path) -> anyhow::Result<()> {
+/// Removes build directories a run left behind when it ended during a build (a failing
+/// `cargo xtask test` does not wait for its background build); an hour is far longer than a
+/// build takes, so a build in progress is never among them.
+fn remove_abandoned(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() > 3600);
+        if old
+            && entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".building-")
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn build(gobin: &Path, log: Option<&Path>) -> anyhow::Result<()> {
     for install in installs() {
         let mut cmd = Command::new("nice");
         cmd.args(["-n", "10", "go", "install", "-trimpath"])
@@ -145,7 +173,23 @@ fn build(gobin: &Path) -> anyhow::Result<()> {
             };
             cmd.arg(format!("{package}@{version}"));
         }
-        util::run(&mut cmd)?;
+        match log {
+            None => util::run(&mut cmd)?,
+            Some(log) => {
+                let out = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)?;
+                cmd.stdout(out.try_clone()?).stderr(out);
+                let status = cmd.status().context("starting go install")?;
+                if !status.success() {
+                    bail!(
+                        "go install failed ({status}); its output is in {}",
+                        log.display()
+                    );
+                }
+            }
+        }
     }
     for b in BINARIES {
         if !gobin.join(b).is_file() {

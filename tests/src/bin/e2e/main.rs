@@ -139,18 +139,14 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
             bail!("{} is missing", path.display());
         }
     }
+    teardown::sweep_stale(&args.run_root);
     let run_dir = tempfile::Builder::new()
-        .prefix("rme2e-")
+        .prefix(teardown::RUN_PREFIX)
         .tempdir_in(&args.run_root)
         .with_context(|| format!("making a run directory in {}", args.run_root.display()))?
         .keep();
-    let id = run_dir
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .trim_start_matches("rme2e-")
-        .to_ascii_lowercase();
-    let cgroup_root = format!("/resmgr-e2e-{id}-kubepods");
+    teardown::claim_run(&run_dir)?;
+    let cgroup_root = teardown::cgroup_root_of(&run_dir);
     eprintln!(
         "e2e: run directory {}, cgroup root {cgroup_root}",
         run_dir.display()

@@ -213,6 +213,83 @@ impl Teardown {
     }
 }
 
+/// The prefix of run directories.
+pub const RUN_PREFIX: &str = "rme2e-";
+/// The file in a run directory naming the process that owns it.
+const OWNER: &str = "e2e.owner";
+
+/// The run's cgroup root, derived from its directory's name (`/resmgr-e2e-<id>-kubepods`: the
+/// kubelet's `kubepods` is in it, so the agent reads the pods' QoS classes from their parents).
+pub fn cgroup_root_of(run_dir: &Path) -> String {
+    let name = run_dir.file_name().unwrap_or_default().to_string_lossy();
+    let id = name.trim_start_matches(RUN_PREFIX).to_ascii_lowercase();
+    format!("/resmgr-e2e-{id}-kubepods")
+}
+
+/// A live process's identity: its PID and its start time (so a reused PID is not taken for
+/// it). None for a process that is gone or a zombie (killed, not yet reaped).
+fn identity(pid: u32) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3, the state; field 22 is the start time.
+    if matches!(fields.first(), Some(&("Z" | "X")) | None) {
+        return None;
+    }
+    Some(format!("{pid} {}", fields.get(19)?))
+}
+
+/// Marks `run_dir` as this process's.
+pub fn claim_run(run_dir: &Path) -> anyhow::Result<()> {
+    let me = identity(std::process::id()).unwrap_or_default();
+    fs::write(run_dir.join(OWNER), me)?;
+    Ok(())
+}
+
+/// Tears down the runs under `root` whose runner is gone: killed with SIGKILL, or by a machine
+/// that lost power, they could not clean up after themselves. A run whose owner still runs
+/// (another engineer's, another CI job's) is left alone, and so is one too young to have
+/// written its owner file yet.
+pub fn sweep_stale(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let is_run = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(RUN_PREFIX))
+            && entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_run {
+            continue;
+        }
+        let owner = fs::read_to_string(dir.join(OWNER)).ok();
+        let stale = match owner.as_deref().map(str::trim) {
+            Some(owner) => {
+                let pid = owner.split_whitespace().next().and_then(|p| p.parse().ok());
+                pid.and_then(identity).as_deref() != Some(owner)
+            }
+            None => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(600)),
+        };
+        if stale {
+            eprintln!(
+                "e2e: tearing down {}, left by a run that is gone",
+                dir.display()
+            );
+            let t = Teardown::default();
+            t.set_run_dir(&dir, false);
+            t.cgroup_root(&cgroup_root_of(&dir));
+            t.run();
+        }
+    }
+}
+
 /// A guard that tears down when dropped.
 #[derive(Debug)]
 pub struct Guard(pub Teardown);
@@ -478,6 +555,44 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(found, [child.id()]);
+    }
+
+    #[test]
+    fn a_run_whose_owner_is_gone_is_swept_and_a_live_ones_is_not() {
+        let root = tempfile::tempdir().unwrap();
+        let live = root.path().join(format!("{RUN_PREFIX}live"));
+        let gone = root.path().join(format!("{RUN_PREFIX}gone"));
+        let young = root.path().join(format!("{RUN_PREFIX}young"));
+        let other = root.path().join("unrelated");
+        for d in [&live, &gone, &young, &other] {
+            fs::create_dir(d).unwrap();
+        }
+        claim_run(&live).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let dead = identity(child.id()).unwrap();
+        child.kill().unwrap();
+        // Killed but not reaped (as a runner killed under a parent that does not reap): a
+        // zombie is gone too.
+        assert!(wait_gone(child.id(), Duration::from_secs(10)));
+        fs::write(gone.join(OWNER), &dead).unwrap();
+        assert_eq!(identity(child.id()), None);
+        sweep_stale(root.path());
+        assert!(live.exists(), "its owner (this test) still runs");
+        assert!(!gone.exists(), "its owner has exited");
+        assert!(young.exists(), "no owner file yet, and only just made");
+        assert!(other.exists(), "not a run directory");
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn the_cgroup_root_names_the_run_and_kubepods() {
+        assert_eq!(
+            cgroup_root_of(Path::new("/tmp/rme2e-AbC123")),
+            "/resmgr-e2e-abc123-kubepods"
+        );
     }
 
     #[test]
