@@ -53,7 +53,7 @@ pub struct E2eArgs {
     /// Keep the run's directory (logs, containerd's and the agent's state) afterwards.
     #[arg(long)]
     pub keep: bool,
-    /// Run only these scenarios (repeat); default: all.
+    /// Run only these scenarios (repeat); default: all. Most build on the ones before them.
     #[arg(long, value_name = "SCENARIO")]
     pub only: Vec<String>,
     /// An extra flag for `resmgr run` (repeat).

@@ -35,8 +35,12 @@ pub struct AgentConfig {
     pub reserved: String,
     /// The run directory: the agent's state, the kubelet's directories and the log go here.
     pub dir: PathBuf,
-    /// More flags (a scenario's settings).
+    /// More flags from the command line.
     pub extra: Vec<String>,
+    /// The flags of the phase being run (its settings), before `extra`.
+    pub phase: Vec<String>,
+    /// The agent's state directory's name in `dir` (one per phase: settings change).
+    pub state: String,
 }
 
 impl AgentConfig {
@@ -49,7 +53,7 @@ impl AgentConfig {
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.join("agent-state")
+        self.dir.join(&self.state)
     }
 }
 
@@ -122,7 +126,8 @@ impl Agent {
         if has_flag(&config.bin, "--debug-addr")? {
             cmd.args(["--debug-addr", &free_addr()?]);
         }
-        cmd.args(&config.extra)
+        cmd.args(&config.phase)
+            .args(&config.extra)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info");
         kubelet.forget();

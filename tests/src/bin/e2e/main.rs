@@ -96,7 +96,8 @@ struct Args {
     /// An extra flag for `resmgr run` (repeat for more).
     #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
     agent_args: Vec<String>,
-    /// Run only these scenarios (repeat; default: all, in order).
+    /// Run only these scenarios (repeat; default: all, in order). Most build on the ones
+    /// before them (the claim moves the shared containers they started).
     #[arg(long, value_name = "SCENARIO")]
     only: Vec<String>,
     /// Bring the node up, run this command against it, tear down.
@@ -220,6 +221,8 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         reserved: format!("cpuset:{reserved}"),
         dir: run_dir.clone(),
         extra: args.agent_args.clone(),
+        phase: Vec::new(),
+        state: "agent-state".into(),
     };
     let kubelet = Kubelet::new(agent_config.registry_dir(), DRIVER)?;
     let mut world = World::new(
@@ -232,7 +235,7 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         teardown.clone(),
         claims,
     );
-    let result = world.start_agent().and_then(|()| world.run(&args.only));
+    let result = world.run(&args.only);
     println!("{}", scenarios::table(&world.rows));
     for note in &world.notes {
         println!("note: {note}");

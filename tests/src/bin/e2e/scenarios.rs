@@ -4,14 +4,20 @@
 //! The model is ours, not the agent's: the reserved CPUs are what we configured; a claim holds
 //! the CPUs its CDI spec names (checked: as many as allocated, on the allocated NUMA node, none
 //! reserved or held by anyone else); an exclusive container holds what the kernel shows it has
-//! (checked the same way); and the shared containers hold every other allowed CPU. After each
-//! step every running container is checked in the kernel's view, its cgroup's cpuset and its
-//! process's `Cpus_allowed_list`/`Mems_allowed_list`, so a container that moved when it should
-//! not have fails as surely as one that did not move.
+//! (checked the same way); and the shared containers hold every other allowed CPU, or the
+//! reserved CPUs when grants took all of them (the kubelet admitted them: they must run). After
+//! each step every running container is checked in the kernel's view, its cgroup's cpuset and
+//! its process's `Cpus_allowed_list`/`Mems_allowed_list`, so a container that moved when it
+//! should not have fails as surely as one that did not move.
 //!
-//! The scenarios are designed for a 2-CPU machine (one reserved, one for everything else) and
-//! use more CPUs when there are more: a claim takes half of its NUMA node's claimable CPUs, and
-//! the shared containers keep running next to it when that leaves them a CPU.
+//! The scenarios run in phases, one agent configuration each: `nri-pods` (`cpu-exclusivity:
+//! pods`, nri-plugins' behaviour: Guaranteed containers get exclusive CPUs) and `dra-claims`
+//! (the default: only claims are exclusive). Between phases the agent stops, the pods go, and
+//! the next phase's agent starts from a state directory of its own.
+//!
+//! They are designed for a 2-CPU machine (one CPU reserved, one for everything else, so that
+//! every grant empties the shared pool and every release refills it) and use more CPUs when
+//! there are more: a claim takes half of its NUMA node's claimable CPUs.
 
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
@@ -103,17 +109,38 @@ pub struct World {
 /// A scenario: a name and what it does.
 pub type Scenario = (&'static str, fn(&mut World) -> anyhow::Result<()>);
 
-/// Every scenario, in the order they run (each builds on what the one before left).
-pub const SCENARIOS: &[Scenario] = &[
-    ("reserved", reserved),
-    ("exclusive", exclusive),
-    ("shared", shared),
-    ("resize", resize),
-    ("claim", claim),
-    ("agent-sigterm", |w| agent_restart(w, Signal::TERM)),
-    ("agent-sigkill", |w| agent_restart(w, Signal::KILL)),
-    ("containerd-restart", containerd_restart),
-    ("unprepare", unprepare),
+/// Scenarios that run under one agent configuration.
+#[derive(Debug)]
+pub struct Phase {
+    pub name: &'static str,
+    /// `resmgr run` flags of the phase.
+    pub agent_args: &'static [&'static str],
+    /// In order: each builds on what the one before left.
+    pub scenarios: &'static [Scenario],
+}
+
+/// Every phase, in the order they run.
+pub const PHASES: &[Phase] = &[
+    Phase {
+        name: "nri-pods",
+        agent_args: &["--cpu-exclusivity=pods"],
+        scenarios: &[("exclusive", exclusive)],
+    },
+    Phase {
+        name: "dra-claims",
+        agent_args: &[],
+        scenarios: &[
+            ("reserved", reserved),
+            ("guaranteed-shares", guaranteed_shares),
+            ("shared", shared),
+            ("resize", resize),
+            ("claim", claim),
+            ("agent-sigterm", |w| agent_restart(w, Signal::TERM)),
+            ("agent-sigkill", |w| agent_restart(w, Signal::KILL)),
+            ("containerd-restart", containerd_restart),
+            ("unprepare", unprepare),
+        ],
+    },
 ];
 
 /// The command of every test container: a shell that execs a long sleep, so the process the
@@ -158,17 +185,61 @@ impl World {
         }
     }
 
-    /// Runs the scenarios named in `only` (all when empty), in order.
+    /// Runs the scenarios named in `only` (all when empty), phase by phase.
     pub fn run(&mut self, only: &[String]) -> anyhow::Result<()> {
-        for (name, scenario) in SCENARIOS {
-            if !only.is_empty() && !only.iter().any(|o| o == name) {
+        let names: Vec<&str> = PHASES
+            .iter()
+            .flat_map(|p| p.scenarios.iter().map(|(n, _)| *n))
+            .collect();
+        if let Some(unknown) = only.iter().find(|o| !names.contains(&o.as_str())) {
+            bail!("no scenario {unknown:?}; there are {}", names.join(", "));
+        }
+        for phase in PHASES {
+            let chosen: Vec<&Scenario> = phase
+                .scenarios
+                .iter()
+                .filter(|(name, _)| only.is_empty() || only.iter().any(|o| o == name))
+                .collect();
+            if chosen.is_empty() {
                 continue;
             }
-            self.scenario = (*name).to_owned();
-            eprintln!("e2e: scenario {name}");
-            scenario(self).with_context(|| format!("scenario {name}"))?;
+            eprintln!(
+                "e2e: phase {} (resmgr run {:?})",
+                phase.name, phase.agent_args
+            );
+            self.begin(phase)
+                .with_context(|| format!("starting phase {}", phase.name))?;
+            for (name, scenario) in chosen {
+                self.scenario = (*name).to_owned();
+                eprintln!("e2e: scenario {name}");
+                scenario(self).with_context(|| format!("scenario {name}"))?;
+            }
         }
         Ok(())
+    }
+
+    /// Starts a phase: the previous phase's agent stops and its pods go; this phase's agent
+    /// starts with its settings and a state of its own.
+    fn begin(&mut self, phase: &Phase) -> anyhow::Result<()> {
+        if let Some(agent) = self.agent.take() {
+            let status = agent.stop(Signal::TERM)?;
+            ensure!(
+                status.success(),
+                "resmgr run exited with {status} on SIGTERM"
+            );
+        }
+        let pods: Vec<String> = self.pods.keys().cloned().collect();
+        for pod in pods {
+            self.remove_pod(&pod)?;
+        }
+        ensure!(
+            self.granted.is_empty(),
+            "claims are still prepared at the end of a phase: {:?}",
+            self.granted.keys()
+        );
+        self.agent_config.phase = phase.agent_args.iter().map(|a| (*a).to_owned()).collect();
+        self.agent_config.state = format!("agent-state-{}", phase.name);
+        self.start_agent()
     }
 
     pub fn start_agent(&mut self) -> anyhow::Result<()> {
@@ -490,6 +561,17 @@ fn burstable(name: &str, milli: u64) -> Container {
     }
 }
 
+fn guaranteed(name: &str, milli: u64) -> Container {
+    Container {
+        name: name.into(),
+        command: sleeper(),
+        cpu_request_milli: milli,
+        cpu_limit_milli: milli,
+        memory_limit: 64 << 20,
+        ..Container::default()
+    }
+}
+
 /// A system pod in `kube-system` runs on the reserved CPUs.
 fn reserved(w: &mut World) -> anyhow::Result<()> {
     let pod = w.pod("coredns", "kube-system", Qos::Burstable)?;
@@ -497,23 +579,28 @@ fn reserved(w: &mut World) -> anyhow::Result<()> {
     w.check(&[&c.key])
 }
 
-/// A Guaranteed container of whole CPUs gets CPUs of its own; nothing else moves. It then goes
-/// (on 2 CPUs it holds the only CPU the shared containers of the next scenarios can have).
+/// With nri-plugins' exclusivity, a Guaranteed container of whole CPUs gets CPUs of its own.
+/// A BestEffort container created next to it runs (on 2 CPUs none is left to share: it falls
+/// back to the reserved CPUs, as the kubelet's static CPU manager would have it), and when the
+/// exclusive container goes, the shared containers get its CPUs back at once.
 fn exclusive(w: &mut World) -> anyhow::Result<()> {
     let pod = w.pod("pinned", "default", Qos::Guaranteed)?;
-    let c = Container {
-        name: "worker".into(),
-        command: sleeper(),
-        cpu_request_milli: 1000,
-        cpu_limit_milli: 1000,
-        memory_limit: 64 << 20,
-        ..Container::default()
-    };
-    let c = w.container(&pod, &c, Expect::Exclusive)?;
+    let c = w.container(&pod, &guaranteed("worker", 1000), Expect::Exclusive)?;
     w.learn_exclusive(&c, 1)?;
     w.check(&[&c.key])?;
+    let batch = w.pod("batch", "default", Qos::BestEffort)?;
+    let b = w.container(&batch, &burstable("job", 0), Expect::Shared)?;
+    w.check(&[&b.key])?;
     w.remove_pod("pinned")?;
-    w.check(&[])
+    w.check(&[&b.key])
+}
+
+/// With the default exclusivity (claims), a Guaranteed container without a claim shares: only
+/// claims are exclusive, so the scheduler's view of the node stays true.
+fn guaranteed_shares(w: &mut World) -> anyhow::Result<()> {
+    let pod = w.pod("steady", "default", Qos::Guaranteed)?;
+    let c = w.container(&pod, &guaranteed("server", 1000), Expect::Shared)?;
+    w.check(&[&c.key])
 }
 
 /// A Burstable container gets the shared CPUs.
@@ -558,28 +645,21 @@ fn resize(w: &mut World) -> anyhow::Result<()> {
 }
 
 /// The kubelet prepares a claim, then runs its pod: the agent takes the claim's CPUs out of the
-/// shared pool and moves the running shared containers off them at once (UpdateContainers),
-/// and the claim's container runs on exactly the claim's CPUs and memory nodes, with both names
-/// of its environment variables reaching a process started through a shell.
+/// shared pool and moves the running shared containers off them at once (UpdateContainers; on
+/// 2 CPUs onto the reserved CPU), and the claim's container runs on exactly the claim's CPUs
+/// and memory nodes, with the claim's variables reaching a process started through a shell.
 fn claim(w: &mut World) -> anyhow::Result<()> {
     let claim = w.claims[0].clone();
-    // On 2 CPUs the claim takes the only shared CPU. Without a shared-pool fallback the agent
-    // rightly refuses a claim that a running shared container needs, so they go first.
-    if w.shared_cpus().len() <= claim.cpus {
-        w.notes.push(format!(
-            "claim: {} shared cpu(s) and a claim of {}: the shared containers went before the \
-             claim, so the push path (UpdateContainers moving them) was not exercised",
-            w.shared_cpus().len(),
-            claim.cpus
-        ));
-        w.remove_pod("web")?;
-    }
     let shared_keys: Vec<String> = w
         .running
         .iter()
         .filter(|c| c.expect == Expect::Shared)
         .map(|c| c.key.clone())
         .collect();
+    ensure!(
+        !shared_keys.is_empty(),
+        "no shared container runs to be moved by the claim"
+    );
     w.prepare(&claim)?;
     // Prepare returns after the updates were delivered: the shared containers have moved.
     let keys: Vec<&str> = shared_keys.iter().map(String::as_str).collect();

@@ -551,6 +551,15 @@ mod tests {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        // Until the child has exec'd tail, its command line is still ours.
+        let file_bytes = file.as_os_str().as_encoded_bytes().to_vec();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !fs::read(format!("/proc/{}/cmdline", child.id()))
+            .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == file_bytes))
+        {
+            assert!(Instant::now() < deadline, "tail never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let found = naming(dir.path());
         child.kill().unwrap();
         child.wait().unwrap();
