@@ -157,7 +157,11 @@ fn online_cpus() -> Option<usize> {
 
 /// `cargo xtask e2e`: the stages `args` selects, in order.
 pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
-    let all = args.stage.is_empty();
+    // A command runs against the containerd stage's node; the control plane has none to give.
+    let all = args.stage.is_empty() && args.command.is_empty();
+    if args.stage.is_empty() && !args.command.is_empty() {
+        return containerd(root, args, None);
+    }
     if all || args.stage.contains(&Stage::Containerd) {
         containerd(root, args, None)?;
     }
