@@ -83,7 +83,9 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("resmgr: {e:#}");
+            // The whole chain on one line, each cause once (some third-party errors, such as
+            // kube's kubeconfig errors, repeat their cause in their message).
+            eprintln!("resmgr: {}", resmgr::errors::chain(&*e));
             ExitCode::FAILURE
         }
     }

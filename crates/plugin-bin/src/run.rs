@@ -97,7 +97,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
 
     // State, topology, policy restore, CDI reconciliation.
     let topology = Topology::load(&config.topology)
-        .map_err(|e| anyhow::anyhow!("--topology {}: {e}", show_topology(&config.topology)))?;
+        .with_context(|| format!("--topology {}", show_topology(&config.topology)))?;
     check_reserved(&config.reserved_cpus, &topology)?;
     let policy = policy_choice::build(
         topology,

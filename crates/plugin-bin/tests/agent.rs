@@ -204,3 +204,52 @@ fn start_up_refuses_what_the_machine_cannot_give_naming_the_flag() {
         "{err}"
     );
 }
+
+/// Each start-up failure the agent can meet on disk is printed with every cause once: library
+/// errors keep their cause in `source()` only, and the binary prints the chain.
+#[test]
+fn start_up_failures_print_each_cause_once() {
+    let run = |dir: &Path| {
+        let out = agent(dir).output().unwrap();
+        assert!(!out.status.success());
+        // The error line; the others are logs.
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        stderr
+            .lines()
+            .find(|l| l.starts_with("resmgr: "))
+            .unwrap_or_else(|| panic!("no error line in {stderr}"))
+            .to_owned()
+    };
+
+    // The state file cannot be read: a directory where it should be.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("state/state.json")).unwrap();
+    let err = run(dir.path());
+    assert!(err.contains("reading state file"), "{err}");
+    assert_eq!(err.matches("(os error 21)").count(), 1, "{err}");
+
+    // The policy refuses the saved state.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(
+        dir.path().join("state/state.json"),
+        r#"{"version": 1, "policy": "topology-aware", "policy_state": {"bogus": true}, "claims": {}}"#,
+    )
+    .unwrap();
+    let err = run(dir.path());
+    assert!(err.contains("restoring the policy from"), "{err}");
+    let cause = err
+        .rsplit("restoring the policy from ")
+        .next()
+        .and_then(|rest| rest.split_once(": "))
+        .map(|(_, cause)| cause.trim().to_owned())
+        .unwrap();
+    assert_eq!(err.matches(cause.as_str()).count(), 1, "{err}");
+
+    // The CDI spec directory cannot be listed: a file where it should be.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cdi"), b"").unwrap();
+    let err = run(dir.path());
+    assert!(err.contains("reconciling CDI specs"), "{err}");
+    assert_eq!(err.matches("(os error 20)").count(), 1, "{err}");
+}

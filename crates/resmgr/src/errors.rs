@@ -1,8 +1,10 @@
-//! Rendering errors for people: one line with every cause in the chain.
+//! Rendering errors for people: one line with every cause in the chain, each once. The one
+//! error-chain printer of resmgr and the binary (which prints its fatal errors with it).
 //!
 //! Our library errors keep their cause in `source()` rather than repeating it in their message
-//! (so chain printers do not print it twice). Where an error leaves the process as a string (a
-//! per-claim error to the kubelet, an NRI status message) the whole chain is what the reader
+//! (so chain printers do not print it twice); some third-party errors do repeat it, which
+//! [`chain`] drops. Where an error leaves the process as a string (a per-claim error to the
+//! kubelet, an NRI status message, the binary's last line) the whole chain is what the reader
 //! needs.
 
 use std::error::Error;

@@ -17,7 +17,7 @@ use crate::{errors::chain, manager::Manager, state::StateError};
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
     /// The policy refused.
-    #[error("container {container}: {source}")]
+    #[error("container {container}")]
     Policy {
         /// `namespace/pod/container`.
         container: String,

@@ -110,15 +110,16 @@ pub enum StartError {
     #[error(transparent)]
     State(#[from] StateError),
     /// The policy refused the saved state.
-    #[error("restoring the policy from {path}: {source}")]
+    #[error("restoring the policy from {path}")]
     Restore {
         /// The state file.
         path: std::path::PathBuf,
         /// The policy's error.
+        #[source]
         source: policy::PolicyError,
     },
     /// The CDI spec directory could not be read or cleaned.
-    #[error("reconciling CDI specs: {0}")]
+    #[error("reconciling CDI specs")]
     Specs(#[from] cdi::StoreError),
 }
 

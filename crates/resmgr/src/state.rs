@@ -73,11 +73,12 @@ pub struct DeviceRecord {
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// Reading the file failed.
-    #[error("reading state file {path}: {source}")]
+    #[error("reading state file {path}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The cause.
+        #[source]
         source: io::Error,
     },
     /// The file is not a state file we understand.

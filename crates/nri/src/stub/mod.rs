@@ -76,7 +76,7 @@ pub enum StubError {
     Register(#[source] CallError),
     #[error("the runtime did not send Configure within {timeout_ms} ms of registration")]
     ConfigureTimeout { timeout_ms: u128 },
-    #[error("the runtime closed the connection during registration")]
+    #[error("the connection ended during registration")]
     Rejected(#[source] Disconnect),
 }
 
