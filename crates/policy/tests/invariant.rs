@@ -1,0 +1,811 @@
+//! The invariant of issue 18, on random walks through a node's life:
+//!
+//! 1. every claim the scheduler allocates from the devices the policy publishes at that moment
+//!    is prepared (a refused allocated claim is a pod stuck in ContainerCreating for good);
+//! 2. no CPU is held by two claims, or by a claim and an exclusive container (nor by two
+//!    exclusive containers);
+//! 3. every container the kubelet admitted is created, and runs on a non-empty cpuset;
+//! 4. a claim holds at least the CPUs the scheduler counts it for (the `cpu` it consumed, or the
+//!    whole device it was handed).
+//!
+//! A walk is a sequence of pods of every QoS class (with and without claims, one to three
+//! containers), pod and container removals, resizes and agent restarts (snapshot, a new policy,
+//! restore, sync with the running containers). The kubelet admits a pod only when its requests
+//! fit the node's allocatable CPUs (online minus reserved, the agent's reserved CPUs being the
+//! kubelet's), and a pod with a claim mirrors the claimed CPUs in its main container's request,
+//! as pods must until the node-allocatable mapping. Claims are allocated by
+//! [`policy::scheduler`] from `Policy::devices` at that moment. A pod the scheduler or the
+//! kubelet would not place is skipped; anything the node then refuses is a violation.
+//!
+//! Machines: 1 NUMA node with 2 CPUs (one reserved), 2 NUMA nodes of 16 CPUs with SMT, 4 NUMA
+//! nodes of 64 CPUs, and a hybrid part (two-thread P-cores and one-thread E-cores); with
+//! `DRAConsumableCapacity` on and off. Every NUMA node has 64 GiB and containers ask for at
+//! most 512 MiB, so memory never decides: the invariant is about CPUs.
+//!
+//! Walks are generated from a seed by a small generator of our own (state-dependent steps, so
+//! no shrinking; the failing step and the walk up to it are printed instead). Each test runs
+//! `RESMGR_INVARIANT_CASES` walks (default 16) of `RESMGR_INVARIANT_STEPS` steps (default 60);
+//! walk `i` uses seed `RESMGR_INVARIANT_SEED + i` (default seed 18). A failure prints the
+//! command that replays exactly that walk. `cargo xtask soak --invariant-cases N` runs longer.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use policy::{
+    Claim, ClaimConfig, ConfigSource, Container, ContainerUpdate, CpuSet, Device, GrantKind, Pod,
+    Policy, QosClass, Quantity, Resources, Topology, TopologyAware, TopologySource, cdi,
+    model::AllocationResult,
+    scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, ScheduleError, Scheduler, Selector},
+    topology_aware::{Config, ReservedCpus},
+};
+
+const DRIVER: &str = "topology-aware.resmgr.io";
+const NUMA: &str = "resource.kubernetes.io/numaNode";
+const POOL: &str = "node-1";
+
+/// splitmix64: small, fast, and the same on every platform.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n` > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi.saturating_sub(lo) + 1)
+    }
+
+    /// Uniform in `0..len` (`len` > 0), for picking from a list.
+    fn index(&mut self, len: usize) -> usize {
+        let len = u64::try_from(len).unwrap_or(u64::MAX);
+        usize::try_from(self.below(len)).unwrap_or(0)
+    }
+
+    fn percent(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
+}
+
+/// A machine shape the walks run on.
+#[derive(Debug, Clone)]
+struct Machine {
+    name: &'static str,
+    topology: Topology,
+    reserved: ReservedCpus,
+}
+
+fn synthetic(desc: &str) -> Topology {
+    Topology::load(&TopologySource::Synthetic(desc.into())).unwrap()
+}
+
+/// A hybrid part: 8 two-thread P-cores and 4 one-thread E-cores on one NUMA node (20 CPUs),
+/// built from a synthetic machine by taking the second thread off the last 4 cores, as on
+/// parts whose efficient cores have no SMT.
+fn hybrid() -> Topology {
+    let mut t = synthetic("pack:1 numa:1(memory=64GiB) core:12 pu:2");
+    let mut gone = CpuSet::new();
+    for core in t.cores.iter_mut().skip(8) {
+        let second = core.threads.iter().nth(1).unwrap();
+        gone = gone.union(&CpuSet::from_iter([second]));
+        core.threads = core.threads.difference(&gone);
+    }
+    t.online = t.online.difference(&gone);
+    for p in &mut t.packages {
+        p.cpus = p.cpus.difference(&gone);
+    }
+    for d in &mut t.dies {
+        d.cpus = d.cpus.difference(&gone);
+    }
+    for n in &mut t.numa_nodes {
+        n.cpus = n.cpus.difference(&gone);
+    }
+    for l3 in &mut t.l3_groups {
+        l3.cpus = l3.cpus.difference(&gone);
+    }
+    assert_eq!(t.online.len(), 20);
+    t
+}
+
+fn machine(name: &str) -> Machine {
+    match name {
+        "small" => Machine {
+            name: "small",
+            topology: synthetic("pack:1 numa:1(memory=64GiB) core:1 pu:2"),
+            reserved: ReservedCpus::Count(1),
+        },
+        "smt16" => Machine {
+            name: "smt16",
+            topology: synthetic("pack:1 numa:2(memory=64GiB) core:4 pu:2"),
+            reserved: ReservedCpus::Count(2),
+        },
+        "numa4" => Machine {
+            name: "numa4",
+            topology: synthetic("pack:2 numa:2(memory=64GiB) core:8 pu:2"),
+            reserved: ReservedCpus::Count(2),
+        },
+        "hybrid" => Machine {
+            name: "hybrid",
+            topology: hybrid(),
+            reserved: ReservedCpus::Count(2),
+        },
+        other => panic!("no machine {other}"),
+    }
+}
+
+fn new_policy(m: &Machine) -> TopologyAware {
+    let config = Config {
+        reserved_cpus: m.reserved.clone(),
+        ..Config::default()
+    };
+    TopologyAware::new(m.topology.clone(), config).unwrap()
+}
+
+/// One container of a pod, as the walk knows it.
+#[derive(Debug, Clone)]
+struct Member {
+    id: String,
+    /// Uses the pod's claim.
+    claimed: bool,
+}
+
+#[derive(Debug, Clone)]
+struct PodState {
+    members: Vec<Member>,
+    claim: Option<String>,
+}
+
+/// The node and the cluster around it.
+struct World {
+    machine: Machine,
+    policy: TopologyAware,
+    scheduler: Scheduler,
+    allocatable_milli: u64,
+    pods: BTreeMap<u32, PodState>,
+    /// Running containers, with what the runtime applied (the runtime's view).
+    running: BTreeMap<String, Container>,
+    next: u32,
+}
+
+/// What went wrong, for the report.
+type Violation = String;
+
+impl World {
+    fn new(machine: Machine, gates: Gates) -> Self {
+        let policy = new_policy(&machine);
+        let reserved = policy.reserved_cpus().len() as u64;
+        let online = machine.topology.online.len() as u64;
+        Self {
+            allocatable_milli: (online - reserved) * 1000,
+            policy,
+            scheduler: Scheduler::new(DRIVER, POOL, gates),
+            machine,
+            pods: BTreeMap::new(),
+            running: BTreeMap::new(),
+            next: 0,
+        }
+    }
+
+    /// What the kubelet counts against allocatable: every running container's request.
+    fn admitted_milli(&self) -> u64 {
+        self.running
+            .values()
+            .map(|c| c.resources.cpu_request_milli)
+            .sum()
+    }
+
+    fn apply(&mut self, updates: &[ContainerUpdate]) {
+        for u in updates {
+            if let Some(c) = self.running.get_mut(&u.container_id) {
+                if let Some(cpus) = &u.cpus {
+                    c.cpus = Some(cpus.clone());
+                }
+                if let Some(mems) = &u.mems {
+                    c.mems = Some(mems.clone());
+                }
+            }
+        }
+    }
+
+    fn devices(&self) -> Vec<Device> {
+        self.policy.devices().unwrap_or_default()
+    }
+
+    /// A step of the walk; `Ok(description)` or the violation it caused.
+    fn step(&mut self, rng: &mut Rng) -> Result<String, Violation> {
+        let roll = rng.below(100);
+        match roll {
+            0..45 => self.add_pod(rng),
+            45..65 => self.remove_pod(rng),
+            65..72 => self.remove_container(rng),
+            72..90 => self.resize(rng),
+            _ => self.restart(),
+        }
+    }
+
+    fn add_pod(&mut self, rng: &mut Rng) -> Result<String, Violation> {
+        self.next += 1;
+        let n = self.next;
+        let qos = match rng.below(10) {
+            0..5 => QosClass::Guaranteed,
+            5..8 => QosClass::Burstable,
+            _ => QosClass::BestEffort,
+        };
+        let pod = Pod {
+            uid: format!("pod-{n}"),
+            namespace: "default".into(),
+            name: format!("p{n}"),
+            qos,
+            annotations: BTreeMap::new(),
+        };
+        let wants_claim = match qos {
+            QosClass::Guaranteed => rng.percent(50),
+            QosClass::Burstable => rng.percent(15),
+            QosClass::BestEffort => false,
+        };
+        let size = 1 + rng.index(3);
+        let mut resources: Vec<Resources> = (0..size).map(|_| self.resources(rng, qos)).collect();
+        let mut description = format!("pod p{n} ({qos:?}, {size} container(s)");
+        let mut claim = None;
+        if wants_claim {
+            let (spec, config, cpus) = self.claim_request(rng);
+            // The pod mirrors the claimed CPUs in its main container.
+            let milli = cpus * 1000;
+            resources[0].cpu_request_milli = milli;
+            if qos == QosClass::Guaranteed {
+                resources[0].cpu_limit_milli = Some(milli);
+            }
+            description.push_str(&format!(", claim {}", describe_claim(&spec, &config)));
+            claim = Some((spec, config));
+        }
+        let pod_milli: u64 = resources.iter().map(|r| r.cpu_request_milli).sum();
+        if self.admitted_milli() + pod_milli > self.allocatable_milli {
+            return Ok(format!("{description}): not admitted, requests do not fit"));
+        }
+        let mut claim_uid = None;
+        if let Some((spec, config)) = claim {
+            let uid = format!("claim-{n}");
+            let published = self.devices();
+            let results = match self.scheduler.allocate(&uid, &spec, &published) {
+                Ok(r) => r,
+                Err(ScheduleError::Unschedulable(why)) => {
+                    return Ok(format!("{description}): unschedulable: {why}"));
+                }
+                Err(e) => panic!("the walk wrote an invalid claim: {e}"),
+            };
+            let claim = Claim {
+                uid: uid.clone(),
+                namespace: "default".into(),
+                name: format!("c{n}"),
+                reserved_for: vec![pod.uid.clone()],
+                results: results.clone(),
+                config,
+            };
+            description.push_str(&format!(") -> scheduler {}", show_results(&results)));
+            if let Err(e) = self.policy.allocate_claim(&claim) {
+                return Err(format!(
+                    "{description}: the scheduler allocated claim {uid} and the node refused it: {e}"
+                ));
+            }
+            claim_uid = Some(uid);
+        } else {
+            description.push(')');
+        }
+        let mut members = Vec::new();
+        for (i, r) in resources.into_iter().enumerate() {
+            let id = format!("p{n}-c{i}");
+            let claimed = i == 0 && claim_uid.is_some();
+            let cdi_devices = match (&claim_uid, claimed) {
+                (Some(uid), true) => {
+                    let count = self.scheduler.allocations()[uid.as_str()].len();
+                    let uid = cdi::ClaimUid::new(uid).unwrap();
+                    (0..count)
+                        .map(|k| {
+                            cdi::claim::qualified_device_name(DRIVER, &uid, k)
+                                .unwrap()
+                                .to_string()
+                        })
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            let container = Container {
+                id: id.clone(),
+                pod: pod.clone(),
+                name: format!("c{i}"),
+                resources: r,
+                annotations: BTreeMap::new(),
+                cdi_devices,
+                env: Vec::new(),
+                cpus: None,
+                mems: None,
+            };
+            let placed = self.policy.allocate(&container).map_err(|e| {
+                format!("{description}: the kubelet admitted container {id} and the node refused it: {e}")
+            })?;
+            let mut running = container;
+            running.cpus = placed.adjustment.cpus;
+            running.mems = placed.adjustment.mems;
+            self.running.insert(id.clone(), running);
+            self.apply(&placed.updates);
+            members.push(Member { id, claimed });
+        }
+        self.pods.insert(
+            n,
+            PodState {
+                members,
+                claim: claim_uid,
+            },
+        );
+        Ok(description)
+    }
+
+    /// A container's requests and limits for its pod's class.
+    fn resources(&self, rng: &mut Rng, qos: QosClass) -> Resources {
+        let mib = rng.range(16, 512) << 20;
+        match qos {
+            QosClass::Guaranteed => {
+                let milli = if rng.percent(80) {
+                    rng.range(1, 4) * 1000
+                } else {
+                    rng.range(1, 39) * 100
+                };
+                Resources {
+                    cpu_request_milli: milli,
+                    cpu_limit_milli: Some(milli),
+                    memory_request_bytes: mib,
+                    memory_limit_bytes: Some(mib),
+                }
+            }
+            QosClass::Burstable => {
+                let milli = rng.range(0, 2000);
+                Resources {
+                    cpu_request_milli: milli,
+                    cpu_limit_milli: rng.percent(50).then(|| milli + rng.range(0, 2000)),
+                    memory_request_bytes: mib,
+                    memory_limit_bytes: None,
+                }
+            }
+            QosClass::BestEffort => Resources::default(),
+        }
+    }
+
+    /// A claim for what the policy publishes now: CPUs of a shared device's `cpu` capacity, or
+    /// a count of devices on one NUMA node; with a DeviceClass or claim configuration now and
+    /// then. Returns it with the CPUs the pod mirrors.
+    fn claim_request(&self, rng: &mut Rng) -> (ClaimSpec, Vec<ClaimConfig>, u64) {
+        let devices = self.devices();
+        let shared = devices.iter().any(|d| d.capacities.contains_key("cpu"));
+        let most = devices
+            .iter()
+            .map(|d| d.capacities.get("cpu").map_or(1, |c| c.value.units_ceil()))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let (request, constraints, cpus) = if shared {
+            let mut request = if rng.percent(10) {
+                // No amount: the request policy's default.
+                DeviceRequest::count("cpus", 1)
+            } else if rng.percent(15) {
+                let milli = rng.range(1, most * 10 - 1) * 100;
+                DeviceRequest::capacity("cpus", "cpu", Quantity::from_milli(milli))
+            } else {
+                DeviceRequest::capacity("cpus", "cpu", Quantity::from_units(rng.range(1, most)))
+            };
+            if rng.percent(30)
+                && let Some(d) = devices.get(rng.index(devices.len()))
+                && let Some(v) = d.attributes.get(NUMA)
+            {
+                request.selectors.push(Selector {
+                    attribute: NUMA.into(),
+                    value: v.clone(),
+                });
+            }
+            let cpus = request
+                .capacity
+                .get("cpu")
+                .map_or(1, |q: &Quantity| q.units_ceil());
+            (request, Vec::new(), cpus)
+        } else {
+            let count = rng.range(1, (devices.len() as u64).clamp(1, 8));
+            let constraints = if rng.percent(70) {
+                vec![Constraint {
+                    requests: Vec::new(),
+                    match_attribute: NUMA.into(),
+                }]
+            } else {
+                Vec::new()
+            };
+            (
+                DeviceRequest::count("cpus", u32::try_from(count).unwrap()),
+                constraints,
+                count,
+            )
+        };
+        let mut config = Vec::new();
+        if rng.percent(20) {
+            config.push(cpu_config(ConfigSource::Class, "fullCores", true));
+        }
+        if rng.percent(10) {
+            config.push(cpu_config(ConfigSource::Claim, "memoryPinning", false));
+        }
+        (
+            ClaimSpec {
+                requests: vec![request],
+                constraints,
+            },
+            config,
+            cpus,
+        )
+    }
+
+    fn remove_pod(&mut self, rng: &mut Rng) -> Result<String, Violation> {
+        let Some(&n) = self.pods.keys().nth(rng.index(self.pods.len())) else {
+            return Ok("remove a pod: none".into());
+        };
+        let Some(state) = self.pods.remove(&n) else {
+            unreachable!()
+        };
+        for m in &state.members {
+            self.stop(&m.id)?;
+        }
+        if let Some(uid) = &state.claim {
+            let updates = self
+                .policy
+                .release_claim(uid)
+                .map_err(|e| format!("releasing claim {uid}: {e}"))?;
+            self.apply(&updates);
+            self.scheduler.deallocate(uid);
+        }
+        Ok(format!("remove pod p{n}"))
+    }
+
+    fn stop(&mut self, id: &str) -> Result<(), Violation> {
+        self.running.remove(id);
+        let updates = self
+            .policy
+            .release(id)
+            .map_err(|e| format!("releasing container {id}: {e}"))?;
+        self.apply(&updates);
+        Ok(())
+    }
+
+    fn remove_container(&mut self, rng: &mut Rng) -> Result<String, Violation> {
+        let candidates: Vec<(u32, String)> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| p.members.len() > 1)
+            .flat_map(|(n, p)| p.members.iter().skip(1).map(|m| (*n, m.id.clone())))
+            .collect();
+        let Some((n, id)) = candidates.get(rng.index(candidates.len())).cloned() else {
+            return Ok("remove a container: none".into());
+        };
+        self.stop(&id)?;
+        if let Some(p) = self.pods.get_mut(&n) {
+            p.members.retain(|m| m.id != id);
+        }
+        Ok(format!("remove container {id}"))
+    }
+
+    /// An in-place resize of a container without a claim, within the pod's class; the kubelet
+    /// admits it when the node's requests still fit. The node may refuse it (the resize then
+    /// fails and the container keeps what it had).
+    fn resize(&mut self, rng: &mut Rng) -> Result<String, Violation> {
+        let candidates: Vec<String> = self
+            .pods
+            .values()
+            .flat_map(|p| {
+                p.members
+                    .iter()
+                    .filter(|m| !m.claimed)
+                    .map(|m| m.id.clone())
+            })
+            .collect();
+        let Some(id) = candidates.get(rng.index(candidates.len())).cloned() else {
+            return Ok("resize: nothing to resize".into());
+        };
+        let container = self.running[&id].clone();
+        let qos = container.pod.qos;
+        if qos == QosClass::BestEffort {
+            return Ok(format!("resize {id}: BestEffort has nothing to resize"));
+        }
+        let mut resources = self.resources(rng, qos);
+        resources.memory_request_bytes = container.resources.memory_request_bytes;
+        resources.memory_limit_bytes = container.resources.memory_limit_bytes;
+        let admitted = self.admitted_milli() - container.resources.cpu_request_milli
+            + resources.cpu_request_milli;
+        let what = format!(
+            "resize {id} ({qos:?}) cpu {}m -> {}m",
+            container.resources.cpu_request_milli, resources.cpu_request_milli
+        );
+        if admitted > self.allocatable_milli {
+            return Ok(format!("{what}: not admitted"));
+        }
+        match self.policy.update(&id, &resources) {
+            Ok(updates) => {
+                if let Some(c) = self.running.get_mut(&id) {
+                    c.resources = resources;
+                }
+                self.apply(&updates);
+                Ok(what)
+            }
+            Err(e) => Ok(format!("{what}: refused by the node ({e})")),
+        }
+    }
+
+    /// The agent restarts: a new policy restored from the last snapshot, synchronized with the
+    /// running containers as the runtime reports them.
+    fn restart(&mut self) -> Result<String, Violation> {
+        let snapshot = self.policy.snapshot();
+        let mut policy = new_policy(&self.machine);
+        policy
+            .restore(&snapshot)
+            .map_err(|e| format!("restart: restoring the snapshot: {e}"))?;
+        let running: Vec<Container> = self.running.values().cloned().collect();
+        let updates = policy
+            .sync(&running)
+            .map_err(|e| format!("restart: synchronizing {} containers: {e}", running.len()))?;
+        self.policy = policy;
+        self.apply(&updates);
+        Ok(format!(
+            "restart the agent ({} containers)",
+            self.running.len()
+        ))
+    }
+
+    /// The invariant, after a step.
+    fn check(&self) -> Result<(), Violation> {
+        let held: BTreeSet<String> = self.policy.claims().into_iter().collect();
+        for uid in self.scheduler.allocations().keys() {
+            if !held.contains(uid) {
+                return Err(format!(
+                    "claim {uid} is allocated by the scheduler but not held by the node"
+                ));
+            }
+        }
+        let inventory = self.policy.inventory();
+        let mut taken = CpuSet::new();
+        for c in &inventory.claims {
+            if taken.intersects(&c.cpus) {
+                return Err(format!(
+                    "claim {} holds cpus {} that another claim holds",
+                    c.uid, c.cpus
+                ));
+            }
+            taken = taken.union(&c.cpus);
+            let devices = self.devices();
+            let counted: u64 = self.scheduler.allocations()[&c.uid]
+                .iter()
+                .map(|r| counted_cpus(r, &devices))
+                .sum();
+            if (c.cpus.len() as u64) < counted {
+                return Err(format!(
+                    "claim {} holds {} cpus ({}), the scheduler counts it for {counted}",
+                    c.uid,
+                    c.cpus.len(),
+                    c.cpus
+                ));
+            }
+        }
+        for p in &inventory.containers {
+            if matches!(p.grant, GrantKind::Exclusive | GrantKind::Isolated) {
+                if taken.intersects(&p.cpus) {
+                    return Err(format!(
+                        "exclusive container {} on cpus {} overlaps a claim or another exclusive container",
+                        p.id, p.cpus
+                    ));
+                }
+                taken = taken.union(&p.cpus);
+            }
+        }
+        for (id, c) in &self.running {
+            if c.cpus.as_ref().is_some_and(CpuSet::is_empty) {
+                return Err(format!("container {id} runs on an empty cpuset"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The CPUs the scheduler counts a result for: the `cpu` it consumed from a shared device, the
+/// whole `cpu` capacity of a device handed out whole, or one for a device without one.
+fn counted_cpus(r: &AllocationResult, devices: &[Device]) -> u64 {
+    match r.consumed_capacity.get("cpu") {
+        Some(q) => q.units_ceil(),
+        None => devices
+            .iter()
+            .find(|d| d.name == r.device)
+            .and_then(|d| d.capacities.get("cpu"))
+            .map_or(1, |c| c.value.units_ceil()),
+    }
+}
+
+/// `cpus: cpu=3, numaNode == 0; fullCores` and the like.
+fn describe_claim(spec: &ClaimSpec, config: &[ClaimConfig]) -> String {
+    let mut parts: Vec<String> = spec
+        .requests
+        .iter()
+        .map(|r| {
+            let mut what = vec![format!("count {}", r.count)];
+            what.extend(r.capacity.iter().map(|(n, q)| format!("{n}={q}")));
+            what.extend(r.selectors.iter().map(ToString::to_string));
+            format!("{}: {}", r.name, what.join(", "))
+        })
+        .collect();
+    parts.extend(
+        spec.constraints
+            .iter()
+            .map(|c| format!("same {}", c.match_attribute)),
+    );
+    for c in config {
+        if let Some(map) = c.parameters.as_object() {
+            for (k, v) in map
+                .iter()
+                .filter(|(k, _)| *k != "apiVersion" && *k != "kind")
+            {
+                parts.push(format!("{k}={v} ({:?})", c.source));
+            }
+        }
+    }
+    parts.join("; ")
+}
+
+fn show_results(results: &[AllocationResult]) -> String {
+    let each: Vec<String> = results
+        .iter()
+        .map(|r| match r.consumed_capacity.get("cpu") {
+            Some(q) => format!("{} cpu {q}", r.device),
+            None => r.device.clone(),
+        })
+        .collect();
+    each.join(", ")
+}
+
+fn cpu_config(source: ConfigSource, field: &str, value: bool) -> ClaimConfig {
+    ClaimConfig {
+        source,
+        requests: Vec::new(),
+        parameters: serde_json::json!({
+            "apiVersion": "resmgr.io/v1alpha1",
+            "kind": "CpuConfig",
+            field: value,
+        }),
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+/// Runs the walks of one test; panics with the first violation, the walk up to it and the
+/// command that replays it.
+fn walks(test: &str, machine_name: &str, gates: Gates) {
+    let cases = env_u64("RESMGR_INVARIANT_CASES", 16);
+    let steps = env_u64("RESMGR_INVARIANT_STEPS", 60);
+    let base = env_u64("RESMGR_INVARIANT_SEED", 18);
+    for case in 0..cases {
+        let seed = base.wrapping_add(case);
+        let mut rng = Rng(seed);
+        let mut world = World::new(machine(machine_name), gates);
+        let mut log = Vec::new();
+        for step in 1..=steps {
+            let outcome = world.step(&mut rng).and_then(|done| {
+                log.push(format!("  {step}: {done}"));
+                world.check()
+            });
+            if let Err(violation) = outcome {
+                panic!(
+                    "invariant violated on {} ({}), seed {seed}, step {step}: {violation}\n\
+                     walk so far:\n{}\n\
+                     replay: RESMGR_INVARIANT_SEED={seed} RESMGR_INVARIANT_CASES=1 \
+                     RESMGR_INVARIANT_STEPS={step} cargo test -p policy --test invariant -- --exact {test}",
+                    world.machine.name,
+                    if gates.consumable_capacity {
+                        "DRAConsumableCapacity on"
+                    } else {
+                        "DRAConsumableCapacity off"
+                    },
+                    log.join("\n"),
+                );
+            }
+        }
+    }
+}
+
+const ON: Gates = Gates {
+    consumable_capacity: true,
+};
+const OFF: Gates = Gates {
+    consumable_capacity: false,
+};
+
+#[test]
+fn small_node_grouped_gate_on() {
+    walks("small_node_grouped_gate_on", "small", ON);
+}
+
+#[test]
+fn smt16_grouped_gate_on() {
+    walks("smt16_grouped_gate_on", "smt16", ON);
+}
+
+#[test]
+fn smt16_grouped_gate_off() {
+    walks("smt16_grouped_gate_off", "smt16", OFF);
+}
+
+#[test]
+fn numa4_grouped_gate_on() {
+    walks("numa4_grouped_gate_on", "numa4", ON);
+}
+
+#[test]
+fn hybrid_grouped_gate_on() {
+    walks("hybrid_grouped_gate_on", "hybrid", ON);
+}
+
+#[test]
+fn the_generator_replays_the_same_walk_from_the_same_seed() {
+    let run = |seed| {
+        let mut rng = Rng(seed);
+        let mut world = World::new(machine("smt16"), ON);
+        (0..40)
+            .map(|_| world.step(&mut rng).unwrap_or_else(|v| v))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(7), run(7));
+    assert_ne!(run(7), run(8));
+}
+
+#[test]
+fn the_hybrid_part_has_two_thread_and_one_thread_cores() {
+    let t = hybrid();
+    let threads: Vec<usize> = t.cores.iter().map(|c| c.threads.len()).collect();
+    assert_eq!(threads, [2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1]);
+    let numa: usize = t.numa_nodes.iter().map(|n| n.cpus.len()).sum();
+    assert_eq!(numa, 20);
+    // The policy takes it.
+    let policy = new_policy(&machine("hybrid"));
+    assert_eq!(
+        policy.devices().unwrap()[0].capacities["cpu"].value,
+        Quantity::from_units(18)
+    );
+}
+
+#[test]
+fn check_finds_a_claim_the_node_does_not_hold() {
+    let mut world = World::new(machine("smt16"), ON);
+    world
+        .scheduler
+        .allocate(
+            "ghost",
+            &ClaimSpec {
+                requests: vec![DeviceRequest::capacity(
+                    "cpus",
+                    "cpu",
+                    Quantity::from_units(2),
+                )],
+                constraints: vec![],
+            },
+            &world.devices(),
+        )
+        .unwrap();
+    let v = world.check().unwrap_err();
+    assert!(
+        v.contains("claim ghost is allocated by the scheduler but not held"),
+        "{v}"
+    );
+}
