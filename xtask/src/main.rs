@@ -12,6 +12,7 @@ mod e2e;
 mod image;
 mod manifests;
 mod release;
+mod soak;
 mod sysdeps;
 mod test;
 #[cfg(test)]
@@ -75,6 +76,8 @@ enum Command {
     /// Run resmgr end to end on containerd and runc: real containers, pinned, checked in the
     /// kernel (needs root, the cgroup cpuset controller and Go; builds what it needs).
     E2e(e2e::E2eArgs),
+    /// Run the long randomized tests longer than `cargo xtask test` does.
+    Soak(soak::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -92,5 +95,6 @@ fn main() -> anyhow::Result<()> {
         Command::Image { engine, tag } => image::run(&root, engine.as_deref(), tag.as_deref()),
         Command::Bench => bench::run(&root),
         Command::E2e(args) => e2e::run(&root, &args),
+        Command::Soak(args) => soak::run(&root, &args),
     }
 }
