@@ -24,18 +24,22 @@
 //!
 //! Walks are generated from a seed by a small generator of our own (state-dependent steps, so
 //! no shrinking; the failing step and the walk up to it are printed instead). Each test runs
-//! `RESMGR_INVARIANT_CASES` walks (default 16) of `RESMGR_INVARIANT_STEPS` steps (default 60);
+//! `RESMGR_INVARIANT_CASES` walks (default 16) of `RESMGR_INVARIANT_STEPS` steps (default 80);
 //! walk `i` uses seed `RESMGR_INVARIANT_SEED + i` (default seed 18). A failure prints the
 //! command that replays exactly that walk. `cargo xtask soak --invariant-cases N` runs longer.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use policy::{
-    Claim, ClaimConfig, ConfigSource, Container, ContainerUpdate, CpuSet, Device, GrantKind, Pod,
-    Policy, QosClass, Quantity, Resources, Topology, TopologyAware, TopologySource, cdi,
+    AttributeValue, Claim, ClaimConfig, ConfigSource, Container, ContainerUpdate, CpuSet, Device,
+    GrantKind, Pod, Policy, QosClass, Quantity, Resources, Topology, TopologyAware, TopologySource,
+    cdi,
     model::AllocationResult,
     scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, ScheduleError, Scheduler, Selector},
-    topology_aware::{Config, ReservedCpus},
+    topology::CoreKind,
+    topology_aware::{
+        ClaimCpus, Config, DeviceMode, DeviceModel, Exclusivity, Granularity, GroupBy, ReservedCpus,
+    },
 };
 
 const DRIVER: &str = "topology-aware.resmgr.io";
@@ -83,20 +87,65 @@ struct Machine {
     reserved: ReservedCpus,
 }
 
+/// A machine, the agent's settings and the cluster's gates: what one test walks on.
+#[derive(Debug, Clone)]
+struct Setup {
+    machine: Machine,
+    exclusivity: Exclusivity,
+    devices: DeviceModel,
+    gates: Gates,
+}
+
+impl Setup {
+    fn new(machine: &str, devices: DeviceModel, gates: Gates) -> Self {
+        Self {
+            machine: self::machine(machine),
+            exclusivity: Exclusivity::Claims,
+            devices,
+            gates,
+        }
+    }
+
+    fn exclusivity(mut self, exclusivity: Exclusivity) -> Self {
+        self.exclusivity = exclusivity;
+        self
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{}, {:?}, {:?} by {:?} per {:?}, DRAConsumableCapacity {}",
+            self.machine.name,
+            self.exclusivity,
+            self.devices.mode,
+            self.devices.group_by,
+            self.devices.granularity,
+            if self.gates.consumable_capacity {
+                "on"
+            } else {
+                "off"
+            }
+        )
+    }
+}
+
 fn synthetic(desc: &str) -> Topology {
     Topology::load(&TopologySource::Synthetic(desc.into())).unwrap()
 }
 
 /// A hybrid part: 8 two-thread P-cores and 4 one-thread E-cores on one NUMA node (20 CPUs),
 /// built from a synthetic machine by taking the second thread off the last 4 cores, as on
-/// parts whose efficient cores have no SMT.
+/// parts whose efficient cores have no SMT, with the core kinds hwloc's CPU kinds give.
 fn hybrid() -> Topology {
     let mut t = synthetic("pack:1 numa:1(memory=64GiB) core:12 pu:2");
     let mut gone = CpuSet::new();
+    for core in t.cores.iter_mut().take(8) {
+        core.kind = CoreKind::Performance;
+    }
     for core in t.cores.iter_mut().skip(8) {
         let second = core.threads.iter().nth(1).unwrap();
         gone = gone.union(&CpuSet::from_iter([second]));
         core.threads = core.threads.difference(&gone);
+        core.kind = CoreKind::Efficiency;
     }
     t.online = t.online.difference(&gone);
     for p in &mut t.packages {
@@ -141,12 +190,15 @@ fn machine(name: &str) -> Machine {
     }
 }
 
-fn new_policy(m: &Machine) -> TopologyAware {
+fn new_policy(setup: &Setup) -> TopologyAware {
     let config = Config {
-        reserved_cpus: m.reserved.clone(),
+        reserved_cpus: setup.machine.reserved.clone(),
+        exclusivity: setup.exclusivity.clone(),
+        devices: setup.devices,
+        driver: DRIVER.into(),
         ..Config::default()
     };
-    TopologyAware::new(m.topology.clone(), config).unwrap()
+    TopologyAware::new(setup.machine.topology.clone(), config).unwrap()
 }
 
 /// One container of a pod, as the walk knows it.
@@ -159,13 +211,15 @@ struct Member {
 
 #[derive(Debug, Clone)]
 struct PodState {
+    /// What the node-allocatable mapping charges the node for the pod's claim.
+    charge_milli: u64,
     members: Vec<Member>,
     claim: Option<String>,
 }
 
 /// The node and the cluster around it.
 struct World {
-    machine: Machine,
+    setup: Setup,
     policy: TopologyAware,
     scheduler: Scheduler,
     allocatable_milli: u64,
@@ -173,33 +227,50 @@ struct World {
     /// Running containers, with what the runtime applied (the runtime's view).
     running: BTreeMap<String, Container>,
     next: u32,
+    /// What the walk did, so a test can tell it exercised something.
+    tally: Tally,
+}
+
+/// How often each thing happened in a test's walks.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    claims_prepared: u64,
+    unschedulable: u64,
+    not_admitted: u64,
+    containers_created: u64,
+    restarts: u64,
 }
 
 /// What went wrong, for the report.
 type Violation = String;
 
 impl World {
-    fn new(machine: Machine, gates: Gates) -> Self {
-        let policy = new_policy(&machine);
+    fn new(setup: Setup) -> Self {
+        let policy = new_policy(&setup);
         let reserved = policy.reserved_cpus().len() as u64;
-        let online = machine.topology.online.len() as u64;
+        let online = setup.machine.topology.online.len() as u64;
         Self {
             allocatable_milli: (online - reserved) * 1000,
             policy,
-            scheduler: Scheduler::new(DRIVER, POOL, gates),
-            machine,
+            scheduler: Scheduler::new(DRIVER, POOL, setup.gates),
+            setup,
             pods: BTreeMap::new(),
             running: BTreeMap::new(),
             next: 0,
+            tally: Tally::default(),
         }
     }
 
-    /// What the kubelet counts against allocatable: every running container's request.
+    /// What the scheduler and the kubelet count against allocatable: every running
+    /// container's request, and the claimed CPUs the node-allocatable mapping charges.
     fn admitted_milli(&self) -> u64 {
-        self.running
+        let requests: u64 = self
+            .running
             .values()
             .map(|c| c.resources.cpu_request_milli)
-            .sum()
+            .sum();
+        let charged: u64 = self.pods.values().map(|p| p.charge_milli).sum();
+        requests + charged
     }
 
     fn apply(&mut self, updates: &[ContainerUpdate]) {
@@ -223,8 +294,8 @@ impl World {
     fn step(&mut self, rng: &mut Rng) -> Result<String, Violation> {
         let roll = rng.below(100);
         match roll {
-            0..45 => self.add_pod(rng),
-            45..65 => self.remove_pod(rng),
+            0..50 => self.add_pod(rng),
+            50..65 => self.remove_pod(rng),
             65..72 => self.remove_container(rng),
             72..90 => self.resize(rng),
             _ => self.restart(),
@@ -247,7 +318,7 @@ impl World {
             annotations: BTreeMap::new(),
         };
         let wants_claim = match qos {
-            QosClass::Guaranteed => rng.percent(50),
+            QosClass::Guaranteed => rng.percent(60),
             QosClass::Burstable => rng.percent(15),
             QosClass::BestEffort => false,
         };
@@ -255,32 +326,61 @@ impl World {
         let mut resources: Vec<Resources> = (0..size).map(|_| self.resources(rng, qos)).collect();
         let mut description = format!("pod p{n} ({qos:?}, {size} container(s)");
         let mut claim = None;
+        // A pod with a claim either mirrors the claimed CPUs in its main container's requests
+        // (as pods must on 1.34 and 1.35), or relies on the node-allocatable mapping (1.36):
+        // then the scheduler charges the claim's CPUs to the node and the pod asks for little.
+        let mut mapped = false;
         if wants_claim {
             let (spec, config, cpus) = self.claim_request(rng);
-            // The pod mirrors the claimed CPUs in its main container.
-            let milli = cpus * 1000;
+            mapped = rng.percent(50);
+            let milli = if mapped { 100 } else { cpus * 1000 };
             resources[0].cpu_request_milli = milli;
             if qos == QosClass::Guaranteed {
                 resources[0].cpu_limit_milli = Some(milli);
             }
-            description.push_str(&format!(", claim {}", describe_claim(&spec, &config)));
+            description.push_str(&format!(
+                ", claim {}{}",
+                describe_claim(&spec, &config),
+                if mapped {
+                    ", node-allocatable mapping"
+                } else {
+                    ""
+                }
+            ));
             claim = Some((spec, config));
         }
         let pod_milli: u64 = resources.iter().map(|r| r.cpu_request_milli).sum();
         if self.admitted_milli() + pod_milli > self.allocatable_milli {
+            self.tally.not_admitted += 1;
             return Ok(format!("{description}): not admitted, requests do not fit"));
         }
         let mut claim_uid = None;
+        let mut charge_milli = 0;
         if let Some((spec, config)) = claim {
             let uid = format!("claim-{n}");
             let published = self.devices();
             let results = match self.scheduler.allocate(&uid, &spec, &published) {
                 Ok(r) => r,
                 Err(ScheduleError::Unschedulable(why)) => {
+                    self.tally.unschedulable += 1;
                     return Ok(format!("{description}): unschedulable: {why}"));
                 }
                 Err(e) => panic!("the walk wrote an invalid claim: {e}"),
             };
+            if mapped {
+                charge_milli = results
+                    .iter()
+                    .map(|r| counted_cpus(r, &published))
+                    .sum::<u64>()
+                    * 1000;
+                if self.admitted_milli() + pod_milli + charge_milli > self.allocatable_milli {
+                    self.scheduler.deallocate(&uid);
+                    self.tally.not_admitted += 1;
+                    return Ok(format!(
+                        "{description}): not admitted, requests and claimed cpus do not fit"
+                    ));
+                }
+            }
             let claim = Claim {
                 uid: uid.clone(),
                 namespace: "default".into(),
@@ -295,6 +395,7 @@ impl World {
                     "{description}: the scheduler allocated claim {uid} and the node refused it: {e}"
                 ));
             }
+            self.tally.claims_prepared += 1;
             claim_uid = Some(uid);
         } else {
             description.push(')');
@@ -336,11 +437,13 @@ impl World {
             running.mems = placed.adjustment.mems;
             self.running.insert(id.clone(), running);
             self.apply(&placed.updates);
+            self.tally.containers_created += 1;
             members.push(Member { id, claimed });
         }
         self.pods.insert(
             n,
             PodState {
+                charge_milli,
                 members,
                 claim: claim_uid,
             },
@@ -545,7 +648,7 @@ impl World {
     /// running containers as the runtime reports them.
     fn restart(&mut self) -> Result<String, Violation> {
         let snapshot = self.policy.snapshot();
-        let mut policy = new_policy(&self.machine);
+        let mut policy = new_policy(&self.setup);
         policy
             .restore(&snapshot)
             .map_err(|e| format!("restart: restoring the snapshot: {e}"))?;
@@ -555,6 +658,7 @@ impl World {
             .map_err(|e| format!("restart: synchronizing {} containers: {e}", running.len()))?;
         self.policy = policy;
         self.apply(&updates);
+        self.tally.restarts += 1;
         Ok(format!(
             "restart the agent ({} containers)",
             self.running.len()
@@ -572,6 +676,8 @@ impl World {
             }
         }
         let inventory = self.policy.inventory();
+        let devices = self.devices();
+        let topology = &self.setup.machine.topology;
         let mut taken = CpuSet::new();
         for c in &inventory.claims {
             if taken.intersects(&c.cpus) {
@@ -581,17 +687,47 @@ impl World {
                 ));
             }
             taken = taken.union(&c.cpus);
-            let devices = self.devices();
-            let counted: u64 = self.scheduler.allocations()[&c.uid]
-                .iter()
-                .map(|r| counted_cpus(r, &devices))
-                .sum();
-            if (c.cpus.len() as u64) < counted {
+            let results = &self.scheduler.allocations()[&c.uid];
+            let counted: u64 = results.iter().map(|r| counted_cpus(r, &devices)).sum();
+            if c.cpus.len() as u64 != counted {
                 return Err(format!(
                     "claim {} holds {} cpus ({}), the scheduler counts it for {counted}",
                     c.uid,
                     c.cpus.len(),
                     c.cpus
+                ));
+            }
+            let mut behind = CpuSet::new();
+            for r in results {
+                let Some(cpus) = devices
+                    .iter()
+                    .find(|d| d.name == r.device)
+                    .and_then(|d| device_cpus(d, topology))
+                else {
+                    return Err(format!(
+                        "claim {} was allocated device {}, which does not say which cpus it stands for",
+                        c.uid, r.device
+                    ));
+                };
+                behind = behind.union(&cpus);
+            }
+            let whole = results.iter().all(|r| r.share_id.is_none());
+            let named = results.iter().all(|r| {
+                devices.iter().any(|d| {
+                    d.name == r.device
+                        && (d.attributes.contains_key("cpu") || d.attributes.contains_key("cpus"))
+                })
+            });
+            if whole && named && c.cpus != behind {
+                return Err(format!(
+                    "claim {} holds cpus {}, the scheduler picked {behind}",
+                    c.uid, c.cpus
+                ));
+            }
+            if !behind.is_superset(&c.cpus) {
+                return Err(format!(
+                    "claim {} holds cpus {}, outside its devices' cpus {behind}",
+                    c.uid, c.cpus
                 ));
             }
         }
@@ -613,6 +749,30 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// The CPUs behind a device, as its attributes say: its CPU (`cpu`), its CPUs (`cpus`), or the
+/// CPUs of its NUMA node or socket.
+fn device_cpus(device: &Device, topology: &Topology) -> Option<CpuSet> {
+    let int = |name: &str| match device.attributes.get(name) {
+        Some(AttributeValue::Int(i)) => u32::try_from(*i).ok(),
+        _ => None,
+    };
+    if let Some(cpu) = int("cpu") {
+        return Some(CpuSet::from_iter([cpu]));
+    }
+    if let Some(AttributeValue::String(list)) = device.attributes.get("cpus") {
+        return list.parse().ok();
+    }
+    if let Some(node) = int(NUMA) {
+        return topology.numa_node(node).map(|n| n.cpus.clone());
+    }
+    let socket = int("socket")?;
+    topology
+        .packages
+        .iter()
+        .find(|p| p.id == socket)
+        .map(|p| p.cpus.clone())
 }
 
 /// The CPUs the scheduler counts a result for: the `cpu` it consumed from a shared device, the
@@ -692,14 +852,33 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// Runs the walks of one test; panics with the first violation, the walk up to it and the
 /// command that replays it.
-fn walks(test: &str, machine_name: &str, gates: Gates) {
+fn walks(test: &str, setup: &Setup) {
+    let tally = walk_all(test, setup);
+    println!("{test}: {tally:?}");
+    // Walks that placed nothing would pass on an empty result.
+    if env_u64("RESMGR_INVARIANT_CASES", 16) > 0 {
+        assert!(
+            tally.containers_created > 0,
+            "{test}: no container was created"
+        );
+        assert!(tally.restarts > 0, "{test}: the agent never restarted");
+        // A node that publishes devices had claims prepared.
+        if !new_policy(setup).devices().unwrap_or_default().is_empty() {
+            assert!(tally.claims_prepared > 0, "{test}: no claim was prepared");
+        }
+    }
+}
+
+/// Runs the walks; returns what they did.
+fn walk_all(test: &str, setup: &Setup) -> Tally {
     let cases = env_u64("RESMGR_INVARIANT_CASES", 16);
-    let steps = env_u64("RESMGR_INVARIANT_STEPS", 60);
+    let steps = env_u64("RESMGR_INVARIANT_STEPS", 80);
     let base = env_u64("RESMGR_INVARIANT_SEED", 18);
+    let mut tally = Tally::default();
     for case in 0..cases {
         let seed = base.wrapping_add(case);
         let mut rng = Rng(seed);
-        let mut world = World::new(machine(machine_name), gates);
+        let mut world = World::new(setup.clone());
         let mut log = Vec::new();
         for step in 1..=steps {
             let outcome = world.step(&mut rng).and_then(|done| {
@@ -708,21 +887,22 @@ fn walks(test: &str, machine_name: &str, gates: Gates) {
             });
             if let Err(violation) = outcome {
                 panic!(
-                    "invariant violated on {} ({}), seed {seed}, step {step}: {violation}\n\
+                    "invariant violated on {}, seed {seed}, step {step}: {violation}\n\
                      walk so far:\n{}\n\
                      replay: RESMGR_INVARIANT_SEED={seed} RESMGR_INVARIANT_CASES=1 \
                      RESMGR_INVARIANT_STEPS={step} cargo test -p policy --test invariant -- --exact {test}",
-                    world.machine.name,
-                    if gates.consumable_capacity {
-                        "DRAConsumableCapacity on"
-                    } else {
-                        "DRAConsumableCapacity off"
-                    },
+                    setup.describe(),
                     log.join("\n"),
                 );
             }
         }
+        tally.claims_prepared += world.tally.claims_prepared;
+        tally.unschedulable += world.tally.unschedulable;
+        tally.not_admitted += world.tally.not_admitted;
+        tally.containers_created += world.tally.containers_created;
+        tally.restarts += world.tally.restarts;
     }
+    tally
 }
 
 const ON: Gates = Gates {
@@ -732,36 +912,83 @@ const OFF: Gates = Gates {
     consumable_capacity: false,
 };
 
-#[test]
-fn small_node_grouped_gate_on() {
-    walks("small_node_grouped_gate_on", "small", ON);
+const fn model(mode: DeviceMode, group_by: GroupBy, granularity: Granularity) -> DeviceModel {
+    DeviceModel {
+        mode,
+        group_by,
+        granularity,
+    }
 }
 
-#[test]
-fn smt16_grouped_gate_on() {
-    walks("smt16_grouped_gate_on", "smt16", ON);
+const GROUPED: DeviceModel = model(DeviceMode::Grouped, GroupBy::Numa, Granularity::Cpu);
+const INDIVIDUAL: DeviceModel = model(DeviceMode::Individual, GroupBy::Numa, Granularity::Cpu);
+const GROUPED_CORES: DeviceModel = model(DeviceMode::Grouped, GroupBy::Numa, Granularity::Core);
+const INDIVIDUAL_CORES: DeviceModel =
+    model(DeviceMode::Individual, GroupBy::Numa, Granularity::Core);
+const BY_SOCKET: DeviceModel = model(DeviceMode::Grouped, GroupBy::Socket, Granularity::Cpu);
+
+/// One test per machine, device model, exclusivity and gate that a cluster runs: grouped with
+/// the gate on (1.36) and off (1.34, 1.35: whole devices), individual (no gate needed), whole
+/// cores, devices per socket, and the partition and nri-plugins exclusivity settings.
+macro_rules! walk {
+    ($name:ident, $setup:expr) => {
+        #[test]
+        fn $name() {
+            walks(stringify!($name), &$setup);
+        }
+    };
 }
 
-#[test]
-fn smt16_grouped_gate_off() {
-    walks("smt16_grouped_gate_off", "smt16", OFF);
-}
-
-#[test]
-fn numa4_grouped_gate_on() {
-    walks("numa4_grouped_gate_on", "numa4", ON);
-}
-
-#[test]
-fn hybrid_grouped_gate_on() {
-    walks("hybrid_grouped_gate_on", "hybrid", ON);
-}
+walk!(small_grouped_gate_on, Setup::new("small", GROUPED, ON));
+walk!(small_grouped_gate_off, Setup::new("small", GROUPED, OFF));
+walk!(small_individual, Setup::new("small", INDIVIDUAL, OFF));
+walk!(smt16_grouped_gate_on, Setup::new("smt16", GROUPED, ON));
+walk!(smt16_grouped_gate_off, Setup::new("smt16", GROUPED, OFF));
+walk!(smt16_individual, Setup::new("smt16", INDIVIDUAL, OFF));
+walk!(
+    smt16_individual_gate_on,
+    Setup::new("smt16", INDIVIDUAL, ON)
+);
+walk!(
+    smt16_grouped_whole_cores,
+    Setup::new("smt16", GROUPED_CORES, ON)
+);
+walk!(
+    smt16_individual_whole_cores,
+    Setup::new("smt16", INDIVIDUAL_CORES, OFF)
+);
+walk!(
+    smt16_partition_grouped,
+    Setup::new("smt16", GROUPED, ON).exclusivity(Exclusivity::Partition(ClaimCpus::Count(8)))
+);
+walk!(
+    smt16_partition_individual,
+    Setup::new("smt16", INDIVIDUAL, OFF).exclusivity(Exclusivity::Partition(ClaimCpus::Count(8)))
+);
+walk!(
+    smt16_pods,
+    Setup::new("smt16", GROUPED, ON).exclusivity(Exclusivity::Pods)
+);
+walk!(numa4_grouped_gate_on, Setup::new("numa4", GROUPED, ON));
+walk!(numa4_grouped_gate_off, Setup::new("numa4", GROUPED, OFF));
+walk!(numa4_individual, Setup::new("numa4", INDIVIDUAL, OFF));
+walk!(numa4_grouped_by_socket, Setup::new("numa4", BY_SOCKET, ON));
+walk!(
+    numa4_partition_individual,
+    Setup::new("numa4", INDIVIDUAL, OFF).exclusivity(Exclusivity::Partition(ClaimCpus::Count(24)))
+);
+walk!(hybrid_grouped_gate_on, Setup::new("hybrid", GROUPED, ON));
+walk!(hybrid_individual, Setup::new("hybrid", INDIVIDUAL, OFF));
+walk!(
+    hybrid_individual_whole_cores,
+    Setup::new("hybrid", INDIVIDUAL_CORES, OFF)
+);
 
 #[test]
 fn the_generator_replays_the_same_walk_from_the_same_seed() {
     let run = |seed| {
         let mut rng = Rng(seed);
-        let mut world = World::new(machine("smt16"), ON);
+        let mut world = World::new(Setup::new("smt16", GROUPED, ON));
         (0..40)
             .map(|_| world.step(&mut rng).unwrap_or_else(|v| v))
             .collect::<Vec<_>>()
@@ -777,17 +1004,23 @@ fn the_hybrid_part_has_two_thread_and_one_thread_cores() {
     assert_eq!(threads, [2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1]);
     let numa: usize = t.numa_nodes.iter().map(|n| n.cpus.len()).sum();
     assert_eq!(numa, 20);
-    // The policy takes it.
-    let policy = new_policy(&machine("hybrid"));
-    assert_eq!(
-        policy.devices().unwrap()[0].capacities["cpu"].value,
-        Quantity::from_units(18)
-    );
+    // The policy takes it, and says which cores are which.
+    let policy = new_policy(&Setup::new("hybrid", INDIVIDUAL, OFF));
+    let devices = policy.devices().unwrap();
+    assert_eq!(devices.len(), 18);
+    let kinds: BTreeSet<String> = devices
+        .iter()
+        .filter_map(|d| match d.attributes.get("coreType") {
+            Some(AttributeValue::String(k)) => Some(k.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, BTreeSet::from(["e-core".into(), "p-core".into()]));
 }
 
 #[test]
 fn check_finds_a_claim_the_node_does_not_hold() {
-    let mut world = World::new(machine("smt16"), ON);
+    let mut world = World::new(Setup::new("smt16", GROUPED, ON));
     world
         .scheduler
         .allocate(
