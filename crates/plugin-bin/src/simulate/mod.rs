@@ -351,6 +351,13 @@ impl Sim {
             }
             Step::Remove(r) => self.remove(&r.pod, r.container.as_deref()).await,
             Step::Restart => self.restart().await,
+            Step::Reconfigure(r) => {
+                if let Some((exclusivity, devices)) = &r.resolved {
+                    self.config.exclusivity = exclusivity.clone();
+                    self.config.devices = *devices;
+                }
+                self.restart().await
+            }
         }
     }
 
@@ -456,7 +463,21 @@ impl Sim {
             })?;
         let handed: Vec<(ScheduledResult, u64)> = results
             .iter()
-            .map(|r| scheduled_result(r, seen.iter().find(|d| d.name == r.device)))
+            .map(|r| {
+                let (mut shown, cpus) =
+                    scheduled_result(r, seen.iter().find(|d| d.name == r.device));
+                // What the request asked for, where the request policy rounded it.
+                let base = r.request.split('/').next().unwrap_or_default();
+                if let Some(request) = spec.requests.iter().find(|q| q.name == base) {
+                    for (name, asked) in &request.capacity {
+                        let asked = asked.to_string();
+                        if shown.consumed.get(name).is_some_and(|c| *c != asked) {
+                            shown.asked.insert(name.clone(), asked);
+                        }
+                    }
+                }
+                (shown, cpus)
+            })
             .collect();
         let promised: u64 = handed.iter().map(|(_, cpus)| cpus).sum();
         self.scheduled = Some(Change::Scheduled {
@@ -922,6 +943,7 @@ fn scheduled_result(r: &AllocationResult, device: Option<&Device>) -> (Scheduled
                 .iter()
                 .map(|(n, q)| (n.clone(), q.to_string()))
                 .collect(),
+            asked: BTreeMap::new(),
             whole,
             cpus,
         },

@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use policy::{AttributeValue, Device, Topology};
+use policy::{AttributeValue, Device, Topology, ValidValues};
 use serde::Serialize;
 
 use super::scenario::Scenario;
@@ -21,6 +21,9 @@ pub struct DeviceSummary {
     pub numa_node: Option<i64>,
     /// CPUs a claim may take on it.
     pub cpu: String,
+    /// The steps its request policy rounds claims to, when more than one CPU (whole cores).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_step: Option<String>,
     #[serde(skip)]
     pub cpu_capacity_milli: u64,
 }
@@ -35,12 +38,23 @@ impl DeviceSummary {
                 AttributeValue::Int(n) => Some(*n),
                 _ => None,
             });
+        let cpu_step = d
+            .capacities
+            .get("cpu")
+            .and_then(|c| c.request_policy.as_ref())
+            .and_then(|p| match &p.valid {
+                ValidValues::Range {
+                    step: Some(step), ..
+                } if *step > policy::Quantity::from_units(1) => Some(step.to_string()),
+                _ => None,
+            });
         // A device without a `cpu` capacity is one CPU (a device per CPU).
         let capacity = capacity.unwrap_or(policy::Quantity::from_units(1));
         Self {
             name: d.name.clone(),
             numa_node,
             cpu: capacity.to_string(),
+            cpu_step,
             cpu_capacity_milli: capacity.milli(),
         }
     }
@@ -115,6 +129,9 @@ pub struct ScheduledResult {
     /// Capacity consumed from a shared device.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub consumed: BTreeMap<String, String>,
+    /// Capacity the request asked for, when the scheduler rounded it to something else.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub asked: BTreeMap<String, String>,
     /// Handed out whole (no share).
     pub whole: bool,
     /// The CPUs the scheduler counts it for.
@@ -301,7 +318,10 @@ fn devices_line(devices: &[DeviceSummary]) -> String {
     if devices.len() <= 8 {
         let each: Vec<String> = devices
             .iter()
-            .map(|d| format!("{} ({} cpus)", d.name, d.cpu))
+            .map(|d| match &d.cpu_step {
+                Some(step) => format!("{} ({} cpus in steps of {step})", d.name, d.cpu),
+                None => format!("{} ({} cpus)", d.name, d.cpu),
+            })
             .collect();
         return each.join(", ");
     }
@@ -390,8 +410,14 @@ fn change_line(c: &Change) -> String {
             let mut groups: Vec<(String, Vec<String>)> = Vec::new();
             for r in results {
                 let device = if !r.whole {
-                    let consumed: Vec<String> =
-                        r.consumed.iter().map(|(n, q)| format!("{n} {q}")).collect();
+                    let consumed: Vec<String> = r
+                        .consumed
+                        .iter()
+                        .map(|(n, q)| match r.asked.get(n) {
+                            Some(asked) => format!("{n} {q} for {asked} asked"),
+                            None => format!("{n} {q}"),
+                        })
+                        .collect();
                     format!("{} ({})", r.device, consumed.join(", "))
                 } else if r.cpus == 1 {
                     r.device.clone()

@@ -21,6 +21,8 @@
 //!   #   with constraints: [{requests: [a], match-attribute: resource.kubernetes.io/numaNode}]
 //!   - update: {pod: web, container: app, cpu-request: 2}
 //!   - restart
+//!   # the operator changes the agent's settings (header keys, below) and it restarts with them
+//!   - reconfigure: {cpu-exclusivity: partition, claim-cpus: 8-15}
 //!   - remove: {pod: web}
 //! ```
 //!
@@ -139,6 +141,89 @@ pub enum Step {
     Remove(RemoveStep),
     /// The agent restarts: state reloaded from disk, runtime synchronized again.
     Restart,
+    /// The agent restarts with some of its settings changed.
+    Reconfigure(ReconfigureStep),
+}
+
+/// Settings changed on a restart; the ones not written keep their values (except `claim-cpus`,
+/// which goes when `cpu-exclusivity` changes to something other than `partition`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ReconfigureStep {
+    #[serde(default)]
+    pub cpu_exclusivity: Option<String>,
+    #[serde(default)]
+    claim_cpus: Option<Scalar>,
+    #[serde(default)]
+    pub device_mode: Option<String>,
+    #[serde(default)]
+    pub group_by: Option<String>,
+    #[serde(default)]
+    pub claim_granularity: Option<String>,
+    /// The settings in effect after it, worked out when the scenario is read.
+    #[serde(skip)]
+    pub resolved: Option<(Exclusivity, DeviceModel)>,
+}
+
+impl ReconfigureStep {
+    /// `cpu-exclusivity: partition, claim-cpus: 8-15`, as written.
+    pub fn written(&self) -> String {
+        let mut parts = Vec::new();
+        let mut add = |key: &str, v: Option<&str>| {
+            if let Some(v) = v {
+                parts.push(format!("{key}: {v}"));
+            }
+        };
+        add("cpu-exclusivity", self.cpu_exclusivity.as_deref());
+        add("claim-cpus", self.claim_cpus.as_ref().map(|s| s.0.as_str()));
+        add("device-mode", self.device_mode.as_deref());
+        add("group-by", self.group_by.as_deref());
+        add("claim-granularity", self.claim_granularity.as_deref());
+        parts.join(", ")
+    }
+}
+
+/// The policy settings as written, for working out what a `reconfigure` step leaves.
+#[derive(Debug, Clone, Default)]
+struct WrittenSettings {
+    cpu_exclusivity: Option<String>,
+    claim_cpus: Option<String>,
+    device_mode: Option<String>,
+    group_by: Option<String>,
+    claim_granularity: Option<String>,
+}
+
+impl WrittenSettings {
+    fn resolve(&self) -> Result<(Exclusivity, DeviceModel), values::PolicyValueError> {
+        values::policy_settings(&values::PolicyValues {
+            cpu_exclusivity: self.cpu_exclusivity.as_deref(),
+            claim_cpus: self.claim_cpus.as_deref(),
+            device_mode: self.device_mode.as_deref(),
+            group_by: self.group_by.as_deref(),
+            claim_granularity: self.claim_granularity.as_deref(),
+        })
+    }
+
+    fn change(&mut self, r: &ReconfigureStep) {
+        if let Some(v) = &r.cpu_exclusivity {
+            if v.trim() != "partition" {
+                self.claim_cpus = None;
+            }
+            self.cpu_exclusivity = Some(v.clone());
+        }
+        if let Some(v) = &r.claim_cpus {
+            self.claim_cpus = Some(v.0.clone());
+        }
+        for (mine, theirs) in [
+            (&mut self.device_mode, &r.device_mode),
+            (&mut self.group_by, &r.group_by),
+            (&mut self.claim_granularity, &r.claim_granularity),
+        ] {
+            if theirs.is_some() {
+                mine.clone_from(theirs);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -458,6 +543,7 @@ impl Step {
                 None => format!("remove pod {}", r.pod),
             },
             Self::Restart => "restart the agent".into(),
+            Self::Reconfigure(r) => format!("restart the agent with {}", r.written()),
         }
     }
 }
@@ -515,7 +601,23 @@ pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, Sc
     })
     .map_err(|e| err(key_line(e.key), format!("{}: {}", e.key, e.reason)))?;
     let lines = step_lines(text, raw.steps.len());
-    let steps: Vec<(Option<usize>, Step)> = lines.into_iter().zip(raw.steps).collect();
+    let mut steps: Vec<(Option<usize>, Step)> = lines.into_iter().zip(raw.steps).collect();
+    let mut written = WrittenSettings {
+        cpu_exclusivity: raw.cpu_exclusivity.clone(),
+        claim_cpus: raw.claim_cpus.as_ref().map(|s| s.0.clone()),
+        device_mode: raw.device_mode.clone(),
+        group_by: raw.group_by.clone(),
+        claim_granularity: raw.claim_granularity.clone(),
+    };
+    for (line, step) in &mut steps {
+        if let Step::Reconfigure(r) = step {
+            written.change(r);
+            let resolved = written
+                .resolve()
+                .map_err(|e| err(*line, format!("reconfigure: {}: {}", e.key, e.reason)))?;
+            r.resolved = Some(resolved);
+        }
+    }
     check(&steps).map_err(|(line, message)| err(line, message))?;
     if steps.is_empty() {
         return Err(err(
@@ -687,7 +789,7 @@ fn check(steps: &[(Option<usize>, Step)]) -> Result<(), (Option<usize>, String)>
                     }
                 }
             },
-            Step::Restart => {}
+            Step::Restart | Step::Reconfigure(_) => {}
         }
     }
     Ok(())
@@ -929,5 +1031,61 @@ steps:
         let typo = format!("feature-gates: {{DRAConsumableCapacities: false}}\n{GOOD}");
         let e = parse("s.yaml", &typo, None).unwrap_err();
         assert!(e.to_string().contains("DRAConsumableCapacities"), "{e}");
+    }
+
+    #[test]
+    fn reconfigure_changes_the_settings_it_names_and_keeps_the_others() {
+        let header = "cpu-exclusivity: pods\ndevice-mode: individual\n";
+        let with = |steps: &str| {
+            format!(
+                "{header}{}",
+                GOOD.replace("  - restart\n", &format!("{steps}  - restart\n"))
+            )
+        };
+        let s = parse(
+            "s.yaml",
+            &with("  - reconfigure: {cpu-exclusivity: partition, claim-cpus: 4-7}\n  - reconfigure: {cpu-exclusivity: claims}\n"),
+            None,
+        )
+        .unwrap();
+        let resolved: Vec<(Exclusivity, DeviceModel)> = s
+            .steps
+            .iter()
+            .filter_map(|(_, step)| match step {
+                Step::Reconfigure(r) => r.resolved.clone(),
+                _ => None,
+            })
+            .collect();
+        let individual = DeviceModel {
+            mode: policy::topology_aware::DeviceMode::Individual,
+            ..DeviceModel::default()
+        };
+        assert_eq!(
+            resolved,
+            [
+                (
+                    Exclusivity::Partition(policy::topology_aware::ClaimCpus::Set(
+                        "4-7".parse().unwrap()
+                    )),
+                    individual
+                ),
+                // claim-cpus goes with partition; the device mode stays.
+                (Exclusivity::Claims, individual),
+            ]
+        );
+        assert_eq!(
+            s.steps[5].1.describe(),
+            "restart the agent with cpu-exclusivity: partition, claim-cpus: 4-7"
+        );
+        let e = parse("s.yaml", &with("  - reconfigure: {claim-cpus: 4}\n"), None).unwrap_err();
+        assert_eq!(e.line, Some(GOOD.lines().count() + 1), "{e}");
+        assert!(e.to_string().contains("reconfigure: claim-cpus"), "{e}");
+        let e = parse(
+            "s.yaml",
+            &with("  - reconfigure: {cpu-exclusivity: some}\n"),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("\"some\" is not allowed"), "{e}");
     }
 }
