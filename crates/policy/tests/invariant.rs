@@ -5,22 +5,31 @@
 //! 2. no CPU is held by two claims, or by a claim and an exclusive container (nor by two
 //!    exclusive containers);
 //! 3. every container the kubelet admitted is created, and runs on a non-empty cpuset;
-//! 4. a claim holds at least the CPUs the scheduler counts it for (the `cpu` it consumed, or the
-//!    whole device it was handed).
+//! 4. a claim holds the CPUs the scheduler counts it for (the `cpu` it consumed, or the whole
+//!    device it was handed).
 //!
 //! A walk is a sequence of pods of every QoS class (with and without claims, one to three
 //! containers), pod and container removals, resizes and agent restarts (snapshot, a new policy,
-//! restore, sync with the running containers). The kubelet admits a pod only when its requests
-//! fit the node's allocatable CPUs (online minus reserved, the agent's reserved CPUs being the
-//! kubelet's), and a pod with a claim mirrors the claimed CPUs in its main container's request,
-//! as pods must until the node-allocatable mapping. Claims are allocated by
-//! [`policy::scheduler`] from `Policy::devices` at that moment. A pod the scheduler or the
-//! kubelet would not place is skipped; anything the node then refuses is a violation.
+//! restore, sync with the running containers; in some setups with another device model, as an
+//! operator changing `device-mode`, `group-by` or `claim-granularity` on a node holding
+//! claims). The kubelet admits a pod only when its CPU and memory requests fit the node's
+//! allocatable (online CPUs minus reserved, the agent's reserved CPUs being the kubelet's). A pod
+//! with a claim either mirrors the claimed CPUs in its main container's request, as pods must on
+//! 1.34 and 1.35, or relies on the node-allocatable mapping (1.36), which charges the claimed CPUs
+//! to the node. Claims are allocated by [`policy::scheduler`] from `Policy::devices` at that
+//! moment: CPUs of a shared device (whole, fractional, or the policy's default; NUMA selectors),
+//! or a count of devices with `matchAttribute` on the NUMA node; with whole-core or unpinned
+//! memory configurations from the DeviceClass or the claim. A pod the scheduler or the kubelet
+//! would not place is skipped; anything the node then refuses is a violation. A claim must also
+//! hold exactly the CPUs the scheduler counts it for (exactly the ones it picked, on devices that
+//! name their CPUs), all among its devices' CPUs.
 //!
 //! Machines: 1 NUMA node with 2 CPUs (one reserved), 2 NUMA nodes of 16 CPUs with SMT, 4 NUMA
-//! nodes of 64 CPUs, and a hybrid part (two-thread P-cores and one-thread E-cores); with
-//! `DRAConsumableCapacity` on and off. Every NUMA node has 64 GiB and containers ask for at
-//! most 512 MiB, so memory never decides: the invariant is about CPUs.
+//! nodes of 64 CPUs, and two hybrid parts (two-thread P-cores and one-thread E-cores): the
+//! hwloc XML fixture, and a larger one made from a synthetic machine. Setups cover both device
+//! models (and whole cores, and devices per socket), the three `cpu-exclusivity` settings, and
+//! `DRAConsumableCapacity` on and off. Synthetic NUMA nodes have 64 GiB and containers ask for
+//! at most 512 MiB, so memory rarely decides: the invariant is about CPUs.
 //!
 //! Walks are generated from a seed by a small generator of our own (state-dependent steps, so
 //! no shrinking; the failing step and the walk up to it are printed instead). Each test runs
@@ -94,6 +103,9 @@ struct Setup {
     exclusivity: Exclusivity,
     devices: DeviceModel,
     gates: Gates,
+    /// Restarts may change the device model (mode, grouping, granularity), as an operator
+    /// changing `device-mode`, `group-by` or `claim-granularity` on a node holding claims.
+    reconfigure: bool,
 }
 
 impl Setup {
@@ -103,7 +115,13 @@ impl Setup {
             exclusivity: Exclusivity::Claims,
             devices,
             gates,
+            reconfigure: false,
         }
+    }
+
+    fn reconfigured(mut self) -> Self {
+        self.reconfigure = true;
+        self
     }
 
     fn exclusivity(mut self, exclusivity: Exclusivity) -> Self {
@@ -113,8 +131,13 @@ impl Setup {
 
     fn describe(&self) -> String {
         format!(
-            "{}, {:?}, {:?} by {:?} per {:?}, DRAConsumableCapacity {}",
+            "{}{}, {:?}, {:?} by {:?} per {:?}, DRAConsumableCapacity {}",
             self.machine.name,
+            if self.reconfigure {
+                " (device model changed on restarts)"
+            } else {
+                ""
+            },
             self.exclusivity,
             self.devices.mode,
             self.devices.group_by,
@@ -181,6 +204,14 @@ fn machine(name: &str) -> Machine {
             topology: synthetic("pack:2 numa:2(memory=64GiB) core:8 pu:2"),
             reserved: ReservedCpus::Count(2),
         },
+        "hybrid-xml" => Machine {
+            name: "hybrid-xml",
+            topology: Topology::load(&TopologySource::Xml(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hybrid.xml"),
+            ))
+            .unwrap(),
+            reserved: ReservedCpus::Count(1),
+        },
         "hybrid" => Machine {
             name: "hybrid",
             topology: hybrid(),
@@ -223,12 +254,50 @@ struct World {
     policy: TopologyAware,
     scheduler: Scheduler,
     allocatable_milli: u64,
+    /// The node's memory, all allocatable (the kubelet's reservations aside).
+    allocatable_memory: u64,
     pods: BTreeMap<u32, PodState>,
     /// Running containers, with what the runtime applied (the runtime's view).
     running: BTreeMap<String, Container>,
     next: u32,
     /// What the walk did, so a test can tell it exercised something.
     tally: Tally,
+    /// Claim UID -> what the scheduler handed it, worked out from the devices published when it
+    /// was allocated (a restart may publish others since).
+    promised: BTreeMap<String, Promise>,
+}
+
+/// What the scheduler handed a claim.
+#[derive(Debug, Clone)]
+struct Promise {
+    /// CPUs it counts the claim for.
+    cpus: u64,
+    /// The CPUs of the devices allocated: the claim's must be among them.
+    behind: CpuSet,
+    /// Every device was handed out whole and names its CPUs: the claim gets exactly `behind`.
+    exact: bool,
+}
+
+impl Promise {
+    fn of(results: &[AllocationResult], devices: &[Device], topology: &Topology) -> Self {
+        let mut behind = CpuSet::new();
+        let mut exact = true;
+        for r in results {
+            let device = devices.iter().find(|d| d.name == r.device);
+            if let Some(cpus) = device.and_then(|d| device_cpus(d, topology)) {
+                behind = behind.union(&cpus);
+            }
+            let names_cpus = device.is_some_and(|d| {
+                d.attributes.contains_key("cpu") || d.attributes.contains_key("cpus")
+            });
+            exact &= r.share_id.is_none() && names_cpus;
+        }
+        Self {
+            cpus: results.iter().map(|r| counted_cpus(r, devices)).sum(),
+            behind,
+            exact,
+        }
+    }
 }
 
 /// How often each thing happened in a test's walks.
@@ -251,6 +320,13 @@ impl World {
         let online = setup.machine.topology.online.len() as u64;
         Self {
             allocatable_milli: (online - reserved) * 1000,
+            allocatable_memory: setup
+                .machine
+                .topology
+                .numa_nodes
+                .iter()
+                .map(|n| n.memory_bytes)
+                .sum(),
             policy,
             scheduler: Scheduler::new(DRIVER, POOL, setup.gates),
             setup,
@@ -258,6 +334,7 @@ impl World {
             running: BTreeMap::new(),
             next: 0,
             tally: Tally::default(),
+            promised: BTreeMap::new(),
         }
     }
 
@@ -298,7 +375,12 @@ impl World {
             50..65 => self.remove_pod(rng),
             65..72 => self.remove_container(rng),
             72..90 => self.resize(rng),
-            _ => self.restart(),
+            _ => {
+                if self.setup.reconfigure && rng.percent(50) {
+                    self.setup.devices = random_model(rng);
+                }
+                self.restart()
+            }
         }
     }
 
@@ -350,6 +432,18 @@ impl World {
             claim = Some((spec, config));
         }
         let pod_milli: u64 = resources.iter().map(|r| r.cpu_request_milli).sum();
+        let pod_memory: u64 = resources.iter().map(|r| r.memory_request_bytes).sum();
+        let memory: u64 = self
+            .running
+            .values()
+            .map(|c| c.resources.memory_request_bytes)
+            .sum();
+        if memory + pod_memory > self.allocatable_memory {
+            self.tally.not_admitted += 1;
+            return Ok(format!(
+                "{description}): not admitted, memory requests do not fit"
+            ));
+        }
         if self.admitted_milli() + pod_milli > self.allocatable_milli {
             self.tally.not_admitted += 1;
             return Ok(format!("{description}): not admitted, requests do not fit"));
@@ -396,6 +490,10 @@ impl World {
                 ));
             }
             self.tally.claims_prepared += 1;
+            self.promised.insert(
+                uid.clone(),
+                Promise::of(&results, &published, &self.setup.machine.topology),
+            );
             claim_uid = Some(uid);
         } else {
             description.push(')');
@@ -567,6 +665,7 @@ impl World {
                 .map_err(|e| format!("releasing claim {uid}: {e}"))?;
             self.apply(&updates);
             self.scheduler.deallocate(uid);
+            self.promised.remove(uid);
         }
         Ok(format!("remove pod p{n}"))
     }
@@ -660,8 +759,11 @@ impl World {
         self.apply(&updates);
         self.tally.restarts += 1;
         Ok(format!(
-            "restart the agent ({} containers)",
-            self.running.len()
+            "restart the agent ({} containers) with {:?} devices by {:?} per {:?}",
+            self.running.len(),
+            self.setup.devices.mode,
+            self.setup.devices.group_by,
+            self.setup.devices.granularity
         ))
     }
 
@@ -676,8 +778,6 @@ impl World {
             }
         }
         let inventory = self.policy.inventory();
-        let devices = self.devices();
-        let topology = &self.setup.machine.topology;
         let mut taken = CpuSet::new();
         for c in &inventory.claims {
             if taken.intersects(&c.cpus) {
@@ -687,47 +787,31 @@ impl World {
                 ));
             }
             taken = taken.union(&c.cpus);
-            let results = &self.scheduler.allocations()[&c.uid];
-            let counted: u64 = results.iter().map(|r| counted_cpus(r, &devices)).sum();
-            if c.cpus.len() as u64 != counted {
+            let Some(promise) = self.promised.get(&c.uid) else {
                 return Err(format!(
-                    "claim {} holds {} cpus ({}), the scheduler counts it for {counted}",
+                    "the node holds claim {}, which nobody allocated",
+                    c.uid
+                ));
+            };
+            if c.cpus.len() as u64 != promise.cpus {
+                return Err(format!(
+                    "claim {} holds {} cpus ({}), the scheduler counts it for {}",
                     c.uid,
                     c.cpus.len(),
-                    c.cpus
+                    c.cpus,
+                    promise.cpus
                 ));
             }
-            let mut behind = CpuSet::new();
-            for r in results {
-                let Some(cpus) = devices
-                    .iter()
-                    .find(|d| d.name == r.device)
-                    .and_then(|d| device_cpus(d, topology))
-                else {
-                    return Err(format!(
-                        "claim {} was allocated device {}, which does not say which cpus it stands for",
-                        c.uid, r.device
-                    ));
-                };
-                behind = behind.union(&cpus);
-            }
-            let whole = results.iter().all(|r| r.share_id.is_none());
-            let named = results.iter().all(|r| {
-                devices.iter().any(|d| {
-                    d.name == r.device
-                        && (d.attributes.contains_key("cpu") || d.attributes.contains_key("cpus"))
-                })
-            });
-            if whole && named && c.cpus != behind {
+            if promise.exact && c.cpus != promise.behind {
                 return Err(format!(
-                    "claim {} holds cpus {}, the scheduler picked {behind}",
-                    c.uid, c.cpus
+                    "claim {} holds cpus {}, the scheduler picked {}",
+                    c.uid, c.cpus, promise.behind
                 ));
             }
-            if !behind.is_superset(&c.cpus) {
+            if !promise.behind.is_superset(&c.cpus) {
                 return Err(format!(
-                    "claim {} holds cpus {}, outside its devices' cpus {behind}",
-                    c.uid, c.cpus
+                    "claim {} holds cpus {}, outside its devices' cpus {}",
+                    c.uid, c.cpus, promise.behind
                 ));
             }
         }
@@ -839,6 +923,26 @@ fn cpu_config(source: ConfigSource, field: &str, value: bool) -> ClaimConfig {
             field: value,
         }),
     }
+}
+
+/// Any device model the agent accepts.
+fn random_model(rng: &mut Rng) -> DeviceModel {
+    let mode = if rng.percent(50) {
+        DeviceMode::Grouped
+    } else {
+        DeviceMode::Individual
+    };
+    let group_by = if mode == DeviceMode::Grouped && rng.percent(30) {
+        GroupBy::Socket
+    } else {
+        GroupBy::Numa
+    };
+    let granularity = if rng.percent(30) {
+        Granularity::Core
+    } else {
+        Granularity::Cpu
+    };
+    model(mode, group_by, granularity)
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -979,6 +1083,27 @@ walk!(
 );
 walk!(hybrid_grouped_gate_on, Setup::new("hybrid", GROUPED, ON));
 walk!(hybrid_individual, Setup::new("hybrid", INDIVIDUAL, OFF));
+walk!(hybrid_xml_grouped, Setup::new("hybrid-xml", GROUPED, ON));
+walk!(
+    hybrid_xml_individual,
+    Setup::new("hybrid-xml", INDIVIDUAL, OFF)
+);
+walk!(
+    hybrid_xml_grouped_whole_cores,
+    Setup::new("hybrid-xml", GROUPED_CORES, ON)
+);
+walk!(
+    smt16_device_model_changes,
+    Setup::new("smt16", GROUPED, ON).reconfigured()
+);
+walk!(
+    smt16_device_model_changes_gate_off,
+    Setup::new("smt16", INDIVIDUAL, OFF).reconfigured()
+);
+walk!(
+    numa4_device_model_changes,
+    Setup::new("numa4", GROUPED, ON).reconfigured()
+);
 walk!(
     hybrid_individual_whole_cores,
     Setup::new("hybrid", INDIVIDUAL_CORES, OFF)
