@@ -35,10 +35,8 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             let v: serde_json::Value =
                 serde_json::from_str(json).with_context(|| format!("parsing bench line {json}"))?;
             let unit = v["unit"].as_str().unwrap_or("ns").to_owned();
-            let fmt = |x: &serde_json::Value| {
-                x.as_f64()
-                    .map_or_else(String::new, |x| format!("{x:.0} {unit}"))
-            };
+            let fmt =
+                |x: &serde_json::Value| x.as_f64().map_or_else(String::new, |x| show(x, &unit));
             rows.push(Row {
                 source: "rust".into(),
                 name: v["name"].as_str().unwrap_or("?").into(),
@@ -71,6 +69,16 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     }
     print_table(&rows);
     Ok(())
+}
+
+/// A measurement for the table: a ratio (unit `x`, such as prepare over its floor, where 1.27 and
+/// 1.49 must not both read `1 x`) with two decimals, anything else (nanoseconds, bytes) whole.
+fn show(value: f64, unit: &str) -> String {
+    if unit == "x" {
+        format!("{value:.2} {unit}")
+    } else {
+        format!("{value:.0} {unit}")
+    }
 }
 
 fn parse_go_bench(line: &str) -> Option<Row> {
@@ -118,5 +126,17 @@ fn print_table(rows: &[Row]) {
             "{:ws$}  {:wn$}  {:>wm$}  {:>wp$}  {}",
             r.source, r.name, r.median, r.p99, r.target
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_get_two_decimals_and_times_none() {
+        assert_eq!(show(1.2749, "x"), "1.27 x");
+        assert_eq!(show(1.0, "x"), "1.00 x");
+        assert_eq!(show(1234.6, "ns"), "1235 ns");
     }
 }
