@@ -439,3 +439,50 @@ fn devices_of_a_new_model_withhold_what_claims_on_the_old_ones_hold() {
         [("numa0".to_owned(), 3), ("numa1".to_owned(), 4)]
     );
 }
+
+/// With a partition, the CPUs the devices withhold for a claim of an earlier configuration (and
+/// the other thread of its core, with whole-core granularity) are still set aside for claims: no
+/// container gets them exclusively, so when the claim goes and they are published again, nothing
+/// else holds them (found by i18sim's invariant walk: a container took CPU 3, and the claim the
+/// scheduler then allocated for all of numa0 was refused).
+#[test]
+fn withheld_claim_cpus_stay_out_of_exclusive_container_grants() {
+    use policy::topology_aware::{ClaimCpus, DeviceMode};
+    let partition = |mode, granularity| Config {
+        exclusivity: Exclusivity::Partition(ClaimCpus::Set(set("2-7"))),
+        devices: DeviceModel {
+            mode,
+            granularity,
+            ..DeviceModel::default()
+        },
+        ..Config::default()
+    };
+    let machine = "pack:1 numa:1 core:4 pu:2";
+    let mut before = policy_with(
+        machine,
+        "0-1",
+        partition(DeviceMode::Individual, Granularity::Cpu),
+    );
+    before.allocate_claim(&claim("u1", "cpu2", None)).unwrap();
+    let mut p = policy_with(
+        machine,
+        "0-1",
+        partition(DeviceMode::Grouped, Granularity::Core),
+    );
+    p.restore(&before.snapshot()).unwrap();
+    // cpu2 is held; core 2-3 is not whole: numa0 publishes 4-7.
+    assert_eq!(advertised(&p), [("numa0".to_owned(), 4)]);
+    let g = p
+        .allocate(&container("g", QosClass::Guaranteed, 1000))
+        .unwrap();
+    assert_ne!(
+        g.adjustment.cpus,
+        Some(set("3")),
+        "CPU 3 is the partition's"
+    );
+    assert_eq!(fallbacks(&p, "g"), [Fallback::NotExclusive]);
+    p.release_claim("u1").unwrap();
+    assert_eq!(advertised(&p), [("numa0".to_owned(), 6)]);
+    p.allocate_claim(&claim("u2", "numa0", Some(6))).unwrap();
+    assert_eq!(p.claim_cpus("u2"), Some(set("2-7")));
+}

@@ -607,12 +607,14 @@ impl TopologyAware {
             .collect()
     }
 
-    /// The shared CPUs of pool `pool` an exclusive container grant may take: never the ones
-    /// published for claims.
+    /// The shared CPUs of pool `pool` an exclusive container grant may take: never the ones set
+    /// aside for claims, published or not right now (the devices withhold some while claims of
+    /// an earlier configuration hold them, and leave out the lone threads of split cores with
+    /// whole-core granularity; either may be published later).
     fn exclusive_free(&self, pool: usize) -> CpuSet {
         self.shared
             .get(pool)
-            .map(|s| s.difference(self.table.cpus()))
+            .map(|s| s.difference(&self.claimable))
             .unwrap_or_default()
     }
 

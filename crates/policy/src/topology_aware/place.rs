@@ -357,7 +357,7 @@ impl TopologyAware {
                 "needs {n} exclusive cpus; at most {} can be cut out of one pool ({pool}: {} shared{}, {} needed by its shared containers)",
                 most.max(0),
                 self.exclusive_free(pool.id).len(),
-                if self.table.cpus().is_empty() {
+                if self.claimable.is_empty() {
                     ""
                 } else {
                     " and not published for claims"
