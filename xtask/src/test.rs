@@ -18,12 +18,14 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{codegen, e2e, sysdeps, util};
+use crate::{codegen, controlplane, e2e, sysdeps, util};
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
     sysdeps::ensure()?;
-    // The e2e's containerd build (Go, minutes on a fresh machine) overlaps the steps below.
+    // The e2e's containerd and control plane builds (Go, minutes on a fresh machine) overlap
+    // the steps below.
     let e2e_runtime = e2e::prefetch();
+    let control_plane = controlplane::prefetch(root);
     util::run(
         util::cargo()
             .current_dir(root)
@@ -45,7 +47,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .args(["test", "--workspace", "--locked"]),
     )?;
     conformance(root)?;
-    e2e::in_test(root, e2e_runtime)?;
+    e2e::in_test(root, e2e_runtime, control_plane)?;
     eprintln!("all checks passed");
     Ok(())
 }

@@ -44,6 +44,8 @@ type options struct {
 	// nodeCPU is the Node's allocatable cpu, as the kubelet would report it.
 	nodeCPU string
 	args    []string
+	// containerd runs the pods' containers for real (nil: containerd's NRI library).
+	containerd *node.Containerd
 }
 
 // env is one scenario's cluster: the control plane, the agent's node and the agent's identity.
@@ -134,7 +136,7 @@ func start(t *testing.T, o options) *env {
 	pod := agentPodOn(t, cp, nodeName)
 	kubeconfig := cp.TokenKubeconfig("agent.kubeconfig", agentToken(cp, pod.Name))
 	n := node.Start(t, node.Config{Name: nodeName, Kubeconfig: kubeconfig, Topology: o.topology,
-		Reserved: o.reserved, Args: o.args})
+		Reserved: o.reserved, Args: o.args, Containerd: o.containerd})
 	e := &env{t: t, cp: cp, node: n, agentPod: pod}
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -170,7 +170,7 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
         if !missing.is_empty() {
             bail!("the control plane e2e cannot run here:\n{}", list(&missing));
         }
-        controlplane::run(root, &test::build_test_binaries(root)?)?;
+        controlplane::run(root, &test::build_test_binaries(root)?, None)?;
     }
     Ok(())
 }
@@ -216,8 +216,13 @@ impl Prefetch {
     }
 }
 
-/// The containerd stage, with the runtime from [`prefetch`] when it was started.
-fn containerd(root: &Path, args: &E2eArgs, prefetched: Option<Prefetch>) -> anyhow::Result<()> {
+/// The containerd stage, with the runtime from [`prefetch`] when it was started; with
+/// `args.command`, that command runs against its containerd instead of the scenarios.
+pub(crate) fn containerd(
+    root: &Path,
+    args: &E2eArgs,
+    prefetched: Option<Prefetch>,
+) -> anyhow::Result<()> {
     let missing = prerequisites();
     if !missing.is_empty() {
         bail!("the e2e cannot run here:\n{}", list(&missing));
@@ -278,7 +283,7 @@ fn runc() -> anyhow::Result<PathBuf> {
         .context("runc is not installed (apt-get install runc)")
 }
 
-fn list(missing: &[Missing]) -> String {
+pub(crate) fn list(missing: &[Missing]) -> String {
     missing
         .iter()
         .map(|m| format!("  - {m}"))
@@ -287,9 +292,14 @@ fn list(missing: &[Missing]) -> String {
 }
 
 /// The e2e as a step of `cargo xtask test`: each stage runs when the machine can (the
-/// containerd stage with the runtime from [`prefetch`]); when it cannot, fail under `CI=true`
-/// (CI machines are made for it) and otherwise say what is missing and go on.
-pub fn in_test(root: &Path, mut prefetched: Option<Prefetch>) -> anyhow::Result<()> {
+/// containerd stage with the runtime from [`prefetch`], the control plane stage with its
+/// [`controlplane::prefetch`]); when it cannot, fail under `CI=true` (CI machines are made for
+/// it) and otherwise say what is missing and go on.
+pub fn in_test(
+    root: &Path,
+    mut prefetched: Option<Prefetch>,
+    mut control_plane: Option<controlplane::Prefetch>,
+) -> anyhow::Result<()> {
     let stages = [
         (Stage::Containerd, "the containerd e2e", prerequisites()),
         (
@@ -306,7 +316,11 @@ pub fn in_test(root: &Path, mut prefetched: Option<Prefetch>) -> anyhow::Result<
             };
             match stage {
                 Stage::Containerd => containerd(root, &args, prefetched.take())?,
-                Stage::Controlplane => run(root, &args)?,
+                Stage::Controlplane => controlplane::run(
+                    root,
+                    &test::build_test_binaries(root)?,
+                    control_plane.take(),
+                )?,
             }
         } else if std::env::var("CI").is_ok_and(|v| v == "true") {
             bail!("CI=true and {name} cannot run here:\n{}", list(&missing));

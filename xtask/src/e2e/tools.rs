@@ -131,7 +131,7 @@ pub fn ensure(log: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// Removes build directories a run left behind when it ended during a build (a failing
 /// `cargo xtask test` does not wait for its background build); an hour is far longer than a
 /// build takes, so a build in progress is never among them.
-fn remove_abandoned(dir: &Path) {
+pub(crate) fn remove_abandoned(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };

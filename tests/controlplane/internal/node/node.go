@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -28,7 +27,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resmgr/resmgr/tests/controlplane/internal/cluster"
 )
@@ -51,6 +49,9 @@ type Config struct {
 	Reserved string
 	// Args are more flags of `resmgr run`.
 	Args []string
+	// Containerd, when set, is the real runtime the agent plugs into; when nil, containerd's
+	// NRI library with an in-memory runtime stands in.
+	Containerd *Containerd
 }
 
 // Node is the agent with its runtime and kubelet.
@@ -59,7 +60,7 @@ type Node struct {
 	cfg     Config
 	dir     string
 	bin     string
-	runtime *runtime
+	runtime containerRuntime
 	agent   *cluster.Process
 	metrics string
 	dra     drav1.DRAPluginClient
@@ -91,7 +92,11 @@ func Start(t testing.TB, cfg Config) *Node {
 		_ = os.RemoveAll(dir)
 	})
 	n := &Node{t: t, cfg: cfg, dir: dir, bin: bin, prepared: map[string]map[string][]string{}}
-	n.runtime = startRuntime(t, dir)
+	if cfg.Containerd != nil {
+		n.runtime = newCRIRuntime(t, cfg.Containerd, dir)
+	} else {
+		n.runtime = startNRIRuntime(t, dir)
+	}
 	n.StartAgent()
 	return n
 }
@@ -104,9 +109,9 @@ func (n *Node) StartAgent() {
 	n.metrics = freeAddr(n.t)
 	args := append([]string{"run",
 		"--node-name", n.cfg.Name, "--driver-name", Driver,
-		"--nri-socket", n.path("nri.sock"), "--nri-plugin-index", "90",
+		"--nri-socket", n.runtime.nriSocket(), "--nri-plugin-index", "90",
 		"--kubelet-plugins-dir", n.path("plugins"), "--kubelet-registry-dir", n.path("plugins_registry"),
-		"--cdi-dir", n.path("cdi"), "--state-dir", n.path("state"), "--kubeconfig", n.cfg.Kubeconfig,
+		"--cdi-dir", n.runtime.cdiDir(), "--state-dir", n.path("state"), "--kubeconfig", n.cfg.Kubeconfig,
 		"--topology", n.cfg.Topology, "--reserved-cpus", n.cfg.Reserved,
 		"--metrics-addr", n.metrics}, n.cfg.Args...)
 	n.agent = cluster.Spawn(n.t, n.dir, "resmgr", n.bin, args...)
@@ -115,7 +120,9 @@ func (n *Node) StartAgent() {
 			n.t.Logf("resmgr run's log ends:\n%s", n.agent.Tail(40))
 		}
 	})
-	n.waitActive()
+	if err := n.runtime.waitPlugin(n.agent.Exited()); err != nil {
+		n.t.Fatalf("resmgr run: %v (%v):\n%s", err, n.agent.ExitError(), n.agent.Tail(30))
+	}
 	n.dra = n.register()
 	n.waitFor("/readyz to say ready", func() bool {
 		code, _ := get("http://" + n.metrics + "/readyz")
@@ -151,24 +158,6 @@ func (n *Node) RestartAgent(args ...string) {
 func (n *Node) Log() string {
 	data, _ := os.ReadFile(n.agent.Log)
 	return string(data)
-}
-
-// waitActive waits until the runtime counts the agent as a plugin (after its Synchronize).
-func (n *Node) waitActive() {
-	n.t.Helper()
-	deadline := time.After(cluster.WaitLimit)
-	for {
-		select {
-		case c := <-n.runtime.active:
-			if c >= 1 {
-				return
-			}
-		case <-n.agent.Exited():
-			n.t.Fatalf("resmgr run exited (%v) before it synchronized with the runtime:\n%s", n.agent.ExitError(), n.agent.Tail(30))
-		case <-deadline:
-			n.t.Fatalf("resmgr run never became an active NRI plugin:\n%s", n.agent.Tail(30))
-		}
-	}
 }
 
 // register plays the kubelet's plugin watcher: dial the registration socket by path (so grpc-go
@@ -315,20 +304,22 @@ func (n *Node) Unprepare(client kubernetes.Interface, pod *corev1.Pod) {
 
 // Container is a container as the runtime created it.
 type Container struct {
-	ID   string
+	ID string
+	// PID is its process on a real runtime (0 with the NRI library).
+	PID  int
 	Cpus string
 	Mems string
-	// Env is the environment the CDI devices injected.
+	// Env is its environment from the CDI devices (on a real runtime: all of it, as the
+	// kernel shows it).
 	Env []string
 }
 
 // RunContainers creates the pod's containers through the runtime, as the kubelet asks for
 // them: each container gets the CDI devices of the claims it references (all devices of a
-// claim; the requests it names are our claims' only requests), injected by the CDI cache
-// runtimes use from the agent's spec directory.
+// claim; the requests it names are our claims' only requests).
 func (n *Node) RunContainers(pod *corev1.Pod) map[string]Container {
 	n.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out := map[string]Container{}
 	for i := range pod.Spec.Containers {
@@ -343,37 +334,17 @@ func (n *Node) RunContainers(pod *corev1.Pod) map[string]Container {
 			}
 			devices = append(devices, n.prepared[string(pod.UID)][claimName]...)
 		}
-		env := n.inject(devices)
-		ctr, err := n.runtime.createContainer(ctx, pod, c, env, devices)
+		ctr, err := n.runtime.createContainer(ctx, pod, c, devices)
 		if err != nil {
-			n.t.Fatal(err)
+			n.t.Fatalf("pod %s container %s: %v", pod.Name, c.Name, err)
 		}
-		out[c.Name] = Container{ID: ctr.Id, Cpus: ctr.GetLinux().GetResources().GetCpu().GetCpus(),
-			Mems: ctr.GetLinux().GetResources().GetCpu().GetMems(), Env: env}
+		out[c.Name] = ctr
 	}
 	return out
 }
 
 // Cpusets is every running container's current cpuset (after the agent's updates), by ID.
 func (n *Node) Cpusets() map[string]string { return n.runtime.cpusets() }
-
-// inject resolves CDI devices from the agent's spec directory and returns the environment
-// they inject.
-func (n *Node) inject(devices []string) []string {
-	n.t.Helper()
-	if len(devices) == 0 {
-		return nil
-	}
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(n.path("cdi")), cdi.WithAutoRefresh(false))
-	if err != nil {
-		n.t.Fatalf("CDI cache: %v", err)
-	}
-	spec := &oci.Spec{Process: &oci.Process{}}
-	if _, err := cache.InjectDevices(spec, devices...); err != nil {
-		n.t.Fatalf("injecting %v: %v", devices, err)
-	}
-	return spec.Process.Env
-}
 
 // DebugState is the agent's /debug/state.
 func (n *Node) DebugState() map[string]any {

@@ -13,13 +13,35 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 	corev1 "k8s.io/api/core/v1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/resmgr/resmgr/tests/controlplane/internal/cluster"
 )
 
-// runtime is containerd's NRI side (the adaptation library, as containerd embeds it) with a
-// table of the containers it has created, standing in for the container runtime until the
-// containerd e2e replaces it.
-type runtime struct {
+// containerRuntime is the node's container runtime as the kubelet and the agent meet it.
+type containerRuntime interface {
+	// nriSocket is where the agent connects as an NRI plugin; cdiDir where it writes CDI specs.
+	nriSocket() string
+	cdiDir() string
+	// waitPlugin waits until the runtime counts the agent as a synchronized plugin, or the
+	// agent exits (exited is closed).
+	waitPlugin(exited <-chan struct{}) error
+	// createContainer runs the pod's sandbox if needed, then creates and starts the container
+	// with the CDI devices of its claims, which the runtime injects.
+	createContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, cdiDevices []string) (Container, error)
+	// removePod stops and removes the pod's containers and sandbox.
+	removePod(ctx context.Context, pod *corev1.Pod) error
+	// cpusets is every running container's current cpus, by container ID.
+	cpusets() map[string]string
+}
+
+// nriRuntime is containerd's NRI side (the adaptation library, as containerd embeds it) with a
+// table of the containers it has created and the CDI injection runtimes do (the CDI cache),
+// standing in for a container runtime where the e2e's containerd cannot run.
+type nriRuntime struct {
+	dir string
 	nri *adaptation.Adaptation
 	// active receives the adaptation's plugin count: a plugin counts after its Synchronize.
 	active chan int
@@ -44,7 +66,7 @@ func (m metrics) UpdatePluginCount(n int) {
 	}
 }
 
-func startRuntime(t testing.TB, dir string) *runtime {
+func startNRIRuntime(t testing.TB, dir string) *nriRuntime {
 	t.Helper()
 	// The adaptation logs through containerd's global logger: into the node's directory, kept
 	// when the test fails, instead of between the test's own messages.
@@ -54,7 +76,7 @@ func startRuntime(t testing.TB, dir string) *runtime {
 	}
 	log.L.Logger.SetOutput(out)
 	t.Cleanup(func() { log.L.Logger.SetOutput(os.Stderr); out.Close() })
-	r := &runtime{active: make(chan int, 16), pods: map[string]*api.PodSandbox{}, containers: map[string]*api.Container{}}
+	r := &nriRuntime{dir: dir, active: make(chan int, 16), pods: map[string]*api.PodSandbox{}, containers: map[string]*api.Container{}}
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
 		r.mu.Lock()
 		var pods []*api.PodSandbox
@@ -91,7 +113,7 @@ func startRuntime(t testing.TB, dir string) *runtime {
 }
 
 // apply records updates and applies their cpusets to the container table.
-func (r *runtime) apply(updates []*api.ContainerUpdate) {
+func (r *nriRuntime) apply(updates []*api.ContainerUpdate) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, u := range updates {
@@ -154,10 +176,60 @@ func sandbox(pod *corev1.Pod) *api.PodSandbox {
 		Namespace: pod.Namespace, Linux: &api.LinuxPodSandbox{CgroupParent: cgroupParent(pod)}}
 }
 
+func (r *nriRuntime) nriSocket() string { return filepath.Join(r.dir, "nri.sock") }
+func (r *nriRuntime) cdiDir() string    { return filepath.Join(r.dir, "cdi") }
+
+func (r *nriRuntime) waitPlugin(exited <-chan struct{}) error {
+	deadline := time.After(cluster.WaitLimit)
+	for {
+		select {
+		case c := <-r.active:
+			if c >= 1 {
+				return nil
+			}
+		case <-exited:
+			return fmt.Errorf("it exited before it synchronized with the runtime")
+		case <-deadline:
+			return fmt.Errorf("it never became an active NRI plugin")
+		}
+	}
+}
+
 // createContainer runs the runtime's CreateContainer for the pod's container (RunPodSandbox
-// first for a new pod), with the environment and CDI devices the kubelet's CDI injection gives
-// it, and records the container with the cpuset the plugins chose.
-func (r *runtime) createContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, env []string, cdiDevices []string) (*api.Container, error) {
+// first for a new pod), with the environment its CDI devices inject, and records the container
+// with the cpuset the plugins chose.
+func (r *nriRuntime) createContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, cdiDevices []string) (Container, error) {
+	env, err := r.inject(cdiDevices)
+	if err != nil {
+		return Container{}, err
+	}
+	ctr, err := r.create(ctx, pod, c, env, cdiDevices)
+	if err != nil {
+		return Container{}, err
+	}
+	cpu := ctr.GetLinux().GetResources().GetCpu()
+	return Container{ID: ctr.Id, Cpus: cpu.GetCpus(), Mems: cpu.GetMems(), Env: env}, nil
+}
+
+// inject resolves CDI devices from the agent's spec directory with the CDI cache runtimes use,
+// and returns the environment they inject.
+func (r *nriRuntime) inject(devices []string) ([]string, error) {
+	if len(devices) == 0 {
+		return nil, nil
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(r.cdiDir()), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI cache: %w", err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}}
+	if _, err := cache.InjectDevices(spec, devices...); err != nil {
+		return nil, fmt.Errorf("injecting %v: %w", devices, err)
+	}
+	return spec.Process.Env, nil
+}
+
+// create is the runtime's RunPodSandbox (for a new pod), CreateContainer and StartContainer.
+func (r *nriRuntime) create(ctx context.Context, pod *corev1.Pod, c *corev1.Container, env []string, cdiDevices []string) (*api.Container, error) {
 	sb := sandbox(pod)
 	r.mu.Lock()
 	_, known := r.pods[sb.Id]
@@ -199,7 +271,7 @@ func (r *runtime) createContainer(ctx context.Context, pod *corev1.Pod, c *corev
 }
 
 // removePod stops and removes the pod's containers and its sandbox.
-func (r *runtime) removePod(ctx context.Context, pod *corev1.Pod) error {
+func (r *nriRuntime) removePod(ctx context.Context, pod *corev1.Pod) error {
 	sb := sandbox(pod)
 	r.mu.Lock()
 	var mine []*api.Container
@@ -232,7 +304,7 @@ func (r *runtime) removePod(ctx context.Context, pod *corev1.Pod) error {
 }
 
 // cpusets is every running container's cpuset, by container ID.
-func (r *runtime) cpusets() map[string]string {
+func (r *nriRuntime) cpusets() map[string]string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := map[string]string{}
