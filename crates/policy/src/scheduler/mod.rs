@@ -18,7 +18,8 @@
 //!   (all of them when none are) has the attribute, with one value;
 //! - **attribute-equality selectors** ([`Selector`]) in place of CEL: `device.attributes[...]
 //!   == value`. Attributes are looked up as the allocator does: the qualified name, or, when
-//!   its domain is the driver's, the bare name the device published;
+//!   its domain is the driver's, the bare name the device published; capacity names match
+//!   exactly;
 //! - **the search** ([`search`]): requests in order, devices in published order, first
 //!   solution, backtracking; at most 32 results per claim;
 //! - **the `DRAConsumableCapacity` gate** ([`Gates`]): off (the default on 1.34 and 1.35), the
@@ -36,6 +37,9 @@
 //! `distinctAttribute`, several claims of a pod allocated together, and incomplete pools (the
 //! devices given are one complete pool). Share IDs are deterministic here (the scheduler's are
 //! random UIDs), so simulations print the same every time.
+//!
+//! The model is checked against the real allocator: `tests/scheduler_vectors.rs` and the Go
+//! test in `tests/conformance/allocator` run the same cases through both.
 
 pub mod capacity;
 mod search;
@@ -400,32 +404,23 @@ pub(crate) fn lookup_attribute<'a>(
     }
 }
 
-/// The requested amounts keyed by the device's own capacity names, or `None` when the device
-/// lacks a requested capacity (the allocator then skips it). A bare request name is in the
-/// driver's domain, as is a bare capacity name.
+/// The requested amounts keyed by the device's capacity names, or `None` when the device lacks
+/// a requested capacity (the allocator then skips it). Names match exactly, as in Kubernetes 1.34
+/// to 1.36 (later versions also match `<driver>/cpu` to a bare `cpu`); our devices publish bare
+/// names, so a claim asks for `cpu`.
 pub(crate) fn resolve_capacity(
     device: &Device,
-    driver: &str,
     requested: &BTreeMap<String, Quantity>,
 ) -> Option<BTreeMap<String, Quantity>> {
-    let mut resolved = BTreeMap::new();
-    for (name, amount) in requested {
-        let key = if device.capacities.contains_key(name) {
-            name.clone()
-        } else {
-            let other = match name.split_once('/') {
-                Some((domain, id)) if domain == driver => id.to_owned(),
-                Some(_) => return None,
-                None => format!("{driver}/{name}"),
-            };
-            if !device.capacities.contains_key(&other) {
-                return None;
-            }
-            other
-        };
-        resolved.insert(key, *amount);
-    }
-    Some(resolved)
+    requested
+        .iter()
+        .map(|(name, amount)| {
+            device
+                .capacities
+                .contains_key(name)
+                .then(|| (name.clone(), *amount))
+        })
+        .collect()
 }
 
 fn show_value(v: &AttributeValue) -> String {
@@ -557,7 +552,7 @@ fn why_not(input: &search::Input<'_>, request: &DeviceRequest, device: &Device) 
     if !input.consumable {
         return None;
     }
-    let Some(requested) = resolve_capacity(device, input.driver, &request.capacity) else {
+    let Some(requested) = resolve_capacity(device, &request.capacity) else {
         let names: Vec<&String> = request.capacity.keys().collect();
         return Some(format!("has no capacity {names:?}"));
     };

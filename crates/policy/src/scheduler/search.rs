@@ -130,7 +130,7 @@ impl Search<'_> {
         if !self.input.consumable {
             return Some(None);
         }
-        let requested = resolve_capacity(device, self.input.driver, &request.capacity)?;
+        let requested = resolve_capacity(device, &request.capacity)?;
         let mut amounts = BTreeMap::new();
         for (name, cap) in &device.capacities {
             let amount = capacity::consumed(requested.get(name).copied(), cap);
