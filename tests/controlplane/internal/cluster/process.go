@@ -89,14 +89,17 @@ func (p *Process) Signal(sig os.Signal) error {
 }
 
 // Stop sends SIGTERM, waits up to stopGrace, then SIGKILL, and waits for the exit. Idempotent.
-func (p *Process) Stop() {
+func (p *Process) Stop() { p.StopWithin(stopGrace) }
+
+// StopWithin is Stop with another grace period.
+func (p *Process) StopWithin(grace time.Duration) {
 	if !p.Running() {
 		return
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(stopGrace):
+	case <-time.After(grace):
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
