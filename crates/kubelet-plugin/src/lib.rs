@@ -66,6 +66,9 @@ mod registration;
 mod socket;
 mod wire;
 
+/// The properties the fuzz targets check (`fuzz/`); not an API.
+#[doc(hidden)]
+pub use self::authority::fuzzing;
 pub use self::{
     handler::{
         ClaimError, ClaimHandler, ClaimRef, PrepareResults, PreparedDevice, RequestError,

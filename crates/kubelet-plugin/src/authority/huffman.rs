@@ -135,7 +135,6 @@ pub(crate) fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HuffmanError
 }
 
 /// The canonical code of every symbol, as (code, length): what an encoder needs.
-#[cfg(test)]
 pub(crate) fn codes() -> Vec<(u32, usize)> {
     let mut lengths = vec![0usize; 257];
     for (len, group) in SYMBOLS_BY_LENGTH {
@@ -157,8 +156,8 @@ pub(crate) fn codes() -> Vec<(u32, usize)> {
     codes
 }
 
-/// Huffman-encodes `input` (tests use this to build what a grpc-go client sends).
-#[cfg(test)]
+/// Huffman-encodes `input` (tests use this to build what a grpc-go client sends, and the fuzz
+/// checks to round-trip arbitrary bytes; the rewriter itself writes raw strings).
 // The casts take the low byte of the bit accumulator on purpose.
 #[allow(clippy::cast_possible_truncation)]
 pub(crate) fn encode(input: &[u8]) -> Vec<u8> {

@@ -54,6 +54,7 @@
 //! server still resets these streams fails, and this module can go.
 
 pub(crate) mod frames;
+pub mod fuzzing;
 pub(crate) mod hpack;
 mod huffman;
 
