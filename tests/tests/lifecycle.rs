@@ -108,7 +108,7 @@ async fn a_malformed_uid_fails_the_whole_request_and_touches_nothing() {
         let err = m.unprepare(&[claim_ref(uid)]).await.unwrap_err();
         assert!(matches!(err, AdmitError::InvalidArgument(_)), "{uid:?}");
     }
-    assert!(!h.cdi_dir().exists() && !h.state_dir().exists());
+    assert!(!h.cdi_dir().exists() && !StateFile::new(h.state_dir()).path().exists());
 }
 
 #[tokio::test]
@@ -466,7 +466,7 @@ async fn start_up_removes_the_temporary_files_of_interrupted_state_saves() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     left.sort();
-    left.retain(|n| n != "state.json");
+    left.retain(|n| n != "state.json" && n != ".lock");
     assert_eq!(left, ["notes.txt"]);
 }
 
@@ -862,4 +862,65 @@ async fn a_re_prepare_with_other_allocation_results_is_refused_by_name_and_keeps
     assert_eq!(now[0].device, "numa1");
     let spec = fs::read_to_string(spec_path(&h, "c1")).unwrap();
     assert!(spec.contains("DRA_CPUSET_c1=8\""), "{spec}");
+}
+
+#[tokio::test]
+async fn unprepare_of_a_claim_already_gone_succeeds_without_saving() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .as_ref()
+        .unwrap();
+    // The state directory stops taking writes (full, read-only, broken).
+    h.break_state_saves();
+
+    // Gone already (never prepared, or purged by an earlier unprepare): nothing to save.
+    assert_eq!(
+        m.unprepare(&[claim_ref("never-seen")]).await.unwrap()["never-seen"],
+        Ok(())
+    );
+    // A real release must be saved, so it fails; and its retry saves what is still unsaved
+    // even though the claim is gone from memory by then.
+    let err = m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("saving the state"), "{err}");
+    assert!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_err());
+    h.mend_state_saves();
+    assert_eq!(h.saved_claims(), ["c1"], "the release is not on disk yet");
+    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert!(h.saved_claims().is_empty());
+}
+
+#[tokio::test]
+async fn a_second_manager_on_the_same_directories_is_refused_before_it_touches_anything() {
+    let h = Harness::new();
+    let first = h.start(TestPolicy::new(8)).unwrap();
+    // What a spec write in flight in the first manager looks like on disk.
+    fs::create_dir_all(h.cdi_dir()).unwrap();
+    let in_flight = h
+        .cdi_dir()
+        .join(format!(".{}-device_c1.json.a1b2c3.tmp", support::DRIVER));
+    fs::write(&in_flight, b"{").unwrap();
+
+    let err = h.start(TestPolicy::new(8)).unwrap_err().to_string();
+    assert!(
+        err.contains("is in use by another instance")
+            && err.contains(&h.state_dir().display().to_string()),
+        "{err}"
+    );
+    assert!(
+        in_flight.exists(),
+        "the second manager cleaned up the first's files"
+    );
+
+    // The lock dies with its holder.
+    drop(first);
+    h.start(TestPolicy::new(8)).unwrap();
+    assert!(
+        !in_flight.exists(),
+        "start-up removes what a crashed write left"
+    );
 }

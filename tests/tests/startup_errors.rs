@@ -92,6 +92,8 @@ const STATE_VARIANTS: &[&str] = &[
     "Encode",
     "Write",
     "Cleanup",
+    "InUse",
+    "Lock",
 ];
 
 fn state_variant(e: &StateError) -> &'static str {
@@ -103,6 +105,8 @@ fn state_variant(e: &StateError) -> &'static str {
         StateError::Encode { .. } => "Encode",
         StateError::Write { .. } => "Write",
         StateError::Cleanup { .. } => "Cleanup",
+        StateError::InUse { .. } => "InUse",
+        StateError::Lock { .. } => "Lock",
     }
 }
 
@@ -145,6 +149,11 @@ fn state_errors(dir: &Path) -> Vec<StateError> {
     };
     errors.push(blocked.save(&state).unwrap_err());
     errors.push(blocked.remove_temporary_files().unwrap_err());
+    // A second lock on a held state directory; a lock where the directory cannot be made.
+    let (file, _) = at("locked");
+    let _held = file.lock().unwrap();
+    errors.push(file.lock().unwrap_err());
+    errors.push(blocked.lock().unwrap_err());
     errors
 }
 
@@ -204,7 +213,14 @@ async fn manager_start_errors_name_each_cause_once() {
 
 // === the CDI store ===
 
-const STORE_VARIANTS: &[&str] = &["Vendor", "VendorTooLong", "Uid", "NoEdits", "Invalid", "Io"];
+const STORE_VARIANTS: &[&str] = &[
+    "Vendor",
+    "VendorTooLong",
+    "Uid",
+    "NoEdits",
+    "Invalid",
+    "Io",
+];
 
 fn store_variant(e: &cdi::StoreError) -> &'static str {
     match e {

@@ -282,8 +282,10 @@ impl Manager {
             crash_point("unprepare.released");
             inner.records.remove(&claim.uid);
             self.record_pending(&mut inner, updates);
+            // A claim already gone changes nothing: it must not need a writable state directory.
+            // One whose release was not saved yet (an earlier attempt failed) is saved now.
             inner
-                .save()
+                .save_if_changed()
                 .map_err(|e| fail("saving the state", chain(&e)))?;
             crash_point("unprepare.saved");
         }

@@ -37,7 +37,7 @@ use crate::{
     kube::ClaimReader,
     pending::PendingUpdates,
     runtime::{Runtime, RuntimeError},
-    state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile},
+    state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
 };
 
 /// Settings of the resource manager.
@@ -74,8 +74,10 @@ pub(crate) struct Inner {
     pub(crate) specs: cdi::SpecStore,
     pub(crate) records: std::collections::BTreeMap<String, ClaimRecord>,
     pub(crate) pending: PendingUpdates,
-    /// The policy snapshot last saved, so that events that change nothing durable skip the save.
+    /// The policy snapshot and claim records last saved, so that what changes nothing durable
+    /// skips the save, and what changed since a failed save saves it.
     saved_policy_state: serde_json::Value,
+    saved_records: std::collections::BTreeMap<String, ClaimRecord>,
 }
 
 impl Inner {
@@ -91,12 +93,13 @@ impl Inner {
         self.state_file.save(&state)?;
         crash_point("commit.state-written");
         self.saved_policy_state = policy_state;
+        self.saved_records = state.claims;
         Ok(())
     }
 
-    /// Saves the state if the policy's durable state changed since the last save.
+    /// Saves the state if it changed since the last successful save.
     pub(crate) fn save_if_changed(&mut self) -> Result<(), StateError> {
-        if self.policy.snapshot() == self.saved_policy_state {
+        if self.policy.snapshot() == self.saved_policy_state && self.records == self.saved_records {
             return Ok(());
         }
         self.save()
@@ -144,13 +147,16 @@ pub struct Manager {
     pub(crate) gate: Gate,
     pending_changed: Notify,
     pub(crate) config: ManagerConfig,
+    /// This manager's hold on the state directory.
+    _lock: StateLock,
 }
 
 impl Manager {
-    /// Starts the manager from what is on disk: loads the state (a missing state is a fresh
-    /// start; an unreadable one is an error and nothing is deleted), restores the policy from it,
-    /// and removes the CDI specs of claims the policy does not account for and the temporary
-    /// files of writes a crash interrupted.
+    /// Starts the manager from what is on disk: takes the state directory for itself (a second
+    /// manager on it is refused before it reads or cleans anything), loads the state (a missing
+    /// state is a fresh start; an unreadable one is an error and nothing is deleted), restores
+    /// the policy from it, and removes the CDI specs of claims the policy does not account for and
+    /// the temporary files of writes a crash interrupted.
     pub fn start(
         config: ManagerConfig,
         mut policy: Box<dyn Policy>,
@@ -159,6 +165,7 @@ impl Manager {
         runtime: Arc<dyn Runtime>,
         claim_reader: Arc<dyn ClaimReader>,
     ) -> Result<Self, StartError> {
+        let lock = state_file.lock()?;
         let state = state_file.load(policy.name())?;
         state_file.remove_temporary_files()?;
         let records = match state {
@@ -194,10 +201,12 @@ impl Manager {
                 policy,
                 state_file,
                 specs,
+                saved_records: records.clone(),
                 records,
                 pending: PendingUpdates::default(),
                 saved_policy_state,
             }),
+            _lock: lock,
             delivery: Mutex::new(()),
             runtime,
             claim_reader,

@@ -7,6 +7,12 @@
 //!
 //! A state file that cannot be read is an error that stops the agent: deleting or overwriting it
 //! would forget claims whose CPUs are in use. A missing file is a fresh start.
+//!
+//! One manager at a time uses a state directory: [`StateFile::lock`] takes an exclusive `flock`
+//! on `<state-dir>/.lock` before anything is read or cleaned up, and a second manager is refused
+//! ([`StateError::InUse`]) instead of reconciling files under the first one's feet. The lock dies
+//! with the process, so a crash never leaves it stuck; the file itself stays (removing lock files
+//! races with the next locker).
 
 use std::{collections::BTreeMap, fs, io, path::PathBuf};
 
@@ -24,6 +30,9 @@ const STATE_MODE: u32 = 0o644;
 
 /// The mode of a state directory the agent creates.
 const DIR_MODE: u32 = 0o755;
+
+/// The lock file inside the state directory.
+pub const LOCK_FILE: &str = ".lock";
 
 /// Everything durable.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,6 +125,24 @@ pub enum StateError {
         #[source]
         source: serde_json::Error,
     },
+    /// Another manager holds the state directory.
+    #[error("state directory {dir} is in use by another instance (lock {lock} is held)")]
+    InUse {
+        /// The state directory.
+        dir: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// The state directory could not be locked.
+    #[error("locking state directory {dir}: {step}")]
+    Lock {
+        /// The state directory.
+        dir: PathBuf,
+        /// The step that failed.
+        step: &'static str,
+        /// The cause.
+        source: io::Error,
+    },
     /// Writing the file failed; the previous state is intact.
     #[error("saving state file {path}")]
     Write {
@@ -136,6 +163,13 @@ pub enum StateError {
     },
 }
 
+/// The exclusive hold of one manager on a state directory, released when dropped (or when the
+/// process dies).
+#[derive(Debug)]
+pub struct StateLock {
+    _file: fs::File,
+}
+
 /// The state file of one state directory.
 #[derive(Debug, Clone)]
 pub struct StateFile {
@@ -151,6 +185,36 @@ impl StateFile {
     /// The file's path.
     pub fn path(&self) -> PathBuf {
         self.dir.join(STATE_FILE)
+    }
+
+    /// Takes the state directory for this process (creating it if needed), or refuses with
+    /// [`StateError::InUse`] if another holds it. Does not wait: a second instance must not
+    /// start, not queue.
+    pub fn lock(&self) -> Result<StateLock, StateError> {
+        let failed = |step| {
+            let dir = self.dir.clone();
+            move |source| StateError::Lock { dir, step, source }
+        };
+        durable::create_dir(&self.dir, DIR_MODE).map_err(|e| StateError::Lock {
+            dir: self.dir.clone(),
+            step: e.step,
+            source: e.source,
+        })?;
+        let lock = self.dir.join(LOCK_FILE);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock)
+            .map_err(failed("opening the lock file"))?;
+        match file.try_lock() {
+            Ok(()) => Ok(StateLock { _file: file }),
+            Err(fs::TryLockError::WouldBlock) => Err(StateError::InUse {
+                dir: self.dir.clone(),
+                lock,
+            }),
+            Err(fs::TryLockError::Error(source)) => Err(failed("locking the lock file")(source)),
+        }
     }
 
     /// Loads the state: `None` when there is none yet.
@@ -293,6 +357,19 @@ mod tests {
         file.save(&state()).unwrap();
         let err = file.load("other").unwrap_err();
         assert!(matches!(err, StateError::PolicyMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn one_lock_per_state_directory_until_it_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path().join("sub"));
+        let held = file.lock().unwrap();
+        let err = file.lock().unwrap_err();
+        assert!(matches!(err, StateError::InUse { .. }), "{err}");
+        drop(held);
+        file.lock().unwrap();
+        // Nothing but the lock file: the state itself is written by the first save.
+        assert_eq!(file.load("p").unwrap(), None);
     }
 
     #[test]

@@ -92,7 +92,8 @@ struct Sim {
     dirs: Dirs,
     topology: Topology,
     config: Config,
-    manager: Manager,
+    /// The agent; `None` only after a restart that failed.
+    manager: Option<Manager>,
     view: PolicyView,
     runtime: Arc<SimRuntime>,
     api: Arc<StaticClaims>,
@@ -155,7 +156,7 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         node: scenario.node_name.clone(),
         dirs,
         config,
-        manager,
+        manager: Some(manager),
         view,
         runtime,
         api,
@@ -181,7 +182,9 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         let before = sim.observe();
         let outcome = sim.step(step).await;
         // The background retry, made deterministic: whatever is pending goes out now.
-        let _ = sim.manager.deliver().await;
+        if let Ok(manager) = sim.manager() {
+            let _ = manager.deliver().await;
+        }
         let after = sim.observe();
         let mut changes = sim.diff(&before, &after);
         let error = match outcome {
@@ -265,6 +268,13 @@ struct Observed {
 }
 
 impl Sim {
+    /// The agent.
+    fn manager(&self) -> Result<&Manager, String> {
+        self.manager
+            .as_ref()
+            .ok_or_else(|| "the agent is not running: its restart failed".to_owned())
+    }
+
     fn observe(&self) -> Observed {
         Observed {
             applied: self.runtime.table(),
@@ -339,7 +349,7 @@ impl Sim {
                     u.memory_limit,
                 );
                 let updates = self
-                    .manager
+                    .manager()?
                     .update_container(&container, &resources)
                     .await
                     .map_err(|e| resmgr::errors::chain(&e))?;
@@ -580,7 +590,7 @@ impl Sim {
             p.claims.push(name.clone());
         }
         let answer = self
-            .manager
+            .manager()?
             .prepare(std::slice::from_ref(&reference))
             .await
             .map_err(|e| e.to_string())?
@@ -666,7 +676,7 @@ impl Sim {
             mems: None,
         };
         let allocation = self
-            .manager
+            .manager()?
             .create_container(&container)
             .await
             .map_err(|e| resmgr::errors::chain(&e))?;
@@ -732,10 +742,10 @@ impl Sim {
             let Some(container) = self.containers.remove(id) else {
                 continue;
             };
-            let updates = self.manager.stop_container(&container).await;
+            let updates = self.manager()?.stop_container(&container).await;
             self.runtime.remove(id);
             self.runtime.apply(&updates);
-            self.manager.remove_container(&container).await;
+            self.manager()?.remove_container(&container).await;
         }
         if let Some(p) = self.pods.get_mut(pod) {
             p.containers.retain(|(_, id)| !ids.contains(id));
@@ -751,7 +761,7 @@ impl Sim {
             .collect();
         let mut error = None;
         if !refs.is_empty() {
-            match self.manager.unprepare(&refs).await {
+            match self.manager()?.unprepare(&refs).await {
                 Ok(answers) => {
                     for (_, answer) in answers {
                         if let Err(e) = answer {
@@ -778,6 +788,9 @@ impl Sim {
     /// The agent restarts: a new manager and policy from the state on disk, synchronized with
     /// the containers the runtime still runs.
     async fn restart(&mut self) -> Result<Vec<Change>, String> {
+        // The agent's process ends before the new one starts, and its hold on the state
+        // directory with it.
+        self.manager = None;
         let (manager, view) = start(
             &self.driver,
             &self.topology,
@@ -787,7 +800,7 @@ impl Sim {
             &self.api,
         )
         .map_err(|e| format!("{e:#}"))?;
-        self.manager = manager;
+        self.manager = Some(manager);
         self.view = view;
         let applied = self.runtime.table();
         let running: Vec<Container> = self
@@ -803,12 +816,12 @@ impl Sim {
             })
             .collect();
         let updates = self
-            .manager
+            .manager()?
             .synchronize(&running)
             .await
             .map_err(|e| resmgr::errors::chain(&e))?;
         self.runtime.apply(&updates);
-        self.manager.synchronized().await;
+        self.manager()?.synchronized().await;
         let restored = self.view.inventory().claims.len();
         Ok(vec![Change::Restarted {
             claims: restored,
