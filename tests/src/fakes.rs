@@ -29,7 +29,10 @@ use policy::{
     Adjustment, Allocation, AllocationResult, Claim, ClaimAllocation, Container, ContainerUpdate,
     CpuSet, Device, Policy, PolicyError, Quantity, Resources, cdi::ContainerEdits,
 };
-use resmgr::{BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError, kube::fake::StaticClaims};
+use resmgr::{
+    BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError, faults::Faults,
+    kube::fake::StaticClaims,
+};
 
 pub const DRIVER: &str = "test.resmgr.io";
 
@@ -222,13 +225,18 @@ impl Policy for TestPolicy {
 }
 
 /// A runtime that applies updates to its own table of containers, records every call, and can be
-/// told to fail: for tests of what the manager does with the runtime's answers. Updates to
-/// containers it never saw are applied, not refused (use `refuse` for that).
+/// told to fail or to hold calls: for tests of what the manager does with the runtime's answers.
+/// Updates to containers it never saw are applied, not refused (use `refuse` for that).
 #[derive(Debug, Default)]
 pub struct FakeRuntime {
     pub state: Mutex<RuntimeState>,
     /// Notified after every call, whatever its outcome.
     pub called: tokio::sync::Notify,
+    /// Notified (one permit) when a call arrives, before it waits for [`FakeRuntime::hold`].
+    pub arrived: tokio::sync::Notify,
+    /// Calls wait for this before they apply: a test holds it to keep a call in flight, as a
+    /// real runtime's round trip does, while other tasks run.
+    pub hold: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -254,6 +262,8 @@ impl Runtime for FakeRuntime {
         updates: Vec<ContainerUpdate>,
     ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
         Box::pin(async move {
+            self.arrived.notify_one();
+            drop(self.hold.lock().await);
             let result = self.apply_call(updates);
             self.called.notify_waiters();
             result
@@ -318,6 +328,37 @@ pub fn claim(uid: &str, pod: &str, cpus: u64) -> Claim {
     }
 }
 
+/// A claim of `cpus` CPUs from device `device`, reserved for pod `pod`.
+pub fn claim_on(uid: &str, pod: &str, device: &str, cpus: u64) -> Claim {
+    let mut c = claim(uid, pod, cpus);
+    c.results[0].device = device.into();
+    c
+}
+
+/// One socket of two NUMA nodes of 4 two-thread cores: numa0 is CPUs 0-7, numa1 8-15.
+pub const TWO_NUMA: &str = "pack:1 numa:2 core:4 pu:2";
+
+/// The real topology-aware policy on the synthetic machine `topology` (CPU 0 reserved), serving
+/// our test driver.
+pub fn topology_aware(topology: &str) -> Box<dyn Policy> {
+    topology_aware_with(topology, policy::topology_aware::Exclusivity::default())
+}
+
+/// [`topology_aware`] with another choice of who gets CPUs of their own.
+pub fn topology_aware_with(
+    topology: &str,
+    exclusivity: policy::topology_aware::Exclusivity,
+) -> Box<dyn Policy> {
+    let topology =
+        policy::Topology::load(&policy::TopologySource::Synthetic(topology.into())).unwrap();
+    let config = policy::Config {
+        driver: DRIVER.into(),
+        exclusivity,
+        ..policy::Config::default()
+    };
+    Box::new(policy::TopologyAware::new(topology, config).unwrap())
+}
+
 pub fn claim_ref(uid: &str) -> ClaimRef {
     ClaimRef {
         namespace: "default".into(),
@@ -353,6 +394,8 @@ pub struct Harness {
     pub dir: tempfile::TempDir,
     pub runtime: Arc<FakeRuntime>,
     pub claims: Arc<StaticClaims>,
+    /// The faults of every manager the harness starts.
+    pub faults: Faults,
 }
 
 impl Default for Harness {
@@ -367,6 +410,15 @@ impl Harness {
             dir: tempfile::tempdir().unwrap(),
             runtime: Arc::new(FakeRuntime::default()),
             claims: Arc::new(StaticClaims::new()),
+            faults: Faults::armable(),
+        }
+    }
+
+    /// The manager settings the harness starts managers with.
+    pub fn config(&self) -> ManagerConfig {
+        ManagerConfig {
+            faults: self.faults.clone(),
+            ..ManagerConfig::new(DRIVER)
         }
     }
 
@@ -385,7 +437,7 @@ impl Harness {
     /// Starts a manager over any policy (the real one, for end-to-end checks of its rules).
     pub fn start_with(&self, policy: Box<dyn Policy>) -> Result<Manager, resmgr::StartError> {
         Manager::start(
-            ManagerConfig::new(DRIVER),
+            self.config(),
             policy,
             resmgr::state::StateFile::new(self.state_dir()),
             cdi::SpecStore::new(self.cdi_dir(), DRIVER).unwrap(),

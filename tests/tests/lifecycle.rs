@@ -4,8 +4,15 @@
 
 use std::fs;
 
-use integration_tests::fakes::{self as support, Harness, TestPolicy, claim, claim_ref, container};
-use resmgr::{AdmitError, state::StateFile};
+use integration_tests::fakes::{
+    self as support, Harness, TWO_NUMA, TestPolicy, claim, claim_on, claim_ref, container,
+    topology_aware,
+};
+use resmgr::{
+    AdmitError,
+    faults::{Fault, points},
+    state::StateFile,
+};
 
 fn spec_path(h: &Harness, uid: &str) -> std::path::PathBuf {
     h.cdi_dir()
@@ -283,12 +290,21 @@ async fn a_failed_re_prepare_keeps_the_allocation() {
         .clone()
         .unwrap();
 
+    // A re-prepare changes nothing durable: a state directory that takes no writes does not
+    // fail it.
     h.break_state_saves();
+    assert_eq!(
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"],
+        Ok(first.clone())
+    );
+    h.mend_state_saves();
+
+    h.faults.arm(points::SPEC_WRITE, Fault::Fail, Some(1));
     let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
         .clone()
         .unwrap_err()
         .to_string();
-    h.mend_state_saves();
+    assert!(err.contains("writing the CDI spec"), "{err}");
     assert!(
         err.ends_with("the claim stays allocated: it was prepared before"),
         "{err}"
@@ -800,40 +816,18 @@ async fn a_claim_whose_configuration_the_policy_refuses_fails_alone_and_leaves_n
     );
 }
 
-/// The real policy on one socket of two NUMA nodes of 4 two-thread cores (numa0 is CPUs 0-7,
-/// numa1 8-15; CPU 0 reserved), serving our test driver.
-fn real_policy() -> Box<dyn policy::Policy> {
-    use policy::{Topology, TopologyAware, TopologySource};
-    let topology = Topology::load(&TopologySource::Synthetic(
-        "pack:1 numa:2 core:4 pu:2".into(),
-    ))
-    .unwrap();
-    let config = policy::Config {
-        driver: support::DRIVER.into(),
-        ..policy::Config::default()
-    };
-    Box::new(TopologyAware::new(topology, config).unwrap())
-}
-
-/// A claim of `cpus` CPUs on `device` of the real policy.
-fn real_claim(uid: &str, device: &str, cpus: u64) -> policy::Claim {
-    let mut c = claim(uid, "pod-db", cpus);
-    c.results[0].device = device.into();
-    c
-}
-
 #[tokio::test]
 async fn a_re_prepare_with_other_allocation_results_is_refused_by_name_and_keeps_the_claim() {
     let h = Harness::new();
-    h.claims.insert(real_claim("c1", "numa0", 2));
-    let m = h.ready_with(real_policy(), &[]).await;
+    h.claims.insert(claim_on("c1", "pod-db", "numa0", 2));
+    let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
     let first = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
         .clone()
         .unwrap();
     let spec = fs::read_to_string(spec_path(&h, "c1")).unwrap();
 
     // The claim was deallocated and allocated again elsewhere while we still hold it.
-    h.claims.insert(real_claim("c1", "numa1", 1));
+    h.claims.insert(claim_on("c1", "pod-db", "numa1", 1));
     let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
         .clone()
         .unwrap_err()

@@ -10,35 +10,87 @@
 //! accounted for without a spec, which the kubelet's retry of prepare (which rewrites the spec)
 //! or unprepare (which finishes the release) resolves.
 //!
+//! # Concurrency
+//!
+//! The kubelet calls us concurrently: one call per pod, a shared claim prepared by each of its
+//! pods, a retry after its deadline while the first call still runs (calls run to the end in
+//! tasks of their own, [`crate::dra_handler`]). Prepares and unprepares of *one* claim run one at
+//! a time, in arrival order ([`ClaimLocks`]): each step's decision (is a spec there, did this
+//! call create the allocation) then stays true until the call ends. Calls for different claims
+//! interleave freely; they share only the manager lock (in-memory work), the save lock and the
+//! delivery lock.
+//!
+//! A prepare waits only for the container updates its own allocation made, which are the ones
+//! that move containers off the claim's CPUs ([`crate::pending`]): another commit's updates, or
+//! a container the runtime refuses that the allocation did not touch, do not fail it; they stay
+//! pending, retried in the background and counted in the pending-updates metric. A container in
+//! the allocation's own updates that the runtime does not confirm does fail it: until the runtime
+//! says otherwise, that container may still run on the CPUs the spec would grant.
+//!
 //! # Failures
 //!
-//! A spec proves that a prepare completed. A failure part-way through a prepare rolls the
-//! allocation back only while the claim had no spec when the prepare began: once a spec existed,
-//! a pod may be using the claim's CPUs, and because allocation is idempotent and release releases
-//! the whole claim, rolling back would take CPUs from under it.
+//! A spec proves that a prepare completed. A failed prepare rolls the allocation back only if
+//! this very call created it (the policy did not hold the claim when the call began) and no spec
+//! of it is on disk, both checked under the claim's lock; after a failed spec write, whose file
+//! may have landed (the directory's fsync can fail after the rename), the spec is removed first,
+//! and if that fails the claim stays allocated: a spec on disk must stay accounted for. Once the
+//! claim was held before, a pod may be using its CPUs, and because allocation is idempotent and
+//! release releases the whole claim, rolling back would take CPUs from under it.
 //!
 //! Prepare always asks the policy, even when a spec exists, and rewrites the spec: the CDI
 //! directory is often a tmpfs that a reboot emptied while the kubelet re-prepares. Unprepare of a
-//! claim we do not know, or whose spec is gone, is success, and a retried unprepare still finishes
-//! a release and commit that a crash interrupted.
+//! claim we do not know, or whose spec is gone, is success without writing anything, and a
+//! retried unprepare still finishes a release and commit that a crash or a failed save
+//! interrupted.
 //!
 //! Errors are per claim, in the kubelet's per-claim answer, naming the claim and the step: the
 //! kubelet records and retries per claim. Only what is wrong with the whole request (the gate is
 //! closed, a malformed UID that cannot key an answer) fails the whole request.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Weak},
+};
 
 use cdi::ClaimUid;
 use kubelet_plugin::ClaimRef;
 use policy::Claim;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 use tracing::{info, warn};
 
 use crate::{
-    crash::crash_point,
     errors::chain,
-    manager::{Inner, Manager},
+    manager::Manager,
     state::{ClaimRecord, DeviceRecord},
 };
+
+/// One lock per claim UID in use, so that the prepares and unprepares of a claim run one at a
+/// time, in the order they arrived (tokio's mutex is fair). Entries go when nobody holds or
+/// waits for them.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimLocks(std::sync::Mutex<HashMap<String, Weak<Mutex<()>>>>);
+
+impl ClaimLocks {
+    /// Waits for claim `uid`'s turn.
+    pub(crate) async fn lock(&self, uid: &str) -> OwnedMutexGuard<()> {
+        let lock = {
+            // Nothing panics while this is held; a poisoned map is still a valid map.
+            let mut map = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            map.retain(|_, w| w.strong_count() > 0);
+            if let Some(lock) = map.get(uid).and_then(Weak::upgrade) {
+                lock
+            } else {
+                let lock = Arc::new(Mutex::new(()));
+                map.insert(uid.to_owned(), Arc::downgrade(&lock));
+                lock
+            }
+        };
+        lock.lock_owned().await
+    }
+}
 
 /// Why a whole request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -131,84 +183,78 @@ impl Manager {
             info!(claim = %claim_ref, "no allocation results for this driver: nothing to prepare");
             return Ok(Vec::new());
         }
+        let _turn = self.claim_locks.lock(uid).await;
 
-        // Allocate and commit step 1, under the lock.
-        let (edits, devices, had_spec) = {
+        // Allocate, in memory, under the lock.
+        let (edits, devices, created, ticket, version) = {
             let mut inner = self.lock().await;
-            let had_spec = inner
-                .specs
-                .has_claim(uid)
-                .map_err(|e| fail("checking for a CDI spec", chain(&e)))?;
+            let created = !inner.records.contains_key(uid);
             let allocation = inner
                 .policy
                 .allocate_claim(&claim)
                 .map_err(|e| fail("allocating", e.to_string()))?;
-            crash_point("prepare.allocated");
+            self.faults().crash_point("prepare.allocated");
             for warning in &allocation.warnings {
                 warn!(claim = %claim_ref, "{warning}");
             }
-            self.record_pending(&mut inner, allocation.updates);
-            if allocation.edits.len() != claim.results.len() {
-                let undo = self.roll_back(&mut inner, claim_ref, had_spec);
-                return Err(fail(
+            let ticket = self.record_pending(&mut inner, allocation.updates);
+            let devices = if allocation.edits.len() == claim.results.len() {
+                self.devices(&claim)
+                    .map_err(|cause| ("naming CDI devices", cause))
+            } else {
+                Err((
                     "allocating",
                     format!(
-                        "the policy returned {} edits for {} allocation results; {undo}",
+                        "the policy returned {} edits for {} allocation results",
                         allocation.edits.len(),
                         claim.results.len()
                     ),
-                ));
-            }
-            let devices = match self.devices(&claim) {
-                Ok(devices) => devices,
-                Err(cause) => {
-                    let undo = self.roll_back(&mut inner, claim_ref, had_spec);
-                    return Err(fail("naming CDI devices", format!("{cause}; {undo}")));
-                }
+                ))
             };
-            inner.records.insert(
-                uid.to_owned(),
-                ClaimRecord {
-                    namespace: claim.namespace.clone(),
-                    name: claim.name.clone(),
-                    devices: devices.clone(),
-                },
-            );
-            if let Err(e) = inner.save() {
-                let undo = self.roll_back(&mut inner, claim_ref, had_spec);
-                return Err(fail("saving the state", format!("{}; {undo}", chain(&e))));
+            match devices {
+                Ok(devices) => {
+                    inner.records.insert(
+                        uid.to_owned(),
+                        ClaimRecord {
+                            namespace: claim.namespace.clone(),
+                            name: claim.name.clone(),
+                            devices: devices.clone(),
+                        },
+                    );
+                    let version = inner.current_version();
+                    (allocation.edits, devices, created, ticket, version)
+                }
+                Err((step, cause)) => {
+                    drop(inner);
+                    let undo = self.roll_back(claim_ref, created, false).await;
+                    return Err(fail(step, format!("{cause}; {undo}")));
+                }
             }
-            crash_point("prepare.saved");
-            (allocation.edits, devices, had_spec)
         };
 
-        // Commit step 2, outside the lock.
-        if let Err(e) = self.deliver().await {
-            let undo = self.roll_back(&mut *self.lock().await, claim_ref, had_spec);
-            self.deliver_rollback().await;
+        // Commit step 1: the claim is on disk before anything grants it.
+        if let Err(e) = self.persist(version).await {
+            let undo = self.roll_back(claim_ref, created, false).await;
+            return Err(fail("saving the state", format!("{}; {undo}", chain(&e))));
+        }
+        self.faults().crash_point("prepare.saved");
+
+        // Commit step 2: the containers the allocation moved off the claim's CPUs have moved.
+        if let Err(e) = self.deliver_ticket(&ticket).await {
+            let undo = self.roll_back(claim_ref, created, false).await;
             return Err(fail("updating containers", format!("{e}; {undo}")));
         }
-        crash_point("prepare.delivered");
+        self.faults().crash_point("prepare.delivered");
 
-        // The spec, last, under the lock so that a concurrent unprepare cannot slip in between
-        // the check and the write.
-        let mut inner = self.lock().await;
-        if !inner.records.contains_key(uid) {
-            return Err(fail(
-                "writing the CDI spec",
-                "the claim was unprepared while it was being prepared".into(),
-            ));
-        }
-        if let Err(e) = inner.specs.write_claim(uid, &edits) {
-            let undo = self.roll_back(&mut inner, claim_ref, had_spec);
-            drop(inner);
-            self.deliver_rollback().await;
+        // The spec, last.
+        if let Err(e) = self.disk.write_spec(uid, edits).await {
+            let undo = self.roll_back(claim_ref, created, true).await;
             return Err(fail(
                 "writing the CDI spec",
                 format!("{}; {undo}", chain(&e)),
             ));
         }
-        crash_point("prepare.spec-written");
+        self.faults().crash_point("prepare.spec-written");
         Ok(devices)
     }
 
@@ -233,33 +279,53 @@ impl Manager {
             .collect()
     }
 
-    /// Undoes a failed prepare if the claim had no spec when it began; says what it did.
-    fn roll_back(&self, inner: &mut Inner, claim: &ClaimRef, had_spec: bool) -> String {
-        if had_spec {
+    /// Undoes a failed prepare, with the claim's lock held, if this call created the
+    /// allocation and no spec of it is on disk (`spec_written`: a spec write was attempted, so
+    /// the file may be there and is removed first); says what it did.
+    async fn roll_back(&self, claim: &ClaimRef, created: bool, spec_written: bool) -> String {
+        let uid = claim.uid.as_str();
+        if !created {
             return "the claim stays allocated: it was prepared before".into();
         }
-        match inner.policy.release_claim(&claim.uid) {
-            Ok(updates) => {
-                inner.records.remove(&claim.uid);
-                self.record_pending(inner, updates);
-                match inner.save() {
-                    Ok(()) => "the allocation was rolled back".into(),
-                    Err(e) => {
-                        // The claim stays on disk without a spec: the retry resolves it.
-                        warn!(claim = %claim, error = %chain(&e), "saving the rollback failed");
-                        "the allocation was rolled back in memory; saving that failed".into()
-                    }
-                }
+        let spec = if spec_written {
+            self.disk.remove_spec(uid).await.map(|_| false)
+        } else {
+            self.disk.has_spec(uid).await
+        };
+        match spec {
+            Ok(false) => {}
+            Ok(true) => return "the claim stays allocated: a spec of it is on disk".into(),
+            Err(e) => {
+                return format!(
+                    "the claim stays allocated: its spec may be on disk ({})",
+                    chain(&e)
+                );
             }
-            Err(e) => format!("rolling the allocation back failed too: {e}"),
         }
-    }
-
-    /// Delivers what a rollback changed; what cannot be delivered is retried in the background.
-    async fn deliver_rollback(&self) {
-        if let Err(e) = self.deliver().await {
-            warn!(error = %e, "updates after a rollback are pending");
+        let (ticket, version) = {
+            let mut inner = self.lock().await;
+            match inner.policy.release_claim(uid) {
+                Ok(updates) => {
+                    inner.records.remove(uid);
+                    let ticket = self.record_pending(&mut inner, updates);
+                    (ticket, inner.current_version())
+                }
+                Err(e) => return format!("rolling the allocation back failed too: {e}"),
+            }
+        };
+        let said = match self.persist(version).await {
+            Ok(()) => "the allocation was rolled back".into(),
+            Err(e) => {
+                // The claim stays on disk without a spec: the retry resolves it.
+                warn!(claim = %claim, error = %chain(&e), "saving the rollback failed");
+                "the allocation was rolled back in memory; saving that failed".into()
+            }
+        };
+        // What is not delivered now is retried in the background.
+        if let Err(e) = self.deliver_ticket(&ticket).await {
+            warn!(claim = %claim, error = %e, "updates after a rollback are pending");
         }
+        said
     }
 
     async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), LifecycleError> {
@@ -268,33 +334,37 @@ impl Manager {
             step,
             cause,
         };
-        {
+        let uid = claim.uid.as_str();
+        let _turn = self.claim_locks.lock(uid).await;
+        self.disk
+            .remove_spec(uid)
+            .await
+            .map_err(|e| fail("removing the CDI spec", chain(&e)))?;
+        self.faults().crash_point("unprepare.spec-removed");
+        let (ticket, version) = {
             let mut inner = self.lock().await;
-            inner
-                .specs
-                .remove_claim(&claim.uid)
-                .map_err(|e| fail("removing the CDI spec", chain(&e)))?;
-            crash_point("unprepare.spec-removed");
             let updates = inner
                 .policy
-                .release_claim(&claim.uid)
+                .release_claim(uid)
                 .map_err(|e| fail("releasing", e.to_string()))?;
-            crash_point("unprepare.released");
-            inner.records.remove(&claim.uid);
-            self.record_pending(&mut inner, updates);
-            // A claim already gone changes nothing: it must not need a writable state directory.
-            // One whose release was not saved yet (an earlier attempt failed) is saved now.
-            inner
-                .save_if_changed()
-                .map_err(|e| fail("saving the state", chain(&e)))?;
-            crash_point("unprepare.saved");
-        }
+            self.faults().crash_point("unprepare.released");
+            inner.records.remove(uid);
+            let ticket = self.record_pending(&mut inner, updates);
+            (ticket, inner.current_version())
+        };
+        // A claim already gone changed nothing: nothing is written, so a read-only or full
+        // state directory does not fail it. A release not saved yet (an earlier attempt failed)
+        // is saved now.
+        self.persist(version)
+            .await
+            .map_err(|e| fail("saving the state", chain(&e)))?;
+        self.faults().crash_point("unprepare.saved");
         // The release is committed; containers growing back onto its CPUs is not urgent, and
         // what is not delivered now is retried in the background.
-        if let Err(e) = self.deliver().await {
+        if let Err(e) = self.deliver_ticket(&ticket).await {
             warn!(claim = %claim, error = %e, "updates after releasing a claim are pending");
         }
-        crash_point("unprepare.delivered");
+        self.faults().crash_point("unprepare.delivered");
         Ok(())
     }
 

@@ -1,7 +1,9 @@
 //! Runtime events, in domain terms: what the resource manager does for each NRI event.
 //!
-//! Each handler takes the manager lock, asks the policy, saves the state if the policy's durable
-//! state changed, and returns the updates the policy made so the NRI reply can carry them.
+//! Each handler takes the manager lock, asks the policy, lets go, saves the state if the
+//! policy's durable state changed (outside the lock: see [`crate::manager`]; with the
+//! topology-aware policy container events change nothing durable and never wait for the disk),
+//! and returns the updates the policy made so the NRI reply can carry them.
 //! Updates carried by a reply are delivered by it; the few events whose reply cannot carry
 //! updates (those that arrive as StateChange) leave them pending for the background delivery,
 //! because calling the runtime from inside its own event would deadlock (see [`crate::manager`]).
@@ -41,6 +43,15 @@ fn describe(c: &Container) -> String {
 }
 
 impl Manager {
+    /// Makes an event's change durable, if it made one: an event that changed nothing durable
+    /// does not wait for anyone else's save.
+    async fn persist_change(&self, version: Option<u64>) -> Result<(), StateError> {
+        match version {
+            Some(version) => self.persist(version).await,
+            None => Ok(()),
+        }
+    }
+
     /// The runtime's Synchronize: rebuilds placement from the running containers. The returned
     /// updates go out in the Synchronize reply; once it has been written, call
     /// [`Manager::synchronized`].
@@ -48,17 +59,20 @@ impl Manager {
         &self,
         containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, EventError> {
-        let mut inner = self.lock().await;
-        let updates = inner
-            .policy
-            .sync(containers)
-            .map_err(|source| EventError::Policy {
-                container: format!("(synchronizing {} containers)", containers.len()),
-                source,
-            })?;
-        inner.pending.delivered_in_reply(&updates);
-        inner
-            .save_if_changed()
+        let (updates, version) = {
+            let mut inner = self.lock().await;
+            let updates = inner
+                .policy
+                .sync(containers)
+                .map_err(|source| EventError::Policy {
+                    container: format!("(synchronizing {} containers)", containers.len()),
+                    source,
+                })?;
+            inner.pending.delivered_in_reply(&updates);
+            (updates, inner.note_changes())
+        };
+        self.persist_change(version)
+            .await
             .map_err(|source| EventError::State {
                 container: "(synchronizing)".into(),
                 source,
@@ -85,22 +99,40 @@ impl Manager {
 
     /// A container is being created: where does it go.
     pub async fn create_container(&self, container: &Container) -> Result<Allocation, EventError> {
-        let mut inner = self.lock().await;
-        let allocation = inner
-            .policy
-            .allocate(container)
-            .map_err(|source| EventError::Policy {
-                container: describe(container),
-                source,
-            })?;
-        inner.pending.delivered_in_reply(&allocation.updates);
-        if let Err(source) = inner.save_if_changed() {
-            let _ = inner.policy.release(&container.id);
+        let (allocation, version) = {
+            let mut inner = self.lock().await;
+            let allocation =
+                inner
+                    .policy
+                    .allocate(container)
+                    .map_err(|source| EventError::Policy {
+                        container: describe(container),
+                        source,
+                    })?;
+            (allocation, inner.note_changes())
+        };
+        if let Err(source) = self.persist_change(version).await {
+            // The runtime fails the container; what placing it changed for others is undone,
+            // and asserted again in case any of it reached them.
+            let mut inner = self.lock().await;
+            match inner.policy.release(&container.id) {
+                Ok(updates) => {
+                    self.record_pending(&mut inner, updates);
+                }
+                Err(e) => {
+                    warn!(container = %describe(container), error = %e, "releasing a container that could not be saved")
+                }
+            }
+            let _ = inner.note_changes();
             return Err(EventError::State {
                 container: describe(container),
                 source,
             });
         }
+        self.lock()
+            .await
+            .pending
+            .delivered_in_reply(&allocation.updates);
         info!(
             container = %describe(container),
             cpus = %allocation.adjustment.cpus.as_ref().map(ToString::to_string).unwrap_or_default(),
@@ -120,17 +152,20 @@ impl Manager {
         container: &Container,
         resources: &Resources,
     ) -> Result<Vec<ContainerUpdate>, EventError> {
-        let mut inner = self.lock().await;
-        let updates = inner
-            .policy
-            .update(&container.id, resources)
-            .map_err(|source| EventError::Policy {
-                container: describe(container),
-                source,
-            })?;
-        inner.pending.delivered_in_reply(&updates);
-        inner
-            .save_if_changed()
+        let (updates, version) = {
+            let mut inner = self.lock().await;
+            let updates = inner
+                .policy
+                .update(&container.id, resources)
+                .map_err(|source| EventError::Policy {
+                    container: describe(container),
+                    source,
+                })?;
+            inner.pending.delivered_in_reply(&updates);
+            (updates, inner.note_changes())
+        };
+        self.persist_change(version)
+            .await
             .map_err(|source| EventError::State {
                 container: describe(container),
                 source,
@@ -140,17 +175,20 @@ impl Manager {
 
     /// A container stopped: release what it held. The updates go in the StopContainer reply.
     pub async fn stop_container(&self, container: &Container) -> Vec<ContainerUpdate> {
-        let mut inner = self.lock().await;
-        inner.pending.forget(&container.id);
-        let updates = match inner.policy.release(&container.id) {
-            Ok(updates) => updates,
-            Err(e) => {
-                warn!(container = %describe(container), error = %e, "releasing a stopped container");
-                Vec::new()
-            }
+        let (updates, version) = {
+            let mut inner = self.lock().await;
+            inner.pending.forget(&container.id);
+            let updates = match inner.policy.release(&container.id) {
+                Ok(updates) => updates,
+                Err(e) => {
+                    warn!(container = %describe(container), error = %e, "releasing a stopped container");
+                    Vec::new()
+                }
+            };
+            inner.pending.delivered_in_reply(&updates);
+            (updates, inner.note_changes())
         };
-        inner.pending.delivered_in_reply(&updates);
-        if let Err(e) = inner.save_if_changed() {
+        if let Err(e) = self.persist_change(version).await {
             warn!(container = %describe(container), error = %chain(&e), "saving the state");
         }
         updates
@@ -159,15 +197,20 @@ impl Manager {
     /// A container was removed (or stopped without a StopContainer event reaching us). Its reply
     /// carries no updates, so what releasing it changes is delivered in the background.
     pub async fn remove_container(&self, container: &Container) {
-        let mut inner = self.lock().await;
-        inner.pending.forget(&container.id);
-        match inner.policy.release(&container.id) {
-            Ok(updates) => self.record_pending(&mut inner, updates),
-            Err(e) => {
-                warn!(container = %describe(container), error = %e, "releasing a removed container")
+        let version = {
+            let mut inner = self.lock().await;
+            inner.pending.forget(&container.id);
+            match inner.policy.release(&container.id) {
+                Ok(updates) => {
+                    self.record_pending(&mut inner, updates);
+                }
+                Err(e) => {
+                    warn!(container = %describe(container), error = %e, "releasing a removed container");
+                }
             }
-        }
-        if let Err(e) = inner.save_if_changed() {
+            inner.note_changes()
+        };
+        if let Err(e) = self.persist_change(version).await {
             warn!(container = %describe(container), error = %chain(&e), "saving the state");
         }
     }

@@ -10,9 +10,11 @@
 
 pub mod claims;
 pub mod crash;
+pub(crate) mod disk;
 pub mod dra_handler;
 pub mod errors;
 pub mod events;
+pub mod faults;
 pub mod gate;
 pub mod kube;
 pub mod manager;

@@ -2,9 +2,10 @@
 //!
 //! # The lock
 //!
-//! Everything the policy decides, and everything durable, lives in [`Inner`] behind one async
-//! mutex. NRI event handlers, the runtime's Synchronize, and the kubelet's prepare and unprepare
-//! all take it, so the policy sees one sequence of calls.
+//! Everything the policy decides lives in [`Inner`] behind one async mutex. NRI event handlers,
+//! the runtime's Synchronize, and the kubelet's prepare and unprepare all take it, so the policy
+//! sees one sequence of calls. It is held only for in-memory work: never across a call to the
+//! runtime, and never across disk IO.
 //!
 //! # The lock is never held across a call to the runtime
 //!
@@ -12,30 +13,48 @@
 //! event, and serves our unsolicited `UpdateContainers` under that same lock. If a commit held our
 //! lock while waiting for `UpdateContainers`, an event arriving meanwhile would wait for our lock
 //! while the runtime waits for our event answer: a deadlock that ends only when the runtime's
-//! request timeout disconnects us. So a commit saves the state under the lock, lets go, and then
-//! delivers the pending updates ([`Manager::deliver`]); deliveries are serialized by a lock of
-//! their own that event handlers never take. Event handlers therefore never wait on the runtime,
-//! including Synchronize, which takes the manager lock like every other event. What keeps claims
-//! from racing the Synchronize is not the lock but the gate ([`crate::gate`]).
+//! request timeout disconnects us. So a commit delivers the pending updates after letting go
+//! ([`Manager::deliver`]); deliveries are serialized by a lock of their own that event handlers
+//! never take. Event handlers therefore never wait on the runtime, including Synchronize, which
+//! takes the manager lock like every other event. What keeps claims from racing the Synchronize
+//! is not the lock but the gate ([`crate::gate`]).
+//!
+//! # The lock is never held across disk IO
+//!
+//! Saves and spec writes fsync, and a slow disk must not delay the answers to NRI events (the
+//! runtime drops a plugin that misses its timeout, which ends the agent). So every change of
+//! the durable state bumps a version under the lock, and is made durable afterwards, outside it,
+//! by [`Manager::persist`]: saves are serialized by a lock of their own, each writes the newest
+//! state (taken under the manager lock, briefly), and a caller whose version a later save
+//! already covered does not write at all. Disk IO runs on the blocking pool ([`crate::disk`]).
+//! Events that change nothing durable (with the topology-aware policy: every container event)
+//! never wait for the disk.
 //!
 //! # Commit
 //!
-//! A commit is (1) saving the durable state, under the lock, atomically and durably, and (2)
-//! delivering the container updates the policy made, outside the lock. Updates stay pending
-//! ([`crate::pending`]) until the runtime confirms them; what a commit could not deliver goes out
-//! with the next commit and from the background retry ([`Manager::run_retries`]).
+//! A commit is (1) making the durable state that includes a change durable (atomically, with
+//! fsyncs), and (2) delivering the container updates the change made. Updates stay pending
+//! ([`crate::pending`]) until the runtime confirms them; a claim's commit waits for the updates
+//! its own allocation made, and what it could not deliver goes out from the background retry
+//! ([`Manager::run_retries`]).
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use policy::{ContainerUpdate, Policy};
 use tokio::sync::{Mutex, MutexGuard, Notify};
 use tracing::{debug, info, warn};
 
 use crate::{
-    crash::crash_point,
+    claims::ClaimLocks,
+    disk::Disk,
+    faults::Faults,
     gate::Gate,
     kube::ClaimReader,
-    pending::PendingUpdates,
+    pending::{PendingUpdates, Ticket, Versioned},
     runtime::{Runtime, RuntimeError},
     state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
 };
@@ -52,6 +71,8 @@ pub struct ManagerConfig {
     pub retry_backoff: Duration,
     /// Longest delay between retries.
     pub max_retry_backoff: Duration,
+    /// Injected faults, for tests; see [`crate::faults`]. Inert in release builds.
+    pub faults: Faults,
 }
 
 impl ManagerConfig {
@@ -62,6 +83,7 @@ impl ManagerConfig {
             update_timeout: Duration::from_secs(2),
             retry_backoff: Duration::from_millis(500),
             max_retry_backoff: Duration::from_secs(30),
+            faults: Faults::default(),
         }
     }
 }
@@ -70,39 +92,45 @@ impl ManagerConfig {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) policy: Box<dyn Policy>,
-    pub(crate) state_file: StateFile,
-    pub(crate) specs: cdi::SpecStore,
-    pub(crate) records: std::collections::BTreeMap<String, ClaimRecord>,
+    pub(crate) records: BTreeMap<String, ClaimRecord>,
     pub(crate) pending: PendingUpdates,
-    /// The policy snapshot and claim records last saved, so that what changes nothing durable
-    /// skips the save, and what changed since a failed save saves it.
-    saved_policy_state: serde_json::Value,
-    saved_records: std::collections::BTreeMap<String, ClaimRecord>,
+    /// Counts changes of the durable state.
+    version: u64,
+    /// The durable state as of `version`: the policy's snapshot and the claim records.
+    durable: (serde_json::Value, BTreeMap<String, ClaimRecord>),
 }
 
 impl Inner {
-    /// Saves the durable state: commit step 1.
-    pub(crate) fn save(&mut self) -> Result<(), StateError> {
-        let policy_state = self.policy.snapshot();
+    /// Takes note of what the calls since the last note changed: if the policy's snapshot or the
+    /// records differ from the durable state noted, that is a new version, returned for
+    /// [`Manager::persist`]; `None` if nothing durable changed.
+    pub(crate) fn note_changes(&mut self) -> Option<u64> {
+        let snapshot = self.policy.snapshot();
+        if snapshot == self.durable.0 && self.records == self.durable.1 {
+            return None;
+        }
+        self.durable = (snapshot, self.records.clone());
+        self.version += 1;
+        Some(self.version)
+    }
+
+    /// Notes changes ([`Inner::note_changes`]) and returns the version that includes every
+    /// change so far, whoever made it: what a claim's commit persists, so that it also finishes
+    /// what an earlier failed save left unsaved.
+    pub(crate) fn current_version(&mut self) -> u64 {
+        self.note_changes();
+        self.version
+    }
+
+    /// The newest durable state and its version.
+    fn durable_state(&self) -> (u64, State) {
         let state = State {
             version: STATE_VERSION,
             policy: self.policy.name().to_owned(),
-            policy_state: policy_state.clone(),
-            claims: self.records.clone(),
+            policy_state: self.durable.0.clone(),
+            claims: self.durable.1.clone(),
         };
-        self.state_file.save(&state)?;
-        crash_point("commit.state-written");
-        self.saved_policy_state = policy_state;
-        self.saved_records = state.claims;
-        Ok(())
-    }
-
-    /// Saves the state if it changed since the last successful save.
-    pub(crate) fn save_if_changed(&mut self) -> Result<(), StateError> {
-        if self.policy.snapshot() == self.saved_policy_state && self.records == self.saved_records {
-            return Ok(());
-        }
-        self.save()
+        (self.version, state)
     }
 }
 
@@ -142,6 +170,11 @@ pub struct Manager {
     pub(crate) inner: Mutex<Inner>,
     /// Serializes deliveries, so they reach the runtime in the order they were begun.
     delivery: Mutex<()>,
+    /// Serializes saves; holds the version on disk.
+    saved: Mutex<u64>,
+    pub(crate) disk: Disk,
+    /// One prepare or unprepare of a claim at a time.
+    pub(crate) claim_locks: ClaimLocks,
     runtime: Arc<dyn Runtime>,
     pub(crate) claim_reader: Arc<dyn ClaimReader>,
     pub(crate) gate: Gate,
@@ -195,24 +228,29 @@ impl Manager {
                 specs.remove_claim(uid.as_str())?;
             }
         }
-        let saved_policy_state = policy.snapshot();
+        let durable = (policy.snapshot(), records.clone());
         Ok(Self {
             inner: Mutex::new(Inner {
                 policy,
-                state_file,
-                specs,
-                saved_records: records.clone(),
                 records,
                 pending: PendingUpdates::default(),
-                saved_policy_state,
+                version: 0,
+                durable,
             }),
-            _lock: lock,
             delivery: Mutex::new(()),
+            saved: Mutex::new(0),
+            disk: Disk {
+                state_file,
+                specs,
+                faults: config.faults.clone(),
+            },
+            claim_locks: ClaimLocks::default(),
             runtime,
             claim_reader,
             gate: Gate::default(),
             pending_changed: Notify::new(),
             config,
+            _lock: lock,
         })
     }
 
@@ -231,81 +269,142 @@ impl Manager {
         self.inner.lock().await
     }
 
-    /// Records updates as pending and wakes the background retry.
-    pub(crate) fn record_pending(&self, inner: &mut Inner, updates: Vec<ContainerUpdate>) {
-        if !updates.is_empty() {
-            inner.pending.record(updates);
-            self.pending_changed.notify_one();
+    /// The injected faults.
+    pub(crate) fn faults(&self) -> &Faults {
+        &self.config.faults
+    }
+
+    /// Records updates as pending and wakes the background retry; returns their versions.
+    pub(crate) fn record_pending(
+        &self,
+        inner: &mut Inner,
+        updates: Vec<ContainerUpdate>,
+    ) -> Ticket {
+        if updates.is_empty() {
+            return Ticket::default();
         }
+        let ticket = inner.pending.record(updates);
+        self.pending_changed.notify_one();
+        ticket
+    }
+
+    /// Makes the durable state durable up to `version` (from [`Inner::note_changes`]): commit
+    /// step 1. Takes the manager lock only to copy the newest state; writes it outside. A save
+    /// since `version` already covers it; a failed save leaves the disk where it was, and the
+    /// next persist writes the newest state.
+    pub(crate) async fn persist(&self, version: u64) -> Result<(), StateError> {
+        let mut saved = self.saved.lock().await;
+        if *saved >= version {
+            return Ok(());
+        }
+        self.write_state(&mut saved).await
+    }
+
+    async fn write_state(&self, saved: &mut u64) -> Result<(), StateError> {
+        let (version, state) = self.lock().await.durable_state();
+        self.disk.save_state(state).await?;
+        self.faults().crash_point("commit.state-written");
+        *saved = version;
+        Ok(())
     }
 
     /// Delivers everything pending to the runtime: commit step 2. Takes the manager lock only
-    /// briefly, never across the runtime call. Returns the containers whose updates are still
-    /// pending afterwards, as an error, if any.
+    /// briefly, never across the runtime call. Fails naming the containers whose updates the
+    /// runtime did not confirm, which stay pending.
     ///
     /// A batch the runtime refuses is sent again one update at a time, so that one container the
     /// runtime cannot update (it may be gone) does not hold back everyone else's updates.
     pub async fn deliver(&self) -> Result<(), DeliveryError> {
+        self.deliver_only(None).await
+    }
+
+    /// Delivers the updates of `ticket` (and whatever newer versions of its containers are
+    /// pending by then); fails naming the containers whose recorded version is not settled
+    /// afterwards (see [`crate::pending`]): what other commits recorded since, or the runtime
+    /// confirmed in the meantime, does not count against it.
+    pub(crate) async fn deliver_ticket(&self, ticket: &Ticket) -> Result<(), DeliveryError> {
+        if ticket.is_empty() {
+            return Ok(());
+        }
+        let cause = match self.deliver_only(Some(&ticket.containers())).await {
+            Ok(()) => String::new(),
+            Err(e) => e.cause,
+        };
+        let unsettled = self.lock().await.pending.unsettled(ticket);
+        if unsettled.is_empty() {
+            return Ok(());
+        }
+        Err(DeliveryError {
+            containers: unsettled,
+            cause,
+        })
+    }
+
+    async fn deliver_only(&self, only: Option<&BTreeSet<String>>) -> Result<(), DeliveryError> {
         let _serial = self.delivery.lock().await;
-        let batch = self.lock().await.pending.begin();
+        let batch = self.lock().await.pending.begin(only);
         if batch.is_empty() {
             return Ok(());
         }
-        let ids = |b: &[crate::pending::Versioned]| -> BTreeSet<String> {
-            b.iter().map(|v| v.update.container_id.clone()).collect()
-        };
         let result = self
             .send(batch.iter().map(|v| v.update.clone()).collect())
             .await;
-        let mut cause = String::new();
-        match result {
+        let (failed, cause) = match result {
             Ok(failed) => {
                 let failed: BTreeSet<String> = failed.into_iter().collect();
                 self.lock()
                     .await
                     .pending
                     .finish(&batch, |id| !failed.contains(id));
-                if !failed.is_empty() {
-                    cause = format!("the runtime failed updates of {failed:?}");
-                }
+                let cause = format!("the runtime failed updates of {failed:?}");
+                (failed, cause)
             }
             Err(e) => {
                 self.lock().await.pending.finish(&batch, |_| false);
-                cause = e.to_string();
+                let mut failed = BTreeSet::new();
                 if batch.len() > 1 {
                     debug!(error = %e, updates = batch.len(), "batch refused; sending updates one by one");
                     for single in &batch {
-                        let one = self
-                            .lock()
-                            .await
-                            .pending
-                            .begin_one(&single.update.container_id);
-                        let Some(one) = one else { continue };
-                        let ok = matches!(self.send(vec![one.update.clone()]).await, Ok(f) if f.is_empty());
-                        self.lock()
-                            .await
-                            .pending
-                            .finish(std::slice::from_ref(&one), |_| ok);
+                        if !self.send_one(single).await {
+                            failed.insert(single.update.container_id.clone());
+                        }
                     }
+                } else {
+                    failed.extend(batch.iter().map(|v| v.update.container_id.clone()));
                 }
+                (failed, e.to_string())
             }
-        }
-        let inner = self.lock().await;
-        let still: BTreeSet<String> = ids(&batch)
-            .into_iter()
-            .filter(|id| inner.pending.get(id).is_some())
-            .collect();
-        if still.is_empty() {
+        };
+        if failed.is_empty() {
             Ok(())
         } else {
             Err(DeliveryError {
-                containers: still,
+                containers: failed,
                 cause,
             })
         }
     }
 
+    /// Sends one container's pending update on its own; whether the runtime confirmed it (or
+    /// nothing was pending for it any more).
+    async fn send_one(&self, single: &Versioned) -> bool {
+        let id = &single.update.container_id;
+        let Some(one) = self.lock().await.pending.begin_one(id) else {
+            return true;
+        };
+        let ok = matches!(self.send(vec![one.update.clone()]).await, Ok(f) if f.is_empty());
+        self.lock()
+            .await
+            .pending
+            .finish(std::slice::from_ref(&one), |_| ok);
+        ok
+    }
+
     async fn send(&self, updates: Vec<ContainerUpdate>) -> Result<Vec<String>, RuntimeError> {
+        if self.faults().crashed() {
+            // Nothing of a crashed manager reaches the runtime.
+            return Err(RuntimeError::Disconnected);
+        }
         let timeout = self.config.update_timeout;
         match tokio::time::timeout(timeout, self.runtime.update_containers(updates)).await {
             Ok(result) => result,
@@ -344,10 +443,11 @@ impl Manager {
         self.lock().await.records.clone()
     }
 
-    /// Saves the durable state once more, under the lock, so any operation in flight finishes
-    /// first: the last step of a graceful shutdown. Every commit has saved already; this makes
-    /// the file exist, and current, even when nothing was ever committed.
+    /// Saves the durable state once more: the last step of a graceful shutdown. Every commit
+    /// has saved already; this makes the file exist, and current, even when nothing was ever
+    /// committed.
     pub async fn save_state(&self) -> Result<(), StateError> {
-        self.lock().await.save()
+        let mut saved = self.saved.lock().await;
+        self.write_state(&mut saved).await
     }
 }

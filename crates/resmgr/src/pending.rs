@@ -9,8 +9,18 @@
 //! newer update for the same container replaces the older one instead of queueing behind it.
 //! Every entry carries a sequence number; a delivery confirms the versions it carried, and an
 //! entry that changed while the delivery was in flight stays pending with its newer value.
+//!
+//! # Tickets
+//!
+//! Recording updates returns a [`Ticket`]: the version each container was recorded at. A claim
+//! prepare waits for its ticket, not for the pending set to be empty: a version is *settled*
+//! once the runtime confirmed it or a newer one (which, being the full desired state, supersedes
+//! it), or once the container is gone. So two commits at once do not fail each other by each
+//! recording a newer version of a shared container while the other's delivery is in flight, an
+//! NRI reply recorded during a delivery does not fail it, and a container whose updates the
+//! runtime refuses holds back only the commits whose own updates it is in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use policy::ContainerUpdate;
 
@@ -23,38 +33,71 @@ pub struct Versioned {
     pub update: ContainerUpdate,
 }
 
+#[derive(Debug)]
+struct Entry {
+    current: Versioned,
+    /// Every version of this container up to this one is settled: confirmed, or superseded by a
+    /// confirmed one.
+    settled: u64,
+}
+
+/// The versions a set of updates was recorded at, by container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ticket(BTreeMap<String, u64>);
+
+impl Ticket {
+    /// The containers it names.
+    pub fn containers(&self) -> BTreeSet<String> {
+        self.0.keys().cloned().collect()
+    }
+
+    /// Whether it names no container.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// The pending updates, by container ID.
 #[derive(Debug, Default)]
 pub struct PendingUpdates {
-    entries: BTreeMap<String, Versioned>,
+    entries: BTreeMap<String, Entry>,
     /// Containers some delivery in flight carries: their fate is unknown until it returns.
     in_flight: BTreeMap<String, u32>,
     next_seq: u64,
 }
 
 impl PendingUpdates {
-    /// Records updates the policy made. An update for a container that already has one merges
-    /// into it field by field: a new cpuset with no opinion on mems keeps the pending mems.
-    pub fn record(&mut self, updates: impl IntoIterator<Item = ContainerUpdate>) {
+    /// Records updates the policy made, returning the version each is at. An update for a
+    /// container that already has one merges into it field by field: a new cpuset with no
+    /// opinion on mems keeps the pending mems.
+    pub fn record(&mut self, updates: impl IntoIterator<Item = ContainerUpdate>) -> Ticket {
+        let mut ticket = Ticket::default();
         for update in updates {
             self.next_seq += 1;
             let seq = self.next_seq;
+            ticket.0.insert(update.container_id.clone(), seq);
             match self.entries.get_mut(&update.container_id) {
                 Some(entry) => {
                     if update.cpus.is_some() {
-                        entry.update.cpus = update.cpus;
+                        entry.current.update.cpus = update.cpus;
                     }
                     if update.mems.is_some() {
-                        entry.update.mems = update.mems;
+                        entry.current.update.mems = update.mems;
                     }
-                    entry.seq = seq;
+                    entry.current.seq = seq;
                 }
                 None => {
+                    // Nothing pending: every earlier version was confirmed or superseded.
+                    let entry = Entry {
+                        current: Versioned { seq, update },
+                        settled: seq - 1,
+                    };
                     self.entries
-                        .insert(update.container_id.clone(), Versioned { seq, update });
+                        .insert(entry.current.update.container_id.clone(), entry);
                 }
             }
         }
+        ticket
     }
 
     /// Takes note that updates went to the runtime inside an NRI reply, which delivers them.
@@ -72,7 +115,8 @@ impl PendingUpdates {
         }
     }
 
-    /// Forgets a container that is gone: the runtime would refuse updates to it.
+    /// Forgets a container that is gone: the runtime would refuse updates to it, and it runs on
+    /// no CPUs any more.
     pub fn forget(&mut self, container_id: &str) {
         self.entries.remove(container_id);
     }
@@ -89,13 +133,29 @@ impl PendingUpdates {
 
     /// The pending update of a container, if any.
     pub fn get(&self, container_id: &str) -> Option<&ContainerUpdate> {
-        self.entries.get(container_id).map(|v| &v.update)
+        self.entries.get(container_id).map(|e| &e.current.update)
     }
 
-    /// Starts a delivery of everything pending: returns the batch to send, in container order,
-    /// and marks its containers in flight. Nothing is cleared until [`Self::finish`].
-    pub fn begin(&mut self) -> Vec<Versioned> {
-        let batch: Vec<Versioned> = self.entries.values().cloned().collect();
+    /// The containers of `ticket` whose recorded version is not settled yet.
+    pub fn unsettled(&self, ticket: &Ticket) -> BTreeSet<String> {
+        ticket
+            .0
+            .iter()
+            .filter(|&(id, &seq)| self.entries.get(id).is_some_and(|e| e.settled < seq))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Starts a delivery of what is pending for `only` (everything when `None`): returns the
+    /// batch to send, in container order, and marks its containers in flight. Nothing is
+    /// cleared until [`Self::finish`].
+    pub fn begin(&mut self, only: Option<&BTreeSet<String>>) -> Vec<Versioned> {
+        let batch: Vec<Versioned> = self
+            .entries
+            .iter()
+            .filter(|(id, _)| only.is_none_or(|only| only.contains(*id)))
+            .map(|(_, e)| e.current.clone())
+            .collect();
         for v in &batch {
             *self
                 .in_flight
@@ -107,15 +167,15 @@ impl PendingUpdates {
 
     /// Starts a delivery of one container's pending update, if it has one.
     pub fn begin_one(&mut self, container_id: &str) -> Option<Versioned> {
-        let v = self.entries.get(container_id)?.clone();
+        let v = self.entries.get(container_id)?.current.clone();
         *self.in_flight.entry(container_id.to_owned()).or_default() += 1;
         Some(v)
     }
 
-    /// Ends a delivery started by [`Self::begin`] or [`Self::begin_one`]. `confirmed` are the containers the runtime
-    /// confirmed (none on an error: runtimes drop the list of failures when they fail the call,
-    /// so after an error nothing is known to have applied). A confirmed entry is cleared only if
-    /// it is still at the version that was sent.
+    /// Ends a delivery started by [`Self::begin`] or [`Self::begin_one`]. `confirmed` are the
+    /// containers the runtime confirmed (none on an error: runtimes drop the list of failures
+    /// when they fail the call, so after an error nothing is known to have applied). A
+    /// confirmed version is settled, and its entry cleared if it is still at that version.
     pub fn finish(&mut self, batch: &[Versioned], confirmed: impl Fn(&str) -> bool) {
         for sent in batch {
             let id = &sent.update.container_id;
@@ -125,8 +185,14 @@ impl PendingUpdates {
                     self.in_flight.remove(id);
                 }
             }
-            if confirmed(id) && self.entries.get(id).is_some_and(|v| v.seq == sent.seq) {
-                self.entries.remove(id);
+            if !confirmed(id) {
+                continue;
+            }
+            if let Some(e) = self.entries.get_mut(id) {
+                e.settled = e.settled.max(sent.seq);
+                if e.current.seq == sent.seq {
+                    self.entries.remove(id);
+                }
             }
         }
     }
@@ -169,12 +235,12 @@ mod tests {
     fn only_a_confirmed_delivery_clears() {
         let mut p = PendingUpdates::default();
         p.record([upd("a", "0-3"), upd("b", "4-7")]);
-        let batch = p.begin();
+        let batch = p.begin(None);
         assert_eq!(batch.len(), 2);
         assert_eq!(p.len(), 2, "beginning a delivery clears nothing");
         p.finish(&batch, |_| false);
         assert_eq!(p.len(), 2, "a failed delivery keeps everything pending");
-        let batch = p.begin();
+        let batch = p.begin(None);
         p.finish(&batch, |id| id == "a");
         assert_eq!(cpus(&p, "a"), None);
         assert_eq!(cpus(&p, "b").as_deref(), Some("4-7"));
@@ -184,7 +250,7 @@ mod tests {
     fn an_update_changed_during_delivery_stays_pending() {
         let mut p = PendingUpdates::default();
         p.record([upd("a", "0-3")]);
-        let batch = p.begin();
+        let batch = p.begin(None);
         p.record([upd("a", "0-1")]);
         p.finish(&batch, |_| true);
         assert_eq!(cpus(&p, "a").as_deref(), Some("0-1"));
@@ -197,7 +263,7 @@ mod tests {
         p.delivered_in_reply(&[upd("a", "0-5")]);
         assert_eq!(cpus(&p, "a"), None, "the reply delivered a's newest state");
 
-        let batch = p.begin(); // carries b at 0-3
+        let batch = p.begin(None); // carries b at 0-3
         p.delivered_in_reply(&[upd("b", "0-7")]);
         assert_eq!(
             cpus(&p, "b").as_deref(),
@@ -210,7 +276,7 @@ mod tests {
             Some("0-7"),
             "the older delivery does not clear it"
         );
-        let batch = p.begin();
+        let batch = p.begin(None);
         p.finish(&batch, |_| true);
         assert!(p.is_empty());
     }
@@ -221,8 +287,8 @@ mod tests {
         assert!(p.is_empty());
         p.record([upd("a", "0-3")]);
         assert!(!p.is_empty());
-        let first = p.begin();
-        let second = p.begin(); // two deliveries carry a
+        let first = p.begin(None);
+        let second = p.begin(None); // two deliveries carry a
         p.finish(&first, |_| true);
         p.delivered_in_reply(&[upd("a", "0-5")]);
         assert_eq!(
@@ -239,11 +305,81 @@ mod tests {
         );
     }
 
+    fn ids(v: &[&str]) -> BTreeSet<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_ticket_is_settled_by_its_version_or_a_newer_one_confirmed() {
+        let mut p = PendingUpdates::default();
+        let first = p.record([upd("a", "0-5"), upd("b", "0-5")]);
+        assert_eq!(first.containers(), ids(&["a", "b"]));
+        assert_eq!(p.unsettled(&first), ids(&["a", "b"]));
+        let batch = p.begin(None);
+        // Another commit records newer versions while the first delivery is in flight.
+        let second = p.record([upd("a", "0-3")]);
+        p.finish(&batch, |id| id == "a");
+        assert_eq!(
+            p.unsettled(&first),
+            ids(&["b"]),
+            "a's version was confirmed"
+        );
+        assert_eq!(p.unsettled(&second), ids(&["a"]), "a's newer one was not");
+        assert_eq!(cpus(&p, "a").as_deref(), Some("0-3"));
+        // A newer version confirmed settles the older ones it supersedes.
+        let third = p.record([upd("b", "0-2")]);
+        let batch = p.begin(Some(&ids(&["b"])));
+        assert_eq!(batch.len(), 1, "only b");
+        p.finish(&batch, |_| true);
+        assert!(p.unsettled(&first).is_empty() && p.unsettled(&third).is_empty());
+        assert_eq!(p.unsettled(&second), ids(&["a"]));
+    }
+
+    #[test]
+    fn a_reply_settles_what_no_delivery_carries_and_nothing_while_one_is_in_flight() {
+        let mut p = PendingUpdates::default();
+        let t = p.record([upd("a", "0-5"), upd("b", "0-5")]);
+        p.delivered_in_reply(&[upd("a", "0-4")]);
+        assert_eq!(p.unsettled(&t), ids(&["b"]));
+        let batch = p.begin(None); // carries b
+        p.delivered_in_reply(&[upd("b", "0-4")]);
+        assert_eq!(
+            p.unsettled(&t),
+            ids(&["b"]),
+            "the older delivery may still land after the reply"
+        );
+        p.finish(&batch, |_| false);
+        assert_eq!(p.unsettled(&t), ids(&["b"]));
+        // A container that is gone settles everything recorded for it; a new entry for a
+        // container starts settled up to its first version.
+        p.forget("b");
+        assert!(p.unsettled(&t).is_empty());
+        let again = p.record([upd("b", "0-1")]);
+        assert!(p.unsettled(&t).is_empty());
+        assert_eq!(p.unsettled(&again), ids(&["b"]));
+        assert!(Ticket::default().is_empty() && !again.is_empty());
+    }
+
+    #[test]
+    fn begin_one_carries_the_newest_version_and_counts_in_flight() {
+        let mut p = PendingUpdates::default();
+        assert!(p.begin_one("a").is_none());
+        p.record([upd("a", "0-5")]);
+        p.record([upd("a", "0-4")]);
+        let one = p.begin_one("a").unwrap();
+        assert_eq!(one.update.cpus.as_ref().unwrap().to_string(), "0-4");
+        p.delivered_in_reply(&[upd("a", "0-3")]);
+        assert_eq!(cpus(&p, "a").as_deref(), Some("0-3"), "in flight: kept");
+        p.finish(std::slice::from_ref(&one), |_| true);
+        p.delivered_in_reply(&[upd("a", "0-2")]);
+        assert!(p.is_empty(), "no longer in flight");
+    }
+
     #[test]
     fn forgotten_containers_are_not_sent() {
         let mut p = PendingUpdates::default();
         p.record([upd("a", "0-3")]);
         p.forget("a");
-        assert!(p.begin().is_empty());
+        assert!(p.begin(None).is_empty());
     }
 }

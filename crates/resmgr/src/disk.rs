@@ -1,0 +1,104 @@
+//! The manager's disk while it serves: the state file and the CDI spec store, used from async
+//! code without blocking the async runtime's threads.
+//!
+//! Every write here fsyncs, and a slow or stalled disk must not stall the NRI event handlers
+//! (the runtime drops a plugin that does not answer in time, which ends the agent) or anything
+//! else on the two runtime threads. So each operation runs on tokio's blocking pool, and none is
+//! ever called with the manager lock held ([`crate::manager`]). Start-up, which runs before
+//! anything is served, reads and writes directly.
+//!
+//! Each operation passes its fault point first ([`crate::faults`]).
+
+use cdi::{ContainerEdits, SpecStore, StoreError};
+
+use crate::{
+    faults::{Faults, points},
+    state::{State, StateError, StateFile},
+};
+
+/// The state file and the spec store, off the runtime threads.
+#[derive(Debug, Clone)]
+pub(crate) struct Disk {
+    pub(crate) state_file: StateFile,
+    pub(crate) specs: SpecStore,
+    pub(crate) faults: Faults,
+}
+
+impl Disk {
+    /// Saves the state atomically and durably.
+    pub(crate) async fn save_state(&self, state: State) -> Result<(), StateError> {
+        let failed = |step, source| StateError::Write {
+            path: self.state_file.path(),
+            source: cdi::durable::WriteError {
+                step,
+                path: self.state_file.path(),
+                source,
+            },
+        };
+        self.faults
+            .disk(points::STATE_SAVE)
+            .await
+            .map_err(|e| failed("passing", e))?;
+        let file = self.state_file.clone();
+        self.faults
+            .blocking(points::STATE_SAVE, move || file.save(&state))
+            .await
+            .map_err(|e| failed("running the write of", e))?
+    }
+
+    /// Whether claim `uid` has a spec on disk.
+    pub(crate) async fn has_spec(&self, uid: &str) -> Result<bool, StoreError> {
+        let specs = self.specs.clone();
+        let uid = uid.to_owned();
+        self.faults
+            .blocking("disk.spec-check", move || specs.has_claim(&uid))
+            .await
+            .map_err(|e| self.io("checking for a cdi spec in", e))?
+    }
+
+    /// Writes claim `uid`'s spec, one device per edit, durably.
+    pub(crate) async fn write_spec(
+        &self,
+        uid: &str,
+        edits: Vec<ContainerEdits>,
+    ) -> Result<(), StoreError> {
+        self.faults
+            .disk(points::SPEC_WRITE)
+            .await
+            .map_err(|e| self.io("writing a cdi spec in", e))?;
+        let specs = self.specs.clone();
+        let owned = uid.to_owned();
+        self.faults
+            .blocking(points::SPEC_WRITE, move || {
+                specs.write_claim(&owned, &edits)
+            })
+            .await
+            .map_err(|e| self.io("writing a cdi spec in", e))??;
+        self.faults
+            .disk(points::SPEC_WRITTEN)
+            .await
+            .map_err(|e| self.io("syncing directory", e))
+    }
+
+    /// Removes claim `uid`'s spec durably; whether there was one.
+    pub(crate) async fn remove_spec(&self, uid: &str) -> Result<bool, StoreError> {
+        self.faults
+            .disk(points::SPEC_REMOVE)
+            .await
+            .map_err(|e| self.io("removing cdi spec in", e))?;
+        let specs = self.specs.clone();
+        let uid = uid.to_owned();
+        self.faults
+            .blocking(points::SPEC_REMOVE, move || specs.remove_claim(&uid))
+            .await
+            .map_err(|e| self.io("removing cdi spec in", e))?
+    }
+
+    fn io(&self, op: &'static str, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            op,
+            path: self.specs.dir().to_owned(),
+            source,
+        }
+    }
+}
