@@ -172,6 +172,13 @@ impl Policy for TestPolicy {
                 .collect()
         };
         let devices: Vec<String> = claim.results.iter().map(|r| r.device.clone()).collect();
+        if let Some((pods, _, held)) = self.claims.get_mut(&claim.uid)
+            && held.is_empty()
+        {
+            // Adopted: learn what the spec did not say.
+            pods.clone_from(&claim.reserved_for);
+            held.clone_from(&devices);
+        }
         if let Some((_, cpus, held)) = self.claims.get(&claim.uid) {
             if *held != devices {
                 return Err(PolicyError::Invalid {
@@ -210,6 +217,24 @@ impl Policy for TestPolicy {
             updates: self.ripple(),
             warnings: Vec::new(),
         })
+    }
+
+    /// Takes the CPUs of `DRA_CPUSET_<uid>` in the first edit; pods and devices unknown.
+    fn adopt_claim(&mut self, uid: &str, edits: &[ContainerEdits]) -> Result<(), PolicyError> {
+        let name = format!("DRA_CPUSET_{uid}=");
+        let cpus = edits
+            .first()
+            .and_then(|e| e.env.iter().find_map(|v| v.strip_prefix(&name)))
+            .and_then(|v| v.parse::<CpuSet>().ok())
+            .ok_or_else(|| PolicyError::Restore(format!("claim {uid}: no {name}<cpus>")))?;
+        if !self.shared().is_superset(&cpus) {
+            return Err(PolicyError::Restore(format!(
+                "claim {uid}: cpus {cpus} are not free"
+            )));
+        }
+        self.claims
+            .insert(uid.to_owned(), (Vec::new(), cpus, Vec::new()));
+        Ok(())
     }
 
     fn release_claim(&mut self, uid: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {

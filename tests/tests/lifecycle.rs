@@ -434,7 +434,7 @@ async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() 
 }
 
 #[tokio::test]
-async fn start_up_removes_specs_no_claim_accounts_for() {
+async fn start_up_adopts_specs_no_claim_accounts_for_or_refuses_deleting_nothing() {
     let h = Harness::new();
     h.claims.insert(claim("c1", "pod-db", 2));
     {
@@ -444,12 +444,6 @@ async fn start_up_removes_specs_no_claim_accounts_for() {
             .unwrap();
     }
     let store = cdi::SpecStore::new(h.cdi_dir(), support::DRIVER).unwrap();
-    store
-        .write_claim(
-            "orphan",
-            &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
-        )
-        .unwrap();
     let other = cdi::SpecStore::new(h.cdi_dir(), "other.vendor.io").unwrap();
     other
         .write_claim(
@@ -457,8 +451,52 @@ async fn start_up_removes_specs_no_claim_accounts_for() {
             &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
         )
         .unwrap();
-    h.start(TestPolicy::new(8)).unwrap();
-    assert_eq!(h.specs(), ["c1"]);
+    // A spec of ours the state does not account for (a restored backup of the state, say).
+    store
+        .write_claim(
+            "orphan",
+            &[policy::cdi::ContainerEdits::with_env([
+                "DRA_CPUSET_orphan=2-3".into(),
+            ])],
+        )
+        .unwrap();
+    {
+        let m = h.start(TestPolicy::new(8)).unwrap();
+        assert_eq!(h.specs(), ["c1", "orphan"]);
+        assert_eq!(h.saved_claims(), ["c1", "orphan"], "adopted, durably");
+        let record = m.claim_record("orphan").await.unwrap();
+        assert!(record.adopted);
+        assert_eq!(
+            record.devices[0].cdi_device_id,
+            "test.resmgr.io/device=claim-orphan-0"
+        );
+    }
+
+    // One it cannot take back stops the start-up, naming it and how to recover.
+    store
+        .write_claim(
+            "garbled",
+            &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
+        )
+        .unwrap();
+    let err = h.start(TestPolicy::new(8)).unwrap_err().to_string();
+    let spec = h
+        .cdi_dir()
+        .join(format!("{}-device_garbled.json", support::DRIVER));
+    assert!(
+        err.starts_with(&format!(
+            "the state does not account for claim garbled, whose CDI spec {} is on disk, and it cannot be taken back from that spec: cannot restore the policy state: claim garbled: no DRA_CPUSET_garbled=<cpus>.",
+            spec.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "restore the state directory, or, once no pod uses the claim, remove the spec file"
+        ),
+        "{err}"
+    );
+    assert_eq!(h.specs(), ["c1", "garbled", "orphan"], "nothing deleted");
     assert_eq!(
         other.claims().unwrap().len(),
         1,
@@ -917,4 +955,87 @@ async fn a_second_manager_on_the_same_directories_is_refused_before_it_touches_a
         !in_flight.exists(),
         "start-up removes what a crashed write left"
     );
+}
+
+/// The value of `name` in the environment claim `uid`'s spec gives its first device.
+fn spec_env(h: &Harness, uid: &str, name: &str) -> String {
+    let spec: serde_json::Value =
+        serde_json::from_slice(&fs::read(spec_path(h, uid)).unwrap()).unwrap();
+    spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str()?.strip_prefix(&format!("{name}=")))
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_lost_state_directory_adopts_the_claims_from_their_specs() {
+    let h = Harness::new();
+    h.claims.insert(claim_on("c1", "pod-db", "numa0", 2));
+    h.claims.insert(claim_on("c2", "pod-batch", "numa1", 1));
+    {
+        let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
+        for uid in ["c1", "c2"] {
+            m.prepare(&[claim_ref(uid)]).await.unwrap()[uid]
+                .as_ref()
+                .unwrap();
+        }
+    }
+    let specs_before: Vec<Vec<u8>> = ["c1", "c2"]
+        .iter()
+        .map(|uid| fs::read(spec_path(&h, uid)).unwrap())
+        .collect();
+    let c1: policy::CpuSet = spec_env(&h, "c1", "DRA_CPUSET_c1").parse().unwrap();
+    let c2: policy::CpuSet = spec_env(&h, "c2", "DRA_CPUSET_c2").parse().unwrap();
+
+    // The agent restarts with its state directory gone (a changed hostPath, a re-imaged disk, a
+    // wrong --state-dir), while the claims' pods still run: db on c1's CPUs (its runtime does
+    // not report CDI devices, only the environment the spec gave it), web shared.
+    fs::remove_dir_all(h.state_dir()).unwrap();
+    let mut db = container("db", "pod-db");
+    db.cpus = Some(c1.clone());
+    db.env = vec![format!("DRA_CPUSET_c1={c1}")];
+    let mut web = container("web", "pod-web");
+    web.cpus = Some("1-15".parse().unwrap());
+    let m = h.ready_with(topology_aware(TWO_NUMA), &[db, web]).await;
+
+    let specs_after: Vec<Vec<u8>> = ["c1", "c2"]
+        .iter()
+        .map(|uid| fs::read(spec_path(&h, uid)).unwrap())
+        .collect();
+    assert!(
+        specs_after == specs_before,
+        "the specs are kept as they were"
+    );
+    assert_eq!(h.saved_claims(), ["c1", "c2"], "adopted, and saved");
+    assert_eq!(
+        h.runtime.cpus("db"),
+        Some(c1.to_string()),
+        "db stays on its claim"
+    );
+    let web: policy::CpuSet = h.runtime.cpus("web").unwrap().parse().unwrap();
+    assert!(
+        !web.intersects(&c1) && !web.intersects(&c2),
+        "web {web} shares the claims' CPUs {c1}, {c2}"
+    );
+
+    // A new claim gets other CPUs.
+    h.claims.insert(claim_on("c3", "pod-new", "numa0", 2));
+    m.prepare(&[claim_ref("c3")]).await.unwrap()["c3"]
+        .as_ref()
+        .unwrap();
+    let c3: policy::CpuSet = spec_env(&h, "c3", "DRA_CPUSET_c3").parse().unwrap();
+    assert!(!c3.intersects(&c1), "c3 {c3} got c1's CPUs {c1}");
+
+    // The kubelet's re-prepare finds the claim as it was, and its unprepare releases it.
+    let again = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap();
+    assert_eq!(again[0].device, "numa0");
+    assert_eq!(fs::read(spec_path(&h, "c1")).unwrap(), specs_before[0]);
+    assert_eq!(m.unprepare(&[claim_ref("c2")]).await.unwrap()["c2"], Ok(()));
+    assert_eq!(h.saved_claims(), ["c1", "c3"]);
 }

@@ -168,13 +168,14 @@ fn state_errors_name_each_cause_once() {
     }
 }
 
-const START_VARIANTS: &[&str] = &["State", "Restore", "Specs"];
+const START_VARIANTS: &[&str] = &["State", "Restore", "Specs", "Adopt"];
 
 fn start_variant(e: &StartError) -> &'static str {
     match e {
         StartError::State(_) => "State",
         StartError::Restore { .. } => "Restore",
         StartError::Specs(_) => "Specs",
+        StartError::Adopt { .. } => "Adopt",
     }
 }
 
@@ -205,6 +206,14 @@ async fn manager_start_errors_name_each_cause_once() {
     fs::write(h.cdi_dir(), b"").unwrap();
     errors.push(h.start(TestPolicy::new(4)).unwrap_err());
 
+    // A spec of ours the state does not account for and that cannot be taken back.
+    let h = Harness::new();
+    cdi::SpecStore::new(h.cdi_dir(), integration_tests::fakes::DRIVER)
+        .unwrap()
+        .write_claim("c1", &[cdi::ContainerEdits::with_env(["X=1".into()])])
+        .unwrap();
+    errors.push(h.start(TestPolicy::new(4)).unwrap_err());
+
     covers(START_VARIANTS, &errors, start_variant);
     for e in errors {
         check(3, e);
@@ -219,6 +228,7 @@ const STORE_VARIANTS: &[&str] = &[
     "Uid",
     "NoEdits",
     "Invalid",
+    "Foreign",
     "Io",
 ];
 
@@ -229,6 +239,7 @@ fn store_variant(e: &cdi::StoreError) -> &'static str {
         cdi::StoreError::Uid(_) => "Uid",
         cdi::StoreError::NoEdits { .. } => "NoEdits",
         cdi::StoreError::Invalid { .. } => "Invalid",
+        cdi::StoreError::Foreign { .. } => "Foreign",
         cdi::StoreError::Io { .. } => "Io",
     }
 }
@@ -250,6 +261,14 @@ fn store_errors_name_each_cause_once() {
             .unwrap_err(),
         blocked.claims().unwrap_err(),
     ];
+    fs::create_dir_all(store.dir()).unwrap();
+    fs::write(
+        store.spec_path(&cdi::ClaimUid::new("uid-1").unwrap()),
+        b"{ truncated",
+    )
+    .unwrap();
+    let mut errors = errors;
+    errors.push(store.read_claim("uid-1").unwrap_err());
     covers(STORE_VARIANTS, &errors, store_variant);
     for e in errors {
         check(3, e);

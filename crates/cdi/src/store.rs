@@ -1,5 +1,6 @@
 //! `SpecStore`: one CDI spec file per prepared claim in one directory, written atomically and
-//! durably, removed idempotently, and listed for start-up reconciliation.
+//! durably, removed idempotently, listed for start-up reconciliation, and read back (a claim's
+//! edits) when the state that accounted for it is lost.
 //!
 //! A write is [`durable::replace`]: a temporary file in the same directory, named
 //! `.<file>.<random>.tmp` (never ending in `.json` or `.yaml`, so the runtimes' scanners and
@@ -78,6 +79,16 @@ pub enum StoreError {
         /// The rule broken, naming the field (`devices[i]` is the i-th edit).
         #[source]
         source: ValidationError,
+    },
+    /// A claim's spec on disk is not one the store wrote for it.
+    #[error("cdi spec {path} of claim {uid} is not one this store writes: {reason}")]
+    Foreign {
+        /// The claim.
+        uid: ClaimUid,
+        /// The spec file.
+        path: PathBuf,
+        /// What does not match, or why it does not parse.
+        reason: String,
     },
     /// A file system operation failed.
     #[error("{op} {path}")]
@@ -225,6 +236,55 @@ impl SpecStore {
             other => other?,
         }
         Ok(removed)
+    }
+
+    /// The edits of claim `uid`'s spec on disk, in device order: what [`SpecStore::write_claim`]
+    /// was given. Refuses ([`StoreError::Foreign`]) a spec that does not parse, is of another
+    /// kind, or whose devices are not exactly `claim-<uid>-0`, `claim-<uid>-1`, … in order; a
+    /// missing spec is an IO error.
+    pub fn read_claim(&self, uid: &str) -> Result<Vec<ContainerEdits>, StoreError> {
+        let uid = ClaimUid::new(uid)?;
+        let path = self.spec_path(&uid);
+        let data = fs::read(&path).map_err(|source| io_error("reading cdi spec", &path, source))?;
+        let foreign = |reason: String| StoreError::Foreign {
+            uid: uid.clone(),
+            path: path.clone(),
+            reason,
+        };
+        let spec = Spec::from_json(&data).map_err(|e| {
+            foreign(match std::error::Error::source(&e) {
+                Some(cause) => format!("{e}: {cause}"),
+                None => e.to_string(),
+            })
+        })?;
+        let kind = format!("{}/{CLASS}", self.vendor);
+        if spec.kind != kind {
+            return Err(foreign(format!(
+                "its kind is {:?}, not {kind:?}",
+                spec.kind
+            )));
+        }
+        if spec.devices.is_empty() {
+            return Err(foreign("it has no devices".into()));
+        }
+        if !spec.container_edits.is_empty() {
+            return Err(foreign("it has spec-level container edits".into()));
+        }
+        spec.devices
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let want = claim::device_name(&uid, i);
+                if d.name == want {
+                    Ok(d.container_edits)
+                } else {
+                    Err(foreign(format!(
+                        "devices[{i}] is named {:?}, not {want:?}",
+                        d.name
+                    )))
+                }
+            })
+            .collect()
     }
 
     /// Whether a spec of claim `uid` is on disk.

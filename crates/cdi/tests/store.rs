@@ -477,3 +477,93 @@ fn failures_other_than_not_found_are_errors_naming_the_path() {
     );
     assert!(spec.is_dir(), "nothing was removed");
 }
+
+#[test]
+fn read_claim_gives_back_the_edits_written_and_refuses_specs_it_did_not_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = store(tmp.path());
+    let edits = [env(&["CLAIM_0=a"]), env(&["CLAIM_1=b", "X=1"])];
+    store.write_claim(UUID, &edits).unwrap();
+    assert_eq!(store.read_claim(UUID).unwrap(), edits);
+
+    let missing = store.read_claim("nope").unwrap_err();
+    assert!(
+        matches!(
+            &missing,
+            StoreError::Io {
+                op: "reading cdi spec",
+                ..
+            }
+        ),
+        "{missing}"
+    );
+    assert!(matches!(
+        store.read_claim("../x").unwrap_err(),
+        StoreError::Uid(_)
+    ));
+
+    let path = store.spec_path(&ClaimUid::new(UUID).unwrap());
+    let refused = |contents: String| {
+        fs::write(&path, contents).unwrap();
+        match store.read_claim(UUID).unwrap_err() {
+            e @ StoreError::Foreign { .. } => {
+                let text = e.to_string();
+                assert!(
+                    text.starts_with(&format!(
+                        "cdi spec {} of claim {UUID} is not one this store writes: ",
+                        path.display()
+                    )),
+                    "{text}"
+                );
+                text
+            }
+            other => panic!("{other}"),
+        }
+    };
+    let device = |name: &str| format!(r#"{{"name":"{name}","containerEdits":{{"env":["A=1"]}}}}"#);
+    let spec = |kind: &str, devices: &[String], extra: &str| {
+        format!(
+            r#"{{"cdiVersion":"0.3.0","kind":"{kind}","devices":[{}]{extra}}}"#,
+            devices.join(",")
+        )
+    };
+    let ours = format!("{VENDOR}/device");
+    assert!(refused("{ truncated".into()).contains("parsing a cdi spec as json: "));
+    assert!(
+        refused(spec(
+            "other.io/device",
+            &[device(&format!("claim-{UUID}-0"))],
+            ""
+        ))
+        .ends_with(&format!(r#"its kind is "other.io/device", not "{ours}""#))
+    );
+    assert!(refused(spec(&ours, &[], "")).ends_with("it has no devices"));
+    assert!(
+        refused(spec(
+            &ours,
+            &[device(&format!("claim-{UUID}-0"))],
+            r#","containerEdits":{"env":["B=2"]}"#
+        ))
+        .ends_with("it has spec-level container edits")
+    );
+    assert!(
+        refused(spec(
+            &ours,
+            &[
+                device(&format!("claim-{UUID}-0")),
+                device(&format!("claim-{UUID}-2"))
+            ],
+            ""
+        ))
+        .ends_with(&format!(
+            r#"devices[1] is named "claim-{UUID}-2", not "claim-{UUID}-1""#
+        ))
+    );
+    // A spec it did write is read whatever its exact bytes.
+    fs::write(
+        &path,
+        spec(&ours, &[device(&format!("claim-{UUID}-0"))], ""),
+    )
+    .unwrap();
+    assert_eq!(store.read_claim(UUID).unwrap(), [env(&["A=1"])]);
+}

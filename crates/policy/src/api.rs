@@ -57,6 +57,12 @@
 //!   still be in use, and answering the new results with the old CPUs would tell the kubelet a
 //!   device the spec does not grant.
 //! - [`Policy::release_claim`] of an unknown UID is success.
+//! - [`Policy::adopt_claim`] takes a claim back from the edits it returned for it, read from the
+//!   claim's CDI spec, when the saved state does not account for a spec on disk (the state
+//!   directory was lost): a spec proves a prepare completed, and a pod may be running on it. It
+//!   is called at start-up, after [`Policy::restore`] and before [`Policy::sync`]. A policy that
+//!   cannot (the default) refuses, and the resource manager then refuses to start, deleting
+//!   nothing.
 //! - [`Policy::claims`] lists the UIDs the policy accounts for; the resource manager removes CDI
 //!   specs of any other claim at start-up. Claims are durable: they must survive a restart
 //!   through [`Policy::snapshot`] and [`Policy::restore`], because running containers do not say
@@ -229,6 +235,21 @@ pub trait Policy: Send + std::fmt::Debug {
     /// allocated; a UID already held keeps what it got, and is refused with
     /// [`PolicyError::Invalid`] if its results changed.
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError>;
+
+    /// Takes claim `uid` back from `edits`, the edits [`Policy::allocate_claim`] returned for
+    /// it (read back from its CDI spec), holding exactly what they grant; see the module docs.
+    /// What the edits do not say (requests, pods, namespace and name) the next
+    /// [`Policy::allocate_claim`] of the UID tells, with the same idempotency rules. Refuse with
+    /// [`PolicyError::Restore`] edits the policy did not write, or CPUs it cannot hold (not
+    /// claimable, held already), holding nothing from them. A UID already held is success. The
+    /// default refuses every claim.
+    fn adopt_claim(&mut self, uid: &str, edits: &[cdi::ContainerEdits]) -> Result<(), PolicyError> {
+        let _ = edits;
+        Err(PolicyError::Restore(format!(
+            "claim {uid}: policy {} cannot take claims back from their CDI specs",
+            self.name()
+        )))
+    }
 
     /// Releases a whole claim and returns the updates for containers that gain from it; an
     /// unknown UID is success. Containers still using the claim keep their cpusets until they

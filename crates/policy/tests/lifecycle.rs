@@ -509,3 +509,67 @@ fn claims_saved_before_device_models_restore_under_every_model() {
         }
     }
 }
+
+#[test]
+fn a_claim_is_adopted_from_its_edits_with_what_they_grant_and_learns_the_rest_when_prepared() {
+    let mut before = machine();
+    let mut c = claim("u1", &[("numa1", 4), ("numa2", 2)]);
+    let edits = before.allocate_claim(&c).unwrap().edits;
+
+    let mut p = machine();
+    p.adopt_claim("u1", &edits).unwrap();
+    assert_eq!(p.claims(), ["u1"]);
+    assert_eq!(p.claim_cpus("u1"), Some(set("16-19,32-33")));
+    assert!(!p.shared_cpus().intersects(&set("16-19,32-33")));
+    p.adopt_claim("u1", &[]).unwrap(); // held already: nothing to do
+    // Its spec's environment, from a pod it does not know yet, pins a running container.
+    let mut x = container("x", QosClass::Burstable, 0);
+    x.pod.uid = "pod-unknown".into();
+    x.env = vec!["DRA_CPUSET_u1=16-19,32-33".into()];
+    p.sync(&[x]).unwrap();
+    assert_eq!(p.placement("x").unwrap().cpus, set("16-19,32-33"));
+    // The kubelet's prepare: same results, same edits; what the spec did not say is learnt.
+    c.reserved_for = vec!["pod-new".into()];
+    assert_eq!(p.allocate_claim(&c).unwrap().edits, edits);
+    let learnt = &p.snapshot()["claims"][0];
+    assert_eq!(
+        (
+            &learnt["namespace"],
+            &learnt["name"],
+            &learnt["reserved_for"],
+            &learnt["results"][1]["request"],
+            learnt.get("adopted"),
+        ),
+        (
+            &serde_json::json!("ml"),
+            &serde_json::json!("trainer-cpus"),
+            &serde_json::json!(["pod-new"]),
+            &serde_json::json!("cpus"),
+            None
+        )
+    );
+    assert_eq!(learnt["results"], before.snapshot()["claims"][0]["results"]);
+
+    // Refused: CPUs no claim can hold, CPUs held, edits it did not write.
+    let env = |e: &str| vec![policy::cdi::ContainerEdits::with_env([e.to_owned()])];
+    let refused =
+        |p: &mut TopologyAware, uid: &str, edits: Vec<policy::cdi::ContainerEdits>| match p
+            .adopt_claim(uid, &edits)
+        {
+            Err(PolicyError::Restore(reason)) => reason,
+            other => panic!("{other:?}"),
+        };
+    assert_eq!(
+        refused(&mut p, "u2", env("DRA_CPUSET_u2=0-1")),
+        "claim u2: cpus 0-1 are not online or are reserved or kernel-isolated here"
+    );
+    assert_eq!(
+        refused(&mut p, "u2", env("DRA_CPUSET_u2=19-20")),
+        "claim u2: cpus 19 are held already"
+    );
+    assert_eq!(
+        refused(&mut p, "u2", env("X=1")),
+        "claim u2: device 0 sets no DRA_CPUSET_u2"
+    );
+    assert_eq!(p.claims(), ["u1"], "a refusal holds nothing");
+}

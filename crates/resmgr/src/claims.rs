@@ -219,6 +219,7 @@ impl Manager {
                             namespace: claim.namespace.clone(),
                             name: claim.name.clone(),
                             devices: devices.clone(),
+                            adopted: false,
                         },
                     );
                     let version = inner.current_version();

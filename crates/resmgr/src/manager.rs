@@ -56,7 +56,7 @@ use crate::{
     kube::ClaimReader,
     pending::{PendingUpdates, Ticket, Versioned},
     runtime::{Runtime, RuntimeError},
-    state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
+    state::{ClaimRecord, DeviceRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
 };
 
 /// Settings of the resource manager.
@@ -152,6 +152,22 @@ pub enum StartError {
     /// The CDI spec directory could not be read or cleaned.
     #[error("reconciling CDI specs")]
     Specs(#[from] cdi::StoreError),
+    /// A spec of ours that the state does not account for could not be taken back; nothing was
+    /// deleted.
+    #[error(
+        "the state does not account for claim {uid}, whose CDI spec {path} is on disk, and it cannot be \
+         taken back from that spec: {reason}. A pod may be running on the CPUs the spec grants, so \
+         it is not deleted: restore the state directory, or, once no pod uses the claim, remove \
+         the spec file"
+    )]
+    Adopt {
+        /// The claim.
+        uid: String,
+        /// Its spec.
+        path: std::path::PathBuf,
+        /// Why it cannot be taken back.
+        reason: String,
+    },
 }
 
 /// Undelivered updates after a delivery.
@@ -188,8 +204,21 @@ impl Manager {
     /// Starts the manager from what is on disk: takes the state directory for itself (a second
     /// manager on it is refused before it reads or cleans anything), loads the state (a missing
     /// state is a fresh start; an unreadable one is an error and nothing is deleted), restores
-    /// the policy from it, and removes the CDI specs of claims the policy does not account for and
-    /// the temporary files of writes a crash interrupted.
+    /// the policy from it, removes the temporary files of writes a crash interrupted, and adopts
+    /// every claim whose CDI spec is on disk but not accounted for.
+    ///
+    /// # Adoption
+    ///
+    /// Our ordering never leaves a spec the state does not account for; a lost state directory
+    /// does (a changed host path, a re-imaged disk, a wrong `--state-dir`), and so may a restored
+    /// backup. A spec proves a prepare completed: a pod may be running on the CPUs it grants,
+    /// and deleting it (or forgetting its CPUs) would hand them to others under that pod. Our
+    /// specs are checkpoints too: they carry the CPUs and memory nodes. So each such claim is
+    /// taken back from its spec ([`Policy::adopt_claim`]) and saved before anything is served;
+    /// the runtime's containers then rejoin it at Synchronize, and the kubelet's next prepare
+    /// fills in what the spec does not say. A spec that cannot be taken back (not ours to read,
+    /// CPUs that are not free) stops the start-up with [`StartError::Adopt`], which says how to
+    /// recover, and nothing is deleted.
     pub fn start(
         config: ManagerConfig,
         mut policy: Box<dyn Policy>,
@@ -217,16 +246,61 @@ impl Manager {
                 Default::default()
             }
         };
-        let accounted: BTreeSet<String> = policy.claims().into_iter().collect();
+        let mut records = records;
         specs.remove_temporary_files()?;
+        let accounted: BTreeSet<String> = policy.claims().into_iter().collect();
+        let mut adopted = 0;
         for uid in specs.claims()? {
-            if !accounted.contains(uid.as_str()) {
-                // Our ordering never leaves such a spec; an older version, a restored backup or
-                // a bug did. A spec nobody accounts for would grant CPUs nobody owns.
-                warn!(claim = %uid, dir = %specs.dir().display(),
-                    "removing CDI spec of a claim the state does not account for");
-                specs.remove_claim(uid.as_str())?;
+            if accounted.contains(uid.as_str()) {
+                continue;
             }
+            let refused = |reason: String| StartError::Adopt {
+                uid: uid.to_string(),
+                path: specs.spec_path(&uid),
+                reason,
+            };
+            let edits = specs
+                .read_claim(uid.as_str())
+                .map_err(|e| refused(crate::errors::chain(&e)))?;
+            policy
+                .adopt_claim(uid.as_str(), &edits)
+                .map_err(|e| refused(e.to_string()))?;
+            let devices = (0..edits.len())
+                .map(|i| {
+                    cdi::claim::qualified_device_name(&config.driver, &uid, i).map(|id| {
+                        DeviceRecord {
+                            request_names: Vec::new(),
+                            pool: String::new(),
+                            device: String::new(),
+                            cdi_device_id: id.to_string(),
+                            share_id: None,
+                        }
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| refused(crate::errors::chain(&e)))?;
+            records.insert(
+                uid.to_string(),
+                ClaimRecord {
+                    namespace: String::new(),
+                    name: String::new(),
+                    devices,
+                    adopted: true,
+                },
+            );
+            warn!(claim = %uid, spec = %specs.spec_path(&uid).display(),
+                "the state does not account for this claim's CDI spec: adopted the claim from it");
+            adopted += 1;
+        }
+        if adopted > 0 {
+            // Durable before anything is served, like every commit.
+            state_file.save(&State {
+                version: STATE_VERSION,
+                policy: policy.name().to_owned(),
+                policy_state: policy.snapshot(),
+                claims: records.clone(),
+            })?;
+            info!(claims = adopted, "adopted claims saved");
         }
         let durable = (policy.snapshot(), records.clone());
         Ok(Self {

@@ -53,12 +53,17 @@ pub struct State {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRecord {
-    /// Namespace of the claim.
+    /// Namespace of the claim (empty when adopted).
     pub namespace: String,
-    /// Name of the claim.
+    /// Name of the claim (empty when adopted).
     pub name: String,
-    /// The devices, in allocation-result order.
+    /// The devices, in allocation-result order (of an adopted claim, only their CDI device IDs
+    /// are known).
     pub devices: Vec<DeviceRecord>,
+    /// Taken back from its CDI spec at start-up because the state did not account for it (see
+    /// [`crate::manager::Manager::start`]); the next prepare fills in what the spec did not say.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 /// One prepared device, as answered to the kubelet.
@@ -293,6 +298,7 @@ mod tests {
                     cdi_device_id: "x.io/device=claim-uid-1-0".into(),
                     share_id: None,
                 }],
+                adopted: false,
             },
         );
         State {

@@ -22,6 +22,14 @@
 //!
 //! Records saved by earlier versions (results on grouped `numa<N>` devices) restore as they are:
 //! a record says which CPUs a result holds, whatever devices are published now.
+//!
+//! A claim whose spec is on disk but that the saved state does not account for is taken back
+//! from the spec ([`granted`], [`super::TopologyAware`]'s `adopt_claim`): the spec says each
+//! request's CPUs and memory nodes, not the request names, the pods or which of a request's
+//! results holds which CPU. Until the kubelet prepares it again ([`ClaimRecord::learn`]) such a
+//! claim is [`ClaimRecord::adopted`]: its requests are named `adopted-<k>`, and a container
+//! proves its use by its CDI device or by carrying exactly the environment the spec gave, from
+//! any pod.
 
 use std::collections::BTreeMap;
 
@@ -77,6 +85,11 @@ pub struct ClaimRecord {
     pub reserved_for: Vec<String>,
     /// Results in the claim's order.
     pub results: Vec<ResultRecord>,
+    /// Taken back from its CDI spec when the saved state did not account for it (see the
+    /// module docs): its namespace, name, pods, request names and possibly devices (empty when
+    /// unknown) are learnt from the next prepare. Absent from snapshots of other claims.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 impl ClaimRecord {
@@ -129,11 +142,33 @@ impl ClaimRecord {
         format!("{}/{} ({})", self.namespace, self.name, self.uid)
     }
 
+    /// Takes note of what a prepare of the claim says: pods that share it, and for an adopted
+    /// claim what its spec did not say (names, requests, devices it could not tell).
+    pub fn learn(&mut self, claim: &Claim) {
+        for pod in &claim.reserved_for {
+            if !self.reserved_for.contains(pod) {
+                self.reserved_for.push(pod.clone());
+            }
+        }
+        if self.adopted {
+            self.namespace.clone_from(&claim.namespace);
+            self.name.clone_from(&claim.name);
+            for (held, asked) in self.results.iter_mut().zip(&claim.results) {
+                held.request.clone_from(&asked.request);
+                if held.device.is_empty() {
+                    held.device.clone_from(&asked.device);
+                }
+            }
+            self.adopted = false;
+        }
+    }
+
     /// How `claim`'s allocation results differ from the ones this record was allocated for,
     /// if they do: another number of results, or a result with another request, device or
     /// number of CPUs. `cpus_of` says how many CPUs a result gets (`None` when that cannot be
-    /// known, for a device no longer published: then the count is not compared). The first
-    /// difference, in words.
+    /// known, for a device no longer published: then the count is not compared). What an
+    /// adopted record does not know (request names; a device it could not tell; the CPUs of
+    /// each of a request's results) is not compared. The first difference, in words.
     pub fn difference(
         &self,
         claim: &Claim,
@@ -152,13 +187,18 @@ impl ClaimRecord {
             .enumerate()
             .find_map(|(i, (held, asked))| {
                 let n = u64::try_from(held.cpus.len()).unwrap_or(u64::MAX);
-                let m = cpus_of(asked).unwrap_or(n);
-                if held.request != asked.request {
+                let m = if self.adopted {
+                    n
+                } else {
+                    cpus_of(asked).unwrap_or(n)
+                };
+                let device_known = !(self.adopted && held.device.is_empty());
+                if !self.adopted && held.request != asked.request {
                     Some(format!(
                         "result {i} is for request {}, now asked for request {}",
                         held.request, asked.request
                     ))
-                } else if held.device != asked.device || n != m {
+                } else if (device_known && held.device != asked.device) || n != m {
                     Some(format!(
                         "result {i} (request {}) is on {} with {n} {}, now asked on {} with {m} {}",
                         held.request,
@@ -172,6 +212,45 @@ impl ClaimRecord {
                 }
             })
     }
+}
+
+/// What claim `uid`'s CDI edits (one per result, as [`ClaimRecord::edits`] writes them) grant:
+/// per result, the CPUs of its request and, when it pins memory, the memory nodes. Reads the
+/// names under the exact UID, which every spec carries.
+pub fn granted(
+    uid: &str,
+    edits: &[cdi::ContainerEdits],
+) -> Result<Vec<(CpuSet, Option<NodeSet>)>, String> {
+    if edits.is_empty() {
+        return Err("its spec has no devices".into());
+    }
+    let value = |edit: &cdi::ContainerEdits, prefix: &str| {
+        let name = format!("{prefix}{uid}=");
+        edit.env
+            .iter()
+            .find_map(|e| e.strip_prefix(&name).map(str::to_owned))
+    };
+    edits
+        .iter()
+        .enumerate()
+        .map(|(i, edit)| {
+            let cpus = value(edit, CPUSET_ENV)
+                .ok_or_else(|| format!("device {i} sets no {CPUSET_ENV}{uid}"))?;
+            let cpus: CpuSet = cpus
+                .parse()
+                .map_err(|e| format!("device {i}: {CPUSET_ENV}{uid}={cpus}: {e}"))?;
+            if cpus.is_empty() {
+                return Err(format!("device {i}: {CPUSET_ENV}{uid} is empty"));
+            }
+            let mems = value(edit, MEMS_ENV)
+                .map(|m| {
+                    m.parse::<NodeSet>()
+                        .map_err(|e| format!("device {i}: {MEMS_ENV}{uid}={m}: {e}"))
+                })
+                .transpose()?;
+            Ok((cpus, mems))
+        })
+        .collect()
 }
 
 fn cpus_word(n: u64) -> &'static str {
@@ -234,10 +313,7 @@ pub fn used_by(
         else {
             continue;
         };
-        if !claim.reserved_for.contains(&container.pod.uid) {
-            continue;
-        }
-        // The value says which request; a value we did not write means all of them.
+        // The value says which request.
         let matching: Vec<usize> = claim
             .results
             .iter()
@@ -245,7 +321,16 @@ pub fn used_by(
             .filter(|(_, r)| claim.request_cpus(&r.request).0.to_string() == value)
             .map(|(i, _)| i)
             .collect();
-        let indexes = if matching.is_empty() {
+        let indexes = if claim.adopted {
+            // Its pods are unknown: only exactly what its spec gave counts.
+            if matching.is_empty() {
+                continue;
+            }
+            matching
+        } else if !claim.reserved_for.contains(&container.pod.uid) {
+            continue;
+        } else if matching.is_empty() {
+            // A value we did not write means all of them.
             (0..claim.results.len()).collect()
         } else {
             matching
@@ -281,7 +366,116 @@ mod tests {
             name: "c".into(),
             reserved_for: pods.iter().map(|p| (*p).to_owned()).collect(),
             results: vec![result("a", "2-3"), result("b", "4-5")],
+            adopted: false,
         }
+    }
+
+    #[test]
+    fn what_the_edits_grant_reads_back_from_them() {
+        let uid = "0b6c2a4e-7f3d-4c5e-9a1b-2c3d4e5f6a7b";
+        let mut claim = held(uid, &[]);
+        claim.results[1].memory_pinning = false;
+        assert_eq!(
+            granted(uid, &claim.edits()).unwrap(),
+            [
+                ("2-3".parse().unwrap(), Some("0".parse().unwrap())),
+                ("4-5".parse().unwrap(), None)
+            ]
+        );
+        let bad = |env: &[&str]| {
+            granted(
+                uid,
+                &[cdi::ContainerEdits::with_env(
+                    env.iter().map(|e| (*e).to_owned()),
+                )],
+            )
+            .unwrap_err()
+        };
+        assert_eq!(granted(uid, &[]).unwrap_err(), "its spec has no devices");
+        assert_eq!(
+            bad(&["X=1", "DRA_CPUSET_other=1"]),
+            format!("device 0 sets no DRA_CPUSET_{uid}")
+        );
+        assert!(
+            bad(&[&format!("DRA_CPUSET_{uid}=x")])
+                .starts_with(&format!("device 0: DRA_CPUSET_{uid}=x: "))
+        );
+        assert_eq!(
+            bad(&[&format!("DRA_CPUSET_{uid}=")]),
+            format!("device 0: DRA_CPUSET_{uid} is empty")
+        );
+        assert!(
+            bad(&[&format!("DRA_CPUSET_{uid}=1"), &format!("DRA_MEMS_{uid}=z")])
+                .starts_with(&format!("device 0: DRA_MEMS_{uid}=z: "))
+        );
+    }
+
+    #[test]
+    fn an_adopted_claim_is_used_by_the_exact_environment_of_any_pod_and_learns_the_rest() {
+        let uid = "u1";
+        let mut claim = held(uid, &[]);
+        claim.adopted = true;
+        claim.results[0].request = "adopted-0".into();
+        claim.results[1].request = "adopted-1".into();
+        claim.results[1].device = String::new();
+        let claims = BTreeMap::from([(uid.to_owned(), claim.clone())]);
+        let mut c = Container::default();
+        c.pod.uid = "pod-a".into();
+        c.env = vec!["DRA_CPUSET_u1=4-5".into()];
+        let used = |c: &Container| used_by(c, &claims, "cpu.resmgr.io");
+        assert_eq!(used(&c), BTreeMap::from([(uid.to_owned(), vec![1])]));
+        c.env = vec!["DRA_CPUSET_u1=4-6".into()];
+        assert!(used(&c).is_empty(), "not what its spec gave");
+
+        let result = |request: &str, device: &str| AllocationResult {
+            request: request.into(),
+            pool: "node".into(),
+            device: device.into(),
+            share_id: None,
+            consumed_capacity: BTreeMap::new(),
+        };
+        let mut asked = Claim {
+            uid: uid.into(),
+            namespace: "ns2".into(),
+            name: "c2".into(),
+            reserved_for: vec!["pod-a".into()],
+            results: vec![result("r0", "numa0"), result("r1", "numa1")],
+            config: Vec::new(),
+        };
+        let count = |_: &AllocationResult| Some(7);
+        assert_eq!(
+            claim.difference(&asked, count),
+            None,
+            "its requests, its second device and its counts are unknown"
+        );
+        asked.results[0].device = "numa3".into();
+        assert!(
+            claim.difference(&asked, count).is_some(),
+            "its first device is known"
+        );
+        asked.results[0].device = "numa0".into();
+        claim.learn(&asked);
+        assert!(!claim.adopted);
+        assert_eq!(
+            (
+                claim.namespace.as_str(),
+                claim.name.as_str(),
+                claim.reserved_for.clone()
+            ),
+            ("ns2", "c2", vec!["pod-a".to_owned()])
+        );
+        assert_eq!(
+            (
+                claim.results[1].request.as_str(),
+                claim.results[1].device.as_str()
+            ),
+            ("r1", "numa1")
+        );
+        asked.results[1].request = "r9".into();
+        assert_eq!(
+            claim.difference(&asked, |_| None).unwrap(),
+            "result 1 is for request r1, now asked for request r9"
+        );
     }
 
     #[test]

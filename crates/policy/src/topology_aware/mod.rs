@@ -751,6 +751,34 @@ impl TopologyAware {
         Some(placed)
     }
 
+    /// How an adopted request's `cpus` split over its `n` results: one published device each
+    /// when exactly `n` devices make them up (individual devices), or all of them on the
+    /// smallest device that holds them when `n` is 1; otherwise, not knowing, all on the first
+    /// result. With the device's name, or an empty one when no published device tells.
+    fn split_adopted(&self, cpus: &CpuSet, n: usize) -> Vec<(String, CpuSet)> {
+        let parts: Vec<(String, CpuSet)> = self
+            .table
+            .iter()
+            .filter(|d| d.cpus.intersects(cpus))
+            .map(|d| (d.device.name.clone(), d.cpus.intersection(cpus)))
+            .collect();
+        let covered = parts.iter().fold(CpuSet::new(), |all, (_, c)| all.union(c));
+        if n > 1 && parts.len() == n && covered == *cpus {
+            return parts;
+        }
+        let holder = self
+            .table
+            .iter()
+            .filter(|d| d.cpus.is_superset(cpus))
+            .min_by_key(|d| d.cpus.len())
+            .map(|d| d.device.name.clone())
+            .filter(|_| n == 1)
+            .unwrap_or_default();
+        std::iter::once((holder, cpus.clone()))
+            .chain(std::iter::repeat_n((String::new(), CpuSet::new()), n - 1))
+            .collect()
+    }
+
     fn claim_edits(&self, uid: &str) -> Option<ClaimAllocation> {
         self.claims.get(uid).map(|c| ClaimAllocation {
             edits: c.edits(),
@@ -976,12 +1004,9 @@ impl Policy for TopologyAware {
             }
         }
         if let Some(held) = self.claims.get_mut(&claim.uid) {
-            // Later prepares may name more pods sharing the claim.
-            for pod in &claim.reserved_for {
-                if !held.reserved_for.contains(pod) {
-                    held.reserved_for.push(pod.clone());
-                }
-            }
+            // Later prepares may name more pods sharing the claim; an adopted claim learns
+            // what its spec did not say.
+            held.learn(claim);
             return self
                 .claim_edits(&claim.uid)
                 .ok_or_else(|| PolicyError::Invalid {
@@ -1004,6 +1029,82 @@ impl Policy for TopologyAware {
             updates: into_vec(updates),
             warnings,
         })
+    }
+
+    fn adopt_claim(&mut self, uid: &str, edits: &[cdi::ContainerEdits]) -> Result<(), PolicyError> {
+        if self.claims.contains_key(uid) {
+            return Ok(());
+        }
+        let refuse = |reason: String| PolicyError::Restore(format!("claim {uid}: {reason}"));
+        let granted = claims::granted(uid, edits).map_err(refuse)?;
+        // Results whose edits say the same are one request's: two requests never share a CPU.
+        let mut requests: Vec<(CpuSet, Option<NodeSet>, Vec<usize>)> = Vec::new();
+        for (i, (cpus, mems)) in granted.into_iter().enumerate() {
+            match requests
+                .iter_mut()
+                .find(|(c, m, _)| *c == cpus && *m == mems)
+            {
+                Some((_, _, results)) => results.push(i),
+                None => requests.push((cpus, mems, vec![i])),
+            }
+        }
+        // Like a restore, it holds CPUs that a claim could ever hold, held by no other claim,
+        // whatever devices are published now.
+        let grantable = self
+            .topo
+            .online
+            .difference(&self.reserved)
+            .difference(&self.topo.isolated);
+        let mut taken = self.taken.clone();
+        let mut results = vec![None; edits.len()];
+        for (k, (cpus, mems, indexes)) in requests.into_iter().enumerate() {
+            if !grantable.is_superset(&cpus) {
+                return Err(refuse(format!(
+                    "cpus {} are not online or are reserved or kernel-isolated here",
+                    cpus.difference(&grantable)
+                )));
+            }
+            if taken.intersects(&cpus) {
+                return Err(refuse(format!(
+                    "cpus {} are held already",
+                    taken.intersection(&cpus)
+                )));
+            }
+            taken = taken.union(&cpus);
+            for (i, (device, part)) in indexes.iter().zip(self.split_adopted(&cpus, indexes.len()))
+            {
+                // Its own nodes out of the request's, when it pins memory.
+                let local = self.nodes_of(&part);
+                let nodes = match &mems {
+                    Some(all) if all.intersects(&local) => all.intersection(&local),
+                    Some(all) => all.clone(),
+                    None => local,
+                };
+                results[*i] = Some(claims::ResultRecord {
+                    request: format!("adopted-{k}"),
+                    device,
+                    memory_pinning: mems.is_some(),
+                    mems: nodes,
+                    cpus: part,
+                });
+            }
+        }
+        let changed = taken.difference(&self.taken);
+        self.taken = taken;
+        self.claims.insert(
+            uid.to_owned(),
+            ClaimRecord {
+                uid: uid.to_owned(),
+                namespace: String::new(),
+                name: String::new(),
+                reserved_for: Vec::new(),
+                results: results.into_iter().flatten().collect(),
+                adopted: true,
+            },
+        );
+        // Before Synchronize nobody runs here to update; the ripple keeps the pools right.
+        self.ripple(&changed, &mut Updates::new());
+        Ok(())
     }
 
     fn release_claim(&mut self, uid: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {

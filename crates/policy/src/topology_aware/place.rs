@@ -202,7 +202,7 @@ impl TopologyAware {
     }
 
     /// The DRAM nodes local to `cpus`.
-    fn nodes_of(&self, cpus: &CpuSet) -> NodeSet {
+    pub(super) fn nodes_of(&self, cpus: &CpuSet) -> NodeSet {
         self.topo
             .numa_nodes
             .iter()
@@ -594,6 +594,7 @@ impl TopologyAware {
                 name: claim.name.clone(),
                 reserved_for: claim.reserved_for.clone(),
                 results,
+                adopted: false,
             },
             warnings,
         ))
