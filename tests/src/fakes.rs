@@ -247,6 +247,10 @@ impl Policy for TestPolicy {
     fn claims(&self) -> Vec<String> {
         self.claims.keys().cloned().collect()
     }
+
+    fn claim_cpus(&self, uid: &str) -> Option<CpuSet> {
+        self.claims.get(uid).map(|(_, cpus, _)| cpus.clone())
+    }
 }
 
 /// A runtime that applies updates to its own table of containers, records every call, and can be

@@ -374,3 +374,45 @@ async fn a_slow_disk_delays_claims_but_no_runtime_event() {
     assert!(prepare.await.unwrap().is_ok());
     assert!(start.elapsed() >= Duration::from_secs(60));
 }
+
+#[tokio::test]
+async fn a_claim_waits_for_a_container_that_may_still_run_on_its_cpus_though_no_longer_placed_there()
+ {
+    // Two sockets of one NUMA node each: numa0 is CPUs 0-7 (0 reserved), numa1 8-15.
+    let h = Harness::new();
+    h.claims.insert(claim_on("all0", "pod-a", "numa0", 7));
+    h.claims.insert(claim_on("c1", "pod-db", "numa1", 3));
+    let m = h
+        .ready_with(
+            topology_aware("pack:2 numa:1 core:4 pu:2"),
+            &[running("web", "pod-web", "1-7")],
+        )
+        .await;
+    // A claim takes all of numa0: web moves to numa1, and the runtime has that.
+    assert!(m.prepare(&[claim_ref("all0")]).await.unwrap()["all0"].is_ok());
+    assert_eq!(h.runtime.cpus("web").as_deref(), Some("8-15"));
+    // The runtime stops taking web's updates; the claim goes, and web's move back is pending.
+    h.runtime.state.lock().unwrap().refuse.insert("web".into());
+    assert_eq!(
+        m.unprepare(&[claim_ref("all0")]).await.unwrap()["all0"],
+        Ok(())
+    );
+    assert_eq!(m.pending_updates().await, 1);
+
+    // The policy no longer places web on numa1, but it still runs there: a claim on numa1 must
+    // not be granted until web has moved.
+    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+        .clone()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("updating containers: 1 container update(s) not delivered"),
+        "{err}"
+    );
+    assert!(err.ends_with("the allocation was rolled back"), "{err}");
+    assert!(h.specs().is_empty());
+
+    h.runtime.state.lock().unwrap().refuse.clear();
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    assert_eq!(h.runtime.cpus("web").as_deref(), Some("1-7"));
+}

@@ -63,6 +63,7 @@
 //!   is called at start-up, after [`Policy::restore`] and before [`Policy::sync`]. A policy that
 //!   cannot (the default) refuses, and the resource manager then refuses to start, deleting
 //!   nothing.
+//! - [`Policy::claim_cpus`] says which CPUs a claim holds (optional, see there).
 //! - [`Policy::claims`] lists the UIDs the policy accounts for; the resource manager removes CDI
 //!   specs of any other claim at start-up. Claims are durable: they must survive a restart
 //!   through [`Policy::snapshot`] and [`Policy::restore`], because running containers do not say
@@ -258,6 +259,16 @@ pub trait Policy: Send + std::fmt::Debug {
 
     /// The UIDs of the claims the policy accounts for, sorted.
     fn claims(&self) -> Vec<String>;
+
+    /// The CPUs claim `uid` holds, if the policy says. The resource manager uses it before a new
+    /// claim's spec grants its CPUs, to wait for every container that may still run on them
+    /// (one the policy moved away earlier, whose update the runtime has not confirmed). The
+    /// default says nothing; the resource manager then waits for every container that may run
+    /// outside the CPUs the policy gives it, which holds claims back more often.
+    fn claim_cpus(&self, uid: &str) -> Option<crate::CpuSet> {
+        let _ = uid;
+        None
+    }
 
     /// What the policy has placed where, for metrics, debugging and the simulator; never for
     /// decisions (see the module docs). Cheap and free of side effects. The default reports

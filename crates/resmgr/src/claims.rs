@@ -20,12 +20,13 @@
 //! interleave freely; they share only the manager lock (in-memory work), the save lock and the
 //! delivery lock.
 //!
-//! A prepare waits only for the container updates its own allocation made, which are the ones
-//! that move containers off the claim's CPUs ([`crate::pending`]): another commit's updates, or
-//! a container the runtime refuses that the allocation did not touch, do not fail it; they stay
-//! pending, retried in the background and counted in the pending-updates metric. A container in
-//! the allocation's own updates that the runtime does not confirm does fail it: until the runtime
-//! says otherwise, that container may still run on the CPUs the spec would grant.
+//! A prepare waits only for the updates that move containers off the claim's CPUs: those its
+//! own allocation made, and those of any container that may still run there because an earlier
+//! update never arrived ([`crate::pending`]). Other commits' updates, and a container the runtime
+//! refuses that may not run on the claim's CPUs, do not fail it; they stay pending, retried in
+//! the background and counted in the pending-updates metric. A container that may run on the
+//! claim's CPUs and that the runtime does not confirm does fail it: until the runtime says
+//! otherwise, it may still run where the spec would grant.
 //!
 //! # Failures
 //!
@@ -197,7 +198,16 @@ impl Manager {
             for warning in &allocation.warnings {
                 warn!(claim = %claim_ref, "{warning}");
             }
-            let ticket = self.record_pending(&mut inner, allocation.updates);
+            let mut ticket = self.record_pending(&mut inner, allocation.updates);
+            if created {
+                // Also every container that may still run on the claim's CPUs, moved away or not
+                // by this allocation (see crate::pending).
+                let at_risk = match inner.policy.claim_cpus(uid) {
+                    Some(cpus) => inner.pending.at_risk(&cpus),
+                    None => inner.pending.displaced(),
+                };
+                ticket.extend(at_risk);
+            }
             let devices = if allocation.edits.len() == claim.results.len() {
                 self.devices(&claim)
                     .map_err(|cause| ("naming CDI devices", cause))

@@ -68,6 +68,10 @@ impl Manager {
                     container: format!("(synchronizing {} containers)", containers.len()),
                     source,
                 })?;
+            // Where each container runs, as the runtime says; then what the reply changes.
+            for c in containers {
+                inner.pending.placed(&c.id, c.cpus.as_ref());
+            }
             inner.pending.delivered_in_reply(&updates);
             (updates, inner.note_changes())
         };
@@ -129,10 +133,17 @@ impl Manager {
                 source,
             });
         }
-        self.lock()
-            .await
-            .pending
-            .delivered_in_reply(&allocation.updates);
+        {
+            let mut inner = self.lock().await;
+            // The runtime creates it where the reply says (or where it asked, if we do not say).
+            let cpus = allocation
+                .adjustment
+                .cpus
+                .as_ref()
+                .or(container.cpus.as_ref());
+            inner.pending.placed(&container.id, cpus);
+            inner.pending.delivered_in_reply(&allocation.updates);
+        }
         info!(
             container = %describe(container),
             cpus = %allocation.adjustment.cpus.as_ref().map(ToString::to_string).unwrap_or_default(),

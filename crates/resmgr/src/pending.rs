@@ -16,13 +16,25 @@
 //! prepare waits for its ticket, not for the pending set to be empty: a version is *settled*
 //! once the runtime confirmed it or a newer one (which, being the full desired state, supersedes
 //! it), or once the container is gone. So two commits at once do not fail each other by each
-//! recording a newer version of a shared container while the other's delivery is in flight, an
-//! NRI reply recorded during a delivery does not fail it, and a container whose updates the
-//! runtime refuses holds back only the commits whose own updates it is in.
+//! recording a newer version of a shared container while the other's delivery is in flight, and
+//! an NRI reply recorded during a delivery does not fail it.
+//!
+//! # Where a container may run
+//!
+//! What the policy wants for a container is not always what it runs on: until an update is
+//! confirmed, the container runs on what the runtime last confirmed (its placement at creation,
+//! what Synchronize reported, a reply, a confirmed delivery), or on any version sent since,
+//! which a failed or timed-out call may have applied. Each pending entry keeps that set of CPUs
+//! (its *risk*; unknown when the runtime never told us, which counts as anywhere). A new claim
+//! waits for every pending container whose risk meets its CPUs ([`PendingUpdates::at_risk`]),
+//! whether or not its own allocation moved it: a container moved away by an earlier change
+//! whose update never arrived is still there. A container that the runtime refuses (one that
+//! exited without a Stop or Remove reaching us) holds back only the claims on CPUs it may run
+//! on, and its update keeps being retried.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use policy::ContainerUpdate;
+use policy::{ContainerUpdate, CpuSet};
 
 /// One pending update and the version it is at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +51,8 @@ struct Entry {
     /// Every version of this container up to this one is settled: confirmed, or superseded by a
     /// confirmed one.
     settled: u64,
+    /// The CPUs the container may run on now (see the module docs); `None`: unknown.
+    risk: Option<CpuSet>,
 }
 
 /// The versions a set of updates was recorded at, by container.
@@ -46,6 +60,14 @@ struct Entry {
 pub struct Ticket(BTreeMap<String, u64>);
 
 impl Ticket {
+    /// Adds `other`'s versions (the later one of a container named by both).
+    pub fn extend(&mut self, other: Ticket) {
+        for (id, seq) in other.0 {
+            let mine = self.0.entry(id).or_default();
+            *mine = (*mine).max(seq);
+        }
+    }
+
     /// The containers it names.
     pub fn containers(&self) -> BTreeSet<String> {
         self.0.keys().cloned().collect()
@@ -63,6 +85,8 @@ pub struct PendingUpdates {
     entries: BTreeMap<String, Entry>,
     /// Containers some delivery in flight carries: their fate is unknown until it returns.
     in_flight: BTreeMap<String, u32>,
+    /// The CPUs the runtime last confirmed for each container, as far as we know.
+    known: BTreeMap<String, CpuSet>,
     next_seq: u64,
 }
 
@@ -78,6 +102,9 @@ impl PendingUpdates {
             ticket.0.insert(update.container_id.clone(), seq);
             match self.entries.get_mut(&update.container_id) {
                 Some(entry) => {
+                    if let (Some(risk), Some(cpus)) = (&mut entry.risk, &update.cpus) {
+                        *risk = risk.union(cpus);
+                    }
                     if update.cpus.is_some() {
                         entry.current.update.cpus = update.cpus;
                     }
@@ -87,10 +114,18 @@ impl PendingUpdates {
                     entry.current.seq = seq;
                 }
                 None => {
-                    // Nothing pending: every earlier version was confirmed or superseded.
+                    // Nothing pending: every earlier version was confirmed or superseded, and
+                    // the container runs on what the runtime last confirmed.
+                    let risk = self.known.get(&update.container_id).map(|known| {
+                        update
+                            .cpus
+                            .as_ref()
+                            .map_or_else(|| known.clone(), |cpus| known.union(cpus))
+                    });
                     let entry = Entry {
                         current: Versioned { seq, update },
                         settled: seq - 1,
+                        risk,
                     };
                     self.entries
                         .insert(entry.current.update.container_id.clone(), entry);
@@ -111,6 +146,36 @@ impl PendingUpdates {
                 self.record([update.clone()]);
             } else {
                 self.entries.remove(&update.container_id);
+                if let Some(cpus) = &update.cpus {
+                    self.known.insert(update.container_id.clone(), cpus.clone());
+                }
+            }
+        }
+    }
+
+    /// Takes note of where the runtime runs a container, as it said (Synchronize) or as it
+    /// placed it (the adjustment of its creation); `None`: it did not say.
+    pub fn placed(&mut self, container_id: &str, cpus: Option<&CpuSet>) {
+        match cpus {
+            Some(cpus) => {
+                self.known.insert(container_id.to_owned(), cpus.clone());
+                let in_flight = self.in_flight.contains_key(container_id);
+                if let Some(e) = self.entries.get_mut(container_id) {
+                    e.risk = if in_flight {
+                        // What is in flight may still land.
+                        e.risk.as_ref().map(|risk| risk.union(cpus))
+                    } else {
+                        // There now, and where the pending version would put it.
+                        let pending = e.current.update.cpus.as_ref();
+                        Some(pending.map_or_else(|| cpus.clone(), |p| p.union(cpus)))
+                    };
+                }
+            }
+            None => {
+                self.known.remove(container_id);
+                if let Some(e) = self.entries.get_mut(container_id) {
+                    e.risk = None;
+                }
             }
         }
     }
@@ -119,6 +184,7 @@ impl PendingUpdates {
     /// no CPUs any more.
     pub fn forget(&mut self, container_id: &str) {
         self.entries.remove(container_id);
+        self.known.remove(container_id);
     }
 
     /// Whether anything is pending.
@@ -134,6 +200,34 @@ impl PendingUpdates {
     /// The pending update of a container, if any.
     pub fn get(&self, container_id: &str) -> Option<&ContainerUpdate> {
         self.entries.get(container_id).map(|e| &e.current.update)
+    }
+
+    /// The pending containers that may run on some of `cpus` now, at the version pending for
+    /// them (see the module docs).
+    pub fn at_risk(&self, cpus: &CpuSet) -> Ticket {
+        Ticket(
+            self.entries
+                .iter()
+                .filter(|(_, e)| e.risk.as_ref().is_none_or(|r| r.intersects(cpus)))
+                .map(|(id, e)| (id.clone(), e.current.seq))
+                .collect(),
+        )
+    }
+
+    /// The pending containers that may run outside the CPUs pending for them: where any CPU
+    /// might be at risk when it is not known which.
+    pub fn displaced(&self) -> Ticket {
+        Ticket(
+            self.entries
+                .iter()
+                .filter(|(_, e)| match (&e.risk, &e.current.update.cpus) {
+                    (None, _) => true,
+                    (Some(risk), Some(want)) => !want.is_superset(risk),
+                    (Some(_), None) => false,
+                })
+                .map(|(id, e)| (id.clone(), e.current.seq))
+                .collect(),
+        )
     }
 
     /// The containers of `ticket` whose recorded version is not settled yet.
@@ -188,10 +282,22 @@ impl PendingUpdates {
             if !confirmed(id) {
                 continue;
             }
+            if let Some(cpus) = &sent.update.cpus {
+                self.known.insert(id.clone(), cpus.clone());
+            }
             if let Some(e) = self.entries.get_mut(id) {
                 e.settled = e.settled.max(sent.seq);
                 if e.current.seq == sent.seq {
                     self.entries.remove(id);
+                } else {
+                    // It runs on what was confirmed, or on the newer version if that arrives.
+                    e.risk = self.known.get(id).map(|known| {
+                        e.current
+                            .update
+                            .cpus
+                            .as_ref()
+                            .map_or_else(|| known.clone(), |cpus| known.union(cpus))
+                    });
                 }
             }
         }
@@ -373,6 +479,71 @@ mod tests {
         p.finish(std::slice::from_ref(&one), |_| true);
         p.delivered_in_reply(&[upd("a", "0-2")]);
         assert!(p.is_empty(), "no longer in flight");
+    }
+
+    fn set(s: &str) -> CpuSet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_container_may_run_on_what_was_confirmed_and_on_everything_sent_since() {
+        let mut p = PendingUpdates::default();
+        p.placed("a", Some(&set("0-7")));
+        p.placed("b", Some(&set("0-7")));
+        p.placed("c", None); // the runtime did not say
+        p.record([upd("a", "0-3"), upd("b", "0-7"), upd("c", "0-3")]);
+        // a moved off 4-7 but may still be there; b stays; c may be anywhere.
+        assert_eq!(p.at_risk(&set("6")).containers(), ids(&["a", "b", "c"]));
+        assert_eq!(p.displaced().containers(), ids(&["a", "c"]));
+        // Once a's move is confirmed, it runs on 0-3 only.
+        let batch = p.begin(Some(&ids(&["a"])));
+        p.finish(&batch, |_| true);
+        assert_eq!(p.at_risk(&set("6")).containers(), ids(&["b", "c"]));
+        // A later change starts from what was confirmed: 0-3, then 0-1 sent.
+        p.record([upd("a", "0-1")]);
+        assert!(!p.at_risk(&set("6")).containers().contains("a"));
+        assert_eq!(p.at_risk(&set("2")).containers(), ids(&["a", "b", "c"]));
+        // A failed delivery proves nothing: what it carried may have landed.
+        p.record([upd("a", "4-5")]);
+        let batch = p.begin(Some(&ids(&["a"])));
+        p.finish(&batch, |_| false);
+        p.record([upd("a", "0-1")]);
+        assert!(p.at_risk(&set("5")).containers().contains("a"));
+        // An older version confirmed while a newer is pending: that one, or the newer.
+        let batch = p.begin(Some(&ids(&["a"])));
+        p.record([upd("a", "6-7")]);
+        p.finish(&batch, |_| true);
+        assert!(!p.at_risk(&set("4-5")).containers().contains("a"));
+        assert!(p.at_risk(&set("0")).containers().contains("a"));
+        assert!(p.at_risk(&set("7")).containers().contains("a"));
+        // A reply (nothing in flight) delivers; where the runtime says a container runs is
+        // where it runs (and where its pending version would put it).
+        p.delivered_in_reply(&[upd("a", "2")]);
+        p.record([upd("a", "3"), upd("b", "0-1"), upd("c", "0")]);
+        p.placed("b", Some(&set("0-1")));
+        p.placed("c", Some(&set("0")));
+        assert!(p.at_risk(&set("4-7")).is_empty());
+        assert_eq!(p.at_risk(&set("1")).containers(), ids(&["b"]));
+        assert_eq!(p.at_risk(&set("0")).containers(), ids(&["b", "c"]));
+        // A container gone runs nowhere; recorded again, where it runs is unknown.
+        p.forget("a");
+        assert!(!p.at_risk(&set("0-7")).containers().contains("a"));
+        p.record([upd("a", "1")]);
+        assert!(p.at_risk(&set("7")).containers().contains("a"));
+        assert!(p.displaced().containers().contains("a"));
+    }
+
+    #[test]
+    fn tickets_merge_keeping_the_later_version() {
+        let mut p = PendingUpdates::default();
+        let mut first = p.record([upd("a", "0"), upd("b", "0")]);
+        let second = p.record([upd("b", "1")]);
+        first.extend(second.clone());
+        assert_eq!(first.containers(), ids(&["a", "b"]));
+        let batch = p.begin(Some(&ids(&["a"])));
+        p.finish(&batch, |_| true);
+        assert_eq!(p.unsettled(&first), ids(&["b"]));
+        assert_eq!(p.unsettled(&second), ids(&["b"]));
     }
 
     #[test]

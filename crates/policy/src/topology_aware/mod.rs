@@ -1129,6 +1129,10 @@ impl Policy for TopologyAware {
         self.claims.keys().cloned().collect()
     }
 
+    fn claim_cpus(&self, uid: &str) -> Option<CpuSet> {
+        TopologyAware::claim_cpus(self, uid)
+    }
+
     fn inventory(&self) -> crate::inventory::Inventory {
         inventory::of(self)
     }
