@@ -1105,6 +1105,12 @@ walk!(
     Setup::new("numa4", GROUPED, ON).reconfigured()
 );
 walk!(
+    numa4_partition_device_model_changes,
+    Setup::new("numa4", INDIVIDUAL, ON)
+        .exclusivity(Exclusivity::Partition(ClaimCpus::Count(24)))
+        .reconfigured()
+);
+walk!(
     hybrid_individual_whole_cores,
     Setup::new("hybrid", INDIVIDUAL_CORES, OFF)
 );
