@@ -675,7 +675,15 @@ fn claim(w: &mut World) -> anyhow::Result<()> {
     let c = w.container(&pod, &c, Expect::Claim(claim.uid.clone()))?;
     w.check(&[&c.key])?;
 
-    // What the process sees: sh passed on the shell-safe name only.
+    // What the process sees once sh has exec'd sleep: what the shell passed on.
+    crate::procs::wait_until(
+        "the claim's container to exec its sleep",
+        std::time::Duration::from_secs(30),
+        || {
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", c.pid))?;
+            Ok(cmdline.starts_with(b"/bin/sleep\0"))
+        },
+    )?;
     let env = kernel::environ(c.pid)?;
     let safe = format!("DRA_CPUSET_{}=", claim.uid.replace('-', "_"));
     let want = w.granted[&claim.uid].cpus.to_string();
