@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -63,7 +64,9 @@ type Node struct {
 	runtime containerRuntime
 	agent   *cluster.Process
 	metrics string
-	dra     drav1.DRAPluginClient
+	// debug serves /debug/state: its own listener when the agent has --debug-addr, else metrics.
+	debug string
+	dra   drav1.DRAPluginClient
 	// prepared maps a pod UID to the CDI devices of its prepared claims, by claim name.
 	prepared map[string]map[string][]string
 }
@@ -107,13 +110,21 @@ func (n *Node) path(p ...string) string { return filepath.Join(append([]string{n
 func (n *Node) StartAgent() {
 	n.t.Helper()
 	n.metrics = freeAddr(n.t)
+	n.debug = n.metrics
+	var debugArgs []string
+	if hasFlag(n.t, n.bin, "--debug-addr") {
+		// Its default is a fixed loopback port, which other runs on the machine would share.
+		n.debug = freeAddr(n.t)
+		debugArgs = []string{"--debug-addr", n.debug}
+	}
 	args := append([]string{"run",
 		"--node-name", n.cfg.Name, "--driver-name", Driver,
 		"--nri-socket", n.runtime.nriSocket(), "--nri-plugin-index", "90",
 		"--kubelet-plugins-dir", n.path("plugins"), "--kubelet-registry-dir", n.path("plugins_registry"),
 		"--cdi-dir", n.runtime.cdiDir(), "--state-dir", n.path("state"), "--kubeconfig", n.cfg.Kubeconfig,
 		"--topology", n.cfg.Topology, "--reserved-cpus", n.cfg.Reserved,
-		"--metrics-addr", n.metrics}, n.cfg.Args...)
+		"--metrics-addr", n.metrics}, debugArgs...)
+	args = append(args, n.cfg.Args...)
 	n.agent = cluster.Spawn(n.t, n.dir, "resmgr", n.bin, args...)
 	n.t.Cleanup(func() {
 		if n.t.Failed() {
@@ -349,7 +360,7 @@ func (n *Node) Cpusets() map[string]string { return n.runtime.cpusets() }
 // DebugState is the agent's /debug/state.
 func (n *Node) DebugState() map[string]any {
 	n.t.Helper()
-	code, body := get("http://" + n.metrics + "/debug/state")
+	code, body := get("http://" + n.debug + "/debug/state")
 	if code != http.StatusOK {
 		n.t.Fatalf("/debug/state answered %d: %s", code, body)
 	}
@@ -390,6 +401,16 @@ func podClaims(t testing.TB, client kubernetes.Interface, pod *corev1.Pod) []*re
 		out = append(out, claim)
 	}
 	return out
+}
+
+// hasFlag reports whether `resmgr run` takes flag, from its help.
+func hasFlag(t testing.TB, bin, flag string) bool {
+	t.Helper()
+	out, err := exec.Command(bin, "run", "--help").Output()
+	if err != nil {
+		t.Fatalf("resmgr run --help: %v", err)
+	}
+	return strings.Contains(string(out), flag+" ")
 }
 
 func freeAddr(t testing.TB) string {
