@@ -4,6 +4,12 @@
 //!   claims the scheduler allocates are prepared, no CPU is held twice, admitted containers run)
 //!   on N seeded random walks per machine shape and device model, optimized. The first seed is
 //!   printed; a failure prints the command that replays the failing walk.
+//! - `--minutes N`: instead, the randomized lifecycle test of issue 15
+//!   (`tests/tests/random_lifecycle.rs`: concurrent kubelet calls, runtime events, faults,
+//!   in-process crashes and restarts, checked against the lifecycle's invariants after every
+//!   step), drawing new seeds for N minutes, optimized, from `--seed` (default: the first seed
+//!   its bounded run in `cargo xtask test` does not cover). A failure prints the seed, the step,
+//!   the steps before it and the command that reruns that seed; the end, what the run did.
 
 use std::{
     path::Path,
@@ -21,13 +27,23 @@ pub struct Args {
     /// Steps per walk.
     #[arg(long, default_value_t = 200)]
     pub invariant_steps: u64,
-    /// The first walk's seed (default: from the clock).
+    /// The first walk's seed (default: from the clock; with `--minutes`, the first seed the
+    /// bounded lifecycle run does not cover).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Run the randomized lifecycle test for this many minutes (instead of the invariant walks).
+    #[arg(long)]
+    pub minutes: Option<u64>,
 }
+
+/// Seeds the bounded lifecycle run in `cargo xtask test` covers (the test's `SEEDS`).
+const LIFECYCLE_CI_SEEDS: u64 = 64;
 
 pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
     sysdeps::ensure()?;
+    if let Some(minutes) = args.minutes {
+        return lifecycle(root, minutes, args.seed.unwrap_or(LIFECYCLE_CI_SEEDS));
+    }
     let seed = args.seed.unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -53,6 +69,28 @@ pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
                 "policy",
                 "--test",
                 "invariant",
+            ]),
+    )
+}
+
+/// The randomized lifecycle test for `minutes`, from seed `first`.
+fn lifecycle(root: &Path, minutes: u64, first: u64) -> anyhow::Result<()> {
+    println!("soak: the randomized lifecycle test for {minutes} min, seeds from {first}");
+    util::run(
+        util::cargo()
+            .current_dir(root)
+            .env("RESMGR_SOAK_SECONDS", (minutes * 60).to_string())
+            .env("RESMGR_FIRST_SEED", first.to_string())
+            .args([
+                "test",
+                "--release",
+                "--locked",
+                "-p",
+                "integration-tests",
+                "--test",
+                "random_lifecycle",
+                "--",
+                "--nocapture",
             ]),
     )
 }

@@ -1,0 +1,1453 @@
+//! The whole manager under random concurrent kubelet calls, runtime events and faults, checked
+//! against the lifecycle's invariants after every step.
+//!
+//! The real topology-aware policy, the real state file and spec store (on a tmpfs when there is
+//! one), a scripted runtime. Each step starts a few operations at once — a pod's prepare (and
+//! sometimes a retry overlapping it), containers created, a pod stopped and its claims
+//! unprepared, a container resized, a retry of an unprepare that failed, a background delivery —
+//! after arming faults: `UpdateContainers` failing as a whole or for one container, a state save
+//! or spec write or removal failing (also after the spec landed), a slow disk, and a crash at a
+//! named crash or disk point followed by a restart (sometimes with the state directory wiped, so
+//! the claims must be adopted from their specs). After every step:
+//!
+//! 1. every CDI spec on disk belongs to a claim the state file on disk accounts for;
+//! 2. no CPU is in two claims, or in a claim and an exclusive container;
+//! 3. every claim whose prepare answered OK is held, with the same CPUs and a spec, until the
+//!    kubelet unprepares it, and no container of another pod runs on its CPUs;
+//! 4. every few steps, and at the end: once faults clear, every pending update is delivered and
+//!    every running container runs where the policy placed it;
+//! 5. at the end, once every pod is gone and every claim unprepared: nothing is held, no spec is
+//!    left, every CPU is shared again.
+//!
+//! Runs are seeded and reproducible: one current-thread runtime with paused time per seed, disk
+//! work run inline, every interleaving point (runtime calls, claim reads, slow disks) drawn from
+//! the seed. A failure names the seed and the step and the steps before it, and
+//! `RESMGR_SEED=<seed>` reruns just that seed. Without settings the test runs a bounded set of
+//! seeds (CI); `RESMGR_SOAK_SECONDS=<n>` keeps drawing new seeds for that long (`cargo xtask soak
+//! --minutes N`), and `RESMGR_STEPS=<n>` sets the steps per seed.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use integration_tests::fakes::{DRIVER, FakeRuntime, claim_on};
+use policy::{
+    Claim, ClaimAllocation, Container, ContainerUpdate, CpuSet, Device, Inventory, Policy,
+    PolicyError, QosClass, Resources, Topology, TopologyAware, TopologySource,
+    cdi::ContainerEdits,
+    topology_aware::{ClaimCpus, Exclusivity, Grant},
+};
+use resmgr::{
+    BoxFuture, ClaimReadError, ClaimReader, Manager, ManagerConfig, Runtime, RuntimeError,
+    crash::CRASH_POINTS,
+    faults::{DISK_POINTS, Fault, Faults},
+    kube::fake::StaticClaims,
+    kubelet_plugin::ClaimRef,
+    state::StateFile,
+};
+
+/// Two sockets of one NUMA node each, 4 two-thread cores per node: numa0 is CPUs 0-7, numa1
+/// 8-15; CPU 0 reserved.
+const MACHINE: &str = "pack:2 numa:1 core:4 pu:2";
+const NODES: [&str; 2] = ["numa0", "numa1"];
+const ALL_CPUS: &str = "0-15";
+const RESERVED: &str = "0";
+
+/// Seeds (and steps each) of the bounded run.
+const SEEDS: u64 = 64;
+const STEPS: usize = 120;
+
+// ============================================================================================
+// Randomness
+// ============================================================================================
+
+/// SplitMix64: small, fast, and the same everywhere.
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    fn index(&mut self, n: usize) -> usize {
+        usize::try_from(self.below(n as u64)).unwrap()
+    }
+
+    /// True `percent` times in a hundred.
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+        if items.is_empty() {
+            None
+        } else {
+            items.get(self.index(items.len()))
+        }
+    }
+}
+
+/// The seed's randomness for what runs inside the manager's calls (how long a runtime call or a
+/// claim read is in flight), shared by the doubles.
+type SharedRng = Arc<Mutex<Rng>>;
+
+async fn yield_some(rng: &SharedRng, most: u64) {
+    let n = rng.lock().unwrap().below(most + 1);
+    for _ in 0..n {
+        tokio::task::yield_now().await;
+    }
+}
+
+// ============================================================================================
+// Doubles
+// ============================================================================================
+
+/// The policy, shared so that the test can look at it between steps.
+#[derive(Debug, Clone)]
+struct Shared(Arc<Mutex<TopologyAware>>);
+
+impl Shared {
+    fn new(exclusivity: &Exclusivity) -> Self {
+        let topology = Topology::load(&TopologySource::Synthetic(MACHINE.into())).unwrap();
+        let config = policy::Config {
+            driver: DRIVER.into(),
+            exclusivity: exclusivity.clone(),
+            ..policy::Config::default()
+        };
+        Self(Arc::new(Mutex::new(
+            TopologyAware::new(topology, config).unwrap(),
+        )))
+    }
+
+    fn get(&self) -> std::sync::MutexGuard<'_, TopologyAware> {
+        self.0.lock().unwrap()
+    }
+}
+
+impl Policy for Shared {
+    fn name(&self) -> &str {
+        "topology-aware"
+    }
+    fn restore(&mut self, snapshot: &serde_json::Value) -> Result<(), PolicyError> {
+        self.get().restore(snapshot)
+    }
+    fn snapshot(&self) -> serde_json::Value {
+        self.get().snapshot()
+    }
+    fn sync(&mut self, containers: &[Container]) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        self.get().sync(containers)
+    }
+    fn allocate(&mut self, container: &Container) -> Result<policy::Allocation, PolicyError> {
+        self.get().allocate(container)
+    }
+    fn update(
+        &mut self,
+        id: &str,
+        resources: &Resources,
+    ) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        self.get().update(id, resources)
+    }
+    fn release(&mut self, id: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        self.get().release(id)
+    }
+    fn devices(&self) -> Result<Vec<Device>, PolicyError> {
+        self.get().devices()
+    }
+    fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError> {
+        self.get().allocate_claim(claim)
+    }
+    fn adopt_claim(&mut self, uid: &str, edits: &[ContainerEdits]) -> Result<(), PolicyError> {
+        self.get().adopt_claim(uid, edits)
+    }
+    fn release_claim(&mut self, uid: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        self.get().release_claim(uid)
+    }
+    fn claims(&self) -> Vec<String> {
+        self.get().claims()
+    }
+    fn claim_cpus(&self, uid: &str) -> Option<CpuSet> {
+        self.get().claim_cpus(uid)
+    }
+    fn inventory(&self) -> Inventory {
+        self.get().inventory()
+    }
+}
+
+/// The scripted runtime, whose calls stay in flight for a seeded number of scheduler turns.
+#[derive(Debug)]
+struct SlowRuntime {
+    inner: Arc<FakeRuntime>,
+    rng: SharedRng,
+}
+
+impl Runtime for SlowRuntime {
+    fn update_containers(
+        &self,
+        updates: Vec<ContainerUpdate>,
+    ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
+        Box::pin(async move {
+            yield_some(&self.rng, 6).await;
+            self.inner.update_containers(updates).await
+        })
+    }
+}
+
+/// The API server, whose answers take a seeded number of scheduler turns.
+#[derive(Debug)]
+struct SlowClaims {
+    inner: Arc<StaticClaims>,
+    rng: SharedRng,
+}
+
+impl ClaimReader for SlowClaims {
+    fn get_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Claim, ClaimReadError>> {
+        Box::pin(async move {
+            yield_some(&self.rng, 2).await;
+            self.inner.get_claim(claim).await
+        })
+    }
+}
+
+// ============================================================================================
+// The world: what the kubelet and the runtime know
+// ============================================================================================
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Shared,
+    Exclusive(u64),
+    Claims,
+}
+
+#[derive(Debug, Clone)]
+struct Pod {
+    uid: String,
+    kind: Kind,
+    claims: Vec<String>,
+    /// The claims a prepare for this pod answered OK (each pod of a shared claim prepares it).
+    prepared: BTreeSet<String>,
+    /// Containers running.
+    containers: Vec<String>,
+    /// Containers started so far (they are never started twice).
+    started: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClaimState {
+    /// The kubelet has not had an OK answer for it.
+    Unprepared,
+    /// The kubelet had an OK answer and has not tried to unprepare it since.
+    Prepared,
+    /// Its pods are gone; the kubelet unprepares it until that answers OK.
+    Unpreparing,
+}
+
+#[derive(Debug, Clone)]
+struct ClaimModel {
+    claim: Claim,
+    state: ClaimState,
+    /// What the prepare that answered OK granted, from its spec.
+    granted: Option<CpuSet>,
+}
+
+/// What an operation came back with, applied to the world after the step.
+#[derive(Debug)]
+enum Outcome {
+    Prepared {
+        pod: String,
+        answers: BTreeMap<String, bool>,
+    },
+    Started {
+        pod: String,
+        containers: Vec<Container>,
+    },
+    Stopped {
+        pod: String,
+        unprepared: Option<BTreeMap<String, bool>>,
+    },
+    Unprepared {
+        answers: BTreeMap<String, bool>,
+    },
+    Nothing,
+}
+
+impl Outcome {
+    /// One line for the failure report.
+    fn summary(&self) -> String {
+        match self {
+            Self::Prepared { answers, .. } | Self::Unprepared { answers } => format!("{answers:?}"),
+            Self::Started { containers, .. } => containers
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} on {}",
+                        c.id,
+                        c.cpus.as_ref().map(ToString::to_string).unwrap_or_default()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            Self::Stopped { unprepared, .. } => format!("stopped, unprepared {unprepared:?}"),
+            Self::Nothing => "done".into(),
+        }
+    }
+}
+
+struct World {
+    rng: Rng,
+    shared_rng: SharedRng,
+    dir: tempfile::TempDir,
+    runtime: Arc<FakeRuntime>,
+    api: Arc<StaticClaims>,
+    policy: Shared,
+    /// The agent; `None` only while it restarts.
+    manager: Option<Arc<Manager>>,
+    faults: Faults,
+    /// Whether the runtime reports CDI devices (containerd ≥ 2.3) or only the environment.
+    reports_cdi_devices: bool,
+    /// Who gets CPUs of their own: only claims, or claims from a partition and Guaranteed
+    /// containers from the rest.
+    exclusivity: Exclusivity,
+    pods: BTreeMap<String, Pod>,
+    claims: BTreeMap<String, ClaimModel>,
+    /// Running containers as the runtime knows them (their cpus are the runtime's).
+    containers: BTreeMap<String, Container>,
+    next_id: u64,
+    log: Vec<String>,
+    stats: Stats,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Stats {
+    steps: u64,
+    operations: u64,
+    prepares_ok: u64,
+    prepares_failed: u64,
+    unprepares_ok: u64,
+    unprepares_failed: u64,
+    containers_started: u64,
+    faults: u64,
+    crashes: u64,
+    wiped_restarts: u64,
+    restarts: u64,
+}
+
+impl Stats {
+    fn add(&mut self, o: &Stats) {
+        self.steps += o.steps;
+        self.operations += o.operations;
+        self.prepares_ok += o.prepares_ok;
+        self.prepares_failed += o.prepares_failed;
+        self.unprepares_ok += o.unprepares_ok;
+        self.unprepares_failed += o.unprepares_failed;
+        self.containers_started += o.containers_started;
+        self.faults += o.faults;
+        self.crashes += o.crashes;
+        self.wiped_restarts += o.wiped_restarts;
+        self.restarts += o.restarts;
+    }
+}
+
+fn scratch_dir() -> tempfile::TempDir {
+    // fsync on a tmpfs is cheap; the durability of the disk is not what this test checks.
+    match tempfile::tempdir_in("/dev/shm") {
+        Ok(dir) => dir,
+        Err(_) => tempfile::tempdir().unwrap(),
+    }
+}
+
+fn container(id: &str, pod: &Pod) -> Container {
+    let (qos, resources) = match pod.kind {
+        Kind::Exclusive(n) => (
+            QosClass::Guaranteed,
+            Resources {
+                cpu_request_milli: n * 1000,
+                cpu_limit_milli: Some(n * 1000),
+                ..Resources::default()
+            },
+        ),
+        Kind::Shared | Kind::Claims => (
+            QosClass::Burstable,
+            Resources {
+                cpu_request_milli: 100,
+                ..Resources::default()
+            },
+        ),
+    };
+    Container {
+        id: id.into(),
+        pod: policy::Pod {
+            uid: pod.uid.clone(),
+            namespace: "default".into(),
+            name: pod.uid.clone(),
+            qos,
+            annotations: BTreeMap::new(),
+        },
+        name: id.into(),
+        resources,
+        annotations: BTreeMap::new(),
+        cdi_devices: Vec::new(),
+        env: Vec::new(),
+        cpus: None,
+        mems: None,
+    }
+}
+
+fn start_manager(
+    dir: &std::path::Path,
+    policy: Shared,
+    faults: &Faults,
+    runtime: Arc<FakeRuntime>,
+    api: Arc<StaticClaims>,
+    rng: &SharedRng,
+) -> Result<Manager, resmgr::StartError> {
+    Manager::start(
+        ManagerConfig {
+            faults: faults.clone(),
+            ..ManagerConfig::new(DRIVER)
+        },
+        Box::new(policy),
+        StateFile::new(dir.join("state")),
+        cdi::SpecStore::new(dir.join("cdi"), DRIVER).unwrap(),
+        Arc::new(SlowRuntime {
+            inner: runtime,
+            rng: rng.clone(),
+        }),
+        Arc::new(SlowClaims {
+            inner: api,
+            rng: rng.clone(),
+        }),
+    )
+}
+
+fn fresh_faults() -> Faults {
+    let faults = Faults::armable();
+    faults.run_inline();
+    faults
+}
+
+impl World {
+    async fn new(seed: u64) -> Self {
+        let mut rng = Rng(seed);
+        let shared_rng = Arc::new(Mutex::new(Rng(rng.next())));
+        let dir = scratch_dir();
+        let runtime = Arc::new(FakeRuntime::default());
+        let api = Arc::new(StaticClaims::new());
+        let exclusivity = if rng.chance(50) {
+            Exclusivity::Claims
+        } else {
+            Exclusivity::Partition(ClaimCpus::Set("4-7,12-15".parse().unwrap()))
+        };
+        let policy = Shared::new(&exclusivity);
+        let faults = fresh_faults();
+        let manager = start_manager(
+            dir.path(),
+            policy.clone(),
+            &faults,
+            runtime.clone(),
+            api.clone(),
+            &shared_rng,
+        )
+        .unwrap();
+        let reports_cdi_devices = rng.chance(50);
+        let world = Self {
+            rng,
+            shared_rng,
+            dir,
+            runtime,
+            api,
+            policy,
+            manager: Some(Arc::new(manager)),
+            faults,
+            reports_cdi_devices,
+            exclusivity,
+            pods: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            containers: BTreeMap::new(),
+            next_id: 0,
+            log: Vec::new(),
+            stats: Stats::default(),
+        };
+        let updates = world.m().synchronize(&[]).await.unwrap();
+        world.runtime.apply_reply(&updates);
+        world.m().synchronized().await;
+        world
+    }
+
+    /// The agent.
+    fn m(&self) -> Arc<Manager> {
+        // Only `restart` takes it, and puts a new one back before it returns Ok.
+        self.manager.clone().expect("the agent runs between steps")
+    }
+
+    fn id(&mut self, prefix: &str) -> String {
+        self.next_id += 1;
+        format!("{prefix}{}", self.next_id)
+    }
+
+    fn specs_dir(&self) -> cdi::SpecStore {
+        cdi::SpecStore::new(self.dir.path().join("cdi"), DRIVER).unwrap()
+    }
+
+    fn state_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("state")
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // One step
+    // ----------------------------------------------------------------------------------------
+
+    async fn step(&mut self, step: usize) -> Result<(), String> {
+        self.stats.steps += 1;
+        self.arm_faults();
+        let ops = 1 + self.rng.index(5);
+        let mut tasks: Vec<(String, tokio::task::JoinHandle<Outcome>)> = Vec::new();
+        let mut busy_pods = BTreeSet::new();
+        for _ in 0..ops {
+            if let Some((what, task)) = self.operation(&mut busy_pods) {
+                tasks.push((what, task));
+            }
+        }
+        self.stats.operations += tasks.len() as u64;
+        let mut outcomes = Vec::new();
+        for (what, task) in tasks {
+            // Virtual time: a hang shows as this limit passing at once.
+            match tokio::time::timeout(Duration::from_secs(3600), task).await {
+                Ok(Ok(outcome)) => outcomes.push((what, outcome)),
+                Ok(Err(e)) => return Err(format!("{what}: the operation panicked: {e}")),
+                Err(_) => return Err(format!("{what}: the operation did not finish")),
+            }
+        }
+        let crashed = self.faults.crashed_at();
+        for (what, outcome) in outcomes {
+            self.log.push(format!("  {what} -> {}", outcome.summary()));
+            self.apply(outcome);
+        }
+        self.check_disk()
+            .map_err(|e| format!("after the operations: {e}"))?;
+        if let Some(point) = crashed {
+            self.stats.crashes += 1;
+            self.log.push(format!("  crashed at {point}"));
+            let wipe = self.rng.chance(25);
+            self.restart(wipe).await?;
+            self.check_disk()
+                .map_err(|e| format!("after the restart: {e}"))?;
+        } else if self.rng.chance(2) {
+            let wipe = self.rng.chance(50);
+            self.log.push(format!("  restart (state wiped: {wipe})"));
+            // A graceful stop: what is armed does not fire any more.
+            self.faults.disarm_all();
+            self.m().save_state().await.map_err(|e| e.to_string())?;
+            self.restart(wipe).await?;
+            self.check_disk()
+                .map_err(|e| format!("after the restart: {e}"))?;
+        }
+        if step % 10 == 9 {
+            self.settle().await.map_err(|e| format!("settling: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Faults for the coming step, drawn from the seed.
+    fn arm_faults(&mut self) {
+        if self.rng.chance(10) {
+            self.faults.disarm_all();
+            let mut rt = self.runtime.state.lock().unwrap();
+            rt.refuse.clear();
+            rt.report_failed.clear();
+            rt.fail_calls = 0;
+            self.log.push("  faults cleared".into());
+            return;
+        }
+        if self.rng.chance(12) {
+            let point = *self.rng.pick(DISK_POINTS).unwrap();
+            let fault = if self.rng.chance(50) {
+                Fault::Fail
+            } else {
+                Fault::Delay(Duration::from_millis(1 + self.rng.below(3000)))
+            };
+            let skip = self.rng.index(3);
+            self.faults.arm_after(point, skip, fault, Some(1));
+            self.stats.faults += 1;
+            self.log
+                .push(format!("  fault {fault:?} at {point} after {skip}"));
+        }
+        if self.rng.chance(8) {
+            let mut rt = self.runtime.state.lock().unwrap();
+            rt.fail_calls = 1 + self.rng.index(2);
+            self.stats.faults += 1;
+            self.log
+                .push(format!("  runtime fails the next {} calls", rt.fail_calls));
+        }
+        if self.rng.chance(6) {
+            let ids: Vec<String> = self.containers.keys().cloned().collect();
+            if let Some(id) = self.rng.pick(&ids) {
+                let mut rt = self.runtime.state.lock().unwrap();
+                if self.rng.chance(50) {
+                    rt.refuse.insert(id.clone());
+                    self.log.push(format!("  runtime refuses updates of {id}"));
+                } else {
+                    rt.report_failed.insert(id.clone());
+                    self.log
+                        .push(format!("  runtime reports {id}'s updates failed"));
+                }
+                self.stats.faults += 1;
+            }
+        }
+        if self.rng.chance(4) {
+            let point = if self.rng.chance(70) {
+                *self.rng.pick(CRASH_POINTS).unwrap()
+            } else {
+                *self.rng.pick(DISK_POINTS).unwrap()
+            };
+            let skip = self.rng.index(2);
+            self.faults.arm_after(point, skip, Fault::Crash, Some(1));
+            self.log
+                .push(format!("  crash armed at {point} after {skip}"));
+        }
+    }
+
+    /// Starts one operation, if there is one to start.
+    fn operation(
+        &mut self,
+        busy: &mut BTreeSet<String>,
+    ) -> Option<(String, tokio::task::JoinHandle<Outcome>)> {
+        let m = self.m();
+        let roll = self.rng.below(100);
+        // Pods whose claims the kubelet still has to prepare, pods ready to start, pods running.
+        let free = |p: &&Pod| !busy.contains(&p.uid);
+        let to_prepare: Vec<String> = self
+            .pods
+            .values()
+            .filter(free)
+            .filter(|p| !p.started && p.claims.iter().any(|c| !p.prepared.contains(c)))
+            .map(|p| p.uid.clone())
+            .collect();
+        let to_start: Vec<String> = self
+            .pods
+            .values()
+            .filter(free)
+            .filter(|p| !p.started && p.claims.iter().all(|c| p.prepared.contains(c)))
+            .map(|p| p.uid.clone())
+            .collect();
+        let running: Vec<String> = self
+            .pods
+            .values()
+            .filter(free)
+            .filter(|p| p.started)
+            .map(|p| p.uid.clone())
+            .collect();
+        let unpreparing: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(uid, c)| c.state == ClaimState::Unpreparing && !busy.contains(*uid))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+
+        if roll < 20 && self.pods.len() < 12 {
+            let pod = self.new_pod(busy);
+            busy.insert(pod.clone());
+            return self.prepare_or_start(&pod, m);
+        }
+        if roll < 40 && !to_prepare.is_empty() {
+            let pod = self.rng.pick(&to_prepare).unwrap().clone();
+            busy.insert(pod.clone());
+            return self.prepare_or_start(&pod, m);
+        }
+        if roll < 55 && !to_start.is_empty() {
+            let pod = self.rng.pick(&to_start).unwrap().clone();
+            busy.insert(pod.clone());
+            return self.prepare_or_start(&pod, m);
+        }
+        if roll < 70 && !running.is_empty() {
+            let pod = self.rng.pick(&running).unwrap().clone();
+            busy.insert(pod.clone());
+            return Some(self.stop(&pod, m));
+        }
+        if roll < 80 && !unpreparing.is_empty() {
+            let uid = self.rng.pick(&unpreparing).unwrap().clone();
+            busy.insert(uid.clone());
+            let refs = vec![self.claim_ref(&uid)];
+            return Some((
+                format!("retry unprepare {uid}"),
+                tokio::spawn(async move { unprepare(&m, &refs).await }),
+            ));
+        }
+        if roll < 88 {
+            let shared: Vec<Container> = self
+                .containers
+                .values()
+                .filter(|c| c.pod.qos == QosClass::Burstable && !busy.contains(&c.pod.uid))
+                .cloned()
+                .collect();
+            if let Some(c) = self.rng.pick(&shared).cloned() {
+                busy.insert(c.pod.uid.clone());
+                let milli = 100 + self.rng.below(1500);
+                let runtime = self.runtime.clone();
+                return Some((
+                    format!("resize {} to {milli}m", c.id),
+                    tokio::spawn(async move {
+                        let resources = Resources {
+                            cpu_request_milli: milli,
+                            ..c.resources
+                        };
+                        if let Ok(updates) = m.update_container(&c, &resources).await
+                            && !m_crashed(&m)
+                        {
+                            runtime.apply_reply(&updates);
+                        }
+                        Outcome::Nothing
+                    }),
+                ));
+            }
+        }
+        Some((
+            "background delivery".into(),
+            tokio::spawn(async move {
+                let _ = m.deliver().await;
+                Outcome::Nothing
+            }),
+        ))
+    }
+
+    fn new_pod(&mut self, busy: &BTreeSet<String>) -> String {
+        let uid = self.id("pod-");
+        let kind = match self.rng.below(10) {
+            0..=2 => Kind::Shared,
+            3..=4 => Kind::Exclusive(1 + self.rng.below(2)),
+            _ => Kind::Claims,
+        };
+        let mut claims = Vec::new();
+        if kind == Kind::Claims {
+            // Join a claim other pods share (none of them busy this step), or a claim of its
+            // own (sometimes two).
+            let joinable: Vec<String> = self
+                .claims
+                .iter()
+                .filter(|(c, model)| {
+                    model.state != ClaimState::Unpreparing
+                        && self
+                            .pods
+                            .values()
+                            .filter(|p| p.claims.contains(c))
+                            .all(|p| !busy.contains(&p.uid))
+                })
+                .map(|(c, _)| c.clone())
+                .collect();
+            if self.rng.chance(25) && !joinable.is_empty() {
+                claims.push(self.rng.pick(&joinable).unwrap().clone());
+            } else {
+                for _ in 0..1 + usize::from(self.rng.chance(20)) {
+                    let claim_uid = self.id("claim-");
+                    let node = *self.rng.pick(&NODES).unwrap();
+                    let cpus = 1 + self.rng.below(3);
+                    let mut claim = claim_on(&claim_uid, &uid, node, cpus);
+                    claim.reserved_for.clear();
+                    self.claims.insert(
+                        claim_uid.clone(),
+                        ClaimModel {
+                            claim,
+                            state: ClaimState::Unprepared,
+                            granted: None,
+                        },
+                    );
+                    claims.push(claim_uid);
+                }
+            }
+        }
+        for c in &claims {
+            let model = self.claims.get_mut(c).unwrap();
+            model.claim.reserved_for.push(uid.clone());
+            self.api.insert(model.claim.clone());
+        }
+        self.pods.insert(
+            uid.clone(),
+            Pod {
+                uid: uid.clone(),
+                kind,
+                claims,
+                prepared: BTreeSet::new(),
+                containers: Vec::new(),
+                started: false,
+            },
+        );
+        self.log.push(format!(
+            "  new pod {uid}: {kind:?} {:?}",
+            self.pods[&uid].claims
+        ));
+        uid
+    }
+
+    fn claim_ref(&self, uid: &str) -> ClaimRef {
+        let c = &self.claims[uid].claim;
+        ClaimRef::new(&c.namespace, &c.name, uid)
+    }
+
+    /// The kubelet's next move for a pod that has not started: prepare what is not prepared
+    /// (sometimes twice at once, as a retry overlapping the call in flight), or start it.
+    fn prepare_or_start(
+        &mut self,
+        pod: &str,
+        m: Arc<Manager>,
+    ) -> Option<(String, tokio::task::JoinHandle<Outcome>)> {
+        let p = self.pods[pod].clone();
+        let pending: Vec<ClaimRef> = p
+            .claims
+            .iter()
+            .filter(|c| !p.prepared.contains(*c))
+            .map(|c| self.claim_ref(c))
+            .collect();
+        if !pending.is_empty() {
+            let overlap = self.rng.chance(20);
+            let pod = pod.to_owned();
+            return Some((
+                format!(
+                    "prepare {pod} {:?}{}",
+                    pending.iter().map(|c| &c.uid).collect::<Vec<_>>(),
+                    if overlap { " twice at once" } else { "" }
+                ),
+                tokio::spawn(async move {
+                    let first = prepare(&m, &pending);
+                    let answers = if overlap {
+                        let (a, b) = tokio::join!(first, prepare(&m, &pending));
+                        // The kubelet takes whichever answer reaches it; both must be right.
+                        a.into_iter()
+                            .map(|(uid, ok)| {
+                                let other = b.get(&uid).copied().unwrap_or(false);
+                                (uid, ok || other)
+                            })
+                            .collect()
+                    } else {
+                        first.await
+                    };
+                    Outcome::Prepared { pod, answers }
+                }),
+            ));
+        }
+        // Start its containers, with what the runtime resolves from the claims' specs.
+        let mut containers = Vec::new();
+        for _ in 0..1 + self.rng.index(2) {
+            let id = self.id("ctr-");
+            containers.push(container(&id, &p));
+        }
+        let claims: Vec<String> = p.claims.clone();
+        let store = self.specs_dir();
+        let reports = self.reports_cdi_devices;
+        let faults = self.faults.clone();
+        let runtime = self.runtime.clone();
+        let pod = pod.to_owned();
+        Some((
+            format!("start {pod}"),
+            tokio::spawn(async move {
+                let mut started = Vec::new();
+                for mut c in containers {
+                    // The runtime resolves the CDI devices the kubelet names; a missing spec fails
+                    // the container before any NRI event.
+                    let mut resolved = true;
+                    for uid in &claims {
+                        match store.read_claim(uid) {
+                            Ok(edits) => {
+                                for (i, e) in edits.iter().enumerate() {
+                                    c.env.extend(e.env.iter().cloned());
+                                    if reports {
+                                        c.cdi_devices
+                                            .push(format!("{DRIVER}/device=claim-{uid}-{i}"));
+                                    }
+                                }
+                            }
+                            Err(_) => resolved = false,
+                        }
+                    }
+                    if !resolved {
+                        continue;
+                    }
+                    if let Ok(allocation) = m.create_container(&c).await
+                        && faults.crashed_at().is_none()
+                    {
+                        runtime.apply_reply(&allocation.updates);
+                        c.cpus = allocation.adjustment.cpus.clone();
+                        c.mems = allocation.adjustment.mems.clone();
+                        runtime.apply_reply(&[ContainerUpdate {
+                            container_id: c.id.clone(),
+                            cpus: c.cpus.clone(),
+                            mems: c.mems.clone(),
+                        }]);
+                        started.push(c);
+                    }
+                }
+                Outcome::Started {
+                    pod,
+                    containers: started,
+                }
+            }),
+        ))
+    }
+
+    /// The pod ends: its containers stop and are removed, then the kubelet unprepares the
+    /// claims no other pod uses.
+    fn stop(&mut self, pod: &str, m: Arc<Manager>) -> (String, tokio::task::JoinHandle<Outcome>) {
+        let p = self.pods[pod].clone();
+        let containers: Vec<Container> = p
+            .containers
+            .iter()
+            .filter_map(|id| self.containers.get(id).cloned())
+            .collect();
+        let mut last_users = Vec::new();
+        for uid in &p.claims {
+            let others = self
+                .pods
+                .values()
+                .any(|o| o.uid != p.uid && o.claims.contains(uid));
+            if !others {
+                last_users.push(self.claim_ref(uid));
+            }
+        }
+        let faults = self.faults.clone();
+        let runtime = self.runtime.clone();
+        let pod = pod.to_owned();
+        let remove_first = self.rng.chance(20);
+        (
+            format!(
+                "stop {pod}, unprepare {:?}",
+                last_users.iter().map(|c| &c.uid).collect::<Vec<_>>()
+            ),
+            tokio::spawn(async move {
+                for c in &containers {
+                    if remove_first {
+                        // Stopped without a StopContainer reaching us.
+                        m.remove_container(c).await;
+                    } else {
+                        let updates = m.stop_container(c).await;
+                        if faults.crashed_at().is_none() {
+                            runtime.apply_reply(&updates);
+                        }
+                        m.remove_container(c).await;
+                    }
+                }
+                runtime
+                    .state
+                    .lock()
+                    .unwrap()
+                    .cpus
+                    .retain(|id, _| !containers.iter().any(|c| &c.id == id));
+                let unprepared = if last_users.is_empty() {
+                    None
+                } else {
+                    match unprepare(&m, &last_users).await {
+                        Outcome::Unprepared { answers } => Some(answers),
+                        _ => None,
+                    }
+                };
+                Outcome::Stopped { pod, unprepared }
+            }),
+        )
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Outcomes
+    // ----------------------------------------------------------------------------------------
+
+    fn apply(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Prepared { pod, answers } => {
+                for (uid, ok) in answers {
+                    if ok {
+                        self.stats.prepares_ok += 1;
+                        if let Some(p) = self.pods.get_mut(&pod) {
+                            p.prepared.insert(uid.clone());
+                        }
+                        let granted = self.spec_cpus(&uid);
+                        let model = self.claims.get_mut(&uid).unwrap();
+                        if model.state == ClaimState::Unprepared {
+                            model.state = ClaimState::Prepared;
+                            model.granted = granted;
+                        }
+                    } else {
+                        self.stats.prepares_failed += 1;
+                    }
+                }
+            }
+            Outcome::Started { pod, containers } => {
+                self.stats.containers_started += containers.len() as u64;
+                let p = self.pods.get_mut(&pod).unwrap();
+                p.started = true;
+                for c in containers {
+                    p.containers.push(c.id.clone());
+                    self.containers.insert(c.id.clone(), c);
+                }
+            }
+            Outcome::Stopped { pod, unprepared } => {
+                let p = self.pods.remove(&pod).unwrap();
+                for id in &p.containers {
+                    self.containers.remove(id);
+                }
+                for uid in &p.claims {
+                    let others = self.pods.values().any(|o| o.claims.contains(uid));
+                    if !others {
+                        // The kubelet unprepares it until that answers OK: the answer is
+                        // applied by the Unprepared outcome below.
+                        if let Some(model) = self.claims.get_mut(uid) {
+                            model.state = ClaimState::Unpreparing;
+                        }
+                    }
+                }
+                if let Some(answers) = unprepared {
+                    self.apply(Outcome::Unprepared { answers });
+                }
+            }
+            Outcome::Unprepared { answers } => {
+                for (uid, ok) in answers {
+                    if ok {
+                        self.stats.unprepares_ok += 1;
+                        self.claims.remove(&uid);
+                    } else {
+                        self.stats.unprepares_failed += 1;
+                    }
+                }
+            }
+            Outcome::Nothing => {}
+        }
+    }
+
+    /// The CPUs a claim's spec on disk grants.
+    fn spec_cpus(&self, uid: &str) -> Option<CpuSet> {
+        let edits = self.specs_dir().read_claim(uid).ok()?;
+        let name = format!("DRA_CPUSET_{uid}=");
+        let mut cpus = CpuSet::new();
+        for e in edits {
+            let v = e.env.iter().find_map(|v| v.strip_prefix(&name))?;
+            cpus = cpus.union(&v.parse().ok()?);
+        }
+        Some(cpus)
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Restarts
+    // ----------------------------------------------------------------------------------------
+
+    /// The agent starts again over the same directories (the state directory wiped if asked),
+    /// and synchronizes with what the runtime runs.
+    async fn restart(&mut self, wipe: bool) -> Result<(), String> {
+        self.stats.restarts += 1;
+        // Every task of the old agent has finished; it goes, and its lock with it.
+        let old = self.manager.take().ok_or("no agent to restart")?;
+        if Arc::strong_count(&old) != 1 {
+            return Err("the old manager is still referenced".into());
+        }
+        drop(old);
+        if wipe {
+            self.stats.wiped_restarts += 1;
+            std::fs::remove_dir_all(self.state_dir()).map_err(|e| e.to_string())?;
+        }
+        self.faults = fresh_faults();
+        self.policy = Shared::new(&self.exclusivity);
+        let manager = start_manager(
+            self.dir.path(),
+            self.policy.clone(),
+            &self.faults,
+            self.runtime.clone(),
+            self.api.clone(),
+            &self.shared_rng,
+        )
+        .map_err(|e| format!("restarting: {}", resmgr::errors::chain(&e)))?;
+        self.manager = Some(Arc::new(manager));
+        let running: Vec<Container> = self
+            .containers
+            .values()
+            .map(|c| Container {
+                cpus: self.runtime.cpus(&c.id).and_then(|s| s.parse().ok()),
+                ..c.clone()
+            })
+            .collect();
+        let updates = self
+            .m()
+            .synchronize(&running)
+            .await
+            .map_err(|e| format!("synchronizing: {}", resmgr::errors::chain(&e)))?;
+        self.runtime.apply_reply(&updates);
+        self.m().synchronized().await;
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Invariants
+    // ----------------------------------------------------------------------------------------
+
+    /// What is on disk, and what the kubelet was told: invariants 1 to 3.
+    fn check_disk(&self) -> Result<(), String> {
+        let state = saved_state(&self.state_dir())?;
+        let accounted: BTreeSet<String> = state.keys().cloned().collect();
+        let specs: Vec<String> = self
+            .specs_dir()
+            .claims()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|u| u.to_string())
+            .collect();
+        // 1. Every spec belongs to a claim the committed state accounts for.
+        for uid in &specs {
+            if !accounted.contains(uid) {
+                return Err(format!(
+                    "the spec of {uid} is on disk, the state accounts for {accounted:?}"
+                ));
+            }
+        }
+        // 2. No CPU in two claims, or in a claim and an exclusive container: among the claims
+        // on disk, among the claims the policy holds now, and between the claims granted by a
+        // spec or held now and what exclusive containers run on. (A claim on disk whose
+        // rollback could not be saved is accounted without a spec, granting nothing: its CPUs
+        // may be given to others until the next save.)
+        disjoint("on disk", &state)?;
+        let (now, exclusive) = {
+            let policy = self.policy.get();
+            let now: BTreeMap<String, CpuSet> = policy
+                .claims()
+                .into_iter()
+                .filter_map(|uid| Some((uid.clone(), policy.claim_cpus(&uid)?)))
+                .collect();
+            let exclusive: BTreeMap<String, CpuSet> = self
+                .containers
+                .values()
+                .filter_map(|c| policy.placement(&c.id).map(|p| (c.id.clone(), p)))
+                .filter(|(_, p)| {
+                    matches!(p.grant, Grant::Exclusive { .. } | Grant::Isolated { .. })
+                })
+                .map(|(id, p)| (id, p.cpus))
+                .collect();
+            (now, exclusive)
+        };
+        disjoint("held now", &now)?;
+        let granted = state
+            .iter()
+            .filter(|(uid, _)| specs.contains(uid))
+            .chain(&now)
+            .fold(CpuSet::new(), |all, (_, cpus)| all.union(cpus));
+        for c in self.containers.values() {
+            if !exclusive.contains_key(&c.id) {
+                continue;
+            }
+            let on: CpuSet = self
+                .runtime
+                .cpus(&c.id)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_default();
+            let placed = exclusive.get(&c.id).cloned().unwrap_or_default();
+            if on.intersects(&granted) || placed.intersects(&granted) {
+                return Err(format!(
+                    "exclusive container {} runs on {on} (placed on {placed}), claims are granted {granted}",
+                    c.id
+                ));
+            }
+        }
+        // 3. Every claim answered OK is held, with its CPUs and its spec, until unprepared.
+        for (uid, model) in &self.claims {
+            if model.state != ClaimState::Prepared {
+                continue;
+            }
+            let Some(cpus) = state.get(uid) else {
+                return Err(format!(
+                    "claim {uid} answered OK but the state does not hold it"
+                ));
+            };
+            if Some(cpus) != model.granted.as_ref() {
+                return Err(format!(
+                    "claim {uid} answered OK with {:?}, the state holds {cpus}",
+                    model.granted
+                ));
+            }
+            if !specs.contains(uid) {
+                return Err(format!("claim {uid} answered OK but its spec is gone"));
+            }
+            // 3b. ... and nothing else runs on its CPUs: the containers its allocation moved off
+            // them had moved before the spec granted them.
+            for c in self.containers.values() {
+                let uses = self
+                    .pods
+                    .get(&c.pod.uid)
+                    .is_some_and(|p| p.claims.contains(uid));
+                let on: CpuSet = self
+                    .runtime
+                    .cpus(&c.id)
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or_default();
+                if !uses && on.intersects(cpus) {
+                    let placed = self.policy.get().placement(&c.id);
+                    return Err(format!(
+                        "container {} runs on {on}, claim {uid} answered OK holds {cpus} (the policy placed it: {placed:?})",
+                        c.id
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Invariant 4: with the faults cleared, every pending update is delivered, and every
+    /// running container runs where the policy placed it (and no shared container on a claim's
+    /// CPUs).
+    async fn settle(&mut self) -> Result<(), String> {
+        self.faults.disarm_all();
+        {
+            let mut rt = self.runtime.state.lock().unwrap();
+            rt.refuse.clear();
+            rt.report_failed.clear();
+            rt.fail_calls = 0;
+        }
+        let _ = self.m().deliver().await;
+        if let Err(e) = self.m().deliver().await {
+            return Err(format!("with no faults, a delivery failed: {e}"));
+        }
+        let pending = self.m().pending_updates().await;
+        if pending != 0 {
+            return Err(format!("{pending} updates still pending with no faults"));
+        }
+        let policy = self.policy.get();
+        let claimed: CpuSet = policy
+            .claims()
+            .iter()
+            .filter_map(|uid| policy.claim_cpus(uid))
+            .fold(CpuSet::new(), |a, c| a.union(&c));
+        for c in self.containers.values() {
+            let want = policy
+                .placement(&c.id)
+                .ok_or_else(|| format!("running container {} is not placed", c.id))?
+                .cpus;
+            let on = self.runtime.cpus(&c.id);
+            if on.as_deref() != Some(want.to_string().as_str()) {
+                return Err(format!(
+                    "container {} runs on {on:?}, the policy placed it on {want}",
+                    c.id
+                ));
+            }
+            let uses_a_claim = self
+                .pods
+                .get(&c.pod.uid)
+                .is_some_and(|p| !p.claims.is_empty());
+            if !uses_a_claim && want.intersects(&claimed) {
+                return Err(format!(
+                    "container {} shares {want} with the claims' {claimed}",
+                    c.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Invariant 5: every pod ends, every claim is unprepared, faults cleared; then nothing is
+    /// left.
+    async fn wind_down(&mut self) -> Result<(), String> {
+        self.faults.disarm_all();
+        self.settle().await?;
+        let pods: Vec<String> = self.pods.keys().cloned().collect();
+        for pod in pods {
+            let m = self.m();
+            let (_, task) = self.stop(&pod, m);
+            let outcome = task.await.map_err(|e| e.to_string())?;
+            self.apply(outcome);
+        }
+        // Every claim the kubelet ever tried to prepare is in its checkpoint, and unprepared.
+        let all: Vec<ClaimRef> = self.claims.keys().map(|uid| self.claim_ref(uid)).collect();
+        let answers = unprepare(&self.m(), &all).await;
+        if let Outcome::Unprepared { answers } = &answers
+            && let Some((uid, _)) = answers.iter().find(|(_, ok)| !**ok)
+        {
+            return Err(format!("unprepare of {uid} failed with no faults"));
+        }
+        self.apply(answers);
+        self.check_disk()?;
+        self.settle().await?;
+        let state = saved_state(&self.state_dir())?;
+        let specs = self.specs_dir().claims().map_err(|e| e.to_string())?;
+        if !state.is_empty() || !specs.is_empty() {
+            return Err(format!("left behind: claims {state:?}, specs {specs:?}"));
+        }
+        let inventory = self.policy.get().inventory();
+        let all: CpuSet = ALL_CPUS.parse().unwrap();
+        let reserved: CpuSet = RESERVED.parse().unwrap();
+        if inventory.shared != all.difference(&reserved) {
+            return Err(format!(
+                "with nothing running, the shared cpus are {}, not {}",
+                inventory.shared,
+                all.difference(&reserved)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Fails if two of `claims` share a CPU.
+fn disjoint(what: &str, claims: &BTreeMap<String, CpuSet>) -> Result<(), String> {
+    let mut seen = CpuSet::new();
+    for (uid, cpus) in claims {
+        if seen.intersects(cpus) {
+            return Err(format!(
+                "{what}: claim {uid}'s cpus {cpus} are in another claim too: {claims:?}"
+            ));
+        }
+        seen = seen.union(cpus);
+    }
+    Ok(())
+}
+
+/// The claims a state file accounts for, with their CPUs, from the policy's snapshot (and the
+/// manager's records must name the same claims).
+fn saved_state(state_dir: &std::path::Path) -> Result<BTreeMap<String, CpuSet>, String> {
+    let bytes = match std::fs::read(state_dir.join("state.json")) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => return Err(format!("reading the state: {e}")),
+    };
+    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let records: BTreeSet<String> = v["claims"]
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut held = BTreeMap::new();
+    for claim in v["policy_state"]["claims"].as_array().into_iter().flatten() {
+        let uid = claim["uid"].as_str().unwrap_or_default().to_owned();
+        let mut cpus = CpuSet::new();
+        for r in claim["results"].as_array().into_iter().flatten() {
+            let c: CpuSet = r["cpus"]
+                .as_str()
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e| format!("{e:?}"))?;
+            cpus = cpus.union(&c);
+        }
+        held.insert(uid, cpus);
+    }
+    let policy: BTreeSet<String> = held.keys().cloned().collect();
+    if policy != records {
+        return Err(format!(
+            "the state's records name {records:?}, its policy state {policy:?}"
+        ));
+    }
+    Ok(held)
+}
+
+async fn prepare(m: &Manager, claims: &[ClaimRef]) -> BTreeMap<String, bool> {
+    match m.prepare(claims).await {
+        Ok(answers) => answers
+            .into_iter()
+            .map(|(uid, a)| (uid, a.is_ok() && !m_crashed(m)))
+            .collect(),
+        Err(_) => claims.iter().map(|c| (c.uid.clone(), false)).collect(),
+    }
+}
+
+async fn unprepare(m: &Manager, claims: &[ClaimRef]) -> Outcome {
+    let answers = match m.unprepare(claims).await {
+        Ok(answers) => answers
+            .into_iter()
+            .map(|(uid, a)| (uid, a.is_ok() && !m_crashed(m)))
+            .collect(),
+        Err(_) => claims.iter().map(|c| (c.uid.clone(), false)).collect(),
+    };
+    Outcome::Unprepared { answers }
+}
+
+/// Whether the manager had crashed when an answer came back: the kubelet never got it.
+fn m_crashed(m: &Manager) -> bool {
+    m.config().faults.crashed_at().is_some()
+}
+
+// ============================================================================================
+// The runs
+// ============================================================================================
+
+/// One seed: its steps, then the wind-down. The error names the step.
+fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut world = World::new(seed).await;
+        for step in 0..steps {
+            world.log.push(format!("step {step}:"));
+            if let Err(e) = world.step(step).await {
+                let tail: Vec<&String> = world.log.iter().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
+                return Err(format!(
+                    "seed {seed}, step {step}: {e}\nthe last steps:\n{}",
+                    tail.join("\n")
+                ));
+            }
+        }
+        world.log.push("wind-down:".into());
+        if let Err(e) = world.wind_down().await {
+            let tail: Vec<&String> = world.log.iter().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
+            return Err(format!(
+                "seed {seed}, wind-down after {steps} steps: {e}\nthe last steps:\n{}",
+                tail.join("\n")
+            ));
+        }
+        Ok(world.stats)
+    })
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|e| panic!("{name}={v:?} is not a number: {e}"))
+    })
+}
+
+#[test]
+fn random_concurrent_calls_events_and_faults_keep_the_lifecycles_invariants() {
+    let steps = env_u64("RESMGR_STEPS").map_or(STEPS, |s| usize::try_from(s).unwrap());
+    let soak = env_u64("RESMGR_SOAK_SECONDS").map(Duration::from_secs);
+    let only = env_u64("RESMGR_SEED");
+    let first = env_u64("RESMGR_FIRST_SEED").unwrap_or(0);
+    let started = Instant::now();
+    let mut total = Stats::default();
+    let mut seeds = 0;
+    let mut seed = only.unwrap_or(first);
+    loop {
+        let result = std::panic::catch_unwind(|| run_seed(seed, steps));
+        match result {
+            Ok(Ok(stats)) => total.add(&stats),
+            Ok(Err(failure)) => panic!(
+                "{failure}\nreproduce with: RESMGR_SEED={seed} RESMGR_STEPS={steps} cargo test -p integration-tests --test random_lifecycle -- --nocapture"
+            ),
+            Err(_) => panic!(
+                "seed {seed} panicked (see above)\nreproduce with: RESMGR_SEED={seed} RESMGR_STEPS={steps} cargo test -p integration-tests --test random_lifecycle -- --nocapture"
+            ),
+        }
+        seeds += 1;
+        seed += 1;
+        let done = match (only, soak) {
+            (Some(_), _) => true,
+            (None, Some(budget)) => started.elapsed() >= budget,
+            (None, None) => seed >= first + SEEDS,
+        };
+        if done {
+            break;
+        }
+    }
+    eprintln!(
+        "random lifecycle: {seeds} seeds ({}..{seed}), {steps} steps each, in {:.1?}: {total:?}",
+        only.unwrap_or(first),
+        started.elapsed()
+    );
+    assert!(
+        total.prepares_ok > 0 && total.unprepares_ok > 0,
+        "the run exercised nothing: {total:?}"
+    );
+}
