@@ -61,15 +61,18 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Build the container image from deploy/Containerfile (needs podman, buildah, nerdctl or a
-    /// Docker daemon).
+    /// Build the agent's OCI image archive into dist/ without a container engine: the stripped
+    /// release binary and the shared libraries it loads, from Debian's packages.
     Image {
-        /// The engine to use (default: the first usable of podman, docker, buildah, nerdctl).
+        /// Ship this binary instead of building the release binary.
         #[arg(long)]
-        engine: Option<String>,
+        binary: Option<PathBuf>,
         /// The image tag (default: the workspace version).
         #[arg(long)]
         tag: Option<String>,
+        /// Output directory (default: dist/ at the repository root).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Run every benchmark of the workspace and the conformance module; print one summary table.
     Bench,
@@ -92,7 +95,9 @@ fn main() -> anyhow::Result<()> {
             release::release(&root, out.as_deref(), binary.as_deref())
         }
         Command::Manifests { check } => manifests::run(&root, check),
-        Command::Image { engine, tag } => image::run(&root, engine.as_deref(), tag.as_deref()),
+        Command::Image { binary, tag, out } => {
+            image::run(&root, binary.as_deref(), tag.as_deref(), out.as_deref())
+        }
         Command::Bench => bench::run(&root),
         Command::E2e(args) => e2e::run(&root, &args),
         Command::Soak(args) => soak::run(&root, &args),

@@ -152,8 +152,15 @@ impl Layer {
         Ok(Self {
             blob,
             diff_id,
-            created_by: format!("the tree of {}", dir.display()),
+            // Not the directory's path: a temporary directory's name would change the digest.
+            created_by: "a directory tree".to_owned(),
         })
+    }
+
+    /// The layer with `created_by` as its history entry (what it holds).
+    pub fn described(mut self, created_by: &str) -> Self {
+        created_by.clone_into(&mut self.created_by);
+        self
     }
 
     /// The digest of the uncompressed tar stream (what the configuration lists).
@@ -519,6 +526,10 @@ impl Image {
             .map_err(write_err)?
             .into_inner()
             .map_err(|e| write_err(e.into_error()))?;
+        // Readable by all, as any other build output (a temporary file starts 0600).
+        tmp.as_file()
+            .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .map_err(write_err)?;
         tmp.as_file().sync_all().map_err(write_err)?;
         tmp.persist(path).map_err(|e| write_err(e.error))?;
         Ok(Written {
@@ -734,6 +745,13 @@ mod tests {
             docker[0]["Config"],
             format!("blobs/sha256/{}", written.config.hex())
         );
+
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o644,
+            "readable by all"
+        );
+        assert_eq!(config["history"][0]["created_by"], "a directory tree");
 
         // Written again: byte for byte the same.
         let again = out.path().join("again.tar");

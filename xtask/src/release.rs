@@ -140,7 +140,7 @@ pub fn demo(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn build_release(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn build_release(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
     util::run(util::cargo().current_dir(root).args([
         "build",
         "--locked",
