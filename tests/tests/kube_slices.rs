@@ -10,8 +10,8 @@ use integration_tests::fake_apiserver::FakeApiServer;
 use k8s_openapi::api::resource::{v1, v1beta1};
 use policy::{AttributeValue, Capacity, Device, Quantity};
 use resmgr::kube::{
-    DevicePublisher, NodeAllocatableCpu, PublishError, PublisherConfig, ResourceApiVersions,
-    RetryPolicy, SlicePublisher, slices::validate::validate_slice_spec,
+    DevicePublisher, NodeAllocatableCpu, PublishError, PublishStatus, PublisherConfig,
+    ResourceApiVersions, RetryPolicy, SlicePublisher, slices::validate::validate_slice_spec,
 };
 use serde_json::{Value, json};
 
@@ -153,6 +153,13 @@ async fn publishes_one_pool_in_slices_of_128_owned_by_the_node() {
             report.deleted
         ),
         (3, 3, 0, 0)
+    );
+    assert_eq!(
+        publisher.status(),
+        PublishStatus {
+            in_sync: true,
+            failures: 0
+        }
     );
 
     let slices = server.slices();
@@ -473,6 +480,13 @@ async fn a_failed_publication_is_retried_in_the_background() {
         "{error}"
     );
     assert!(server.slices().is_empty());
+    assert_eq!(
+        publisher.status(),
+        PublishStatus {
+            in_sync: false,
+            failures: 1
+        }
+    );
     let _maintained = maintain(&publisher);
     server
         .wait_for_slices("the retried publication", |s| {

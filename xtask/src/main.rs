@@ -8,6 +8,7 @@
 mod bench;
 mod codegen;
 mod controlplane;
+mod docs;
 mod e2e;
 mod image;
 mod manifests;
@@ -40,6 +41,12 @@ enum Command {
     /// Regenerate the protocol code from the .proto files (pure Rust, no protoc).
     Codegen {
         /// Fail if the committed generated code differs from what the .proto files produce.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Regenerate docs/configuration.md and docs/metrics.md from the agent's code.
+    Docs {
+        /// Fail if the committed documents differ from what the code generates.
         #[arg(long)]
         check: bool,
     },
@@ -90,6 +97,7 @@ fn main() -> anyhow::Result<()> {
         Command::Test => test::run(&root),
         Command::Demo => release::demo(&root),
         Command::Codegen { check } => codegen::run(&root, check),
+        Command::Docs { check } => docs::run(&root, check),
         Command::Build => release::build(&root),
         Command::Release { out, binary } => {
             release::release(&root, out.as_deref(), binary.as_deref())

@@ -2,7 +2,7 @@
 //!
 //! 1. system packages (installed when missing);
 //! 2. `cargo fmt --check`;
-//! 3. the codegen check;
+//! 3. the codegen check and the generated documents' check;
 //! 4. clippy with `-D warnings` over all targets;
 //! 5. `cargo test --workspace`, which includes the tidy tests;
 //! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{codegen, controlplane, e2e, sysdeps, util};
+use crate::{codegen, controlplane, docs, e2e, sysdeps, util};
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
     sysdeps::ensure()?;
@@ -32,6 +32,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .args(["fmt", "--all", "--", "--check"]),
     )?;
     codegen::run(root, true)?;
+    docs::run(root, true)?;
     util::run(util::cargo().current_dir(root).args([
         "clippy",
         "--workspace",

@@ -1,9 +1,13 @@
-//! `resmgr run`'s configuration: command-line flags and an optional YAML file with the same keys.
+//! `resmgr run`'s configuration: command-line flags and a YAML file with the same keys.
 //!
-//! Every setting is a flag (`--reserved-cpus`) and a key of the file (`reserved-cpus`); a flag
-//! given on the command line wins over the file, the file over the default. Values are checked
-//! here, before anything starts, and a bad one is refused with a message naming where it came
-//! from (the flag, or the file, key and line), the value, and what is allowed.
+//! The settings themselves, their defaults and their documentation are listed once in
+//! [`crate::settings`]; this module turns flags, the file and those defaults into a checked
+//! [`RunConfig`]. Every setting is a flag (`--reserved-cpus`) and a key of the file
+//! (`reserved-cpus`); a flag given on the command line wins over the file, the file over the
+//! default. The file starts with an `apiVersion`/`kind` header, so that its format can evolve,
+//! and a key the agent does not know is refused by name, so a typo cannot go unnoticed. Values
+//! are checked here, before anything starts, and a bad one is refused with a message naming
+//! where it came from (the flag, or the file, line and key), the value, and what is allowed.
 
 use std::{
     collections::BTreeMap,
@@ -12,198 +16,236 @@ use std::{
 };
 
 use policy::{
-    TopologySource,
+    CpuSet, TopologySource,
     topology_aware::{DeviceModel, Exclusivity, ReservedCpus},
 };
-use resmgr::kubelet_plugin::names::dns_subdomain;
 
-use crate::values::{self, Format};
+use resmgr::kubelet_plugin::names::{dns_label, dns_subdomain};
 
-/// The NRI socket containerd and CRI-O listen on.
-pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
-/// The DRA driver name, also the CDI vendor.
+use crate::{
+    settings::{self, API_VERSION, DefaultValue, KIND, SETTINGS, Shape},
+    values::{self, Format},
+};
+
+/// The DRA driver name, also the CDI vendor (the default of `driver-name`).
 pub const DEFAULT_DRIVER: &str = "topology-aware.resmgr.io";
 
-/// `resmgr run`'s flags, as given (all optional: the file and defaults fill in).
-#[derive(Debug, Default, Clone, clap::Args)]
+/// `resmgr run`'s flags, as given (all optional: the file and defaults fill in). The flags
+/// other than `--config` and `--print-config` come from [`SETTINGS`].
+#[derive(Debug, Default, Clone)]
 pub struct RunFlags {
-    /// A YAML file whose keys are these flags' names without `--`; flags win over it.
-    #[arg(long, value_name = "FILE")]
+    /// The config file.
     pub config: Option<PathBuf>,
-    /// Print the effective configuration as JSON and exit, without starting anything.
-    #[arg(long)]
+    /// Print the resolved configuration and exit.
     pub print_config: bool,
-    /// This node's name [default: $NODE_NAME].
-    #[arg(long)]
-    pub node_name: Option<String>,
-    /// The DRA driver name (also the CDI vendor) [default: topology-aware.resmgr.io].
-    #[arg(long)]
-    pub driver_name: Option<String>,
-    /// The runtime's NRI socket [default: /var/run/nri/nri.sock].
-    #[arg(long, value_name = "PATH")]
-    pub nri_socket: Option<String>,
-    /// Our NRI plugin index, two digits; plugins are called in index order [default: 90].
-    #[arg(long, value_name = "NN")]
-    pub nri_plugin_index: Option<String>,
-    /// The kubelet's plugin directory [default: /var/lib/kubelet/plugins].
-    #[arg(long, value_name = "DIR")]
-    pub kubelet_plugins_dir: Option<String>,
-    /// The kubelet's plugin registry [default: /var/lib/kubelet/plugins_registry].
-    #[arg(long, value_name = "DIR")]
-    pub kubelet_registry_dir: Option<String>,
-    /// Where CDI specs are written [default: /var/run/cdi].
-    #[arg(long, value_name = "DIR")]
-    pub cdi_dir: Option<String>,
-    /// Where the durable state lives [default: /var/lib/resmgr].
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<String>,
-    /// A kubeconfig file; without one, the pod's service account is used.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<String>,
-    /// `live`, `synthetic:<description>` or `xml:<file>` [default: live].
-    #[arg(long)]
-    pub topology: Option<String>,
-    /// CPUs for system pods: a count (`2`) or a cpuset (`0-1`) [default: 1].
-    #[arg(long, value_name = "COUNT|CPUSET")]
-    pub reserved_cpus: Option<String>,
-    /// Address of /metrics, /healthz, /readyz and /debug/state [default: 127.0.0.1:8891].
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics_addr: Option<String>,
-    /// `text` or `json` [default: text].
-    #[arg(long, value_name = "FORMAT")]
-    pub log_format: Option<String>,
-    /// `true` to map each device's `cpu` capacity to the node's allocatable cpu in the
-    /// published ResourceSlices (needs DRANodeAllocatableResources, Kubernetes 1.36) [default: false].
-    #[arg(long, value_name = "BOOL")]
-    pub node_allocatable_cpu: Option<String>,
-    /// Who gets CPUs of their own: `claims` (DRA claims only; Guaranteed pods without one share),
-    /// `partition` (claims get --claim-cpus, Guaranteed pods exclusive CPUs from the rest) or
-    /// `pods` (Guaranteed pods, as nri-plugins; no devices published) [default: claims].
-    #[arg(long, value_name = "MODE")]
-    pub cpu_exclusivity: Option<String>,
-    /// With `--cpu-exclusivity partition`: the CPUs published for claims, a count (`8`) or a
-    /// cpuset (`8-15`).
-    #[arg(long, value_name = "COUNT|CPUSET")]
-    pub claim_cpus: Option<String>,
-    /// `grouped` (one device per NUMA node or socket with consumable capacity `cpu`; needs
-    /// DRAConsumableCapacity) or `individual` (one device per CPU; any cluster with DRA)
-    /// [default: grouped].
-    #[arg(long, value_name = "MODE")]
-    pub device_mode: Option<String>,
-    /// What a grouped device stands for: `numa` or `socket` [default: numa].
-    #[arg(long, value_name = "GROUP")]
-    pub group_by: Option<String>,
-    /// The smallest amount a claim gets: `cpu` (a hardware thread) or `core` (whole cores only,
-    /// which the scheduler then accounts for) [default: cpu].
-    #[arg(long, value_name = "UNIT")]
-    pub claim_granularity: Option<String>,
+    /// The settings given as flags, by key.
+    pub values: BTreeMap<&'static str, String>,
 }
 
-/// The keys of the config file, which are the flags' names.
-pub const KEYS: [&str; 19] = [
-    "node-name",
-    "driver-name",
-    "nri-socket",
-    "nri-plugin-index",
-    "kubelet-plugins-dir",
-    "kubelet-registry-dir",
-    "cdi-dir",
-    "state-dir",
-    "kubeconfig",
-    "topology",
-    "reserved-cpus",
-    "metrics-addr",
-    "log-format",
-    "node-allocatable-cpu",
-    "cpu-exclusivity",
-    "claim-cpus",
-    "device-mode",
-    "group-by",
-    "claim-granularity",
-];
+impl RunFlags {
+    /// Sets a flag, as if given on the command line (for tests and callers that build flags).
+    #[cfg(test)]
+    pub fn with(mut self, key: &'static str, value: &str) -> Self {
+        assert!(settings::find(key).is_some(), "no setting {key}");
+        self.values.insert(key, value.to_owned());
+        self
+    }
+}
+
+impl clap::FromArgMatches for RunFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut values = BTreeMap::new();
+        for s in SETTINGS {
+            if let Some(v) = matches.get_one::<String>(s.key) {
+                values.insert(s.key, v.clone());
+            }
+        }
+        Ok(Self {
+            config: matches.get_one::<PathBuf>("config").cloned(),
+            print_config: matches.get_flag("print-config"),
+            values,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for RunFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        let cmd = cmd
+            .arg(
+                clap::Arg::new("config")
+                    .long("config")
+                    .value_name("FILE")
+                    .value_parser(clap::value_parser!(PathBuf))
+                    .help(
+                        "A YAML file setting any of the flags below by name (without `--`); \
+                         flags win over it. `resmgr config --print-defaults` prints one",
+                    ),
+            )
+            .arg(
+                clap::Arg::new("print-config")
+                    .long("print-config")
+                    .action(clap::ArgAction::SetTrue)
+                    .help(
+                        "Print the resolved configuration as a config file and exit, without \
+                         starting anything",
+                    ),
+            );
+        SETTINGS.iter().fold(cmd, |cmd, s| {
+            cmd.arg(
+                clap::Arg::new(s.key)
+                    .long(s.key)
+                    .value_name(s.value_name)
+                    .help(s.help())
+                    .help_heading(s.section.title()),
+            )
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
 
 /// The checked configuration of `resmgr run`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunConfig {
-    pub node_name: String,
+    /// Unset only when `dra` is off.
+    pub node_name: Option<String>,
+    pub dra: bool,
     pub driver_name: String,
     pub nri_socket: PathBuf,
     pub nri_plugin_index: String,
     pub kubelet_plugins_dir: PathBuf,
     pub kubelet_registry_dir: PathBuf,
     pub cdi_dir: PathBuf,
-    pub state_dir: PathBuf,
     pub kubeconfig: Option<PathBuf>,
-    #[serde(serialize_with = "show_topology")]
-    pub topology: TopologySource,
-    #[serde(serialize_with = "show_reserved")]
-    pub reserved_cpus: ReservedCpus,
-    pub metrics_addr: SocketAddr,
-    #[serde(serialize_with = "show_format")]
-    pub log_format: Format,
     pub node_allocatable_cpu: bool,
-    #[serde(flatten, serialize_with = "show_policy")]
+    pub topology: TopologySource,
+    pub reserved_cpus: ReservedCpus,
+    pub reserved_namespaces: Vec<String>,
+    /// `cpu-exclusivity` with `claim-cpus`, and `device-mode`, `group-by`, `claim-granularity`.
     pub policy: (Exclusivity, DeviceModel),
+    pub state_dir: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub log_format: Format,
+    pub log_level: String,
+    /// Where each setting came from, for messages about values checked later (at start-up).
+    origins: BTreeMap<&'static str, String>,
 }
 
-fn show_policy<S: serde::Serializer>(
-    (exclusivity, devices): &(Exclusivity, DeviceModel),
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeMap as _;
-    let values = values::show_policy_settings(exclusivity, devices);
-    let keys = [
-        "cpu_exclusivity",
-        "claim_cpus",
-        "device_mode",
-        "group_by",
-        "claim_granularity",
-    ];
-    let mut map = s.serialize_map(Some(keys.len()))?;
-    for (key, value) in keys.iter().zip(&values) {
-        map.serialize_entry(key, value)?;
+impl RunConfig {
+    /// Where `key`'s value came from: `--key`, `config file F: line N: key`, or its default.
+    pub fn origin(&self, key: &str) -> String {
+        self.origins
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| format!("--{key}"))
     }
-    map.end()
+
+    /// Every setting with its value, in [`SETTINGS`] order (`null` for unset ones).
+    pub fn values(&self) -> Vec<(&'static str, serde_json::Value)> {
+        use serde_json::{Value, json};
+        let path = |p: &Path| Value::String(p.display().to_string());
+        let (set, count) = match &self.reserved_cpus {
+            ReservedCpus::Set(set) => (json!(set.to_string()), Value::Null),
+            ReservedCpus::Count(n) => (Value::Null, json!(n)),
+        };
+        let mut shown = vec![
+            ("node-name", json!(self.node_name)),
+            ("dra", json!(self.dra)),
+            ("driver-name", json!(self.driver_name)),
+            ("nri-socket", path(&self.nri_socket)),
+            ("nri-plugin-index", json!(self.nri_plugin_index)),
+            ("kubelet-plugins-dir", path(&self.kubelet_plugins_dir)),
+            ("kubelet-registry-dir", path(&self.kubelet_registry_dir)),
+            ("cdi-dir", path(&self.cdi_dir)),
+            (
+                "kubeconfig",
+                self.kubeconfig.as_deref().map_or(Value::Null, path),
+            ),
+            ("node-allocatable-cpu", json!(self.node_allocatable_cpu)),
+            ("topology", json!(values::show_topology(&self.topology))),
+            ("reserved-cpus", set),
+            ("reserved-cpu-count", count),
+            ("reserved-namespaces", json!(self.reserved_namespaces)),
+        ];
+        let policy = values::show_policy_settings(&self.policy.0, &self.policy.1);
+        let policy_keys = [
+            "cpu-exclusivity",
+            "claim-cpus",
+            "device-mode",
+            "group-by",
+            "claim-granularity",
+        ];
+        for (key, value) in policy_keys.into_iter().zip(policy) {
+            let value = if value.is_empty() {
+                Value::Null
+            } else {
+                json!(value)
+            };
+            shown.push((key, value));
+        }
+        shown.extend([
+            ("state-dir", path(&self.state_dir)),
+            ("metrics-addr", json!(self.metrics_addr.to_string())),
+            ("log-format", json!(self.log_format.to_string())),
+            ("log-level", json!(self.log_level)),
+        ]);
+        shown
+    }
+
+    /// The configuration as a config file that resolves to it: what `--print-config` prints.
+    pub fn to_file(&self) -> String {
+        let mut map = serde_yaml_ng::Mapping::new();
+        map.insert("apiVersion".into(), API_VERSION.into());
+        map.insert("kind".into(), KIND.into());
+        for (key, value) in self.values() {
+            if !value.is_null() {
+                // A JSON value always converts to YAML.
+                let value = serde_yaml_ng::to_value(&value).unwrap_or_default();
+                map.insert(key.into(), value);
+            }
+        }
+        serde_yaml_ng::to_string(&map).unwrap_or_default()
+    }
+
+    /// The configuration as one JSON object, for the start-up log line.
+    pub fn to_json(&self) -> String {
+        let map: serde_json::Map<String, serde_json::Value> = self
+            .values()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        serde_json::Value::Object(map).to_string()
+    }
 }
 
-fn show_topology<S: serde::Serializer>(t: &TopologySource, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&match t {
-        TopologySource::Live => "live".to_owned(),
-        TopologySource::Synthetic(d) => format!("synthetic:{d}"),
-        TopologySource::Xml(p) => format!("xml:{}", p.display()),
-    })
+/// A value as given: one, or a list (from a YAML sequence).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Raw {
+    One(String),
+    List(Vec<String>),
 }
 
-fn show_reserved<S: serde::Serializer>(r: &ReservedCpus, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&values::show_reserved(r))
-}
-
-fn show_format<S: serde::Serializer>(f: &Format, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&f.to_string())
-}
-
-/// Where a value came from, for messages.
-#[derive(Debug, Clone)]
+/// Where a value came from, for messages. Ordered by precedence, lowest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Origin {
-    Flag(&'static str),
+    Default(&'static str),
+    Env(&'static str, &'static str),
     File {
         path: PathBuf,
         key: &'static str,
         line: Option<usize>,
     },
-    Env(&'static str, &'static str),
-    Default(&'static str),
+    Flag(&'static str),
 }
 
 impl Origin {
-    fn key(&self) -> &'static str {
-        match self {
-            Self::Flag(key) | Self::File { key, .. } | Self::Env(_, key) | Self::Default(key) => {
-                key
-            }
-        }
-    }
-
     fn describe(&self) -> String {
         match self {
             Self::Flag(key) => format!("--{key}"),
@@ -215,13 +257,22 @@ impl Origin {
             Self::Default(key) => format!("the default of --{key}"),
         }
     }
+
+    /// Precedence: a flag over the file over the environment and the default.
+    fn rank(&self) -> u8 {
+        match self {
+            Self::Default(_) | Self::Env(..) => 0,
+            Self::File { .. } => 1,
+            Self::Flag(_) => 2,
+        }
+    }
 }
 
-/// The config file: the keys it sets, as text, with their lines.
+/// The config file: the keys it sets, with their lines.
 #[derive(Debug, Default)]
 struct FileValues {
     path: PathBuf,
-    values: BTreeMap<String, (String, Option<usize>)>,
+    values: BTreeMap<String, (Raw, Option<usize>)>,
 }
 
 impl FileValues {
@@ -232,43 +283,92 @@ impl FileValues {
     }
 
     fn parse(path: &Path, text: &str) -> anyhow::Result<Self> {
+        use serde_yaml_ng::Value;
         let where_ = || format!("config file {}", path.display());
-        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)
+        let doc: Value = serde_yaml_ng::from_str(text)
             .map_err(|e| anyhow::anyhow!("{}: not valid YAML: {e}", where_()))?;
         let map = match doc {
-            serde_yaml_ng::Value::Null => return Ok(Self::default()),
-            serde_yaml_ng::Value::Mapping(map) => map,
+            Value::Null => return Ok(Self::default()),
+            Value::Mapping(map) => map,
             _ => anyhow::bail!(
                 "{}: expected a mapping of settings (`key: value` lines) at the top level",
                 where_()
             ),
         };
+        let at = |key: &str| match line_of_key(text, key) {
+            Some(l) => format!("{}: line {l}", where_()),
+            None => where_(),
+        };
+        let header = |key: &str, want: &str| -> anyhow::Result<()> {
+            match map.get(key) {
+                Some(Value::String(v)) if v == want => Ok(()),
+                Some(other) => anyhow::bail!(
+                    "{}: {key} {}: this agent reads `{key}: {want}`",
+                    at(key),
+                    serde_yaml_ng::to_string(other)
+                        .unwrap_or_default()
+                        .trim_end()
+                ),
+                None => anyhow::bail!(
+                    "{}: no `{key}: {want}`: a config file starts with the two lines \
+                     `apiVersion: {API_VERSION}` and `kind: {KIND}`",
+                    where_()
+                ),
+            }
+        };
+        header("apiVersion", API_VERSION)?;
+        header("kind", KIND)?;
         let mut values = BTreeMap::new();
         for (key, value) in map {
-            let serde_yaml_ng::Value::String(key) = key else {
+            let Value::String(key) = key else {
                 anyhow::bail!("{}: keys must be strings, found {key:?}", where_());
             };
+            if key == "apiVersion" || key == "kind" {
+                continue;
+            }
             let line = line_of_key(text, &key);
-            let at = match line {
-                Some(l) => format!("{}: line {l}", where_()),
-                None => where_(),
-            };
-            if !KEYS.contains(&key.as_str()) {
+            let at = at(&key);
+            let Some(setting) = settings::find(&key) else {
                 anyhow::bail!(
                     "{at}: unknown key {key:?}: the keys are {}",
-                    KEYS.join(", ")
+                    settings::keys().join(", ")
                 );
-            }
-            let value = match value {
-                serde_yaml_ng::Value::String(s) => s,
-                serde_yaml_ng::Value::Number(n) => n.to_string(),
-                serde_yaml_ng::Value::Bool(b) => b.to_string(),
-                other => anyhow::bail!(
-                    "{at}: {key}: expected a single value (a string or a number), found {}",
-                    kind_of(&other)
-                ),
             };
-            values.insert(key, (value, line));
+            let scalar = |v: &Value| -> Option<String> {
+                match v {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(n) => Some(n.to_string()),
+                    Value::Bool(b) => Some(b.to_string()),
+                    _ => None,
+                }
+            };
+            let raw = match (&value, setting.shape) {
+                (Value::Sequence(items), Shape::List) => {
+                    let mut list = Vec::new();
+                    for item in items {
+                        let Some(s) = scalar(item) else {
+                            anyhow::bail!(
+                                "{at}: {key}: expected a list of single values, found {} in it",
+                                kind_of(item)
+                            );
+                        };
+                        list.push(s);
+                    }
+                    Raw::List(list)
+                }
+                (v, shape) => match scalar(v) {
+                    Some(s) => Raw::One(s),
+                    None => anyhow::bail!(
+                        "{at}: {key}: expected {}, found {}",
+                        match shape {
+                            Shape::Scalar => "a single value (a string, a number or a boolean)",
+                            Shape::List => "a list, or one value",
+                        },
+                        kind_of(v)
+                    ),
+                },
+            };
+            values.insert(key, (raw, line));
         }
         Ok(Self {
             path: path.to_owned(),
@@ -282,7 +382,8 @@ fn kind_of(v: &serde_yaml_ng::Value) -> &'static str {
         serde_yaml_ng::Value::Null => "nothing (null)",
         serde_yaml_ng::Value::Sequence(_) => "a list",
         serde_yaml_ng::Value::Mapping(_) => "a mapping",
-        _ => "a tagged value",
+        serde_yaml_ng::Value::Tagged(_) => "a tagged value",
+        _ => "a single value",
     }
 }
 
@@ -298,6 +399,89 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
         .map(|i| i + 1)
 }
 
+/// Flags, the file and the defaults, looked up by key in order of precedence.
+struct Sources<'a> {
+    flags: &'a BTreeMap<&'static str, String>,
+    file: FileValues,
+}
+
+impl Sources<'_> {
+    /// The value of `key` and where it came from: a flag, the file, or the setting's default
+    /// (`None` when it has none).
+    fn get(&self, key: &'static str) -> anyhow::Result<Option<(Raw, Origin)>> {
+        let Some(setting) = settings::find(key) else {
+            anyhow::bail!("internal: no setting {key:?} in the settings table");
+        };
+        if let Some(v) = self.flags.get(key) {
+            return Ok(Some((Raw::One(v.clone()), Origin::Flag(key))));
+        }
+        if let Some((v, line)) = self.file.values.get(key) {
+            let origin = Origin::File {
+                path: self.file.path.clone(),
+                key,
+                line: *line,
+            };
+            return Ok(Some((v.clone(), origin)));
+        }
+        match setting.default {
+            DefaultValue::Unset(_) => Ok(None),
+            DefaultValue::Value(yaml) => {
+                let raw = match serde_yaml_ng::from_str(yaml)? {
+                    serde_yaml_ng::Value::Sequence(items) => Raw::List(
+                        items
+                            .iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect(),
+                    ),
+                    serde_yaml_ng::Value::String(s) => Raw::One(s),
+                    serde_yaml_ng::Value::Bool(b) => Raw::One(b.to_string()),
+                    serde_yaml_ng::Value::Number(n) => Raw::One(n.to_string()),
+                    other => anyhow::bail!("internal: default of {key} is {other:?}"),
+                };
+                Ok(Some((raw, Origin::Default(key))))
+            }
+        }
+    }
+
+    /// A single value, if set.
+    fn one(&self, key: &'static str) -> anyhow::Result<Option<(String, Origin)>> {
+        match self.get(key)? {
+            None => Ok(None),
+            Some((Raw::One(v), origin)) => Ok(Some((v, origin))),
+            Some((Raw::List(_), origin)) => anyhow::bail!(
+                "{}: expected a single value, found a list",
+                origin.describe()
+            ),
+        }
+    }
+
+    /// A single value of a setting that has a default.
+    fn required(&self, key: &'static str) -> anyhow::Result<(String, Origin)> {
+        self.one(key)?
+            .ok_or_else(|| anyhow::anyhow!("internal: setting {key:?} has no default"))
+    }
+
+    /// A list: a YAML sequence, or one value of comma-separated items.
+    fn list(&self, key: &'static str) -> anyhow::Result<(Vec<String>, Origin)> {
+        match self.get(key)? {
+            None => Ok((Vec::new(), Origin::Default(key))),
+            Some((Raw::List(items), origin)) => Ok((items, origin)),
+            Some((Raw::One(v), origin)) => Ok((
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                origin,
+            )),
+        }
+    }
+}
+
+fn refuse(origin: &Origin, value: &str, allowed: &str) -> anyhow::Error {
+    anyhow::anyhow!("{}: {value:?} is not allowed: {allowed}", origin.describe())
+}
+
 impl RunFlags {
     /// Merges flags, the config file they name, and the defaults, and checks every value.
     /// `node_name_env` is `$NODE_NAME` (passed in: only `main` reads the environment).
@@ -306,67 +490,47 @@ impl RunFlags {
             Some(path) => FileValues::read(path)?,
             None => FileValues::default(),
         };
-        let flags: [(&'static str, &Option<String>); 19] = [
-            ("node-name", &self.node_name),
-            ("driver-name", &self.driver_name),
-            ("nri-socket", &self.nri_socket),
-            ("nri-plugin-index", &self.nri_plugin_index),
-            ("kubelet-plugins-dir", &self.kubelet_plugins_dir),
-            ("kubelet-registry-dir", &self.kubelet_registry_dir),
-            ("cdi-dir", &self.cdi_dir),
-            ("state-dir", &self.state_dir),
-            ("kubeconfig", &self.kubeconfig),
-            ("topology", &self.topology),
-            ("reserved-cpus", &self.reserved_cpus),
-            ("metrics-addr", &self.metrics_addr),
-            ("log-format", &self.log_format),
-            ("node-allocatable-cpu", &self.node_allocatable_cpu),
-            ("cpu-exclusivity", &self.cpu_exclusivity),
-            ("claim-cpus", &self.claim_cpus),
-            ("device-mode", &self.device_mode),
-            ("group-by", &self.group_by),
-            ("claim-granularity", &self.claim_granularity),
-        ];
-        let get =
-            |key: &'static str, default: Option<(String, Origin)>| -> Option<(String, Origin)> {
-                if let Some((_, Some(v))) = flags.iter().find(|(k, _)| *k == key) {
-                    return Some((v.clone(), Origin::Flag(key)));
-                }
-                if let Some((v, line)) = file.values.get(key) {
-                    return Some((
-                        v.clone(),
-                        Origin::File {
-                            path: file.path.clone(),
-                            key,
-                            line: *line,
-                        },
-                    ));
-                }
-                default
-            };
-        let fixed = |key: &'static str, v: &str| Some((v.to_owned(), Origin::Default(key)));
-        let refuse = |origin: &Origin, value: &str, allowed: &str| {
-            anyhow::anyhow!("{}: {value:?} is not allowed: {allowed}", origin.describe())
+        let src = Sources {
+            flags: &self.values,
+            file,
         };
+        let origins = std::cell::RefCell::new(BTreeMap::new());
+        let note = |key: &'static str, origin: &Origin| {
+            origins.borrow_mut().insert(key, origin.describe());
+        };
+        let boolean = |key: &'static str| -> anyhow::Result<(bool, Origin)> {
+            let (value, origin) = src.required(key)?;
+            let b = value
+                .parse()
+                .map_err(|_| refuse(&origin, &value, "expected `true` or `false`"))?;
+            Ok((b, origin))
+        };
+
+        let (dra, origin) = boolean("dra")?;
+        note("dra", &origin);
 
         let node_env = node_name_env
             .filter(|v| !v.is_empty())
             .map(|v| (v, Origin::Env("NODE_NAME", "node-name")));
-        let Some((node_name, origin)) = get("node-name", node_env) else {
-            anyhow::bail!(
-                "--node-name is not set, nor NODE_NAME, nor node-name in a config file: the node's name is needed to publish its devices (a DNS subdomain such as `worker-1`)"
-            );
+        let node_name = match src.one("node-name")?.or(node_env) {
+            Some((name, origin)) => {
+                if dns_subdomain(&name, 253).is_err() {
+                    return Err(refuse(
+                        &origin,
+                        &name,
+                        "expected the node's name, a DNS subdomain (lower-case letters, digits, `-` and `.`, at most 253 characters)",
+                    ));
+                }
+                note("node-name", &origin);
+                Some(name)
+            }
+            None if dra => anyhow::bail!(
+                "--node-name is not set, nor NODE_NAME, nor node-name in a config file: the node's name is needed to publish its devices (a DNS subdomain such as `worker-1`); with `dra: false` it is not"
+            ),
+            None => None,
         };
-        if dns_subdomain(&node_name, 253).is_err() {
-            return Err(refuse(
-                &origin,
-                &node_name,
-                "expected the node's name, a DNS subdomain (lower-case letters, digits, `-` and `.`, at most 253 characters)",
-            ));
-        }
 
-        let (driver_name, origin) =
-            get("driver-name", fixed("driver-name", DEFAULT_DRIVER)).unwrap_or_default_pair();
+        let (driver_name, origin) = src.required("driver-name")?;
         if dns_subdomain(&driver_name, 63).is_err() || !driver_name.contains('.') {
             return Err(refuse(
                 &origin,
@@ -374,21 +538,22 @@ impl RunFlags {
                 "expected a DNS subdomain with at least one dot and at most 63 characters, such as `topology-aware.resmgr.io`",
             ));
         }
+        note("driver-name", &origin);
 
-        let path = |key: &'static str, default: &str| -> anyhow::Result<PathBuf> {
-            let (value, origin) = get(key, fixed(key, default)).unwrap_or_default_pair();
+        let path = |key: &'static str| -> anyhow::Result<PathBuf> {
+            let (value, origin) = src.required(key)?;
             if value.trim().is_empty() || value.contains('\0') {
                 return Err(refuse(&origin, &value, "expected a non-empty path"));
             }
+            note(key, &origin);
             Ok(PathBuf::from(value))
         };
-        let nri_socket = path("nri-socket", DEFAULT_NRI_SOCKET)?;
-        let kubelet_plugins_dir = path("kubelet-plugins-dir", "/var/lib/kubelet/plugins")?;
-        let kubelet_registry_dir =
-            path("kubelet-registry-dir", "/var/lib/kubelet/plugins_registry")?;
-        let cdi_dir = path("cdi-dir", "/var/run/cdi")?;
-        let state_dir = path("state-dir", "/var/lib/resmgr")?;
-        let kubeconfig = match get("kubeconfig", None) {
+        let nri_socket = path("nri-socket")?;
+        let kubelet_plugins_dir = path("kubelet-plugins-dir")?;
+        let kubelet_registry_dir = path("kubelet-registry-dir")?;
+        let cdi_dir = path("cdi-dir")?;
+        let state_dir = path("state-dir")?;
+        let kubeconfig = match src.one("kubeconfig")? {
             None => None,
             Some((value, origin)) => {
                 if value.trim().is_empty() || value.contains('\0') {
@@ -398,12 +563,12 @@ impl RunFlags {
                         "expected the path of a kubeconfig file",
                     ));
                 }
+                note("kubeconfig", &origin);
                 Some(PathBuf::from(value))
             }
         };
 
-        let (index, origin) =
-            get("nri-plugin-index", fixed("nri-plugin-index", "90")).unwrap_or_default_pair();
+        let (index, origin) = src.required("nri-plugin-index")?;
         if index.len() != 2 || !index.bytes().all(|b| b.is_ascii_digit()) {
             return Err(refuse(
                 &origin,
@@ -411,18 +576,95 @@ impl RunFlags {
                 "expected exactly two digits, `00` to `99` (plugins are called in index order)",
             ));
         }
+        note("nri-plugin-index", &origin);
 
-        let (value, origin) = get("topology", fixed("topology", "live")).unwrap_or_default_pair();
+        let (node_allocatable_cpu, origin) = boolean("node-allocatable-cpu")?;
+        note("node-allocatable-cpu", &origin);
+
+        let (value, origin) = src.required("topology")?;
         let topology = values::topology(&value, None)
             .map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
+        note("topology", &origin);
 
-        let (value, origin) =
-            get("reserved-cpus", fixed("reserved-cpus", "1")).unwrap_or_default_pair();
-        let reserved_cpus = values::reserved_cpus(&value)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
+        let reserved_cpus = {
+            let (count, count_origin) = src.required("reserved-cpu-count")?;
+            let count = values::reserved_count(&count)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", count_origin.describe()))?;
+            match src.one("reserved-cpus")? {
+                Some((_, set_origin)) if set_origin.rank() == count_origin.rank() => {
+                    anyhow::bail!(
+                        "{} and {}: both are set; reserved-cpus names the CPUs, \
+                         reserved-cpu-count picks that many: set one of them",
+                        set_origin.describe(),
+                        count_origin.describe()
+                    )
+                }
+                Some((set, set_origin)) if set_origin.rank() > count_origin.rank() => {
+                    let set: CpuSet = values::reserved_cpuset(&set)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", set_origin.describe()))?;
+                    note("reserved-cpus", &set_origin);
+                    ReservedCpus::Set(set)
+                }
+                _ => {
+                    note("reserved-cpu-count", &count_origin);
+                    ReservedCpus::Count(count)
+                }
+            }
+        };
 
-        let (value, origin) =
-            get("metrics-addr", fixed("metrics-addr", "127.0.0.1:8891")).unwrap_or_default_pair();
+        let (reserved_namespaces, origin) = src.list("reserved-namespaces")?;
+        for ns in &reserved_namespaces {
+            if dns_label(ns).is_err() {
+                return Err(refuse(
+                    &origin,
+                    ns,
+                    "expected namespace names (lower-case letters, digits and `-`, at most 63 characters)",
+                ));
+            }
+        }
+        note("reserved-namespaces", &origin);
+
+        // The policy's settings are checked together; without DRA, nothing is published and
+        // Guaranteed pods get exclusive CPUs unless told otherwise.
+        let mut given = Vec::new();
+        for key in [
+            "cpu-exclusivity",
+            "claim-cpus",
+            "device-mode",
+            "group-by",
+            "claim-granularity",
+        ] {
+            given.push((key, src.one(key)?));
+        }
+        let value = |key: &str| {
+            given
+                .iter()
+                .find(|(k, _)| *k == key)
+                .and_then(|(_, v)| v.as_ref())
+                .map(|(v, _)| v.as_str())
+        };
+        let policy = values::policy_settings(&values::PolicyValues {
+            cpu_exclusivity: value("cpu-exclusivity").or((!dra).then_some("pods")),
+            claim_cpus: value("claim-cpus"),
+            device_mode: value("device-mode"),
+            group_by: value("group-by"),
+            claim_granularity: value("claim-granularity"),
+        })
+        .map_err(|e| {
+            let origin = given
+                .iter()
+                .find(|(k, _)| *k == e.key)
+                .and_then(|(_, v)| v.as_ref())
+                .map_or_else(|| format!("--{}", e.key), |(_, o)| o.describe());
+            anyhow::anyhow!("{origin}: {}", e.reason)
+        })?;
+        for (key, v) in &given {
+            if let Some((_, origin)) = v {
+                note(key, origin);
+            }
+        }
+
+        let (value, origin) = src.required("metrics-addr")?;
         let metrics_addr: SocketAddr = value.parse().map_err(|_| {
             refuse(
                 &origin,
@@ -430,75 +672,47 @@ impl RunFlags {
                 "expected an IP address and port such as `127.0.0.1:8891` or `[::]:8891` (port 0 picks a free one)",
             )
         })?;
+        note("metrics-addr", &origin);
 
-        let (value, origin) =
-            get("log-format", fixed("log-format", "text")).unwrap_or_default_pair();
+        let (value, origin) = src.required("log-format")?;
         let log_format: Format = value
             .parse()
             .map_err(|_| refuse(&origin, &value, "expected `text` or `json`"))?;
+        note("log-format", &origin);
 
-        let (value, origin) = get(
-            "node-allocatable-cpu",
-            fixed("node-allocatable-cpu", "false"),
-        )
-        .unwrap_or_default_pair();
-        let node_allocatable_cpu: bool = value
-            .parse()
-            .map_err(|_| refuse(&origin, &value, "expected `true` or `false`"))?;
-
-        let given = |key| get(key, None);
-        let policy_keys = [
-            given("cpu-exclusivity"),
-            given("claim-cpus"),
-            given("device-mode"),
-            given("group-by"),
-            given("claim-granularity"),
-        ];
-        let value = |i: usize| policy_keys[i].as_ref().map(|(v, _)| v.as_str());
-        let policy = values::policy_settings(&values::PolicyValues {
-            cpu_exclusivity: value(0),
-            claim_cpus: value(1),
-            device_mode: value(2),
-            group_by: value(3),
-            claim_granularity: value(4),
-        })
-        .map_err(|e| {
-            let origin = policy_keys
-                .iter()
-                .flatten()
-                .find(|(_, o)| o.key() == e.key)
-                .map_or_else(|| format!("--{}", e.key), |(_, o)| o.describe());
-            anyhow::anyhow!("{origin}: {}", e.reason)
-        })?;
+        let (log_level, origin) = src.required("log-level")?;
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
+            return Err(refuse(
+                &origin,
+                &log_level,
+                &format!(
+                    "expected a level (`error`, `warn`, `info`, `debug`, `trace`) or a filter such as `info,resmgr=debug` ({e})"
+                ),
+            ));
+        }
+        note("log-level", &origin);
 
         Ok(RunConfig {
             node_name,
+            dra,
             driver_name,
             nri_socket,
             nri_plugin_index: index,
             kubelet_plugins_dir,
             kubelet_registry_dir,
             cdi_dir,
-            state_dir,
             kubeconfig,
+            node_allocatable_cpu,
             topology,
             reserved_cpus,
+            reserved_namespaces,
+            policy,
+            state_dir,
             metrics_addr,
             log_format,
-            node_allocatable_cpu,
-            policy,
+            log_level,
+            origins: origins.into_inner(),
         })
-    }
-}
-
-/// Every key with a default has one; this unwraps that pair without a panic path.
-trait OrDefaultPair {
-    fn unwrap_or_default_pair(self) -> (String, Origin);
-}
-
-impl OrDefaultPair for Option<(String, Origin)> {
-    fn unwrap_or_default_pair(self) -> (String, Origin) {
-        self.unwrap_or_else(|| (String::new(), Origin::Default("?")))
     }
 }
 
@@ -507,60 +721,259 @@ mod tests {
     use super::*;
 
     fn flags() -> RunFlags {
-        RunFlags {
-            node_name: Some("node-1".into()),
-            ..RunFlags::default()
-        }
+        RunFlags::default().with("node-name", "node-1")
     }
+
+    fn file(text: &str) -> anyhow::Result<FileValues> {
+        FileValues::parse(Path::new("/c.yaml"), text)
+    }
+
+    const HEADER: &str = "apiVersion: resmgr.io/v1alpha1\nkind: AgentConfiguration\n";
 
     #[test]
     fn defaults() {
         let c = flags().resolve(None).unwrap();
+        assert!(c.dra);
         assert_eq!(c.driver_name, DEFAULT_DRIVER);
+        assert_eq!(c.nri_socket, PathBuf::from("/var/run/nri/nri.sock"));
         assert_eq!(c.nri_plugin_index, "90");
         assert_eq!(c.cdi_dir, PathBuf::from("/var/run/cdi"));
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/resmgr"));
         assert_eq!(c.metrics_addr, "127.0.0.1:8891".parse().unwrap());
         assert_eq!(c.topology, TopologySource::Live);
         assert_eq!(c.reserved_cpus, ReservedCpus::Count(1));
+        assert_eq!(c.reserved_namespaces, vec!["kube-system".to_owned()]);
         assert_eq!(c.log_format, Format::Text);
+        assert_eq!(c.log_level, "info");
         assert_eq!(c.kubeconfig, None);
     }
 
     #[test]
-    fn node_name_from_the_environment_unless_given() {
-        let mut f = RunFlags::default();
+    fn every_setting_is_resolved_and_shown() {
+        let c = flags().resolve(None).unwrap();
+        let shown: Vec<&str> = c.values().iter().map(|(k, _)| *k).collect();
+        assert_eq!(shown, settings::keys());
+    }
+
+    #[test]
+    fn node_name_from_the_environment_unless_given_and_optional_without_dra() {
+        let f = RunFlags::default();
         assert_eq!(
             f.resolve(Some("env-node".into())).unwrap().node_name,
-            "env-node"
+            Some("env-node".into())
         );
         assert!(f.resolve(None).is_err());
-        f.node_name = Some("flag-node".into());
+        let f = f.with("node-name", "flag-node");
         assert_eq!(
             f.resolve(Some("env-node".into())).unwrap().node_name,
-            "flag-node"
+            Some("flag-node".into())
+        );
+        let c = RunFlags::default()
+            .with("dra", "false")
+            .resolve(None)
+            .unwrap();
+        assert_eq!((c.dra, c.node_name), (false, None));
+    }
+
+    #[test]
+    fn without_dra_guaranteed_pods_get_exclusive_cpus_unless_told_otherwise() {
+        assert_eq!(flags().resolve(None).unwrap().policy.0, Exclusivity::Claims);
+        let c = flags().with("dra", "false").resolve(None).unwrap();
+        assert_eq!(c.policy.0, Exclusivity::Pods);
+        let c = flags()
+            .with("dra", "false")
+            .with("cpu-exclusivity", "claims")
+            .resolve(None)
+            .unwrap();
+        assert_eq!(c.policy.0, Exclusivity::Claims, "a given value wins");
+    }
+
+    #[test]
+    fn policy_settings_are_refused_naming_where_they_came_from() {
+        let e = flags()
+            .with("cpu-exclusivity", "partition")
+            .resolve(None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--claim-cpus: is not set"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, format!("{HEADER}device-mode: per-cpu\n")).unwrap();
+        let mut f = flags();
+        f.config = Some(path);
+        let e = f.resolve(None).unwrap_err().to_string();
+        assert!(
+            e.contains("line 3: device-mode: \"per-cpu\" is not allowed"),
+            "{e}"
         );
     }
 
     #[test]
-    fn file_keys_with_lines_flags_win() {
-        let text =
-            "topology: synthetic:pack:1 core:2 pu:1\nnri-plugin-index: 10\nlog-format: json\n";
-        let file = FileValues::parse(Path::new("/c.yaml"), text).unwrap();
-        assert_eq!(file.values["nri-plugin-index"], ("10".to_owned(), Some(2)));
-        let e = FileValues::parse(Path::new("/c.yaml"), "log-format: json\nbogus: 1\n")
+    fn file_keys_with_lines_lists_and_unknown_keys() {
+        let text = format!(
+            "{HEADER}topology: synthetic:pack:1 core:2 pu:1\nnri-plugin-index: 10\n\
+             reserved-namespaces: [a, b]\n"
+        );
+        let f = file(&text).unwrap();
+        assert_eq!(
+            f.values["nri-plugin-index"],
+            (Raw::One("10".into()), Some(4))
+        );
+        assert_eq!(
+            f.values["reserved-namespaces"].0,
+            Raw::List(vec!["a".into(), "b".into()])
+        );
+        let e = file(&format!("{HEADER}log-format: json\nbogus: 1\n"))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("line 2") && e.contains("\"bogus\"") && e.contains("node-name"),
+            e.contains("line 4") && e.contains("\"bogus\"") && e.contains("node-name"),
             "{e}"
         );
-        let e = FileValues::parse(Path::new("/c.yaml"), "topology: [a]\n")
+        let e = file(&format!("{HEADER}topology: [a]\n"))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("line 1: topology: expected a single value"),
+            e.contains("line 3: topology: expected a single value"),
             "{e}"
         );
+        let e = file(&format!("{HEADER}reserved-namespaces: [{{a: 1}}]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a list of single values"), "{e}");
+    }
+
+    #[test]
+    fn the_header_is_required_and_checked() {
+        assert!(file("").unwrap().values.is_empty(), "an empty file is fine");
+        let e = file("log-format: json\n").unwrap_err().to_string();
+        assert!(
+            e.contains("no `apiVersion: resmgr.io/v1alpha1`")
+                && e.contains("kind: AgentConfiguration"),
+            "{e}"
+        );
+        let e = file("apiVersion: resmgr.io/v2\nkind: AgentConfiguration\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "line 1: apiVersion resmgr.io/v2: this agent reads `apiVersion: resmgr.io/v1alpha1`"
+            ),
+            "{e}"
+        );
+        let e = file("apiVersion: resmgr.io/v1alpha1\nkind: Other\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2: kind Other"), "{e}");
+    }
+
+    #[test]
+    fn reserved_cpus_are_a_cpuset_and_a_count_is_its_own_key() {
+        let c = flags().with("reserved-cpus", "0").resolve(None).unwrap();
+        assert_eq!(c.reserved_cpus, ReservedCpus::Set("0".parse().unwrap()));
+        let c = flags().with("reserved-cpus", "0,32").resolve(None).unwrap();
+        assert_eq!(c.reserved_cpus, ReservedCpus::Set("0,32".parse().unwrap()));
+        let c = flags()
+            .with("reserved-cpu-count", "2")
+            .resolve(None)
+            .unwrap();
+        assert_eq!(c.reserved_cpus, ReservedCpus::Count(2));
+        let e = flags()
+            .with("reserved-cpus", "0")
+            .with("reserved-cpu-count", "2")
+            .resolve(None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--reserved-cpus and --reserved-cpu-count: both are set"),
+            "{e}"
+        );
+        let e = flags()
+            .with("reserved-cpu-count", "0")
+            .resolve(None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 1"), "{e}");
+    }
+
+    #[test]
+    fn a_flag_beats_the_other_reserved_key_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, format!("{HEADER}reserved-cpus: \"0-1\"\n")).unwrap();
+        let mut f = flags().with("reserved-cpu-count", "3");
+        f.config = Some(path.clone());
+        assert_eq!(
+            f.resolve(None).unwrap().reserved_cpus,
+            ReservedCpus::Count(3)
+        );
+        let mut f = flags();
+        f.config = Some(path);
+        let c = f.resolve(None).unwrap();
+        assert_eq!(c.reserved_cpus, ReservedCpus::Set("0-1".parse().unwrap()));
+        assert!(c.origin("reserved-cpus").ends_with("line 3: reserved-cpus"));
+    }
+
+    #[test]
+    fn reserved_namespaces_as_a_flag_are_comma_separated_and_checked() {
+        let c = flags()
+            .with("reserved-namespaces", "kube-system, monitoring")
+            .resolve(None)
+            .unwrap();
+        assert_eq!(c.reserved_namespaces, ["kube-system", "monitoring"]);
+        let c = flags()
+            .with("reserved-namespaces", "")
+            .resolve(None)
+            .unwrap();
+        assert!(c.reserved_namespaces.is_empty());
+        let e = flags()
+            .with("reserved-namespaces", "ok,Not_Ok")
+            .resolve(None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--reserved-namespaces: \"Not_Ok\""), "{e}");
+    }
+
+    #[test]
+    fn print_config_output_resolves_to_the_same_configuration() {
+        let c = flags()
+            .with("reserved-cpus", "0,4")
+            .with("reserved-namespaces", "a,b")
+            .with("log-level", "info,resmgr=debug")
+            .resolve(None)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, c.to_file()).unwrap();
+        let again = RunFlags {
+            config: Some(path),
+            ..RunFlags::default()
+        }
+        .resolve(None)
+        .unwrap();
+        assert_eq!(again.values(), c.values());
+    }
+
+    #[test]
+    fn the_default_file_resolves_to_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, settings::default_file()).unwrap();
+        let mut f = flags();
+        f.config = Some(path);
+        assert_eq!(
+            f.resolve(None).unwrap().values(),
+            flags().resolve(None).unwrap().values()
+        );
+    }
+
+    #[test]
+    fn log_levels_are_checked() {
+        let e = flags()
+            .with("log-level", "info,=[")
+            .resolve(None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--log-level"), "{e}");
     }
 }

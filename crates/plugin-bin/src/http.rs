@@ -2,7 +2,7 @@
 //!
 //! Ready means the claim gate is open (the runtime has synchronized) and the kubelet has
 //! accepted our registration: before that the kubelet cannot send us claims, or we would refuse
-//! them. `/debug/state` is the current allocation as JSON: prepared claims as answered to the
+//! them. Without DRA (NRI-only mode) there is no registration, and ready means synchronized. `/debug/state` is the current allocation as JSON: prepared claims as answered to the
 //! kubelet, and every container's and claim's CPUs as the policy reports them
 //! ([`policy::Policy::inventory`]; empty for a policy that keeps the default).
 
@@ -18,14 +18,19 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use resmgr::{Manager, kubelet_plugin::RegistrationState};
+use resmgr::{Manager, kube::SlicePublisher, kubelet_plugin::RegistrationState};
 use tokio::sync::watch;
 
-use crate::{metrics::Metrics, view::PolicyView};
+use crate::{
+    metrics::{Metrics, Snapshot},
+    view::PolicyView,
+};
 
 /// What the endpoints read.
 #[derive(Debug, Clone)]
 pub struct Endpoints {
+    /// Whether the agent serves DRA claims; without, readiness needs no kubelet registration.
+    pub dra: bool,
     pub node: String,
     pub driver: String,
     pub manager: Arc<Manager>,
@@ -33,11 +38,33 @@ pub struct Endpoints {
     pub metrics: Arc<Metrics>,
     /// Set once the kubelet plugin is serving.
     pub registration: Arc<OnceLock<watch::Receiver<RegistrationState>>>,
+    /// Set once the devices are being published.
+    pub publisher: Arc<OnceLock<SlicePublisher>>,
 }
 
 impl Endpoints {
     fn registration(&self) -> Option<RegistrationState> {
         self.registration.get().map(|r| r.borrow().clone())
+    }
+
+    /// What keeps the agent from being ready; empty when it is.
+    fn unready(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        if !self.manager.gate().is_open() {
+            missing.push("the container runtime has not synchronized yet".to_owned());
+        }
+        match self.registration() {
+            _ if !self.dra => {}
+            None => missing.push("the kubelet plugin is not serving yet".to_owned()),
+            Some(RegistrationState::Pending) => {
+                missing.push("the kubelet has not confirmed our registration".to_owned());
+            }
+            Some(RegistrationState::Rejected { error }) => {
+                missing.push(format!("the kubelet rejected our registration: {error}"));
+            }
+            Some(RegistrationState::Registered) => {}
+        }
+        missing
     }
 }
 
@@ -70,7 +97,13 @@ pub async fn serve(
 
 async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
     let pending = e.manager.pending_updates().await;
-    e.metrics.refresh(&e.view.inventory(), pending);
+    e.metrics.refresh(&Snapshot {
+        inventory: &e.view.inventory(),
+        pending_updates: pending,
+        synchronized: e.manager.gate().is_open(),
+        ready: e.unready().is_empty(),
+        publish: e.publisher.get().map(SlicePublisher::status),
+    });
     (
         [(
             header::CONTENT_TYPE,
@@ -81,27 +114,9 @@ async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
 }
 
 async fn readyz(State(e): State<Endpoints>) -> impl IntoResponse {
-    let gate = e.manager.gate().is_open();
-    let registration = e.registration();
-    let registered = registration
-        .as_ref()
-        .is_some_and(RegistrationState::is_ready);
-    if gate && registered {
+    let missing = e.unready();
+    if missing.is_empty() {
         return (StatusCode::OK, "ready\n".to_owned());
-    }
-    let mut missing = Vec::new();
-    if !gate {
-        missing.push("the container runtime has not synchronized yet".to_owned());
-    }
-    match registration {
-        None => missing.push("the kubelet plugin is not serving yet".to_owned()),
-        Some(RegistrationState::Pending) => {
-            missing.push("the kubelet has not confirmed our registration".to_owned());
-        }
-        Some(RegistrationState::Rejected { error }) => {
-            missing.push(format!("the kubelet rejected our registration: {error}"));
-        }
-        Some(RegistrationState::Registered) => {}
     }
     (
         StatusCode::SERVICE_UNAVAILABLE,
@@ -113,6 +128,7 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
     let claims = e.manager.claim_records().await;
     let pending = e.manager.pending_updates().await;
     let kubelet = match e.registration() {
+        None if !e.dra => "not used: DRA is off".to_owned(),
         None => "not serving".to_owned(),
         Some(RegistrationState::Pending) => "pending".to_owned(),
         Some(RegistrationState::Registered) => "registered".to_owned(),
@@ -219,12 +235,14 @@ mod tests {
         let placed = manager.create_container(&container).await.unwrap();
         assert_eq!(placed.adjustment.cpus, Some("0".parse().unwrap()));
         let endpoints = Endpoints {
+            dra: true,
             node: "node-a".into(),
             driver: driver.into(),
             manager,
             view,
             metrics: Arc::new(Metrics::new()),
             registration: Arc::new(OnceLock::new()),
+            publisher: Arc::new(OnceLock::new()),
         };
 
         let text = body(metrics(State(endpoints.clone())).await.into_response()).await;

@@ -3,7 +3,8 @@
 //! - `resmgr run`: the agent (NRI plugin and kubelet DRA plugin), see [`run`];
 //! - `resmgr simulate SCENARIO`: the real resource manager and policy against a simulated node,
 //!   see [`simulate`];
-//! - `resmgr topology`: the machine, its pools and DRA devices, as the policy sees them.
+//! - `resmgr topology`: the machine, its pools and DRA devices, as the policy sees them;
+//! - `resmgr config --print-defaults`: the complete default config file, see [`settings`].
 //!
 //! Only this crate reads the environment and the command line, and only it uses `anyhow`.
 
@@ -13,6 +14,7 @@ mod logging;
 mod metrics;
 mod policy_choice;
 mod run;
+mod settings;
 mod simulate;
 mod topology;
 mod values;
@@ -55,13 +57,37 @@ enum Command {
         /// `live`, `synthetic:<description>` or `xml:<file>`.
         #[arg(long, default_value = "live")]
         topology: String,
-        /// CPUs for system pods: a count (`2`) or a cpuset (`0-1`).
-        #[arg(long, default_value = "1", value_name = "COUNT|CPUSET")]
-        reserved_cpus: String,
+        /// CPUs for system pods, as a cpuset in the kubelet's reservedSystemCPUs syntax (`0`,
+        /// `0-1`, `0,32`).
+        #[arg(long, value_name = "CPUSET", conflicts_with = "reserved_cpu_count")]
+        reserved_cpus: Option<String>,
+        /// How many CPUs to reserve for system pods, when --reserved-cpus is not given.
+        #[arg(long, default_value = "1", value_name = "COUNT")]
+        reserved_cpu_count: String,
         /// `text` or `json`.
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// The agent's configuration file.
+    Config {
+        /// Print the complete default config file, every setting documented.
+        #[arg(long, required = true)]
+        print_defaults: bool,
+    },
+    /// Print a generated document (docs/configuration.md or docs/metrics.md); `cargo xtask docs`
+    /// writes and checks them.
+    #[command(hide = true)]
+    Docs {
+        #[arg(value_enum)]
+        which: Doc,
+    },
+}
+
+/// The generated documents.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Doc {
+    Configuration,
+    Metrics,
 }
 
 fn main() -> ExitCode {
@@ -77,8 +103,28 @@ fn main() -> ExitCode {
         Command::Topology {
             topology,
             reserved_cpus,
+            reserved_cpu_count,
             format,
-        } => topology::main(&topology, &reserved_cpus, format),
+        } => topology::main(
+            &topology,
+            reserved_cpus.as_deref(),
+            &reserved_cpu_count,
+            format,
+        ),
+        Command::Config { print_defaults: _ } => {
+            print!("{}", settings::default_file());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Docs { which } => {
+            print!(
+                "{}",
+                match which {
+                    Doc::Configuration => settings::markdown(),
+                    Doc::Metrics => metrics::markdown(),
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

@@ -1,17 +1,16 @@
 //! Prometheus metrics, served at `/metrics` in the OpenMetrics text format.
 //!
-//! | metric | type | what |
-//! |---|---|---|
-//! | `resmgr_prepare_duration_seconds` | histogram | one kubelet NodePrepareResources call, end to end |
-//! | `resmgr_unprepare_duration_seconds` | histogram | one NodeUnprepareResources call |
-//! | `resmgr_claims_prepared_total` | counter | claims prepared successfully |
-//! | `resmgr_nri_events_total{kind}` | counter | NRI events handled, by kind |
-//! | `resmgr_pool_cpus{pool,kind}` | gauge | CPUs of each pool that are reserved, shared, exclusive or claimed, as the policy's `inventory()` reports them (none for a policy that reports no pools) |
-//! | `resmgr_pending_updates` | gauge | containers with updates the runtime does not have yet |
-//! | `resmgr_container_fallbacks{kind}` | gauge | containers the policy placed otherwise than their request asks rather than refuse them, by kind: `not-exclusive` (shared CPUs instead of exclusive ones), `widened` (claims took their pool's shared CPUs: an enclosing pool's), `reserved` (nothing shared anywhere: the reserved CPUs), `memory-unpinned` |
-//! | `resmgr_slice_fields_dropped{field}` | gauge | 1 for each field of our ResourceSlices the API server drops (a feature gate is off), say `devices[].allowMultipleAllocations` without DRAConsumableCapacity |
+//! [`METRICS`] documents every metric (name, type, labels, meaning); registration takes each
+//! metric's help text from it, and docs/metrics.md is generated from it ([`markdown`], checked
+//! by `cargo xtask docs --check`). The tests check that every registered metric is documented
+//! and every documented one is registered and changed by one of [`Metrics`]' update methods;
+//! the fields are private, so those methods are the only way to update a metric, and the
+//! compiler's dead-code lint (an error in CI) fails on a method that nothing calls.
 //!
-//! The gauges are read from the policy and the manager when scraped, so they are never stale.
+//! The gauges are read from the policy, the manager and the publisher when scraped
+//! ([`Metrics::refresh`]), so they are never stale.
+
+use std::fmt::Write as _;
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -21,13 +20,203 @@ use prometheus_client::{
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
-    registry::Registry,
+    registry::{Metric, Registry},
 };
 
 use crate::view::Inventory;
 
+/// One metric, as documented.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricDoc {
+    /// The registered name, without the `resmgr_` prefix (and without `_total` for counters).
+    pub name: &'static str,
+    pub kind: Kind,
+    /// Label names and what their values are.
+    pub labels: &'static [(&'static str, &'static str)],
+    /// The `# HELP` text.
+    pub help: &'static str,
+    /// More, for the documentation; may be empty.
+    pub details: &'static str,
+}
+
+/// A metric's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Counter => "counter",
+            Self::Gauge => "gauge",
+            Self::Histogram => "histogram",
+        }
+    }
+}
+
+impl MetricDoc {
+    /// The family name as exposed: `resmgr_<name>`.
+    pub fn family(&self) -> String {
+        format!("resmgr_{}", self.name)
+    }
+
+    /// The name to look for: a counter's `_total` sample, else the family.
+    pub fn display_name(&self) -> String {
+        match self.kind {
+            Kind::Counter => format!("{}_total", self.family()),
+            Kind::Gauge | Kind::Histogram => self.family(),
+        }
+    }
+
+    /// The sample names a scraper sees.
+    pub fn samples(&self) -> String {
+        let f = self.family();
+        match self.kind {
+            Kind::Counter => format!("`{f}_total`"),
+            Kind::Gauge => format!("`{f}`"),
+            Kind::Histogram => format!("`{f}_bucket`, `{f}_sum`, `{f}_count`"),
+        }
+    }
+}
+
+/// Every metric the agent exports, in documentation order.
+pub const METRICS: &[MetricDoc] = &[
+    MetricDoc {
+        name: "build_info",
+        kind: Kind::Gauge,
+        labels: &[("version", "the agent's version")],
+        help: "Always 1; its label says which version of the agent runs",
+        details: "Join on it to break other series down by version during a rollout.",
+    },
+    MetricDoc {
+        name: "ready",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "1 when the agent is ready (what /readyz answers), else 0",
+        details: "Ready means synchronized with the container runtime and, with DRA, registered \
+                  with the kubelet. An agent that stays unready serves no claims: alert on it.",
+    },
+    MetricDoc {
+        name: "runtime_synchronized",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "1 once the container runtime's Synchronize has been handled, else 0",
+        details: "Claims are refused until then; it never goes back to 0 (losing the runtime \
+                  restarts the agent).",
+    },
+    MetricDoc {
+        name: "nri_events",
+        kind: Kind::Counter,
+        labels: &[(
+            "kind",
+            "`synchronize`, `create-container`, `update-container`, `stop-container` or `remove-container`",
+        )],
+        help: "NRI events handled, by kind",
+        details: "",
+    },
+    MetricDoc {
+        name: "pending_updates",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Containers with updates the runtime does not have yet",
+        details: "Updates the runtime refused or did not answer stay pending and are retried with \
+                  backoff. Non-zero for minutes means containers run on CPUs the policy has \
+                  given to someone else: alert on it.",
+    },
+    MetricDoc {
+        name: "pool_cpus",
+        kind: Kind::Gauge,
+        labels: &[
+            ("pool", "the pool: `root`, `socket0`, `numa1`, ..."),
+            (
+                "kind",
+                "`reserved`, `shared`, `exclusive` (granted to containers) or `claimed` (granted to DRA claims)",
+            ),
+        ],
+        help: "CPUs of each pool by use: reserved, shared, exclusive, claimed",
+        details: "As the policy's inventory reports them; a policy that reports no pools has none.",
+    },
+    MetricDoc {
+        name: "container_fallbacks",
+        kind: Kind::Gauge,
+        labels: &[(
+            "kind",
+            "`not-exclusive` (shared CPUs instead of exclusive ones), `widened` (claims took its pool's shared CPUs: an enclosing pool's), `reserved` (nothing shared anywhere: the reserved CPUs), `memory-unpinned`",
+        )],
+        help: "Containers placed otherwise than their request asks rather than refused, by kind",
+        details: "The agent never refuses a container the kubelet admitted for want of CPUs or \
+                  memory; it places it as well as it can and counts it here (and logs a \
+                  warning, and shows it in `/debug/state`).",
+    },
+    MetricDoc {
+        name: "claims_prepared",
+        kind: Kind::Counter,
+        labels: &[],
+        help: "Claims prepared successfully",
+        details: "",
+    },
+    MetricDoc {
+        name: "claim_failures",
+        kind: Kind::Counter,
+        labels: &[("operation", "`prepare` or `unprepare`")],
+        help: "Claims the kubelet asked for that failed, by operation",
+        details: "Each failed claim of a request counts once; so does each claim of a request \
+                  refused as a whole, except while the agent is still synchronizing with the \
+                  runtime (the kubelet retries those). The claim's pod does not start while its \
+                  prepare fails; the reason is in an event on the pod and the claim, and in the \
+                  agent's log.",
+    },
+    MetricDoc {
+        name: "prepare_duration_seconds",
+        kind: Kind::Histogram,
+        labels: &[],
+        help: "Duration of kubelet NodePrepareResources calls",
+        details: "One call, end to end: reading the claims, allocating, the durable commit, \
+                  container updates and the CDI specs.",
+    },
+    MetricDoc {
+        name: "unprepare_duration_seconds",
+        kind: Kind::Histogram,
+        labels: &[],
+        help: "Duration of kubelet NodeUnprepareResources calls",
+        details: "",
+    },
+    MetricDoc {
+        name: "devices_published",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "1 when the node's ResourceSlices hold the devices the policy publishes, else 0",
+        details: "0 before the first publication, and after a publication or republication \
+                  failed until one succeeds (they are retried with backoff). Always 0 with \
+                  `dra: false`.",
+    },
+    MetricDoc {
+        name: "slice_fields_dropped",
+        kind: Kind::Gauge,
+        labels: &[(
+            "field",
+            "a field path of our ResourceSlices, such as `devices[].allowMultipleAllocations`",
+        )],
+        help: "Fields of our ResourceSlices the API server drops (1 each): a feature gate is off",
+        details: "Without DRAConsumableCapacity the API server drops what grouped devices need; \
+                  the agent then logs which `device-mode` fits (see \
+                  [kubernetes.md](kubernetes.md)).",
+    },
+    MetricDoc {
+        name: "publish_failures",
+        kind: Kind::Counter,
+        labels: &[],
+        help: "ResourceSlice publications and republications that failed",
+        details: "A failing publication leaves the scheduler with stale or no devices of this \
+                  node: alert when it keeps increasing.",
+    },
+];
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EventLabel {
+struct KindLabel {
     kind: String,
 }
 
@@ -38,27 +227,48 @@ struct PoolLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: String,
+struct FieldLabel {
+    field: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FieldLabel {
-    field: String,
+struct OperationLabel {
+    operation: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: &'static str,
+}
+
+/// What the scrape-time gauges are set from.
+#[derive(Debug)]
+pub struct Snapshot<'a> {
+    pub inventory: &'a Inventory,
+    pub pending_updates: usize,
+    pub synchronized: bool,
+    pub ready: bool,
+    /// `None` without DRA.
+    pub publish: Option<resmgr::kube::PublishStatus>,
 }
 
 /// Every metric the agent exports.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    pub prepare_seconds: Histogram,
-    pub unprepare_seconds: Histogram,
-    pub claims_prepared: Counter,
-    nri_events: Family<EventLabel, Counter>,
+    prepare_seconds: Histogram,
+    unprepare_seconds: Histogram,
+    claims_prepared: Counter,
+    claim_failures: Family<OperationLabel, Counter>,
+    nri_events: Family<KindLabel, Counter>,
     pool_cpus: Family<PoolLabel, Gauge>,
     pending: Gauge,
     fallbacks: Family<KindLabel, Gauge>,
     dropped_fields: Family<FieldLabel, Gauge>,
+    ready: Gauge,
+    synchronized: Gauge,
+    devices_published: Gauge,
+    publish_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -67,81 +277,120 @@ impl Default for Metrics {
     }
 }
 
+/// Registers `metric` under `name` with its documented help text (empty if undocumented, which
+/// the tests refuse).
+fn register(registry: &mut Registry, name: &'static str, metric: impl Metric) {
+    let help = METRICS
+        .iter()
+        .find(|m| m.name == name)
+        .map_or("", |m| m.help);
+    registry.register(name, help, metric);
+}
+
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("resmgr");
+        let build_info = Family::<VersionLabel, Gauge>::default();
+        build_info
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
         // 100 µs to ~6.5 s: a prepare is two fsync'd writes and maybe an UpdateContainers call.
-        let prepare_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 17));
-        let unprepare_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 17));
-        let claims_prepared = Counter::default();
-        let nri_events = Family::<EventLabel, Counter>::default();
-        let pool_cpus = Family::<PoolLabel, Gauge>::default();
-        let pending = Gauge::default();
-        let fallbacks = Family::<KindLabel, Gauge>::default();
-        let dropped_fields = Family::<FieldLabel, Gauge>::default();
-        registry.register(
+        let m = Self {
+            prepare_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
+            unprepare_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
+            claims_prepared: Counter::default(),
+            claim_failures: Family::default(),
+            nri_events: Family::default(),
+            pool_cpus: Family::default(),
+            pending: Gauge::default(),
+            fallbacks: Family::default(),
+            dropped_fields: Family::default(),
+            ready: Gauge::default(),
+            synchronized: Gauge::default(),
+            devices_published: Gauge::default(),
+            publish_failures: Counter::default(),
+            registry: Registry::default(),
+        };
+        register(&mut registry, "build_info", build_info);
+        register(&mut registry, "ready", m.ready.clone());
+        register(
+            &mut registry,
+            "runtime_synchronized",
+            m.synchronized.clone(),
+        );
+        register(&mut registry, "nri_events", m.nri_events.clone());
+        register(&mut registry, "pending_updates", m.pending.clone());
+        register(&mut registry, "pool_cpus", m.pool_cpus.clone());
+        register(&mut registry, "container_fallbacks", m.fallbacks.clone());
+        register(&mut registry, "claims_prepared", m.claims_prepared.clone());
+        register(&mut registry, "claim_failures", m.claim_failures.clone());
+        register(
+            &mut registry,
             "prepare_duration_seconds",
-            "Duration of kubelet NodePrepareResources calls",
-            prepare_seconds.clone(),
+            m.prepare_seconds.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "unprepare_duration_seconds",
-            "Duration of kubelet NodeUnprepareResources calls",
-            unprepare_seconds.clone(),
+            m.unprepare_seconds.clone(),
         );
-        registry.register(
-            "claims_prepared",
-            "Claims prepared successfully",
-            claims_prepared.clone(),
+        register(
+            &mut registry,
+            "devices_published",
+            m.devices_published.clone(),
         );
-        registry.register(
-            "nri_events",
-            "NRI events handled, by kind",
-            nri_events.clone(),
-        );
-        registry.register(
-            "pool_cpus",
-            "CPUs of each pool by use: reserved, shared, exclusive, claimed",
-            pool_cpus.clone(),
-        );
-        registry.register(
-            "pending_updates",
-            "Containers with updates the runtime does not have yet",
-            pending.clone(),
-        );
-        registry.register(
-            "container_fallbacks",
-            "Containers placed otherwise than their request asks rather than refused, by kind",
-            fallbacks.clone(),
-        );
-        registry.register(
+        register(
+            &mut registry,
             "slice_fields_dropped",
-            "Fields of our ResourceSlices the API server drops (1 each): a feature gate is off",
-            dropped_fields.clone(),
+            m.dropped_fields.clone(),
         );
-        Self {
-            fallbacks,
-            dropped_fields,
-            registry,
-            prepare_seconds,
-            unprepare_seconds,
-            claims_prepared,
-            nri_events,
-            pool_cpus,
-            pending,
+        register(
+            &mut registry,
+            "publish_failures",
+            m.publish_failures.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// One NodePrepareResources call: how long it took, and how many of its claims were
+    /// prepared and failed.
+    pub fn prepared(&self, seconds: f64, succeeded: usize, failed: usize) {
+        self.prepare_seconds.observe(seconds);
+        self.claims_prepared
+            .inc_by(u64::try_from(succeeded).unwrap_or(u64::MAX));
+        self.failed("prepare", failed);
+    }
+
+    /// One NodeUnprepareResources call: how long it took and how many of its claims failed.
+    pub fn unprepared(&self, seconds: f64, failed: usize) {
+        self.unprepare_seconds.observe(seconds);
+        self.failed("unprepare", failed);
+    }
+
+    fn failed(&self, operation: &'static str, n: usize) {
+        if n > 0 {
+            self.claim_failures
+                .get_or_create(&OperationLabel { operation })
+                .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
         }
     }
 
     /// Counts one NRI event of `kind` (for example `create-container`).
     pub fn nri_event(&self, kind: &str) {
         self.nri_events
-            .get_or_create(&EventLabel { kind: kind.into() })
+            .get_or_create(&KindLabel { kind: kind.into() })
             .inc();
     }
 
-    /// Sets the gauges from what the policy and the manager hold now.
-    pub fn refresh(&self, inventory: &Inventory, pending_updates: usize) {
-        for pool in &inventory.pools {
+    /// Sets the scrape-time gauges from what the policy, the manager and the publisher hold now.
+    pub fn refresh(&self, now: &Snapshot<'_>) {
+        for pool in &now.inventory.pools {
             for (kind, n) in [
                 ("reserved", pool.reserved),
                 ("shared", pool.shared),
@@ -153,18 +402,17 @@ impl Metrics {
                         pool: pool.name.clone(),
                         kind: kind.into(),
                     })
-                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+                    .set(count(n));
             }
         }
-        self.pending
-            .set(i64::try_from(pending_updates).unwrap_or(i64::MAX));
         for kind in [
             policy::Fallback::NotExclusive,
             policy::Fallback::Widened,
             policy::Fallback::Reserved,
             policy::Fallback::MemoryUnpinned,
         ] {
-            let n = inventory
+            let n = now
+                .inventory
                 .containers
                 .iter()
                 .filter(|c| c.fallbacks.contains(&kind))
@@ -173,8 +421,16 @@ impl Metrics {
                 .get_or_create(&KindLabel {
                     kind: kind.as_str().into(),
                 })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+                .set(count(n));
         }
+        self.pending.set(count(now.pending_updates));
+        self.synchronized.set(i64::from(now.synchronized));
+        self.ready.set(i64::from(now.ready));
+        let publish = now.publish.unwrap_or_default();
+        self.devices_published.set(i64::from(publish.in_sync));
+        // The publisher counts; the counter catches up with it.
+        let behind = publish.failures.saturating_sub(self.publish_failures.get());
+        self.publish_failures.inc_by(behind);
     }
 
     /// Records a field of our ResourceSlices the API server drops.
@@ -202,18 +458,59 @@ impl resmgr::nri_plugin::EventObserver for Metrics {
     }
 }
 
+/// docs/metrics.md.
+pub fn markdown() -> String {
+    let mut out = String::new();
+    out.push_str(
+        "<!-- Generated from crates/plugin-bin/src/metrics.rs by `cargo xtask docs`; edit that \
+         file, not this one. -->\n\n",
+    );
+    out.push_str("# Metrics\n\n");
+    out.push_str(
+        "The agent serves these at `/metrics` on `metrics-addr` (see \
+         [configuration.md](configuration.md)), in the OpenMetrics text format. Gauges are \
+         read when scraped, so they are never stale. Every metric is listed here: a test fails \
+         when one is registered but not listed, listed but not registered, or never updated.\n\n",
+    );
+    out.push_str("| metric | type | labels | what |\n|---|---|---|---|\n");
+    for m in METRICS {
+        let labels: Vec<String> = m.labels.iter().map(|(l, _)| format!("`{l}`")).collect();
+        let _ = writeln!(
+            out,
+            "| [`{}`](#{}) | {} | {} | {} |",
+            m.display_name(),
+            m.family(),
+            m.kind.as_str(),
+            labels.join(", "),
+            m.help
+        );
+    }
+    for m in METRICS {
+        let _ = write!(out, "\n## `{}`\n\n", m.family());
+        let _ = writeln!(out, "{}; samples {}.\n", m.kind.as_str(), m.samples());
+        let _ = writeln!(out, "{}.", m.help);
+        if !m.details.is_empty() {
+            let _ = writeln!(out, "{}", m.details);
+        }
+        if !m.labels.is_empty() {
+            out.push_str("\n| label | values |\n|---|---|\n");
+            for (label, values) in m.labels {
+                let _ = writeln!(out, "| `{label}` | {values} |");
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::*;
     use crate::view::PoolCounts;
 
-    #[test]
-    fn exports_every_metric_with_pool_gauges() {
-        let m = Metrics::new();
-        m.claims_prepared.inc();
-        m.prepare_seconds.observe(0.002);
-        m.nri_event("create-container");
-        let inventory = Inventory {
+    fn inventory() -> Inventory {
+        Inventory {
             reserved: "0".into(),
             shared: "1-3".into(),
             pools: vec![PoolCounts {
@@ -244,14 +541,108 @@ mod tests {
                 .collect(),
             claims: Vec::new(),
             source: policy::Inventory::default(),
-        };
-        m.refresh(&inventory, 2);
+        }
+    }
+
+    /// Drives every update method once, with values that differ from the fresh ones.
+    fn update_all(m: &Metrics) {
+        m.prepared(0.002, 1, 1);
+        m.unprepared(0.001, 1);
+        m.nri_event("create-container");
         m.slice_field_dropped("devices[].allowMultipleAllocations");
+        m.refresh(&Snapshot {
+            inventory: &inventory(),
+            pending_updates: 2,
+            synchronized: true,
+            ready: true,
+            publish: Some(resmgr::kube::PublishStatus {
+                in_sync: true,
+                failures: 3,
+            }),
+        });
+    }
+
+    /// The `# TYPE` lines: family name to type.
+    fn families(text: &str) -> BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_once(' '))
+            .map(|(n, t)| (n.to_owned(), t.to_owned()))
+            .collect()
+    }
+
+    /// The sample lines of one family.
+    fn samples(text: &str, family: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                l.strip_prefix(family)
+                    .is_some_and(|rest| rest.starts_with(['{', ' ', '_']))
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_registered_metric_is_documented_and_every_documented_one_registered() {
+        // A family with labels shows only once it has a sample: update everything first.
+        let m = Metrics::new();
+        update_all(&m);
         let text = m.encode();
+        let registered = families(&text);
+        let documented: BTreeMap<String, String> = METRICS
+            .iter()
+            .map(|m| (m.family(), m.kind.as_str().to_owned()))
+            .collect();
+        assert_eq!(registered, documented, "\n{text}");
+        for m in METRICS {
+            assert!(
+                text.contains(&format!("# HELP {} {}.\n", m.family(), m.help)),
+                "{}'s help is not the documented one:\n{text}",
+                m.name
+            );
+        }
+    }
+
+    #[test]
+    fn every_documented_metric_is_changed_by_an_update_and_has_its_labels() {
+        let fresh = Metrics::new().encode();
+        let m = Metrics::new();
+        update_all(&m);
+        let text = m.encode();
+        for doc in METRICS {
+            let family = doc.family();
+            let after = samples(&text, &family);
+            assert!(!after.is_empty(), "{family} has no samples:\n{text}");
+            if doc.name != "build_info" {
+                assert_ne!(
+                    samples(&fresh, &family),
+                    after,
+                    "no update method changes {family}"
+                );
+            }
+            let wanted: BTreeSet<&str> = doc.labels.iter().map(|(l, _)| *l).collect();
+            for sample in &after {
+                let labels: BTreeSet<&str> = sample
+                    .split_once('{')
+                    .and_then(|(_, rest)| rest.split_once('}'))
+                    .map(|(labels, _)| {
+                        labels
+                            .split(',')
+                            .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+                            .filter(|k| *k != "le")
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                assert_eq!(labels, wanted, "{sample}");
+            }
+        }
         for wanted in [
             "resmgr_prepare_duration_seconds_count 1",
-            "resmgr_unprepare_duration_seconds_count 0",
+            "resmgr_unprepare_duration_seconds_count 1",
             "resmgr_claims_prepared_total 1",
+            "resmgr_claim_failures_total{operation=\"prepare\"} 1",
+            "resmgr_claim_failures_total{operation=\"unprepare\"} 1",
             "resmgr_nri_events_total{kind=\"create-container\"} 1",
             "resmgr_pool_cpus{pool=\"root\",kind=\"shared\"} 3",
             "resmgr_pool_cpus{pool=\"root\",kind=\"reserved\"} 1",
@@ -261,8 +652,35 @@ mod tests {
             "resmgr_container_fallbacks{kind=\"reserved\"} 1",
             "resmgr_container_fallbacks{kind=\"memory-unpinned\"} 0",
             "resmgr_slice_fields_dropped{field=\"devices[].allowMultipleAllocations\"} 1",
+            "resmgr_ready 1",
+            "resmgr_runtime_synchronized 1",
+            "resmgr_devices_published 1",
+            "resmgr_publish_failures_total 3",
         ] {
             assert!(text.contains(wanted), "{wanted:?} not in\n{text}");
         }
+    }
+
+    #[test]
+    fn the_publish_failure_counter_follows_the_publisher_without_counting_twice() {
+        let m = Metrics::new();
+        let inventory = inventory();
+        for failures in [2, 2, 5] {
+            m.refresh(&Snapshot {
+                inventory: &inventory,
+                pending_updates: 0,
+                synchronized: true,
+                ready: true,
+                publish: Some(resmgr::kube::PublishStatus {
+                    in_sync: false,
+                    failures,
+                }),
+            });
+        }
+        assert!(
+            m.encode().contains("resmgr_publish_failures_total 5\n"),
+            "{}",
+            m.encode()
+        );
     }
 }

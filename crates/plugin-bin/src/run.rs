@@ -7,6 +7,10 @@
 //! serve its calls, and the scheduler learns about our devices only once the kubelet can reach
 //! us.
 //!
+//! With `dra: false` (NRI-only mode) the agent stops after the claim gate: it builds no
+//! Kubernetes client, registers nothing with the kubelet and publishes nothing, and is ready as
+//! soon as the runtime has synchronized.
+//!
 //! Shutdown on SIGTERM (or SIGINT): deregister from the kubelet (the registration socket goes
 //! first), stop accepting claims and answer the calls in flight (the DRA server stops
 //! gracefully), save the state under the manager's lock (so a lifecycle step in flight finishes
@@ -14,7 +18,6 @@
 //! gate never closes, so the agent restarts (the DaemonSet does it) and synchronizes afresh.
 
 use std::{
-    path::Path,
     process::ExitCode,
     sync::{Arc, OnceLock},
     time::Duration,
@@ -49,7 +52,7 @@ use crate::{
     http::{self, Endpoints},
     logging,
     metrics::Metrics,
-    policy_choice, view,
+    policy_choice, values, view,
 };
 
 /// First wait between attempts to reach the runtime; doubles up to [`MAX_RUNTIME_BACKOFF`].
@@ -59,10 +62,10 @@ const MAX_RUNTIME_BACKOFF: Duration = Duration::from_secs(10);
 pub fn main(flags: &RunFlags, node_name_env: Option<String>) -> anyhow::Result<ExitCode> {
     let config = flags.resolve(node_name_env)?;
     if flags.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
+        print!("{}", config.to_file());
         return Ok(ExitCode::SUCCESS);
     }
-    logging::init(config.log_format, "info");
+    logging::init(config.log_format, &config.log_level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -81,7 +84,7 @@ enum Stop {
 }
 
 async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
-    info!(config = %serde_json::to_string(&config).unwrap_or_default(), "starting");
+    info!(config = %config.to_json(), "starting");
     // Signals are installed first, so that a SIGTERM during start-up is a clean stop too.
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -96,33 +99,56 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
     });
 
     // State, topology, policy restore, CDI reconciliation.
-    let topology = Topology::load(&config.topology)
-        .with_context(|| format!("--topology {}", show_topology(&config.topology)))?;
-    check_reserved(&config.reserved_cpus, &topology)?;
+    let topology = Topology::load(&config.topology).with_context(|| {
+        format!(
+            "{} {}",
+            config.origin("topology"),
+            values::show_topology(&config.topology)
+        )
+    })?;
+    let reserved_key = match config.reserved_cpus {
+        ReservedCpus::Set(_) => "reserved-cpus",
+        ReservedCpus::Count(_) => "reserved-cpu-count",
+    };
+    check_reserved(&config.reserved_cpus, &topology)
+        .map_err(|e| anyhow::anyhow!("{} {e}", config.origin(reserved_key)))?;
+    #[allow(
+        clippy::needless_update,
+        reason = "settings the agent does not configure keep the policy's defaults"
+    )]
     let policy = policy_choice::build(
         topology,
         Config {
             reserved_cpus: config.reserved_cpus.clone(),
             driver: config.driver_name.clone(),
+            reserved_namespaces: config.reserved_namespaces.clone(),
             exclusivity: config.policy.0.clone(),
             devices: config.policy.1,
             ..Config::default()
         },
     )
     .map_err(|e| match e {
-        policy::topology_aware::ConfigError::ClaimCpus(_) => anyhow::anyhow!("--claim-cpus: {e}"),
-        _ => anyhow::anyhow!("--reserved-cpus: {e}"),
+        policy::topology_aware::ConfigError::ClaimCpus(_) => {
+            anyhow::anyhow!("{}: {e}", config.origin("claim-cpus"))
+        }
+        _ => anyhow::anyhow!("{}: {e}", config.origin(reserved_key)),
     })?;
     let (policy, policy_view) = view::share(policy);
-    let client = kube::connect(config.kubeconfig.as_deref())
-        .await
-        .context("the Kubernetes API client")?;
-    let versions = Arc::new(ResourceApiVersions::discover(client));
-    let claims = Arc::new(kube::KubeClaimReader::new(
-        versions.clone(),
-        &config.driver_name,
-        RetryPolicy::default(),
-    ));
+    // Without DRA, nothing reads claims (the kubelet never calls us): an empty reader stands in.
+    let (versions, claims): (_, Arc<dyn resmgr::ClaimReader>) = if config.dra {
+        let client = kube::connect(config.kubeconfig.as_deref())
+            .await
+            .context("the Kubernetes API client")?;
+        let versions = Arc::new(ResourceApiVersions::discover(client));
+        let claims = Arc::new(kube::KubeClaimReader::new(
+            versions.clone(),
+            &config.driver_name,
+            RetryPolicy::default(),
+        ));
+        (Some(versions), claims)
+    } else {
+        (None, Arc::new(kube::fake::StaticClaims::new()))
+    };
     let nri_runtime = Arc::new(NriRuntime::default());
     let specs = cdi::SpecStore::new(&config.cdi_dir, &config.driver_name)
         .with_context(|| format!("--cdi-dir {}", config.cdi_dir.display()))?;
@@ -138,16 +164,29 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         .context("starting the resource manager")?,
     );
 
+    if !config.dra {
+        let held = manager.claim_records().await.len();
+        if held > 0 {
+            warn!(
+                claims = held,
+                "DRA is off, yet the state holds prepared claims: they keep their CPUs until DRA is on again and the kubelet unprepares them"
+            );
+        }
+    }
+
     // Observability.
     let metrics = Arc::new(Metrics::new());
     let registration = Arc::new(OnceLock::new());
+    let publishing = Arc::new(OnceLock::new());
     let endpoints = Endpoints {
-        node: config.node_name.clone(),
+        dra: config.dra,
+        node: config.node_name.clone().unwrap_or_default(),
         driver: config.driver_name.clone(),
         manager: manager.clone(),
         view: policy_view.clone(),
         metrics: metrics.clone(),
         registration: registration.clone(),
+        publisher: publishing.clone(),
     };
     let http_stop = stopped(stop_rx.clone());
     let (addr, http_task) = http::serve(config.metrics_addr, endpoints, async move {
@@ -180,7 +219,17 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         }
     }
 
-    // The kubelet, then the API server.
+    // The kubelet, then the API server; neither without DRA.
+    let (Some(versions), Some(node_name)) = (versions, config.node_name.clone()) else {
+        info!(
+            "DRA is off: serving the runtime only (no kubelet registration, no devices published)"
+        );
+        let stop = tokio::select! {
+            name = stopped(stop_rx.clone()) => Stop::Signal(name),
+            why = connection.closed() => Stop::RuntimeLost(why),
+        };
+        return end(stop, &manager, None, http_task).await;
+    };
     let kubelet_config = KubeletConfig {
         driver_name: config.driver_name.clone(),
         plugins_dir: config.kubelet_plugins_dir.clone(),
@@ -202,11 +251,12 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
             node_allocatable_cpu: config
                 .node_allocatable_cpu
                 .then(kube::NodeAllocatableCpu::default),
-            ..PublisherConfig::new(&config.driver_name, &config.node_name)
+            ..PublisherConfig::new(&config.driver_name, &node_name)
         },
         versions,
     )
     .map_err(|e| anyhow::anyhow!("--node-name/--driver-name: {e}"))?;
+    let _ = publishing.set(publisher.clone());
     let watcher = tokio::spawn(watch_dropped_fields(
         publisher.dropped_fields(),
         config.policy.1.mode,
@@ -245,7 +295,17 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
     maintainer.abort();
     republisher.abort();
     watcher.abort();
-    finish(&manager, Some(plugin)).await?;
+    end(stop, &manager, Some(plugin), http_task).await
+}
+
+/// The last steps of a stop: deregister, save, stop serving, and the exit status.
+async fn end(
+    stop: Stop,
+    manager: &Manager,
+    plugin: Option<KubeletPlugin>,
+    http_task: tokio::task::JoinHandle<()>,
+) -> anyhow::Result<ExitCode> {
+    finish(manager, plugin).await?;
     if matches!(stop, Stop::RuntimeLost(_)) {
         // The endpoints stop on a signal by themselves; without one they would serve forever.
         http_task.abort();
@@ -423,14 +483,10 @@ impl ClaimHandler for Measured {
     async fn prepare(&self, claims: &[ClaimRef]) -> Result<PrepareResults, RequestError> {
         let start = std::time::Instant::now();
         let answer = self.inner.prepare(claims).await;
+        let (ok, failed) = outcome(&answer, claims.len());
         self.metrics
-            .prepare_seconds
-            .observe(start.elapsed().as_secs_f64());
+            .prepared(start.elapsed().as_secs_f64(), ok, failed);
         if let Ok(results) = &answer {
-            let ok = results.values().filter(|r| r.is_ok()).count();
-            self.metrics
-                .claims_prepared
-                .inc_by(u64::try_from(ok).unwrap_or(u64::MAX));
             let inventory = self.view.inventory();
             for c in inventory
                 .claims
@@ -447,9 +503,9 @@ impl ClaimHandler for Measured {
         let before = self.view.inventory();
         let start = std::time::Instant::now();
         let answer = self.inner.unprepare(claims).await;
+        let (_, failed) = outcome(&answer, claims.len());
         self.metrics
-            .unprepare_seconds
-            .observe(start.elapsed().as_secs_f64());
+            .unprepared(start.elapsed().as_secs_f64(), failed);
         if let Ok(results) = &answer {
             for c in before
                 .claims
@@ -464,6 +520,23 @@ impl ClaimHandler for Measured {
     }
 }
 
+/// How many claims of a kubelet request succeeded and failed. A request refused as a whole
+/// fails every claim in it, except while the runtime is still synchronizing: the kubelet retries
+/// those, and counting them would make every start look like a failure.
+fn outcome<T, E>(
+    answer: &Result<std::collections::BTreeMap<String, Result<T, E>>, RequestError>,
+    asked: usize,
+) -> (usize, usize) {
+    match answer {
+        Ok(results) => {
+            let ok = results.values().filter(|r| r.is_ok()).count();
+            (ok, results.len() - ok)
+        }
+        Err(RequestError::Unavailable(_)) => (0, 0),
+        Err(_) => (0, asked),
+    }
+}
+
 /// Refuses a reserved cpuset naming CPUs that are not online (the policy would drop them
 /// silently).
 fn check_reserved(reserved: &ReservedCpus, topology: &Topology) -> anyhow::Result<()> {
@@ -471,20 +544,12 @@ fn check_reserved(reserved: &ReservedCpus, topology: &Topology) -> anyhow::Resul
         let missing = set.difference(&topology.online);
         if !missing.is_empty() {
             anyhow::bail!(
-                "--reserved-cpus {set}: cpus {missing} are not online on this machine (online: {})",
+                "{set}: cpus {missing} are not online on this machine (online: {})",
                 topology.online
             );
         }
     }
     Ok(())
-}
-
-fn show_topology(t: &policy::TopologySource) -> String {
-    match t {
-        policy::TopologySource::Live => "live".into(),
-        policy::TopologySource::Synthetic(d) => format!("synthetic:{d}"),
-        policy::TopologySource::Xml(p) => format!("xml:{}", Path::new(p).display()),
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,10 @@
 
 use std::{collections::BTreeMap, process::ExitCode};
 
-use policy::{Topology, topology_aware::Config};
+use policy::{
+    Topology,
+    topology_aware::{Config, ReservedCpus},
+};
 use serde::Serialize;
 
 use crate::{
@@ -21,11 +24,24 @@ struct Out<'a> {
     devices: Vec<policy::Device>,
 }
 
-pub fn main(topology: &str, reserved: &str, format: Format) -> anyhow::Result<ExitCode> {
+pub fn main(
+    topology: &str,
+    reserved: Option<&str>,
+    reserved_count: &str,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
     let source =
         values::topology(topology, None).map_err(|e| anyhow::anyhow!("--topology: {e}"))?;
-    let reserved_cpus =
-        values::reserved_cpus(reserved).map_err(|e| anyhow::anyhow!("--reserved-cpus: {e}"))?;
+    let reserved_cpus = match reserved {
+        Some(set) => ReservedCpus::Set(
+            values::reserved_cpuset(set).map_err(|e| anyhow::anyhow!("--reserved-cpus: {e}"))?,
+        ),
+        None => ReservedCpus::Count(
+            values::reserved_count(reserved_count)
+                .map_err(|e| anyhow::anyhow!("--reserved-cpu-count: {e}"))?,
+        ),
+    };
+    let shown = values::show_reserved(&reserved_cpus);
     let topo =
         Topology::load(&source).map_err(|e| anyhow::anyhow!("--topology {topology:?}: {e}"))?;
     let policy = policy_choice::build(
@@ -35,7 +51,7 @@ pub fn main(topology: &str, reserved: &str, format: Format) -> anyhow::Result<Ex
             ..Config::default()
         },
     )
-    .map_err(|e| anyhow::anyhow!("--reserved-cpus {reserved:?}: {e}"))?;
+    .map_err(|e| anyhow::anyhow!("reserved cpus {shown}: {e}"))?;
     let devices = view::devices_to_show(&*policy)?;
     let report = policy.inventory();
     let depths: BTreeMap<String, usize> = report

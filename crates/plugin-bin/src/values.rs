@@ -14,8 +14,8 @@ use policy::{
 /// What `--topology` accepts, for messages.
 pub const TOPOLOGY_ALLOWED: &str = "`live`, `synthetic:<hwloc description>` (for example `synthetic:pack:2 numa:2 core:8 pu:2`) or `xml:<file>`";
 
-/// What `--reserved-cpus` accepts, for messages.
-pub const RESERVED_ALLOWED: &str = "a count of CPUs such as `2`, or a cpuset such as `0-1` or `0,8` (`cpuset:3` for the single CPU 3)";
+/// What `reserved-cpus` accepts, for messages.
+pub const RESERVED_ALLOWED: &str = "a cpuset in the kubelet's reservedSystemCPUs syntax, such as `0`, `0-1` or `0,32` (for a number of CPUs, set reserved-cpu-count instead)";
 
 /// `live`, `synthetic:<description>` or `xml:<path>`. Relative XML paths are resolved against
 /// `base` (a scenario's directory), if given.
@@ -38,32 +38,18 @@ pub fn topology(value: &str, base: Option<&Path>) -> Result<TopologySource, Stri
     }
 }
 
-/// A count (`2`) or a cpuset (`0-1`, `0,8`, `cpuset:3`). A bare number is a count, so a single
-/// CPU is written `cpuset:3` (or `3-3`).
-pub fn reserved_cpus(value: &str) -> Result<ReservedCpus, String> {
+/// The reserved CPUs as a cpuset, in the kubelet's `reservedSystemCPUs` syntax: `0` is CPU 0,
+/// `0,32` CPUs 0 and 32, `0-1` CPUs 0 and 1. The `cpuset:` prefix nri-plugins writes is accepted
+/// too. A number is always a CPU: a count is [`reserved_count`], a setting of its own.
+pub fn reserved_cpuset(value: &str) -> Result<CpuSet, String> {
     let bad = |why: String| {
         format!("{value:?} is not a reserved-cpus value ({why}): expected {RESERVED_ALLOWED}")
     };
     let text = value.trim();
-    if let Some(set) = text.strip_prefix("cpuset:") {
-        return cpuset(set).map(ReservedCpus::Set).map_err(bad);
-    }
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        let n: usize = text
-            .parse()
-            .map_err(|_| bad("the count is too large".into()))?;
-        if n == 0 {
-            return Err(bad("a count must be at least 1".into()));
-        }
-        return Ok(ReservedCpus::Count(n));
-    }
-    cpuset(text).map(ReservedCpus::Set).map_err(bad)
-}
-
-fn cpuset(text: &str) -> Result<CpuSet, String> {
-    let set = CpuSet::from_str(text).map_err(|e| e.to_string())?;
+    let text = text.strip_prefix("cpuset:").unwrap_or(text);
+    let set = CpuSet::from_str(text).map_err(|e| bad(e.to_string()))?;
     if set.is_empty() {
-        return Err("the cpuset is empty".into());
+        return Err(bad("the cpuset is empty".into()));
     }
     Ok(set)
 }
@@ -156,14 +142,33 @@ pub fn policy_settings(
     ))
 }
 
-/// `claim-cpus`: a count or a cpuset, written like `reserved-cpus`.
+/// `claim-cpus`: a count (`8`) or a cpuset (`8-15`, `0,8`; `cpuset:3` for the single CPU 3).
 fn claim_cpus(value: &str) -> Result<ClaimCpus, String> {
-    reserved_cpus(value)
-        .map(|r| match r {
-            ReservedCpus::Count(n) => ClaimCpus::Count(n),
-            ReservedCpus::Set(set) => ClaimCpus::Set(set),
-        })
-        .map_err(|e| e.replace("reserved-cpus value", "claim-cpus value"))
+    let bad = |why: String| {
+        format!(
+            "{value:?} is not a claim-cpus value ({why}): expected a count of CPUs such as `8`, or a cpuset such as `8-15` or `0,8` (`cpuset:3` for the single CPU 3)"
+        )
+    };
+    let text = value.trim();
+    if let Some(set) = text.strip_prefix("cpuset:") {
+        return nonempty_cpuset(set).map(ClaimCpus::Set).map_err(bad);
+    }
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return match text.parse::<usize>() {
+            Ok(0) => Err(bad("a count must be at least 1".into())),
+            Ok(n) => Ok(ClaimCpus::Count(n)),
+            Err(_) => Err(bad("the count is too large".into())),
+        };
+    }
+    nonempty_cpuset(text).map(ClaimCpus::Set).map_err(bad)
+}
+
+fn nonempty_cpuset(text: &str) -> Result<CpuSet, String> {
+    let set = CpuSet::from_str(text).map_err(|e| e.to_string())?;
+    if set.is_empty() {
+        return Err("the cpuset is empty".into());
+    }
+    Ok(set)
 }
 
 /// The policy's settings the way they are written, in [`PolicyValues`] order.
@@ -195,11 +200,38 @@ pub fn show_policy_settings(exclusivity: &Exclusivity, devices: &DeviceModel) ->
     ]
 }
 
-/// Shows a reserved-cpus value the way it is written.
+/// A number of CPUs to reserve, at least 1.
+pub fn reserved_count(value: &str) -> Result<usize, String> {
+    let text = value.trim();
+    let bad = |why: &str| {
+        format!(
+            "{value:?} is not a reserved-cpu-count value ({why}): expected a whole number of CPUs, at least 1 (to name the CPUs, set reserved-cpus instead)"
+        )
+    };
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad("not a whole number"));
+    }
+    match text.parse::<usize>() {
+        Ok(0) => Err(bad("a count must be at least 1")),
+        Ok(n) => Ok(n),
+        Err(_) => Err(bad("the count is too large")),
+    }
+}
+
+/// Shows a reserved-cpus value: a cpuset as the kubelet writes it, a count as `N cpus`.
 pub fn show_reserved(r: &ReservedCpus) -> String {
     match r {
-        ReservedCpus::Count(n) => n.to_string(),
+        ReservedCpus::Count(n) => format!("{n} cpus"),
         ReservedCpus::Set(set) => set.to_string(),
+    }
+}
+
+/// Shows a topology source the way it is written.
+pub fn show_topology(t: &TopologySource) -> String {
+    match t {
+        TopologySource::Live => "live".to_owned(),
+        TopologySource::Synthetic(d) => format!("synthetic:{d}"),
+        TopologySource::Xml(p) => format!("xml:{}", p.display()),
     }
 }
 
@@ -367,19 +399,29 @@ mod tests {
     }
 
     #[test]
-    fn reserved_counts_and_sets() {
-        assert_eq!(reserved_cpus("2"), Ok(ReservedCpus::Count(2)));
+    fn reserved_cpusets_take_the_kubelets_syntax() {
+        let set = |s: &str| Ok(s.parse::<CpuSet>().unwrap());
         assert_eq!(
-            reserved_cpus("0-1"),
-            Ok(ReservedCpus::Set("0-1".parse().unwrap()))
+            reserved_cpuset("0"),
+            set("0"),
+            "CPU 0, as the kubelet reads it"
         );
-        assert_eq!(
-            reserved_cpus("cpuset:3"),
-            Ok(ReservedCpus::Set("3".parse().unwrap()))
-        );
-        for bad in ["0", "", "a", "3-1", "cpuset:", "-1", "1.5"] {
-            let e = reserved_cpus(bad).unwrap_err();
-            assert!(e.contains("expected a count"), "{bad:?}: {e}");
+        assert_eq!(reserved_cpuset("2"), set("2"));
+        assert_eq!(reserved_cpuset("0,32"), set("0,32"));
+        assert_eq!(reserved_cpuset("0-1"), set("0-1"));
+        assert_eq!(reserved_cpuset("cpuset:3"), set("3"));
+        for bad in ["", "a", "3-1", "cpuset:", "-1", "1.5", "750m"] {
+            let e = reserved_cpuset(bad).unwrap_err();
+            assert!(e.contains("reservedSystemCPUs"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn reserved_counts() {
+        assert_eq!(reserved_count("2"), Ok(2));
+        for bad in ["0", "", "-1", "0-1", "two"] {
+            let e = reserved_count(bad).unwrap_err();
+            assert!(e.contains("a whole number of CPUs"), "{bad:?}: {e}");
         }
     }
 }

@@ -64,9 +64,12 @@ fn every_flag_refuses_a_bad_value_naming_the_flag_the_value_and_what_is_allowed(
         ("--kubeconfig", "", "kubeconfig file"),
         ("--topology", "hwloc:thing", "`live`, `synthetic:"),
         ("--topology", "synthetic:", "`live`, `synthetic:"),
-        ("--reserved-cpus", "0", "a count of CPUs"),
-        ("--reserved-cpus", "3-1", "a count of CPUs"),
-        ("--reserved-cpus", "many", "a count of CPUs"),
+        ("--reserved-cpus", "3-1", "reservedSystemCPUs syntax"),
+        ("--reserved-cpus", "many", "reservedSystemCPUs syntax"),
+        ("--reserved-cpu-count", "0", "a whole number of CPUs"),
+        ("--reserved-namespaces", "Kube_System", "namespace names"),
+        ("--dra", "no", "`true` or `false`"),
+        ("--log-level", "info,=[", "a level"),
         ("--metrics-addr", "localhost", "IP address and port"),
         ("--metrics-addr", "127.0.0.1", "IP address and port"),
         ("--log-format", "xml", "`text` or `json`"),
@@ -108,70 +111,64 @@ fn the_node_name_comes_from_the_flag_the_file_or_node_name_and_is_required() {
             .args(["run", "--print-config"])
             .env("NODE_NAME", "from-env"),
     );
-    assert!(text(&out.stdout).contains("\"node_name\": \"from-env\""));
+    assert!(text(&out.stdout).contains("node-name: from-env\n"));
     let out = run_ok(
         resmgr()
             .args(["run", "--print-config", "--node-name", "from-flag"])
             .env("NODE_NAME", "from-env"),
     );
-    assert!(text(&out.stdout).contains("\"node_name\": \"from-flag\""));
+    assert!(text(&out.stdout).contains("node-name: from-flag\n"));
+    // Without DRA no name is needed.
+    let out = run_ok(resmgr().args(["run", "--print-config", "--dra", "false"]));
+    assert!(!text(&out.stdout).contains("node-name"));
+}
+
+/// The config file as YAML, read back.
+fn yaml(out: &Output) -> serde_yaml_ng::Value {
+    serde_yaml_ng::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
 fn the_config_file_sets_every_key_and_flags_win() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("resmgr.yaml");
-    std::fs::write(
-        &file,
-        "node-name: file-node\n\
+    let body = "apiVersion: resmgr.io/v1alpha1\n\
+         kind: AgentConfiguration\n\
+         node-name: file-node\n\
+         dra: true\n\
          driver-name: cpu.example.io\n\
          nri-socket: /file/nri.sock\n\
-         nri-plugin-index: 10\n\
+         nri-plugin-index: '10'\n\
          kubelet-plugins-dir: /file/plugins\n\
          kubelet-registry-dir: /file/registry\n\
          cdi-dir: /file/cdi\n\
-         state-dir: /file/state\n\
          kubeconfig: /file/kubeconfig\n\
-         topology: \"synthetic:pack:1 core:2 pu:1\"\n\
-         reserved-cpus: \"0-1\"\n\
-         metrics-addr: \"0.0.0.0:9000\"\n\
-         log-format: json\n\
          node-allocatable-cpu: true\n\
+         topology: synthetic:pack:1 core:2 pu:1\n\
+         reserved-cpus: '0'\n\
+         reserved-namespaces:\n\
+         - kube-system\n\
+         - monitoring\n\
          cpu-exclusivity: partition\n\
-         claim-cpus: 1\n\
+         claim-cpus: '1'\n\
          device-mode: individual\n\
          group-by: numa\n\
-         claim-granularity: core\n",
-    )
-    .unwrap();
+         claim-granularity: core\n\
+         state-dir: /file/state\n\
+         metrics-addr: 0.0.0.0:9000\n\
+         log-format: json\n\
+         log-level: debug\n";
+    std::fs::write(&file, body).unwrap();
     let out = run_ok(
         resmgr()
             .args(["run", "--print-config", "--config"])
             .arg(&file),
     );
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let want = serde_json::json!({
-        "node_name": "file-node",
-        "driver_name": "cpu.example.io",
-        "nri_socket": "/file/nri.sock",
-        "nri_plugin_index": "10",
-        "kubelet_plugins_dir": "/file/plugins",
-        "kubelet_registry_dir": "/file/registry",
-        "cdi_dir": "/file/cdi",
-        "state_dir": "/file/state",
-        "kubeconfig": "/file/kubeconfig",
-        "topology": "synthetic:pack:1 core:2 pu:1",
-        "reserved_cpus": "0-1",
-        "metrics_addr": "0.0.0.0:9000",
-        "log_format": "json",
-        "node_allocatable_cpu": true,
-        "cpu_exclusivity": "partition",
-        "claim_cpus": "1",
-        "device_mode": "individual",
-        "group_by": "numa",
-        "claim_granularity": "core",
-    });
-    assert_eq!(got, want);
+    assert_eq!(
+        text(&out.stdout),
+        body,
+        "--print-config prints the file back, every key resolved"
+    );
 
     let out = run_ok(
         resmgr()
@@ -180,17 +177,43 @@ fn the_config_file_sets_every_key_and_flags_win() {
             .args([
                 "--nri-plugin-index",
                 "20",
-                "--reserved-cpus",
+                "--reserved-cpu-count",
                 "3",
                 "--log-format",
                 "text",
+                "--reserved-namespaces",
+                "a,b",
             ]),
     );
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(got["nri_plugin_index"], "20", "the flag wins");
-    assert_eq!(got["reserved_cpus"], "3");
-    assert_eq!(got["log_format"], "text");
-    assert_eq!(got["cdi_dir"], "/file/cdi", "the file still sets the rest");
+    let got = yaml(&out);
+    assert_eq!(got["nri-plugin-index"], "20", "the flag wins");
+    assert_eq!(
+        got["reserved-cpu-count"], 3,
+        "a count given as a flag wins over a cpuset in the file"
+    );
+    assert!(got.get("reserved-cpus").is_none());
+    assert_eq!(got["log-format"], "text");
+    assert_eq!(
+        got["reserved-namespaces"],
+        serde_yaml_ng::from_str::<serde_yaml_ng::Value>("[a, b]").unwrap()
+    );
+    assert_eq!(got["cdi-dir"], "/file/cdi", "the file still sets the rest");
+}
+
+#[test]
+fn print_defaults_prints_a_file_the_agent_reads_back_as_its_defaults() {
+    let out = run_ok(resmgr().args(["config", "--print-defaults"]));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("defaults.yaml");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let from_file = run_ok(
+        resmgr()
+            .args(["run", "--print-config", "--node-name", "n", "--config"])
+            .arg(&file),
+    );
+    let plain = run_ok(resmgr().args(["run", "--print-config", "--node-name", "n"]));
+    assert_eq!(text(&from_file.stdout), text(&plain.stdout));
+    assert!(text(&out.stdout).contains("# reserved-cpus:\n"));
 }
 
 #[test]
@@ -209,22 +232,35 @@ fn bad_config_files_are_refused_naming_the_file_line_key_and_value() {
             assert!(err.contains(w), "{body:?}: wanted {w:?} in {err}");
         }
     };
+    const H: &str = "apiVersion: resmgr.io/v1alpha1\nkind: AgentConfiguration\n";
     check(
-        "log-format: json\nnri-plugin-index: 7\n",
-        &["line 2", "nri-plugin-index", "\"7\"", "exactly two digits"],
+        &format!("{H}log-format: json\nnri-plugin-index: 7\n"),
+        &["line 4", "nri-plugin-index", "\"7\"", "exactly two digits"],
     );
     check(
-        "cdi-dir: /x\nnode_name: n\n",
-        &["line 2", "unknown key \"node_name\"", "node-name"],
+        &format!("{H}cdi-dir: /x\nnode_name: n\n"),
+        &["line 4", "unknown key \"node_name\"", "node-name"],
     );
     check(
-        "topology: [a, b]\n",
-        &["line 1", "topology", "a single value"],
+        &format!("{H}topology: [a, b]\n"),
+        &["line 3", "topology", "a single value"],
+    );
+    check(
+        &format!("{H}reserved-cpus: \"0\"\nreserved-cpu-count: 2\n"),
+        &[
+            "line 3: reserved-cpus and",
+            "line 4: reserved-cpu-count",
+            "both are set",
+        ],
+    );
+    check(
+        "log-format: json\n",
+        &["no `apiVersion: resmgr.io/v1alpha1`"],
     );
     check("- a list\n", &["a mapping of settings"]);
     check("topology: \"\n", &["not valid YAML"]);
     // A bad value in the file is not an error when a flag overrides it.
-    std::fs::write(&file, "log-format: xml\n").unwrap();
+    std::fs::write(&file, format!("{H}log-format: xml\n")).unwrap();
     run_ok(
         resmgr()
             .args([

@@ -78,9 +78,15 @@ func (c *cluster) path(p ...string) string { return filepath.Join(append([]strin
 // CPUs) and the agent.
 func start(t *testing.T) *cluster {
 	t.Helper()
+	return startWith(t, true)
+}
+
+// startWith starts the agent with DRA on (and an API server for it), or off: then with no API
+// server, no kubeconfig, no kubelet directories and no node name.
+func startWith(t *testing.T, dra bool) *cluster {
+	t.Helper()
 	c := &cluster{t: t, dir: t.TempDir(), active: make(pluginCount, 8),
 		updates: make(chan []*api.ContainerUpdate, 16), logs: &harness.LockedBuffer{}}
-	kubeconfig := c.startAPIServer()
 
 	web := &api.PodSandbox{Id: "sb-web", Name: "web", Uid: "pod-web-uid", Namespace: "default",
 		Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-burstable-podweb.slice"}}
@@ -113,13 +119,24 @@ func start(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	c.metrics = freeAddr(t)
-	c.agent = exec.Command(bin, "run",
-		"--node-name", node, "--driver-name", driver,
+	args := []string{"run",
 		"--nri-socket", c.path("nri-front.sock"), "--nri-plugin-index", "90",
-		"--kubelet-plugins-dir", c.path("plugins"), "--kubelet-registry-dir", c.path("plugins_registry"),
-		"--cdi-dir", c.path("cdi"), "--state-dir", c.path("state"), "--kubeconfig", kubeconfig,
-		"--topology", "synthetic:pack:1 numa:2 core:4 pu:2", "--reserved-cpus", "cpuset:0",
-		"--metrics-addr", c.metrics)
+		"--cdi-dir", c.path("cdi"), "--state-dir", c.path("state"),
+		"--topology", "synthetic:pack:1 numa:2 core:4 pu:2", "--reserved-cpus", "0",
+		"--metrics-addr", c.metrics}
+	if dra {
+		args = append(args, "--node-name", node, "--driver-name", driver, "--kubeconfig", c.startAPIServer(),
+			"--kubelet-plugins-dir", c.path("plugins"), "--kubelet-registry-dir", c.path("plugins_registry"))
+	} else {
+		args = append(args, "--dra", "false")
+	}
+	c.agent = exec.Command(bin, args...)
+	// Nothing of a cluster in the environment: without DRA the agent must not look for one.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") {
+			c.agent.Env = append(c.agent.Env, kv)
+		}
+	}
 	c.agent.Stdout, c.agent.Stderr = c.logs, c.logs
 	if err := c.agent.Start(); err != nil {
 		t.Fatalf("starting resmgr run: %v", err)
@@ -529,5 +546,89 @@ func TestLosingTheRuntimeEndsTheAgent(t *testing.T) {
 		}
 	case <-time.After(waitLimit):
 		t.Fatal("resmgr run kept running without its runtime")
+	}
+}
+
+// Without DRA (`--dra false`) the agent is an NRI plugin only, as people coming from nri-plugins
+// run it first: no API server, kubeconfig, node name or kubelet; ready once synchronized with
+// the runtime; a Guaranteed container gets CPUs of its own, which no shared container gets; and
+// nothing is published.
+func TestNRIOnlyMode(t *testing.T) {
+	c := startWith(t, false)
+	for n := 0; n != 1; {
+		select {
+		case n = <-c.active:
+		case err := <-c.exited:
+			t.Fatalf("resmgr run exited (%v) before registering with the runtime", err)
+		case <-time.After(waitLimit):
+			t.Fatal("resmgr never became an active NRI plugin")
+		}
+	}
+	c.waitFor("/readyz to say ready without any kubelet", func() bool {
+		code, _ := get(t, "http://"+c.metrics+"/readyz")
+		return code == http.StatusOK
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	guaranteed, err := c.runtime.CreateContainer(ctx, &api.CreateContainerRequest{
+		Pod: &api.PodSandbox{Id: "sb-batch", Name: "batch", Uid: "pod-batch-uid", Namespace: "jobs",
+			Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-podbatch.slice"}},
+		Container: &api.Container{Id: "batch-worker", PodSandboxId: "sb-batch", Name: "worker",
+			Linux: &api.LinuxContainer{Resources: &api.LinuxResources{
+				Cpu: &api.LinuxCPU{Shares: &api.OptionalUInt64{Value: 2048},
+					Quota: &api.OptionalInt64{Value: 200000}, Period: &api.OptionalUInt64{Value: 100000}},
+				Memory: &api.LinuxMemory{Limit: &api.OptionalInt64{Value: 1 << 30}}}}},
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer of the Guaranteed container: %v", err)
+	}
+	exclusive := guaranteed.GetAdjust().GetLinux().GetResources().GetCpu().GetCpus()
+	if len(cpus(exclusive)) != 2 || cpus(exclusive)[0] {
+		t.Fatalf("the Guaranteed container got cpus %q, want two CPUs of its own, not the reserved CPU 0", exclusive)
+	}
+	for _, u := range guaranteed.GetUpdate() {
+		if got := u.GetLinux().GetResources().GetCpu().GetCpus(); overlaps(got, exclusive) {
+			t.Fatalf("%s was moved to %q, which overlaps the exclusive %q", u.ContainerId, got, exclusive)
+		}
+	}
+	shared, err := c.runtime.CreateContainer(ctx, &api.CreateContainerRequest{
+		Pod: &api.PodSandbox{Id: "sb-api", Name: "api", Uid: "pod-api-uid", Namespace: "jobs",
+			Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-burstable-podapi.slice"}},
+		Container: &api.Container{Id: "api-server", PodSandboxId: "sb-api", Name: "server",
+			Linux: &api.LinuxContainer{Resources: &api.LinuxResources{
+				Cpu: &api.LinuxCPU{Shares: &api.OptionalUInt64{Value: 512}}}}},
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer of the Burstable container: %v", err)
+	}
+	if got := shared.GetAdjust().GetLinux().GetResources().GetCpu().GetCpus(); got == "" || overlaps(got, exclusive) {
+		t.Fatalf("the Burstable container got cpus %q; the exclusive ones are %q", got, exclusive)
+	}
+
+	_, metrics := get(t, "http://"+c.metrics+"/metrics")
+	for _, want := range []string{"resmgr_ready 1", "resmgr_runtime_synchronized 1", "resmgr_devices_published 0",
+		`resmgr_nri_events_total{kind="create-container"} 2`} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+	if !strings.Contains(c.logs.String(), "DRA is off") {
+		t.Fatalf("the agent did not say it runs without DRA:\n%s", c.logs.String())
+	}
+
+	if err := c.agent.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-c.exited:
+		if err != nil {
+			t.Fatalf("resmgr run exited with %v after SIGTERM", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("resmgr run did not stop after SIGTERM")
+	}
+	if !exists(c.path("state", "state.json"))() {
+		t.Fatal("no state file after SIGTERM")
 	}
 }

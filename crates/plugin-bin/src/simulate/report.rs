@@ -11,7 +11,7 @@ use policy::{AttributeValue, Device, Topology, ValidValues};
 use serde::Serialize;
 
 use super::scenario::Scenario;
-use crate::{values, view::Inventory};
+use crate::view::Inventory;
 
 /// A device the policy publishes, in short.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -198,7 +198,6 @@ impl Report {
         inventory: &Inventory,
     ) -> Self {
         let summary = topology.to_string();
-        let _ = values::show_reserved(&scenario.reserved_cpus);
         Self {
             scenario: file.to_owned(),
             description: scenario.description.clone(),

@@ -2,7 +2,8 @@
 //!
 //! ```yaml
 //! topology: "pack:2 numa:2 core:8 pu:2"     # a synthetic description, or live, or xml:<file>
-//! reserved-cpus: "0-1"                      # a count or a cpuset (default 1)
+//! reserved-cpus: "0-1"                      # a cpuset, as the kubelet writes it (or:)
+//! # reserved-cpu-count: 2                   # this many CPUs (the default: 1)
 //! steps:
 //!   - pod: {name: web, namespace: default, qos: Burstable}
 //!   - container: {pod: web, name: app, cpu-request: 500m, memory: 256Mi}
@@ -81,6 +82,8 @@ struct File {
     topology: String,
     #[serde(default)]
     reserved_cpus: Option<Scalar>,
+    #[serde(default)]
+    reserved_cpu_count: Option<Scalar>,
     #[serde(default)]
     reserved_namespaces: Option<Vec<String>>,
     #[serde(default)]
@@ -587,10 +590,26 @@ pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, Sc
     };
     let topology = values::topology(&topology_text, base)
         .map_err(|e| err(key_line("topology"), format!("topology: {e}")))?;
-    let reserved_cpus = match &raw.reserved_cpus {
-        None => ReservedCpus::Count(1),
-        Some(v) => values::reserved_cpus(&v.0)
-            .map_err(|e| err(key_line("reserved-cpus"), format!("reserved-cpus: {e}")))?,
+    let reserved_cpus = match (&raw.reserved_cpus, &raw.reserved_cpu_count) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                key_line("reserved-cpu-count"),
+                "reserved-cpus and reserved-cpu-count: both are set; reserved-cpus names the \
+                 CPUs, reserved-cpu-count picks that many: set one of them"
+                    .into(),
+            ));
+        }
+        (Some(v), None) => ReservedCpus::Set(
+            values::reserved_cpuset(&v.0)
+                .map_err(|e| err(key_line("reserved-cpus"), format!("reserved-cpus: {e}")))?,
+        ),
+        (None, Some(v)) => ReservedCpus::Count(values::reserved_count(&v.0).map_err(|e| {
+            err(
+                key_line("reserved-cpu-count"),
+                format!("reserved-cpu-count: {e}"),
+            )
+        })?),
+        (None, None) => ReservedCpus::Count(1),
     };
     let (exclusivity, devices) = values::policy_settings(&values::PolicyValues {
         cpu_exclusivity: raw.cpu_exclusivity.as_deref(),
@@ -833,7 +852,7 @@ mod tests {
     use super::*;
 
     const GOOD: &str = "topology: \"pack:1 numa:2 core:2 pu:2\"
-reserved-cpus: 1
+reserved-cpu-count: 1
 steps:
   # a comment
   - pod: {name: web, qos: Burstable}

@@ -27,7 +27,7 @@ pub use claims::{ClaimReadError, ClaimReader, KubeClaimReader};
 pub use client::{ConnectError, connect};
 pub use slices::{
     DevicePublisher, DeviceValidationError, NodeAllocatableCpu, PublishError, PublishReport,
-    PublisherConfig, PublisherConfigError, SlicePublisher,
+    PublishStatus, PublisherConfig, PublisherConfigError, SlicePublisher,
 };
 pub use version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions};
 

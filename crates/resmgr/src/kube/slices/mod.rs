@@ -22,7 +22,7 @@ use futures::future::BoxFuture;
 use kubelet_plugin::names::dns_subdomain;
 use policy::Device;
 
-pub use publisher::{PublishError, PublishReport, SlicePublisher};
+pub use publisher::{PublishError, PublishReport, PublishStatus, SlicePublisher};
 pub use validate::DeviceValidationError;
 
 use super::retry::RetryPolicy;

@@ -22,7 +22,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
 };
 
 use ::kube::{
@@ -90,6 +93,16 @@ pub enum PublishError {
     },
 }
 
+/// How publication is going, for metrics: read it at any time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublishStatus {
+    /// Whether the last publication (or republication) succeeded: the API server has our
+    /// devices as the policy last gave them.
+    pub in_sync: bool,
+    /// Publications and republications that failed, since the start.
+    pub failures: u64,
+}
+
 /// What one publication did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PublishReport {
@@ -125,6 +138,10 @@ struct Inner {
     retry: Notify,
     /// Every field the API server was seen dropping, as printed (`devices[].allowMultipleAllocations`).
     dropped: watch::Sender<BTreeSet<String>>,
+    /// [`PublishStatus::in_sync`].
+    in_sync: AtomicBool,
+    /// [`PublishStatus::failures`].
+    failures: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -168,6 +185,8 @@ impl SlicePublisher {
                 state: tokio::sync::Mutex::new(State::default()),
                 retry: Notify::new(),
                 dropped: watch::Sender::new(BTreeSet::new()),
+                in_sync: AtomicBool::new(false),
+                failures: AtomicU64::new(0),
             }),
         })
     }
@@ -177,6 +196,14 @@ impl SlicePublisher {
     /// [`SlicePublisher::maintain`]) find more.
     pub fn dropped_fields(&self) -> watch::Receiver<BTreeSet<String>> {
         self.inner.dropped.subscribe()
+    }
+
+    /// How publication is going.
+    pub fn status(&self) -> PublishStatus {
+        PublishStatus {
+            in_sync: self.inner.in_sync.load(Ordering::Relaxed),
+            failures: self.inner.failures.load(Ordering::Relaxed),
+        }
     }
 
     /// The configuration.
@@ -324,8 +351,21 @@ impl SlicePublisher {
         Api::all_with(self.inner.versions.client().clone(), &resource)
     }
 
-    /// Reconciles, starting over after write conflicts.
+    /// Reconciles, starting over after write conflicts, and records the outcome in
+    /// [`SlicePublisher::status`].
     async fn reconcile(&self, state: &mut State) -> Result<PublishReport, PublishError> {
+        let result = self.reconcile_with_retries(state).await;
+        self.inner.in_sync.store(result.is_ok(), Ordering::Relaxed);
+        if result.is_err() {
+            self.inner.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn reconcile_with_retries(
+        &self,
+        state: &mut State,
+    ) -> Result<PublishReport, PublishError> {
         for _ in 0..CONFLICT_RETRIES {
             match self.reconcile_once(state).await {
                 Err(Conflict) => continue,

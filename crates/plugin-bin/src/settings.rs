@@ -1,0 +1,507 @@
+//! Every setting of `resmgr run`, described once.
+//!
+//! [`SETTINGS`] is the one list: each setting's key (the config file's key and, with `--`, the
+//! flag), its default as it is written in the file, and its documentation. From it come the
+//! flags and their `--help` ([`crate::config::RunFlags`]), the keys the config file accepts, the
+//! defaults the resolver falls back to, `resmgr config --print-defaults` ([`default_file`]) and
+//! docs/configuration.md ([`markdown`], checked by `cargo xtask docs --check`), so none of them
+//! can drift from the others. What a value means and how it is checked is in
+//! [`crate::config`], which refuses to resolve a setting that is not listed here (and a test
+//! checks that every listed setting is resolved).
+
+use std::fmt::Write as _;
+
+/// The config file's `apiVersion`.
+pub const API_VERSION: &str = "resmgr.io/v1alpha1";
+/// The config file's `kind`.
+pub const KIND: &str = "AgentConfiguration";
+
+/// A group of settings, in the order they are documented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    Node,
+    Runtime,
+    Kubernetes,
+    Policy,
+    Agent,
+}
+
+impl Section {
+    pub const ALL: [Self; 5] = [
+        Self::Node,
+        Self::Runtime,
+        Self::Kubernetes,
+        Self::Policy,
+        Self::Agent,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::Node => "The node and the driver",
+            Self::Runtime => "The container runtime (NRI)",
+            Self::Kubernetes => "The kubelet and the Kubernetes API (used with dra: true)",
+            Self::Policy => "The policy: who gets which CPUs",
+            Self::Agent => "The agent itself: state, endpoints, logs",
+        }
+    }
+}
+
+/// Whether a setting takes one value or a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One value: a string, a number or a boolean.
+    Scalar,
+    /// A YAML list in the file; comma-separated as a flag.
+    List,
+}
+
+/// A setting's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultValue {
+    /// This value, written as YAML exactly as the default file has it.
+    Value(&'static str),
+    /// No value: the setting is unset unless given, and this says what happens then.
+    Unset(&'static str),
+}
+
+/// One setting.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    /// The key in the file; the flag is `--<key>`.
+    pub key: &'static str,
+    pub section: Section,
+    /// The value's placeholder in `--help`.
+    pub value_name: &'static str,
+    pub shape: Shape,
+    pub default: DefaultValue,
+    /// One line: `--help` and the summary table.
+    pub summary: &'static str,
+    /// More, for the default file's comments and the documentation; may be empty.
+    pub details: &'static str,
+}
+
+/// Every setting, in documentation order.
+pub const SETTINGS: &[Setting] = &[
+    // === The node and the driver ===
+    Setting {
+        key: "node-name",
+        section: Section::Node,
+        value_name: "NAME",
+        shape: Shape::Scalar,
+        default: DefaultValue::Unset(
+            "`$NODE_NAME` (the DaemonSet sets it from the downward API); required with `dra: true`",
+        ),
+        summary: "This node's name, as the API server knows it.",
+        details: "The agent publishes its devices for this node and names it in events. \
+                  A DNS subdomain such as `worker-1`.",
+    },
+    Setting {
+        key: "dra",
+        section: Section::Node,
+        value_name: "BOOL",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("true"),
+        summary: "Serve DRA claims: register with the kubelet and publish devices.",
+        details: "`false` runs the agent as an NRI plugin only, the way nri-plugins' \
+                  topology-aware policy runs: it needs no API server, no kubeconfig and no \
+                  kubelet registration, publishes nothing and posts no events, and is ready \
+                  once it has synchronized with the runtime. Guaranteed pods then get \
+                  exclusive CPUs by default. Claims prepared while it was `true` stay \
+                  accounted for until it is `true` again.",
+    },
+    Setting {
+        key: "driver-name",
+        section: Section::Node,
+        value_name: "NAME",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("topology-aware.resmgr.io"),
+        summary: "The DRA driver name, also the vendor of the CDI specs the agent writes.",
+        details: "A DNS subdomain with at least one dot, at most 63 characters. DeviceClasses \
+                  select this driver's devices by it.",
+    },
+    // === The container runtime ===
+    Setting {
+        key: "nri-socket",
+        section: Section::Runtime,
+        value_name: "PATH",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("/var/run/nri/nri.sock"),
+        summary: "The runtime's NRI socket.",
+        details: "The agent waits for it, retrying with backoff, while the runtime is not up.",
+    },
+    Setting {
+        key: "nri-plugin-index",
+        section: Section::Runtime,
+        value_name: "NN",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("\"90\""),
+        summary: "Our NRI plugin index, two digits; the runtime calls plugins in index order.",
+        details: "90 runs after most other plugins, so the cpusets the agent sets are the ones \
+                  that stay.",
+    },
+    // === The kubelet and the API ===
+    Setting {
+        key: "kubelet-plugins-dir",
+        section: Section::Kubernetes,
+        value_name: "DIR",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("/var/lib/kubelet/plugins"),
+        summary: "The kubelet's plugin directory, where the agent's DRA socket goes.",
+        details: "",
+    },
+    Setting {
+        key: "kubelet-registry-dir",
+        section: Section::Kubernetes,
+        value_name: "DIR",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("/var/lib/kubelet/plugins_registry"),
+        summary: "The kubelet's plugin registry, where the agent's registration socket goes.",
+        details: "",
+    },
+    Setting {
+        key: "cdi-dir",
+        section: Section::Kubernetes,
+        value_name: "DIR",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("/var/run/cdi"),
+        summary: "Where the agent writes one CDI spec per prepared claim.",
+        details: "A directory the runtime reads CDI specs from.",
+    },
+    Setting {
+        key: "kubeconfig",
+        section: Section::Kubernetes,
+        value_name: "FILE",
+        shape: Shape::Scalar,
+        default: DefaultValue::Unset("the pod's service account (in-cluster configuration)"),
+        summary: "A kubeconfig file to reach the API server with.",
+        details: "",
+    },
+    Setting {
+        key: "node-allocatable-cpu",
+        section: Section::Kubernetes,
+        value_name: "BOOL",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("false"),
+        summary: "Map each published device's `cpu` capacity to the node's allocatable cpu.",
+        details: "The scheduler then charges claimed CPUs against the node. Needs Kubernetes \
+                  1.36 with the DRANodeAllocatableResources feature gate; without it, pods \
+                  repeat their claimed CPUs in `resources.requests`.",
+    },
+    // === The policy ===
+    Setting {
+        key: "topology",
+        section: Section::Policy,
+        value_name: "SOURCE",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("live"),
+        summary: "The machine: `live`, `synthetic:<hwloc description>` or `xml:<file>`.",
+        details: "Anything but `live` is for tests and demonstrations.",
+    },
+    Setting {
+        key: "reserved-cpus",
+        section: Section::Policy,
+        value_name: "CPUSET",
+        shape: Shape::Scalar,
+        default: DefaultValue::Unset("`reserved-cpu-count` CPUs"),
+        summary: "CPUs for system pods, as a cpuset in the kubelet's `reservedSystemCPUs` syntax.",
+        details: "`\"0\"` is CPU 0, `\"0,32\"` CPUs 0 and 32, `\"0-1\"` CPUs 0 and 1 (a \
+                  `cpuset:` prefix, as nri-plugins writes it, is accepted too). Copy the \
+                  kubelet's `reservedSystemCPUs` here. A number is always a CPU, never a \
+                  count: the count is `reserved-cpu-count`, so a value means the same \
+                  whichever tool it was copied from. Reserved CPUs are never granted \
+                  exclusively nor shared with other pods.",
+    },
+    Setting {
+        key: "reserved-cpu-count",
+        section: Section::Policy,
+        value_name: "COUNT",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("1"),
+        summary: "How many CPUs to reserve for system pods, when `reserved-cpus` is not set.",
+        details: "They are picked like an exclusive grant, whole cores from the lowest-numbered. \
+                  Setting both this and `reserved-cpus` is refused.",
+    },
+    Setting {
+        key: "reserved-namespaces",
+        section: Section::Policy,
+        value_name: "NS,...",
+        shape: Shape::List,
+        default: DefaultValue::Value("[kube-system]"),
+        summary: "Namespaces whose pods run on the reserved CPUs.",
+        details: "A pod's `reserved-cpus` annotation overrides this for the pod. An empty list \
+                  (`[]`) puts no namespace there.",
+    },
+    Setting {
+        key: "cpu-exclusivity",
+        section: Section::Policy,
+        value_name: "MODE",
+        shape: Shape::Scalar,
+        default: DefaultValue::Unset("`claims`; `pods` with `dra: false`"),
+        summary: "Who gets CPUs of their own: `claims`, `partition` or `pods`.",
+        details: "`claims`: only DRA claims; Guaranteed pods without one run on shared CPUs. \
+                  `partition`: claims get the `claim-cpus`, Guaranteed pods exclusive CPUs from \
+                  the rest. `pods`: Guaranteed pods with whole CPUs get exclusive CPUs and no \
+                  devices are published, as nri-plugins does. docs/kubernetes.md says which \
+                  for which cluster.",
+    },
+    Setting {
+        key: "claim-cpus",
+        section: Section::Policy,
+        value_name: "COUNT|CPUSET",
+        shape: Shape::Scalar,
+        default: DefaultValue::Unset("none; required with `cpu-exclusivity: partition`"),
+        summary: "With `cpu-exclusivity: partition`: the CPUs published for claims.",
+        details: "A count (`8`) or a cpuset (`8-15`, `0,8`; `cpuset:3` for the single CPU 3). \
+                  Set with any other `cpu-exclusivity`, it is refused.",
+    },
+    Setting {
+        key: "device-mode",
+        section: Section::Policy,
+        value_name: "MODE",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("grouped"),
+        summary: "How CPUs are published: `grouped` or `individual`.",
+        details: "`grouped`: one device per NUMA node (or socket) with consumable capacity `cpu`; \
+                  needs the DRAConsumableCapacity feature gate. `individual`: one device per CPU \
+                  (or core); any cluster with DRA.",
+    },
+    Setting {
+        key: "group-by",
+        section: Section::Policy,
+        value_name: "GROUP",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("numa"),
+        summary: "What a grouped device stands for: `numa` or `socket`.",
+        details: "`socket` only with `device-mode: grouped`.",
+    },
+    Setting {
+        key: "claim-granularity",
+        section: Section::Policy,
+        value_name: "UNIT",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("cpu"),
+        summary: "The smallest amount a claim gets: `cpu` (a hardware thread) or `core`.",
+        details: "`core` publishes whole cores only, which the scheduler then accounts for.",
+    },
+    // === The agent ===
+    Setting {
+        key: "state-dir",
+        section: Section::Agent,
+        value_name: "DIR",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("/var/lib/resmgr"),
+        summary: "Where the durable state lives (claims and their CPUs).",
+        details: "Keep it across upgrades and restarts: it is how prepared claims survive them.",
+    },
+    Setting {
+        key: "metrics-addr",
+        section: Section::Agent,
+        value_name: "ADDR:PORT",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("\"127.0.0.1:8891\""),
+        summary: "Where `/metrics`, `/healthz`, `/readyz` and `/debug/state` are served.",
+        details: "An IP address and a port, such as `0.0.0.0:8891` or `[::]:8891`; port 0 \
+                  picks a free one.",
+    },
+    Setting {
+        key: "log-format",
+        section: Section::Agent,
+        value_name: "FORMAT",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("text"),
+        summary: "`text` for people, `json` for log collectors.",
+        details: "",
+    },
+    Setting {
+        key: "log-level",
+        section: Section::Agent,
+        value_name: "FILTER",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("info"),
+        summary: "What to log: a level or a filter such as `info,resmgr=debug`.",
+        details: "`RUST_LOG`, when set, wins over this setting (it is the usual way to turn \
+                  debugging on for one run).",
+    },
+];
+
+/// The setting with this key.
+pub fn find(key: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.key == key)
+}
+
+/// The keys, for messages.
+pub fn keys() -> Vec<&'static str> {
+    SETTINGS.iter().map(|s| s.key).collect()
+}
+
+impl Setting {
+    /// The `--help` line: the summary and the default.
+    pub fn help(&self) -> String {
+        match self.default {
+            DefaultValue::Value(v) => format!(
+                "{} [default: {}]",
+                self.summary,
+                v.trim_matches(|c| matches!(c, '"' | '[' | ']'))
+            ),
+            DefaultValue::Unset(what) => {
+                format!("{} [default: {}]", self.summary, strip_ticks(what))
+            }
+        }
+    }
+}
+
+fn strip_ticks(s: &str) -> String {
+    s.replace('`', "")
+}
+
+/// Wraps prose at 96 columns after `prefix`.
+fn wrap(text: &str, prefix: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && prefix.len() + line.len() + 1 + word.len() > 96 {
+            let _ = writeln!(out, "{prefix}{line}");
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        let _ = writeln!(out, "{prefix}{line}");
+    }
+    out
+}
+
+/// The complete default config file, every setting with its documentation as comments: what
+/// `resmgr config --print-defaults` prints. Settings without a default are commented out.
+pub fn default_file() -> String {
+    let mut out = String::new();
+    out.push_str(&wrap(
+        "The configuration of `resmgr run`, given with `--config FILE`. Every key is also a \
+         flag of `resmgr run` (`--<key>`); a flag wins over the file, the file over the \
+         default. Unknown keys are refused by name. Printed by `resmgr config \
+         --print-defaults`; docs/configuration.md says the same.",
+        "# ",
+    ));
+    let _ = writeln!(out, "apiVersion: {API_VERSION}");
+    let _ = writeln!(out, "kind: {KIND}");
+    for section in Section::ALL {
+        let _ = writeln!(out, "\n# === {} ===", section.title());
+        for s in SETTINGS.iter().filter(|s| s.section == section) {
+            out.push('\n');
+            out.push_str(&wrap(&format!("{} {}", s.summary, s.details), "# "));
+            match s.default {
+                DefaultValue::Value(v) => {
+                    let _ = writeln!(out, "{}: {v}", s.key);
+                }
+                DefaultValue::Unset(what) => {
+                    out.push_str(&wrap(&format!("Default: {what}."), "# "));
+                    let _ = writeln!(out, "# {}:", s.key);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// docs/configuration.md.
+pub fn markdown() -> String {
+    let mut out = String::new();
+    out.push_str(
+        "<!-- Generated from crates/plugin-bin/src/settings.rs by `cargo xtask docs`; edit that \
+         file, not this one. -->\n\n",
+    );
+    out.push_str("# Configuring the agent\n\n");
+    out.push_str(&wrap(
+        "`resmgr run` takes every setting from one YAML file given with `--config FILE`, and \
+         each also as a flag of the same name (`--reserved-cpus`); a flag wins over the file, \
+         the file over the default. The file starts with a header naming its format, and a \
+         key the agent does not know is refused by name, with its line, so a typo cannot pass \
+         unnoticed. Every value is checked before anything starts: a bad one stops the agent \
+         with a message naming the flag or the file, line and key, the value and what is \
+         allowed. `resmgr run --print-config` prints the settings the agent would run with, \
+         resolved, as a config file; `resmgr config --print-defaults` prints the complete \
+         default file below. In the Helm chart, the `config:` value is this file.",
+        "",
+    ));
+    out.push('\n');
+    out.push_str("| key | default | what |\n|---|---|---|\n");
+    for s in SETTINGS {
+        let default = match s.default {
+            DefaultValue::Value(v) => format!("`{v}`"),
+            DefaultValue::Unset(what) => what.to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "| [`{}`](#{}) | {default} | {} |",
+            s.key, s.key, s.summary
+        );
+    }
+    for section in Section::ALL {
+        let _ = write!(out, "\n## {}\n", section.title());
+        for s in SETTINGS.iter().filter(|s| s.section == section) {
+            let _ = write!(out, "\n### `{}`\n\n", s.key);
+            let flag = match s.shape {
+                Shape::Scalar => format!("`--{} {}`", s.key, s.value_name),
+                Shape::List => format!("`--{} {}` (comma-separated)", s.key, s.value_name),
+            };
+            let default = match s.default {
+                DefaultValue::Value(v) => format!("`{v}`"),
+                DefaultValue::Unset(what) => what.to_owned(),
+            };
+            let _ = writeln!(out, "Flag {flag}. Default: {default}.\n");
+            out.push_str(&wrap(&format!("{} {}", s.summary, s.details), ""));
+        }
+    }
+    out.push_str("\n## The default file\n\n```yaml\n");
+    out.push_str(&default_file());
+    out.push_str("```\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_kebab_case_and_documented() {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in SETTINGS {
+            assert!(seen.insert(s.key), "{} twice", s.key);
+            assert!(
+                s.key
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{}",
+                s.key
+            );
+            assert!(s.summary.ends_with('.'), "{}: {}", s.key, s.summary);
+            assert!(
+                s.details.is_empty() || s.details.ends_with('.'),
+                "{}",
+                s.key
+            );
+        }
+        assert!(!seen.contains("config") && !seen.contains("print-config"));
+    }
+
+    #[test]
+    fn the_default_file_is_commented_yaml_with_every_key() {
+        let text = default_file();
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(doc["apiVersion"], API_VERSION);
+        assert_eq!(doc["kind"], KIND);
+        for s in SETTINGS {
+            match s.default {
+                DefaultValue::Value(_) => assert!(doc.get(s.key).is_some(), "{} missing", s.key),
+                DefaultValue::Unset(_) => {
+                    assert!(doc.get(s.key).is_none(), "{} set", s.key);
+                    assert!(text.contains(&format!("\n# {}:\n", s.key)), "{}", s.key);
+                }
+            }
+        }
+        assert!(text.lines().all(|l| l.len() <= 100), "{text}");
+    }
+}
