@@ -114,6 +114,11 @@ impl Helm {
         }
     }
 
+    /// The built program (the e2e's runner renders the chart with it).
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
     /// What `helm template` prints for the chart in `chart` (a directory or a packaged `.tgz`)
     /// as `release`, with the chart's values overlaid by `values` files in order, then by
     /// `set_strings` (`--set-string KEY=VALUE`).

@@ -1,7 +1,8 @@
 //! `cargo xtask image`: the agent's OCI image, built without a container engine or a registry.
 //!
 //! The root filesystem is the binary (`/usr/local/bin/resmgr`) and exactly the shared libraries
-//! it loads, nothing else: no shell, no package manager. The libraries come from Debian's own
+//! it loads, and the TLS roots (Debian's `ca-certificates`), nothing else: no shell, no package
+//! manager. The libraries come from Debian's own
 //! packages, not from the build machine's files: `ldd` names the files the binary loads here,
 //! `dpkg-query -S` the packages that own them, `apt-get download` fetches those packages at the
 //! installed versions (what the binary was linked and tested against; the candidate version when
@@ -36,13 +37,13 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
 use xtask::{
     helm,
     oci::{self, Compression, Config, Image, Layer},
 };
 
-use crate::{e2e, release, sysdeps, util};
+use crate::{e2e, release, sysdeps, test, util};
 
 /// Where the binary goes in the image.
 pub const BINARY_PATH: &str = "usr/local/bin/resmgr";
@@ -247,8 +248,73 @@ fn rootfs(binary: &Path, tree: &Path) -> anyhow::Result<Vec<String>> {
         )?;
         shipped.push(format!("{}:{}={}", package.name, package.arch, deb.version));
     }
+    shipped.push(ca_bundle(tree, &debs, unpacked.path())?);
     normalize_modes(tree)?;
     Ok(shipped)
+}
+
+/// The package of the TLS roots (architecture-independent).
+const CA_PACKAGE: &str = "ca-certificates";
+/// Where OpenSSL, Go and rustls-native-certs look for the roots on Debian.
+const CA_BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
+
+/// Writes the Mozilla roots Debian's `ca-certificates` ships as the bundle its
+/// `update-ca-certificates` would make (every certificate, in name order), with the package's
+/// copyright and record; the package shipped. The agent's API client verifies the API server
+/// against the system roots when its kubeconfig names no certificate authority (in a pod, the
+/// service account's CA is named), and refuses to start without any.
+fn ca_bundle(tree: &Path, debs: &Path, unpacked: &Path) -> anyhow::Result<String> {
+    let version =
+        util::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", CA_PACKAGE]))
+            .or_else(|_| candidate(CA_PACKAGE))?;
+    let package = Package {
+        name: CA_PACKAGE.into(),
+        arch: "all".into(),
+        version: version.trim().to_owned(),
+    };
+    let deb = fetch(&package, debs)?;
+    let dir = unpacked.join(CA_PACKAGE);
+    util::output(Command::new("dpkg-deb").arg("-x").arg(&deb.path).arg(&dir))?;
+    let mozilla = dir.join("usr/share/ca-certificates/mozilla");
+    let mut certs: Vec<PathBuf> = fs::read_dir(&mozilla)
+        .with_context(|| format!("reading {}", mozilla.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "crt"))
+        .collect();
+    certs.sort();
+    ensure!(
+        !certs.is_empty(),
+        "{} holds no certificates",
+        deb.path.display()
+    );
+    let mut bundle = String::new();
+    for cert in &certs {
+        let text =
+            fs::read_to_string(cert).with_context(|| format!("reading {}", cert.display()))?;
+        bundle.push_str(text.trim_end());
+        bundle.push('\n');
+    }
+    fs::create_dir_all(tree.join("etc/ssl/certs"))?;
+    fs::write(tree.join(CA_BUNDLE), bundle)?;
+    copyright(CA_PACKAGE, &dir, tree, debs, unpacked)?;
+    let control = util::output(Command::new("dpkg-deb").arg("-f").arg(&deb.path))?;
+    fs::write(
+        tree.join("var/lib/dpkg/status.d").join(CA_PACKAGE),
+        format!("{}\n", control.trim_end()),
+    )?;
+    Ok(format!("{CA_PACKAGE}:all={}", deb.version))
+}
+
+/// The version apt would install of `name`.
+fn candidate(name: &str) -> anyhow::Result<String> {
+    let policy = util::output(Command::new("apt-cache").args(["policy", name]))?;
+    policy
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Candidate: "))
+        .filter(|v| *v != "(none)")
+        .map(str::to_owned)
+        .with_context(|| format!("apt knows no version of {name} (apt-get update?)"))
 }
 
 /// Copies the copyright file of `package` (unpacked in `dir`) into `tree`. Some packages point
@@ -461,8 +527,13 @@ fn fetch(package: &Package, cache: &Path) -> anyhow::Result<Deb> {
             version: package.version.clone(),
         });
     }
-    let exact = format!("{}:{}={}", package.name, package.arch, package.version);
-    let any = format!("{}:{}", package.name, package.arch);
+    // An architecture-independent package is named without one.
+    let any = if package.arch == "all" {
+        package.name.clone()
+    } else {
+        format!("{}:{}", package.name, package.arch)
+    };
+    let exact = format!("{any}={}", package.version);
     let mut attempts = vec![exact.clone()];
     if sysdeps::running_as_root() {
         // Package lists may be missing or stale on a fresh machine.
@@ -594,6 +665,30 @@ fn normalize_modes(tree: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The image built for the e2e from the debug binary of `root`'s target directory, into `out`:
+/// the layer stored plain, since compressing a debug binary costs more than it saves there.
+pub fn for_e2e(root: &Path, out: &Path) -> anyhow::Result<(PathBuf, String)> {
+    let version = release::workspace_version(root)?;
+    let name = name(root, &version)?;
+    let binary = test::target_dir(root)?.join("debug/resmgr");
+    let started = std::time::Instant::now();
+    let built = build(
+        &Spec {
+            binary: &binary,
+            name: &name,
+            version: &version,
+            revision: None,
+            compression: Compression::None,
+        },
+        &out.join("resmgr-image.tar"),
+    )?;
+    eprintln!(
+        "e2e: agent image {name} built in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok((built.archive, name))
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@
 //!    packages);
 //! 3. builds containerd, its shim, `ctr` and `crictl` at pinned versions, or reuses the cached
 //!    build ([`tools`]);
-//! 4. builds the workspace's binaries and the test image ([`image`], with [`xtask::oci`]);
+//! 4. builds the workspace's binaries, the test image ([`image`], with [`xtask::oci`]) and the
+//!    agent's image from the debug binary ([`crate::image`]), and the chart renderer;
 //! 5. runs `e2e`.
 //!
 //! `cargo xtask test` runs each stage after the conformance tests when the machine can; under
@@ -56,6 +57,10 @@ pub struct E2eArgs {
     /// Run only these scenarios (repeat); default: all. Most build on the ones before them.
     #[arg(long, value_name = "SCENARIO")]
     pub only: Vec<String>,
+    /// How the agent runs: `container` (its image, as the chart's DaemonSet runs it; built from
+    /// the debug binary) or `process` (`resmgr run` on the host; quicker while developing).
+    #[arg(long, value_enum, default_value_t = AgentAs::Container)]
+    pub agent_as: AgentAs,
     /// An extra flag for `resmgr run` (repeat).
     #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
@@ -63,6 +68,14 @@ pub struct E2eArgs {
     /// is in its environment: RESMGR_E2E_*).
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// How the e2e starts the agent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AgentAs {
+    #[default]
+    Container,
+    Process,
 }
 
 /// One thing the machine lacks, and how to get it.
@@ -262,6 +275,22 @@ pub(crate) fn containerd(
     }
     for scenario in &args.only {
         cmd.args(["--only", scenario]);
+    }
+    if args.command.is_empty() && args.agent_as == AgentAs::Container {
+        // The image from the debug binary just built: a release build would cost minutes of
+        // CI for the same code; `cargo xtask image` builds the shipped one the same way.
+        let (agent_image, agent_image_name) = crate::image::for_e2e(root, &out)?;
+        let helm = crate::manifests::build_helm(root)?;
+        cmd.args(["--agent-as", "container"])
+            .arg("--agent-image")
+            .arg(&agent_image)
+            .args(["--agent-image-name", &agent_image_name])
+            .arg("--helm")
+            .arg(helm.program())
+            .arg("--chart")
+            .arg(root.join(xtask::helm::CHART_DIR));
+    } else {
+        cmd.args(["--agent-as", "process"]);
     }
     for flag in &args.agent_args {
         cmd.arg(format!("--agent-arg={flag}"));

@@ -50,7 +50,8 @@ impl Paths {
             dir: dir.to_owned(),
             config: dir.join("containerd.toml"),
             socket: dir.join("containerd.sock"),
-            nri_socket: dir.join("nri.sock"),
+            // In a directory, as a node has it: the agent's DaemonSet mounts the directory.
+            nri_socket: dir.join("nri/nri.sock"),
             cdi_dir: dir.join("cdi"),
             log: dir.join("containerd.log"),
         }
@@ -264,7 +265,7 @@ mod tests {
         let paths = Paths::under(Path::new("/tmp/run"));
         let text = config(&paths, Path::new("/usr/sbin/runc"), "localhost/e2e:1");
         assert!(text.contains(r#"root = "/tmp/run/root""#), "{text}");
-        assert!(text.contains(r#"socket_path = "/tmp/run/nri.sock""#));
+        assert!(text.contains(r#"socket_path = "/tmp/run/nri/nri.sock""#));
         assert!(text.contains(r#"cdi_spec_dirs = ["/tmp/run/cdi"]"#));
         assert!(text.contains("imports = []"));
         assert!(text.contains("restrict_oom_score_adj = true"));

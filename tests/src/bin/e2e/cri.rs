@@ -124,7 +124,7 @@ impl Cri {
         }
     }
 
-    fn pod_config(&self, pod: &Pod) -> Value {
+    pub fn pod_config(&self, pod: &Pod) -> Value {
         json!({
             "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid, "attempt": 0},
             "log_directory": self.dir.join(format!("logs-{}", pod.name)),
@@ -213,6 +213,57 @@ impl Cri {
         all.extend_from_slice(args);
         all.push(id);
         self.run(&all).map(drop)
+    }
+
+    /// Runs a pod sandbox from a whole configuration (`name` names its file); its ID.
+    pub fn run_pod_config(&self, name: &str, config: &Value) -> anyhow::Result<String> {
+        let path = self.write(&format!("pod-{name}.json"), config)?;
+        self.run(&["runp", &path.display().to_string()])
+    }
+
+    /// Creates and starts a container from a whole configuration in the pod `pod_id` made from
+    /// `pod_config`; its ID.
+    pub fn create_and_start(
+        &self,
+        pod_id: &str,
+        name: &str,
+        config: &Value,
+        pod_config: &Value,
+    ) -> anyhow::Result<String> {
+        let container = self.write(&format!("container-{name}.json"), config)?;
+        let pod = self.write(&format!("pod-{name}.json"), pod_config)?;
+        let id = self.run(&[
+            "create",
+            pod_id,
+            &container.display().to_string(),
+            &pod.display().to_string(),
+        ])?;
+        self.run(&["start", &id])?;
+        Ok(id)
+    }
+
+    /// `crictl inspect` of a container, parsed.
+    pub fn inspect(&self, id: &str) -> anyhow::Result<Value> {
+        let out = self.run(&["inspect", "-o", "json", id])?;
+        serde_json::from_str(&out).with_context(|| format!("crictl inspect {id} printed {out:?}"))
+    }
+
+    /// The exit code of an exited container.
+    pub fn exit_code(&self, id: &str) -> anyhow::Result<i32> {
+        let status = &self.inspect(id)?["status"];
+        if status["state"] != "CONTAINER_EXITED" {
+            bail!("container {id} has not exited: {}", status["state"]);
+        }
+        status["exitCode"]
+            .as_i64()
+            .and_then(|c| i32::try_from(c).ok())
+            .with_context(|| format!("container {id} has no exit code: {status}"))
+    }
+
+    /// Stops a container as the kubelet does: its stop signal, SIGKILL after `grace`.
+    pub fn stop(&self, id: &str, grace: std::time::Duration) -> anyhow::Result<()> {
+        self.run(&["stop", "--timeout", &grace.as_secs().to_string(), id])
+            .map(drop)
     }
 
     /// Stops (at once) and removes a pod and its containers.

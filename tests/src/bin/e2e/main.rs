@@ -1,5 +1,6 @@
 //! `e2e`: resmgr end to end on a real runtime. containerd with NRI, runc, real containers in
-//! real cgroups created over CRI (`crictl`), `resmgr run` as the NRI plugin and the DRA driver,
+//! real cgroups created over CRI (`crictl`), the agent as the NRI plugin and the DRA driver (a
+//! container of its image run as the chart's DaemonSet runs it, or `resmgr run`: [`agent`]),
 //! our kubelet client on its DRA socket and resmgr's fake API server; every scenario is checked
 //! in the kernel's view of each container. `cargo xtask e2e` builds the pieces and runs this.
 //!
@@ -19,6 +20,7 @@ mod agent;
 mod apiserver;
 mod containerd;
 mod cri;
+mod daemonset;
 mod kernel;
 mod kubelet;
 mod procs;
@@ -36,7 +38,7 @@ use clap::Parser;
 use policy::CpuSet;
 
 use crate::{
-    agent::AgentConfig,
+    agent::{AgentConfig, ContainerLaunch, Launch},
     apiserver::{AllocatedClaim, ApiServer as _, FakeApiServer},
     containerd::{Containerd, Paths},
     cri::Cri,
@@ -84,6 +86,22 @@ struct Args {
     /// The `resmgr` binary.
     #[arg(long, value_name = "FILE")]
     resmgr: PathBuf,
+    /// How the agent runs: as a container of its image, as its DaemonSet runs it, or as a
+    /// `resmgr run` process on the host.
+    #[arg(long, value_enum, default_value_t = AgentAs::Container)]
+    agent_as: AgentAs,
+    /// The agent's image, an OCI archive (with `--agent-as container`).
+    #[arg(long, value_name = "FILE")]
+    agent_image: Option<PathBuf>,
+    /// The agent image's name in the archive; the chart's values must name it.
+    #[arg(long)]
+    agent_image_name: Option<String>,
+    /// xtask's `helm-chart` program, which renders the chart (with `--agent-as container`).
+    #[arg(long, value_name = "FILE")]
+    helm: Option<PathBuf>,
+    /// The Helm chart's directory (with `--agent-as container`).
+    #[arg(long, value_name = "DIR")]
+    chart: Option<PathBuf>,
     /// The fake API server binary.
     #[arg(long, value_name = "FILE")]
     fake_apiserver: PathBuf,
@@ -103,6 +121,13 @@ struct Args {
     /// Bring the node up, run this command against it, tear down.
     #[arg(last = true)]
     command: Vec<String>,
+}
+
+/// How the agent is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AgentAs {
+    Container,
+    Process,
 }
 
 /// The binaries containerd needs.
@@ -185,6 +210,29 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         });
     }
     containerd.import(&args.image)?;
+    let launch = match args.agent_as {
+        AgentAs::Process => Launch::Process,
+        AgentAs::Container if args.command.is_empty() => {
+            let need = |what: &Option<PathBuf>, flag: &str| {
+                what.clone()
+                    .with_context(|| format!("--agent-as container needs {flag}"))
+            };
+            let image = args
+                .agent_image_name
+                .clone()
+                .context("--agent-as container needs --agent-image-name")?;
+            containerd.import(&need(&args.agent_image, "--agent-image")?)?;
+            // The image starts unprivileged before it runs as the DaemonSet runs it.
+            agent::check_image_unprivileged(&cri, &image, &run_dir)?;
+            Launch::Container(ContainerLaunch {
+                cri: cri.clone(),
+                image,
+                helm: need(&args.helm, "--helm")?,
+                chart: need(&args.chart, "--chart")?,
+            })
+        }
+        AgentAs::Container => Launch::Process,
+    };
     eprintln!(
         "e2e: containerd up and image imported in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -212,6 +260,7 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         teardown,
     )?;
     let agent_config = AgentConfig {
+        launch,
         bin: args.resmgr.clone(),
         node: NODE.into(),
         driver: DRIVER.into(),
@@ -235,6 +284,13 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         teardown.clone(),
         claims,
     );
+    eprintln!(
+        "e2e: the agent runs {}",
+        match args.agent_as {
+            AgentAs::Container => "as a container of its image, as the chart's DaemonSet runs it",
+            AgentAs::Process => "as a resmgr run process",
+        }
+    );
     let result = world.run(&args.only);
     println!("{}", scenarios::table(&world.rows));
     for note in &world.notes {
@@ -242,10 +298,11 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
     }
     if let Err(e) = result {
         eprintln!("e2e: FAILED: {e:#}");
+        let log = world.agent_config.log();
         eprintln!(
-            "--- resmgr run ({}):\n{}",
-            run_dir.join("agent.log").display(),
-            procs::tail(&run_dir.join("agent.log"), 40)
+            "--- the agent ({}):\n{}",
+            log.display(),
+            procs::tail(&log, 40)
         );
         eprintln!(
             "--- containerd ({}):\n{}",

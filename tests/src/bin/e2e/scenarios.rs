@@ -748,11 +748,7 @@ fn containerd_restart(w: &mut World) -> anyhow::Result<()> {
     w.check(&[])?;
     w.containerd.stop()?;
     let agent = w.agent()?;
-    let status = agent.wait_exit()?;
-    ensure!(
-        !status.success(),
-        "resmgr run exited with {status} when containerd went away, want a failure"
-    );
+    let exited = agent.wait_exit()?;
     for c in &w.running {
         ensure!(
             teardown::alive(c.pid),
@@ -763,6 +759,12 @@ fn containerd_restart(w: &mut World) -> anyhow::Result<()> {
     }
     w.check(&[])?;
     w.containerd.start(&w.cri)?;
+    // A container's exit status is the runtime's to tell, so it is read now.
+    let status = exited.status()?;
+    ensure!(
+        !status.success(),
+        "the agent exited with {status} when containerd went away, want a failure"
+    );
     w.start_agent()?;
     let all: Vec<String> = w.running.iter().map(|c| c.key.clone()).collect();
     w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())?;
