@@ -132,6 +132,8 @@ pub struct RunConfig {
     pub policy: (Exclusivity, DeviceModel),
     pub state_dir: PathBuf,
     pub metrics_addr: SocketAddr,
+    /// None: `/debug/state` is not served (`off`).
+    pub debug_addr: Option<SocketAddr>,
     pub log_format: Format,
     pub log_level: String,
     /// Where each setting came from, for messages about values checked later (at start-up).
@@ -193,6 +195,13 @@ impl RunConfig {
         shown.extend([
             ("state-dir", path(&self.state_dir)),
             ("metrics-addr", json!(self.metrics_addr.to_string())),
+            (
+                "debug-addr",
+                json!(
+                    self.debug_addr
+                        .map_or_else(|| "off".to_owned(), |a| a.to_string())
+                ),
+            ),
             ("log-format", json!(self.log_format.to_string())),
             ("log-level", json!(self.log_level)),
         ]);
@@ -674,6 +683,19 @@ impl RunFlags {
         })?;
         note("metrics-addr", &origin);
 
+        let (value, origin) = src.required("debug-addr")?;
+        let debug_addr = match value.as_str() {
+            "off" => None,
+            _ => Some(value.parse::<SocketAddr>().map_err(|_| {
+                refuse(
+                    &origin,
+                    &value,
+                    "expected `off` or an IP address and port such as `127.0.0.1:8892` (port 0 picks a free one)",
+                )
+            })?),
+        };
+        note("debug-addr", &origin);
+
         let (value, origin) = src.required("log-format")?;
         let log_format: Format = value
             .parse()
@@ -709,6 +731,7 @@ impl RunFlags {
             policy,
             state_dir,
             metrics_addr,
+            debug_addr,
             log_format,
             log_level,
             origins: origins.into_inner(),
@@ -740,6 +763,7 @@ mod tests {
         assert_eq!(c.cdi_dir, PathBuf::from("/var/run/cdi"));
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/resmgr"));
         assert_eq!(c.metrics_addr, "127.0.0.1:8891".parse().unwrap());
+        assert_eq!(c.debug_addr, Some("127.0.0.1:8892".parse().unwrap()));
         assert_eq!(c.topology, TopologySource::Live);
         assert_eq!(c.reserved_cpus, ReservedCpus::Count(1));
         assert_eq!(c.reserved_namespaces, vec!["kube-system".to_owned()]);

@@ -1,13 +1,23 @@
-//! The agent's HTTP endpoints: `/metrics`, `/healthz`, `/readyz` and `/debug/state`.
+//! The agent's HTTP endpoints: `/metrics`, `/healthz` and `/readyz` on the metrics address, and
+//! `/debug/state` on an address of its own.
 //!
 //! Ready means the claim gate is open (the runtime has synchronized) and the kubelet has
 //! accepted our registration: before that the kubelet cannot send us claims, or we would refuse
-//! them. Without DRA (NRI-only mode) there is no registration, and ready means synchronized. `/debug/state` is the current allocation as JSON: prepared claims as answered to the
+//! them. Without DRA (NRI-only mode) there is no registration, and ready means synchronized.
+//! `/debug/state` is the current allocation as JSON: prepared claims as answered to the
 //! kubelet, and every container's and claim's CPUs as the policy reports them
-//! ([`policy::Policy::inventory`]; empty for a policy that keeps the default).
+//! ([`policy::Policy::inventory`]; empty for a policy that keeps the default). It names every
+//! claim and container of the node and has no authentication, so it is not served where the
+//! probes and Prometheus reach the pod (the metrics address), but on the debug address, loopback
+//! unless the operator says otherwise.
+//!
+//! An unspecified IPv6 address (`[::]`) listens dual-stack whatever the host's
+//! `net.ipv6.bindv6only`, so one address serves the kubelet's probes on IPv4-only, IPv6-only and
+//! dual-stack pods; on a kernel without IPv6 it falls back to `0.0.0.0`.
 
 use std::{
-    net::SocketAddr,
+    io,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV6},
     sync::{Arc, OnceLock},
 };
 
@@ -68,31 +78,89 @@ impl Endpoints {
     }
 }
 
-/// Binds `addr` and serves until `stop` resolves. Returns the bound address (port 0 picks one).
+/// A server started by [`serve`]: the address it is bound to (port 0 picks one) and its task.
+pub type Serving = (SocketAddr, tokio::task::JoinHandle<()>);
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` (the `--metrics-addr` setting) until
+/// `stop` resolves.
 pub async fn serve(
     addr: SocketAddr,
     endpoints: Endpoints,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("--metrics-addr {addr}: cannot listen: {e}"))?;
-    let bound = listener.local_addr()?;
+) -> anyhow::Result<Serving> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .with_state(endpoints);
+    start("--metrics-addr", addr, app, stop).await
+}
+
+/// Serves `/debug/state` on `addr` (the `--debug-addr` setting) until `stop` resolves.
+pub async fn serve_debug(
+    addr: SocketAddr,
+    endpoints: Endpoints,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Serving> {
+    let app = Router::new()
         .route("/debug/state", get(debug_state))
         .with_state(endpoints);
+    start("--debug-addr", addr, app, stop).await
+}
+
+async fn start(
+    setting: &str,
+    addr: SocketAddr,
+    app: Router,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Serving> {
+    let listener = listen(addr, bind_dual_stack)
+        .map_err(|e| anyhow::anyhow!("{setting} {addr}: cannot listen: {e}"))?;
+    let bound = listener.local_addr()?;
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(stop)
             .await
         {
-            tracing::error!(error = %e, "the metrics server failed");
+            tracing::error!(error = %e, "an HTTP server of the agent failed");
         }
     });
     Ok((bound, task))
+}
+
+/// Binds `addr`. The unspecified IPv6 address goes through `dual_stack` (a seam for the test of
+/// the fallback), and to `0.0.0.0` when the kernel has no IPv6 at all.
+fn listen(
+    addr: SocketAddr,
+    dual_stack: impl FnOnce(SocketAddrV6) -> io::Result<std::net::TcpListener>,
+) -> io::Result<tokio::net::TcpListener> {
+    let std = match addr {
+        SocketAddr::V6(v6) if v6.ip().is_unspecified() => match dual_stack(v6) {
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AFNOSUPPORT.raw_os_error()) => {
+                tracing::warn!(
+                    port = v6.port(),
+                    "this kernel has no IPv6: listening on 0.0.0.0 instead of [::]"
+                );
+                std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, v6.port()))?
+            }
+            other => other?,
+        },
+        _ => std::net::TcpListener::bind(addr)?,
+    };
+    std.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(std)
+}
+
+/// Listens on `[::]:port` for IPv6 and, through IPv4-mapped addresses, IPv4: IPV6_V6ONLY off
+/// explicitly, since its default is the host's `net.ipv6.bindv6only`.
+fn bind_dual_stack(addr: SocketAddrV6) -> io::Result<std::net::TcpListener> {
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let fd = rustix::net::socket(AddressFamily::INET6, SocketType::STREAM, None)?;
+    sockopt::set_ipv6_v6only(&fd, false)?;
+    sockopt::set_socket_reuseaddr(&fd, true)?;
+    rustix::net::bind(&fd, &SocketAddr::V6(addr))?;
+    rustix::net::listen(&fd, 1024)?;
+    Ok(std::net::TcpListener::from(fd))
 }
 
 async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
@@ -204,6 +272,74 @@ mod tests {
             .await
             .unwrap();
         String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    /// Connects to `client` and accepts on `listener`; the peer address the server saw.
+    /// Connecting first: the kernel completes the handshake into the listen backlog without an
+    /// accept, and a refused connection fails here instead of leaving accept waiting forever.
+    async fn round_trip(listener: &tokio::net::TcpListener, client: SocketAddr) -> SocketAddr {
+        let _stream = tokio::net::TcpStream::connect(client)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {client}: {e}"));
+        listener.accept().await.unwrap().1
+    }
+
+    #[tokio::test]
+    async fn the_unspecified_ipv6_address_serves_ipv4_and_ipv6_clients() {
+        let listener = listen("[::]:0".parse().unwrap(), bind_dual_stack).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let v4 = round_trip(&listener, SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await;
+        assert_eq!(
+            v4.ip().to_canonical(),
+            std::net::IpAddr::from(Ipv4Addr::LOCALHOST),
+            "{v4}"
+        );
+        let v6 = round_trip(
+            &listener,
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+        )
+        .await;
+        assert_eq!(v6.ip(), std::net::Ipv6Addr::LOCALHOST, "{v6}");
+    }
+
+    #[tokio::test]
+    async fn without_ipv6_in_the_kernel_the_unspecified_address_falls_back_to_ipv4() {
+        let no_ipv6 = |_| {
+            Err(io::Error::from_raw_os_error(
+                rustix::io::Errno::AFNOSUPPORT.raw_os_error(),
+            ))
+        };
+        let listener = listen("[::]:0".parse().unwrap(), no_ipv6).unwrap();
+        let bound = listener.local_addr().unwrap();
+        assert_eq!(bound.ip(), std::net::IpAddr::from(Ipv4Addr::UNSPECIFIED));
+        round_trip(
+            &listener,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, bound.port())),
+        )
+        .await;
+
+        let denied = |_| {
+            Err(io::Error::from_raw_os_error(
+                rustix::io::Errno::ACCESS.raw_os_error(),
+            ))
+        };
+        let err = listen("[::]:0".parse().unwrap(), denied).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            io::ErrorKind::PermissionDenied,
+            "other errors are not hidden"
+        );
+    }
+
+    #[tokio::test]
+    async fn other_addresses_bind_as_given() {
+        let listener = listen("127.0.0.1:0".parse().unwrap(), |_| unreachable!()).unwrap();
+        assert!(listener.local_addr().unwrap().ip().is_loopback());
+        let listener = listen("[::1]:0".parse().unwrap(), |_| unreachable!()).unwrap();
+        assert_eq!(
+            listener.local_addr().unwrap().ip(),
+            std::net::Ipv6Addr::LOCALHOST
+        );
     }
 
     #[test]

@@ -189,18 +189,28 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         publisher: publishing.clone(),
     };
     let http_stop = stopped(stop_rx.clone());
-    let (addr, http_task) = http::serve(config.metrics_addr, endpoints, async move {
+    let (addr, metrics_task) = http::serve(config.metrics_addr, endpoints.clone(), async move {
         http_stop.await;
     })
     .await?;
-    info!(addr = %addr, "serving /metrics, /healthz, /readyz and /debug/state");
+    info!(addr = %addr, "serving /metrics, /healthz and /readyz");
+    let mut http_task = HttpTasks(vec![metrics_task]);
+    if let Some(debug_addr) = config.debug_addr {
+        let debug_stop = stopped(stop_rx.clone());
+        let (addr, task) = http::serve_debug(debug_addr, endpoints, async move {
+            debug_stop.await;
+        })
+        .await?;
+        info!(addr = %addr, "serving /debug/state");
+        http_task.0.push(task);
+    }
 
     // The runtime. Until it answers, nothing else may start: claims need the gate.
     let connection = tokio::select! {
         c = connect_runtime(&config, &manager, &nri_runtime, metrics.clone()) => c?,
         name = stopped(stop_rx.clone()) => {
             finish(&manager, None).await?;
-            let _ = http_task.await;
+            http_task.join().await;
             info!(signal = name, "stopped before the runtime connected");
             return Ok(ExitCode::SUCCESS);
         }
@@ -303,14 +313,14 @@ async fn end(
     stop: Stop,
     manager: &Manager,
     plugin: Option<KubeletPlugin>,
-    http_task: tokio::task::JoinHandle<()>,
+    http_task: HttpTasks,
 ) -> anyhow::Result<ExitCode> {
     finish(manager, plugin).await?;
     if matches!(stop, Stop::RuntimeLost(_)) {
         // The endpoints stop on a signal by themselves; without one they would serve forever.
         http_task.abort();
     }
-    let _ = http_task.await;
+    http_task.join().await;
     match stop {
         Stop::Signal(name) => {
             info!(signal = name, "stopped");
@@ -384,6 +394,24 @@ fn dropped_capacity_advice(
     (capacity && mode == DeviceMode::Grouped).then_some(
         "the api server drops consumable capacity from our resource slices (DRAConsumableCapacity is off in this cluster): the scheduler hands each grouped device to one claim, which gets all of its cpus; set device-mode: individual for this cluster (or turn the gate on)",
     )
+}
+
+/// The agent's HTTP servers; they stop by themselves on a stop signal.
+#[derive(Debug)]
+struct HttpTasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl HttpTasks {
+    fn abort(&self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+
+    async fn join(self) {
+        for task in self.0 {
+            let _ = task.await;
+        }
+    }
 }
 
 /// Resolves with the signal's name once a stop signal arrived.

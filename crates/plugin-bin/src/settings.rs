@@ -299,9 +299,23 @@ pub const SETTINGS: &[Setting] = &[
         value_name: "ADDR:PORT",
         shape: Shape::Scalar,
         default: DefaultValue::Value("\"127.0.0.1:8891\""),
-        summary: "Where `/metrics`, `/healthz`, `/readyz` and `/debug/state` are served.",
+        summary: "Where `/metrics`, `/healthz` and `/readyz` are served.",
         details: "An IP address and a port, such as `0.0.0.0:8891` or `[::]:8891`; port 0 \
-                  picks a free one.",
+                  picks a free one. `[::]` listens on IPv4 and IPv6 whatever the host's \
+                  `net.ipv6.bindv6only` (and on `0.0.0.0` when the kernel has no IPv6), so \
+                  the kubelet's probes reach it on IPv4-only, IPv6-only and dual-stack pods.",
+    },
+    Setting {
+        key: "debug-addr",
+        section: Section::Agent,
+        value_name: "ADDR:PORT|off",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("\"127.0.0.1:8892\""),
+        summary: "Where `/debug/state` is served, or `off`.",
+        details: "`/debug/state` names every claim and container of the node and has no \
+                  authentication, so it has an address of its own, loopback by default: \
+                  reach it with `kubectl port-forward` or `kubectl debug` (docs/deploy.md). \
+                  An IP address and a port as for `metrics-addr`, or `off`.",
     },
     Setting {
         key: "log-format",

@@ -54,7 +54,8 @@ fn agent_with(dir: &Path, topology: &str, metrics_addr: &str) -> Command {
         .arg(dir.join("plugins"))
         .arg("--kubelet-registry-dir")
         .arg(dir.join("registry"))
-        .args(["--metrics-addr", metrics_addr, "--log-format", "json"]);
+        .args(["--metrics-addr", metrics_addr, "--log-format", "json"])
+        .args(["--debug-addr", "127.0.0.1:0"]);
     cmd
 }
 
@@ -116,6 +117,9 @@ fn waits_for_the_runtime_with_backoff_serves_health_and_stops_cleanly_on_sigterm
     let mut seen = String::new();
     let serving = wait_for_log(&mut log, "serving /metrics", &mut seen);
     let addr = serving["addr"].as_str().unwrap().to_owned();
+    let serving = wait_for_log(&mut log, "serving /debug/state", &mut seen);
+    let debug_addr = serving["addr"].as_str().unwrap().to_owned();
+    assert_ne!(addr, debug_addr);
     let first = wait_for_log(&mut log, "waiting for the container runtime", &mut seen);
     let second = wait_for_log(&mut log, "waiting for the container runtime", &mut seen);
     assert_eq!(first["retry_in"], "250ms", "{first}");
@@ -144,7 +148,12 @@ fn waits_for_the_runtime_with_backoff_serves_health_and_stops_cleanly_on_sigterm
     ] {
         assert!(body.contains(wanted), "{wanted:?} not in\n{body}");
     }
-    let (status, body) = get(&addr, "/debug/state");
+    let (status, _) = get(&addr, "/debug/state");
+    assert_eq!(
+        status, 404,
+        "/debug/state is not served on the metrics address"
+    );
+    let (status, body) = get(&debug_addr, "/debug/state");
     assert_eq!(status, 200);
     let state: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(state["runtime_synchronized"], false);

@@ -72,6 +72,11 @@ fn every_flag_refuses_a_bad_value_naming_the_flag_the_value_and_what_is_allowed(
         ("--log-level", "info,=[", "a level"),
         ("--metrics-addr", "localhost", "IP address and port"),
         ("--metrics-addr", "127.0.0.1", "IP address and port"),
+        (
+            "--debug-addr",
+            "localhost:8892",
+            "`off` or an IP address and port",
+        ),
         ("--log-format", "xml", "`text` or `json`"),
         ("--node-allocatable-cpu", "yes", "`true` or `false`"),
         (
@@ -156,6 +161,7 @@ fn the_config_file_sets_every_key_and_flags_win() {
          claim-granularity: core\n\
          state-dir: /file/state\n\
          metrics-addr: 0.0.0.0:9000\n\
+         debug-addr: '[::1]:9001'\n\
          log-format: json\n\
          log-level: debug\n";
     std::fs::write(&file, body).unwrap();

@@ -123,7 +123,7 @@ func startWith(t *testing.T, dra bool) *cluster {
 		"--nri-socket", c.path("nri-front.sock"), "--nri-plugin-index", "90",
 		"--cdi-dir", c.path("cdi"), "--state-dir", c.path("state"),
 		"--topology", "synthetic:pack:1 numa:2 core:4 pu:2", "--reserved-cpus", "0",
-		"--metrics-addr", c.metrics}
+		"--metrics-addr", c.metrics, "--debug-addr", "127.0.0.1:0"}
 	if dra {
 		args = append(args, "--node-name", node, "--driver-name", driver, "--kubeconfig", c.startAPIServer(),
 			"--kubelet-plugins-dir", c.path("plugins"), "--kubelet-registry-dir", c.path("plugins_registry"))
