@@ -1,15 +1,18 @@
 //! The deploy objects as Kubernetes sees them: every object the Helm chart renders with Helm's own
-//! engine (with its defaults, with the plain-manifest values, and with each optional part switched
-//! the other way), the committed plain manifests, and the examples parse into k8s-openapi's types
-//! with no unknown fields, and the DaemonSet, RBAC and DeviceClass say what the deployment
-//! promises.
+//! engine (with its defaults, with the plain-manifest values, and with each values file of the
+//! chart's ci/ directory: every optional object on, every one off, IPv6 addresses), the committed
+//! plain manifests, and the examples parse into k8s-openapi's types with no unknown fields, and
+//! the objects say what the deployment promises: each value reaches the object it is for, the
+//! agent's config file names the paths the DaemonSet mounts and the port it probes, RBAC grants
+//! exactly what the agent uses.
 //!
 //! k8s-openapi ignores unknown fields when deserializing, so "no unknown fields" is checked by a
 //! round trip: the object parsed into its type and serialized again must give back exactly the
 //! JSON it came from. A misspelled or misplaced field is dropped on the way and shows up as a
 //! difference, reported with its path. (The schema check against the Kubernetes 1.34 OpenAPI,
-//! field types and required fields included, is the Go conformance test in
-//! tests/conformance/deploy.)
+//! field types and required fields included, the ServiceMonitor against the Prometheus
+//! Operator's types, and the agent reading the rendered config file, are the Go conformance tests
+//! in tests/conformance/deploy.)
 
 use std::{
     fs,
@@ -21,7 +24,7 @@ use k8s_openapi::{
     api::{
         admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
         apps::v1::DaemonSet,
-        core::v1::{Namespace, Pod, ServiceAccount},
+        core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, Service, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding},
         resource::v1::{DeviceClass, ResourceClaimTemplate},
     },
@@ -86,6 +89,9 @@ fn check_object(object: &Json) -> Result<String, String> {
     let result = match (api_version, kind) {
         ("v1", "Namespace") => round_trip::<Namespace>(object),
         ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(object),
+        ("v1", "ConfigMap") => round_trip::<ConfigMap>(object),
+        ("v1", "Service") => round_trip::<Service>(object),
+        ("v1", "ResourceQuota") => round_trip::<ResourceQuota>(object),
         ("v1", "Pod") => round_trip::<Pod>(object),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(object),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
@@ -102,6 +108,8 @@ fn check_object(object: &Json) -> Result<String, String> {
             round_trip::<ValidatingAdmissionPolicyBinding>(object)
         }
         ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(object),
+        // k8s-openapi has no Prometheus Operator types: the Go tests decode it strictly into them.
+        ("monitoring.coreos.com/v1", "ServiceMonitor") => Ok(()),
         _ => Err("no Kubernetes type is known to this test for it".to_owned()),
     };
     let name = object["metadata"]["name"].as_str().unwrap_or("<unnamed>");
@@ -150,9 +158,9 @@ fn helm() -> &'static Helm {
     })
 }
 
-/// What Helm renders for the chart as release resmgr in kube-system with `overrides` (YAML) on
-/// top of its values.
-fn render_chart(overrides: &str) -> String {
+/// What Helm renders for the chart as release resmgr in `namespace` with `overrides` (YAML) on
+/// top of its values, or Helm's error.
+fn try_render(namespace: &str, overrides: &str) -> Result<String, String> {
     let dir = tempfile::tempdir().unwrap();
     let values = dir.path().join("values.yaml");
     fs::write(&values, overrides).unwrap();
@@ -161,12 +169,44 @@ fn render_chart(overrides: &str) -> String {
             &repo_root().join(helm::CHART_DIR),
             Release {
                 name: "resmgr",
-                namespace: "kube-system",
+                namespace,
             },
             &[&values],
             &[],
         )
-        .unwrap_or_else(|e| panic!("{e}"))
+        .map_err(|e| e.to_string())
+}
+
+fn render_chart(overrides: &str) -> String {
+    try_render("resmgr-system", overrides).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The chart's ci/ values files, by name (`everything-on`, ...), with their text.
+fn ci_values() -> Vec<(String, String)> {
+    let dir = repo_root().join(helm::CHART_DIR).join("ci");
+    let mut files: Vec<(String, String)> = fs::read_dir(&dir)
+        .expect("the chart has a ci/ directory")
+        .map(|e| e.unwrap().path())
+        .filter_map(|p| {
+            let name = p
+                .file_name()?
+                .to_str()?
+                .strip_suffix("-values.yaml")?
+                .to_owned();
+            Some((name, fs::read_to_string(&p).unwrap()))
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    files
+}
+
+fn ci(name: &str) -> String {
+    ci_values()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no ci/{name}-values.yaml"))
+        .1
 }
 
 /// The object of `kind` in a multi-document text.
@@ -175,6 +215,38 @@ fn object_of_kind(text: &str, kind: &str) -> Json {
         .into_iter()
         .find(|o| o["kind"] == kind)
         .unwrap_or_else(|| panic!("no {kind} in the manifests"))
+}
+
+fn has_kind(text: &str, kind: &str) -> bool {
+    objects(text).iter().any(|o| o["kind"] == kind)
+}
+
+/// The agent's config file in the rendered ConfigMap, parsed.
+fn config_file(text: &str) -> serde_yaml_ng::Value {
+    let config_map = object_of_kind(text, "ConfigMap");
+    let file = config_map["data"]["config.yaml"]
+        .as_str()
+        .expect("the ConfigMap holds config.yaml");
+    serde_yaml_ng::from_str(file).expect("the config file is YAML")
+}
+
+fn setting(text: &str, key: &str) -> String {
+    match &config_file(text)[key] {
+        serde_yaml_ng::Value::String(s) => s.clone(),
+        serde_yaml_ng::Value::Null => panic!("the config file has no {key}"),
+        other => serde_yaml_ng::to_string(other).unwrap().trim().to_owned(),
+    }
+}
+
+fn pod_spec(text: &str) -> Json {
+    object_of_kind(text, "DaemonSet")["spec"]["template"]["spec"].clone()
+}
+
+fn strings(value: &Json) -> Vec<&str> {
+    value
+        .as_array()
+        .map(|a| a.iter().filter_map(Json::as_str).collect())
+        .unwrap_or_default()
 }
 
 #[test]
@@ -195,8 +267,10 @@ fn every_plain_manifest_parses_into_its_type_with_no_unknown_fields() {
         [
             "Namespace",
             "ServiceAccount",
+            "ConfigMap",
             "ClusterRole",
             "ClusterRoleBinding",
+            "Service",
             "DaemonSet",
             "DeviceClass",
             "ValidatingAdmissionPolicy",
@@ -206,31 +280,345 @@ fn every_plain_manifest_parses_into_its_type_with_no_unknown_fields() {
 }
 
 #[test]
-fn the_chart_renders_typed_objects_with_defaults_and_every_option_flipped() {
+fn the_chart_renders_typed_objects_for_every_values_file() {
     let defaults = check_all("chart defaults", &render_chart("{}"));
     assert!(
         !defaults.contains(&"Namespace".to_owned()),
         "Helm creates the namespace itself: {defaults:?}"
     );
-    assert!(defaults.contains(&"ValidatingAdmissionPolicy".to_owned()));
+    for (name, values) in ci_values() {
+        for namespace in ["resmgr-system", "kube-system"] {
+            let text = try_render(namespace, &values).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let kinds = check_all(&name, &text);
+            assert!(kinds.contains(&"DaemonSet".to_owned()), "{name}: {kinds:?}");
+        }
+    }
+}
 
-    let flipped = render_chart(
-        "{namespace: {create: true}, admissionPolicy: {enabled: false}, reservedCpus: '0-1', nodeAllocatableCpu: true}",
+#[test]
+fn everything_on_reaches_the_objects_it_is_for() {
+    let text = render_chart(&ci("everything-on"));
+    let kinds = check_all("everything on", &text);
+    for kind in [
+        "Namespace",
+        "ResourceQuota",
+        "Service",
+        "ServiceMonitor",
+        "ValidatingAdmissionPolicy",
+    ] {
+        assert!(kinds.contains(&kind.to_owned()), "no {kind}: {kinds:?}");
+    }
+    let daemonset = object_of_kind(&text, "DaemonSet");
+    let spec = &daemonset["spec"];
+    let pod = &spec["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+        "10%"
     );
-    let kinds = check_all("chart with options flipped", &flipped);
-    assert!(kinds.contains(&"Namespace".to_owned()), "{kinds:?}");
-    assert!(
-        !kinds.iter().any(|k| k.starts_with("ValidatingAdmission")),
-        "{kinds:?}"
+    assert_eq!(spec["updateStrategy"]["rollingUpdate"]["maxSurge"], 0);
+    assert_eq!(
+        pod["nodeSelector"],
+        serde_json::json!({"kubernetes.io/os": "linux", "node-role.example.com/cpu": "true"}),
+        "a node selector given is merged with the default"
     );
-    let daemonset = object_of_kind(&flipped, "DaemonSet");
-    let args = &daemonset["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(
+        pod["tolerations"],
+        serde_json::json!([{"key": "dedicated", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}]),
+        "tolerations given replace the default"
+    );
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "kubernetes.io/arch"
+    );
+    assert_eq!(
+        pod["imagePullSecrets"],
+        serde_json::json!([{"name": "registry-pull"}])
+    );
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["terminationGracePeriodSeconds"], 60);
+    let metadata = &spec["template"]["metadata"];
+    assert_eq!(metadata["annotations"]["example.com/owner"], "platform");
+    assert_eq!(metadata["labels"]["example.com/tier"], "node");
+    assert_eq!(container["image"], "registry.example.com/resmgr:9.9.9");
+    assert_eq!(container["imagePullPolicy"], "Always");
+    assert_eq!(
+        strings(&container["args"]),
+        [
+            "run",
+            "--config=/etc/resmgr/config.yaml",
+            "--node-name=$(NODE_NAME)",
+            "--log-format=json"
+        ],
+        "extra arguments come last, so they win over the file"
+    );
     assert!(
-        args.as_array()
+        container["env"]
+            .as_array()
             .unwrap()
-            .contains(&Json::from("--reserved-cpus=0-1")),
-        "{args}"
+            .contains(&serde_json::json!({"name": "RUST_LOG", "value": "info,resmgr=debug"}))
     );
+    assert_eq!(
+        container["resources"],
+        serde_json::json!({"requests": {"cpu": "100m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}})
+    );
+    let security = &container["securityContext"];
+    assert_eq!(security["seLinuxOptions"]["type"], "spc_t");
+    assert_eq!(
+        security["runAsUser"], 0,
+        "the override merges into the defaults"
+    );
+    assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_eq!(container["ports"][0]["containerPort"], 9100);
+
+    assert_eq!(setting(&text, "driver-name"), "cpus.example.com");
+    assert_eq!(setting(&text, "nri-socket"), "/run/nri/nri.sock");
+    assert_eq!(
+        setting(&text, "kubelet-plugins-dir"),
+        "/data/kubelet/plugins"
+    );
+    assert_eq!(setting(&text, "cdi-dir"), "/etc/cdi");
+    assert_eq!(setting(&text, "state-dir"), "/data/resmgr");
+    assert_eq!(setting(&text, "metrics-addr"), "0.0.0.0:9100");
+    assert_eq!(setting(&text, "debug-addr"), "[::1]:9101");
+    assert_eq!(setting(&text, "node-allocatable-cpu"), "true");
+    assert_eq!(setting(&text, "nri-plugin-index"), "10");
+
+    let service = object_of_kind(&text, "Service");
+    assert_eq!(service["spec"]["ports"][0]["port"], 9100);
+    assert_eq!(
+        service["metadata"]["annotations"]["prometheus.io/port"],
+        "9100"
+    );
+    assert_eq!(
+        service["metadata"]["annotations"]["example.com/team"],
+        "platform"
+    );
+    let monitor = object_of_kind(&text, "ServiceMonitor");
+    assert_eq!(
+        monitor["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    assert_eq!(monitor["spec"]["endpoints"][0]["interval"], "15s");
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    for (key, value) in selector {
+        assert_eq!(
+            &service["metadata"]["labels"][key], value,
+            "the ServiceMonitor selects the Service by {key}"
+        );
+    }
+    let quota = object_of_kind(&text, "ResourceQuota");
+    assert_eq!(quota["spec"]["hard"]["pods"], "500");
+    assert_eq!(
+        quota["spec"]["scopeSelector"]["matchExpressions"][0]["values"],
+        serde_json::json!(["system-cluster-critical"])
+    );
+    assert_eq!(
+        object_of_kind(&text, "DeviceClass")["metadata"]["name"],
+        "example-cpus"
+    );
+}
+
+#[test]
+fn everything_off_leaves_out_what_it_switches_off() {
+    let text = render_chart(&ci("everything-off"));
+    let kinds = check_all("everything off", &text);
+    for kind in [
+        "Namespace",
+        "ResourceQuota",
+        "Service",
+        "ServiceMonitor",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(!kinds.contains(&kind.to_owned()), "{kind}: {kinds:?}");
+    }
+    let daemonset = object_of_kind(&text, "DaemonSet");
+    assert_eq!(
+        daemonset["spec"]["updateStrategy"],
+        serde_json::json!({"type": "OnDelete"}),
+        "OnDelete takes no rollingUpdate"
+    );
+    let pod = &daemonset["spec"]["template"]["spec"];
+    for field in [
+        "nodeSelector",
+        "tolerations",
+        "priorityClassName",
+        "affinity",
+    ] {
+        assert!(pod.get(field).is_none(), "{field}: {pod}");
+    }
+    assert!(pod["containers"][0].get("resources").is_none());
+    assert_eq!(
+        pod["containers"][0]["image"],
+        format!(
+            "ghcr.io/resmgr/resmgr:{}",
+            objects(
+                &fs::read_to_string(repo_root().join(helm::CHART_DIR).join("Chart.yaml")).unwrap()
+            )[0]["appVersion"]
+                .as_str()
+                .unwrap()
+        ),
+        "an empty tag is the chart's appVersion"
+    );
+    assert_eq!(setting(&text, "debug-addr"), "off");
+}
+
+#[test]
+fn without_dra_the_chart_installs_nothing_that_uses_the_api() {
+    let text = render_chart(&ci("nri-only"));
+    let kinds = check_all("NRI only", &text);
+    for kind in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(!kinds.contains(&kind.to_owned()), "{kind}: {kinds:?}");
+    }
+    assert_eq!(pod_spec(&text)["automountServiceAccountToken"], false);
+    assert_eq!(setting(&text, "dra"), "false");
+    assert!(
+        pod_spec(&render_chart("{}"))
+            .get("automountServiceAccountToken")
+            .is_none(),
+        "with DRA the agent needs its token"
+    );
+}
+
+#[test]
+fn the_config_file_sets_either_reserved_cpus_or_their_count() {
+    let file = config_file(&render_chart("{}"));
+    assert_eq!(file["reserved-cpu-count"], 1);
+    assert!(file.get("reserved-cpus").is_none(), "{file:?}");
+    let file = config_file(&render_chart("{config: {reserved-cpus: '0,32'}}"));
+    assert_eq!(file["reserved-cpus"], "0,32");
+    assert!(
+        file.get("reserved-cpu-count").is_none(),
+        "the agent refuses both in one file: {file:?}"
+    );
+    let header = config_file(&render_chart("{}"));
+    assert_eq!(header["apiVersion"], "resmgr.io/v1alpha1");
+    assert_eq!(header["kind"], "AgentConfiguration");
+}
+
+#[test]
+fn addresses_are_written_as_the_agent_takes_them_ipv6_in_brackets() {
+    for (values, metrics, debug) in [
+        ("{}", "[::]:8891", "127.0.0.1:8892"),
+        (
+            "{metrics: {bindAddress: 0.0.0.0}}",
+            "0.0.0.0:8891",
+            "127.0.0.1:8892",
+        ),
+        (
+            "{metrics: {bindAddress: '[::]', port: 9000}, debug: {bindAddress: '::1'}}",
+            "[::]:9000",
+            "[::1]:8892",
+        ),
+        (&ci("ipv6"), "[fd00::10]:8891", "[::1]:8892"),
+    ] {
+        let text = render_chart(values);
+        assert_eq!(setting(&text, "metrics-addr"), metrics, "{values}");
+        assert_eq!(setting(&text, "debug-addr"), debug, "{values}");
+    }
+}
+
+#[test]
+fn the_probes_and_the_service_reach_the_port_the_agent_listens_on() {
+    for (name, values) in [("defaults".to_owned(), "{}".to_owned())]
+        .into_iter()
+        .chain(ci_values())
+    {
+        let text = render_chart(&values);
+        let container = &pod_spec(&text)["containers"][0];
+        let port = &container["ports"][0];
+        assert_eq!(port["name"], "metrics", "{name}");
+        let listens = setting(&text, "metrics-addr");
+        assert!(
+            listens.ends_with(&format!(":{}", port["containerPort"])),
+            "{name}: the agent listens on {listens}, the container port is {port}"
+        );
+        for probe in ["livenessProbe", "readinessProbe"] {
+            assert_eq!(
+                container[probe]["httpGet"]["port"], "metrics",
+                "{name} {probe}"
+            );
+            assert!(
+                container[probe]["httpGet"].get("host").is_none(),
+                "{name}: probes go to the pod IP"
+            );
+        }
+        if has_kind(&text, "Service") {
+            assert_eq!(
+                object_of_kind(&text, "Service")["spec"]["ports"][0]["targetPort"],
+                "metrics"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_changed_config_rolls_the_agents() {
+    let checksum = |values: &str| {
+        object_of_kind(&render_chart(values), "DaemonSet")["spec"]["template"]["metadata"]
+            ["annotations"]["checksum/config"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let before = checksum("{}");
+    assert_eq!(before.len(), 64);
+    assert_eq!(
+        checksum("{podLabels: {a: b}}"),
+        before,
+        "only the config counts"
+    );
+    assert_ne!(checksum("{config: {log-format: text}}"), before);
+    assert_ne!(
+        checksum("{stateDir: /data/resmgr}"),
+        before,
+        "derived settings count too"
+    );
+}
+
+#[test]
+fn the_critical_pods_quota_is_only_where_it_is_asked_for_and_needed() {
+    assert!(
+        !has_kind(&render_chart("{}"), "ResourceQuota"),
+        "off by default"
+    );
+    let on = "criticalPodsQuota: {enabled: true}";
+    assert!(has_kind(&render_chart(on), "ResourceQuota"));
+    let in_kube_system = try_render("kube-system", on).unwrap();
+    assert!(!has_kind(&in_kube_system, "ResourceQuota"));
+    for class in ["''", "batch-high"] {
+        let values = format!("{on}\npriorityClassName: {class}\n");
+        assert!(
+            !has_kind(&render_chart(&values), "ResourceQuota"),
+            "{class}"
+        );
+    }
+}
+
+#[test]
+fn a_value_the_chart_does_not_know_fails_the_install_naming_it() {
+    for (values, named) in [
+        ("{tolerationz: []}", "tolerationz"),
+        ("{config: {reserved-cpu: '2'}}", "reserved-cpu"),
+        ("{config: {metrics-addr: '0.0.0.0:1'}}", "metrics-addr"),
+        (
+            "{metrics: {serviceMonitor: {enabled: true}, service: {enabled: false}}}",
+            "metrics.service.enabled",
+        ),
+    ] {
+        let err = try_render("resmgr-system", values).unwrap_err();
+        assert!(err.contains(named), "{values}: {err}");
+    }
 }
 
 #[test]
@@ -273,10 +661,6 @@ fn the_round_trip_catches_an_unknown_or_misplaced_field() {
     assert!(err.contains(".spec.selectors[0].expression"), "{err}");
 }
 
-fn daemonset_pod_spec() -> Json {
-    object_of_kind(&plain_manifests(), "DaemonSet")["spec"]["template"]["spec"].clone()
-}
-
 #[test]
 fn the_daemonset_runs_critical_with_the_node_name_probes_and_a_gentle_rollout() {
     let daemonset: DaemonSet =
@@ -284,10 +668,16 @@ fn the_daemonset_runs_critical_with_the_node_name_probes_and_a_gentle_rollout() 
     let spec = daemonset.spec.unwrap();
     let rolling = spec.update_strategy.unwrap().rolling_update.unwrap();
     assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)));
     let pod = spec.template.spec.unwrap();
     assert_eq!(
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
+    );
+    assert_eq!(
+        pod.tolerations.as_deref().map(<[_]>::len),
+        Some(1),
+        "one toleration: every taint"
     );
     let container = &pod.containers[0];
     let node_name = container
@@ -327,62 +717,77 @@ fn the_daemonset_runs_critical_with_the_node_name_probes_and_a_gentle_rollout() 
 }
 
 #[test]
-fn the_daemonset_mounts_each_host_path_where_its_flag_points() {
-    let pod = daemonset_pod_spec();
-    let container = &pod["containers"][0];
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    let flag = |name: &str| {
-        args.iter()
-            .find_map(|a| a.strip_prefix(&format!("--{name}=")))
-            .unwrap_or_else(|| panic!("no --{name} in {args:?}"))
-    };
-    // (host path, flag naming it or a file in it, read-only)
-    let nri_dir = flag("nri-socket").trim_end_matches("/nri.sock");
-    let expected = [
-        ("/var/run/nri", nri_dir, true),
-        (
-            "/var/lib/kubelet/plugins",
-            flag("kubelet-plugins-dir"),
-            false,
-        ),
-        (
-            "/var/lib/kubelet/plugins_registry",
-            flag("kubelet-registry-dir"),
-            false,
-        ),
-        ("/var/run/cdi", flag("cdi-dir"), false),
-        ("/var/lib/resmgr", flag("state-dir"), false),
-        ("/sys", "/sys", true),
-    ];
-    let volumes = pod["volumes"].as_array().unwrap();
-    let mounts = container["volumeMounts"].as_array().unwrap();
-    assert_eq!(volumes.len(), expected.len(), "no other volumes");
-    for (host, flag_path, read_only) in expected {
-        assert_eq!(host, flag_path, "the flag points at the host path");
-        let volume = volumes
-            .iter()
-            .find(|v| v["hostPath"]["path"] == host)
-            .unwrap_or_else(|| panic!("no hostPath volume for {host}"));
-        let mount = mounts
-            .iter()
-            .find(|m| m["name"] == volume["name"])
-            .unwrap_or_else(|| panic!("{host} is not mounted"));
+fn the_daemonset_mounts_each_host_path_where_the_config_file_points() {
+    for (name, values) in [("plain".to_owned(), String::new())]
+        .into_iter()
+        .chain(ci_values())
+    {
+        let text = if name == "plain" {
+            plain_manifests()
+        } else {
+            render_chart(&values)
+        };
+        let pod = pod_spec(&text);
+        let container = &pod["containers"][0];
+        assert!(strings(&container["args"]).contains(&"--node-name=$(NODE_NAME)"));
+        let path = |key: &str| setting(&text, key);
+        // (setting, the host path it names or is in, read-only)
+        let nri_socket = path("nri-socket");
+        let expected = [
+            (
+                nri_socket
+                    .strip_suffix("/nri.sock")
+                    .expect("the socket is nri.sock")
+                    .to_owned(),
+                true,
+            ),
+            (path("kubelet-plugins-dir"), false),
+            (path("kubelet-registry-dir"), false),
+            (path("cdi-dir"), false),
+            (path("state-dir"), false),
+            ("/sys".to_owned(), true),
+        ];
+        let volumes = pod["volumes"].as_array().unwrap();
+        let mounts = container["volumeMounts"].as_array().unwrap();
         assert_eq!(
-            mount["mountPath"], host,
-            "{host} is mounted at the same path"
+            volumes.len(),
+            expected.len() + 1,
+            "{name}: the host paths and the config, no other volumes"
         );
+        for (host, read_only) in expected {
+            let volume = volumes
+                .iter()
+                .find(|v| v["hostPath"]["path"] == host.as_str())
+                .unwrap_or_else(|| panic!("{name}: no hostPath volume for {host}"));
+            let mount = mounts
+                .iter()
+                .find(|m| m["name"] == volume["name"])
+                .unwrap_or_else(|| panic!("{name}: {host} is not mounted"));
+            assert_eq!(
+                mount["mountPath"],
+                host.as_str(),
+                "{name}: {host} is mounted at the same path"
+            );
+            assert_eq!(
+                mount["readOnly"].as_bool().unwrap_or(false),
+                read_only,
+                "{name}: {host} read-only"
+            );
+        }
+        let config = volumes
+            .iter()
+            .find(|v| v.get("configMap").is_some())
+            .expect("the config volume");
         assert_eq!(
-            mount["readOnly"].as_bool().unwrap_or(false),
-            read_only,
-            "{host} read-only"
+            config["configMap"]["name"],
+            object_of_kind(&text, "ConfigMap")["metadata"]["name"]
+        );
+        let mount = mounts.iter().find(|m| m["name"] == config["name"]).unwrap();
+        assert_eq!(
+            mount["mountPath"], "/etc/resmgr",
+            "--config=/etc/resmgr/config.yaml"
         );
     }
-    assert!(args.contains(&"--node-name=$(NODE_NAME)"));
 }
 
 #[test]
@@ -417,6 +822,11 @@ fn rbac_grants_exactly_what_the_agent_needs() {
         [
             ("".to_owned(), "nodes".to_owned(), owned(&["get"])),
             (
+                "events.k8s.io".to_owned(),
+                "events".to_owned(),
+                owned(&["create", "patch"])
+            ),
+            (
                 "resource.k8s.io".to_owned(),
                 "resourceclaims".to_owned(),
                 owned(&["get"])
@@ -432,18 +842,12 @@ fn rbac_grants_exactly_what_the_agent_needs() {
 
 #[test]
 fn the_device_class_selects_the_driver_the_agent_runs_as() {
-    let manifests = plain_manifests();
-    let class: DeviceClass =
-        serde_json::from_value(object_of_kind(&manifests, "DeviceClass")).unwrap();
-    let selectors = class.spec.selectors.unwrap();
-    let expression = &selectors[0].cel.as_ref().unwrap().expression;
-    let pod = daemonset_pod_spec();
-    let driver = pod["containers"][0]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find_map(|a| a.as_str()?.strip_prefix("--driver-name="))
-        .expect("the DaemonSet names its driver")
-        .to_owned();
-    assert_eq!(expression, &format!("device.driver == \"{driver}\""));
+    for text in [plain_manifests(), render_chart(&ci("everything-on"))] {
+        let class: DeviceClass =
+            serde_json::from_value(object_of_kind(&text, "DeviceClass")).unwrap();
+        let selectors = class.spec.selectors.unwrap();
+        let expression = &selectors[0].cel.as_ref().unwrap().expression;
+        let driver = setting(&text, "driver-name");
+        assert_eq!(expression, &format!("device.driver == \"{driver}\""));
+    }
 }

@@ -43,15 +43,20 @@ type decision struct {
 // objectOf finds the one object of kind in the plain manifests and decodes it strictly into out.
 func objectOf(t *testing.T, kind string, out any) {
 	t.Helper()
-	root := repoRoot(t)
+	objectIn(t, readFile(t, filepath.Join(repoRoot(t), "deploy", "manifests", "resmgr.yaml")), kind, out)
+}
+
+// objectIn finds the one object of kind in a multi-document text and decodes it strictly into out.
+func objectIn(t *testing.T, text, kind string, out any) {
+	t.Helper()
 	var found []map[string]any
-	for _, obj := range documents(t, readFile(t, filepath.Join(root, "deploy", "manifests", "resmgr.yaml"))) {
+	for _, obj := range documents(t, text) {
 		if obj["kind"] == kind {
 			found = append(found, obj)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("want one %s in the plain manifests, found %d", kind, len(found))
+		t.Fatalf("want one %s, found %d", kind, len(found))
 	}
 	b, err := yaml.Marshal(found[0])
 	if err != nil {
@@ -68,8 +73,14 @@ func objectOf(t *testing.T, kind string, out any) {
 // a rollback keeps them valid), with request, object, oldObject and variables declared.
 func compilePolicy(t *testing.T) *policy {
 	t.Helper()
+	return compilePolicyIn(t, readFile(t, filepath.Join(repoRoot(t), "deploy", "manifests", "resmgr.yaml")))
+}
+
+// compilePolicyIn compiles the admission policy of a multi-document text, as compilePolicy does.
+func compilePolicyIn(t *testing.T, text string) *policy {
+	t.Helper()
 	var vap admissionv1.ValidatingAdmissionPolicy
-	objectOf(t, "ValidatingAdmissionPolicy", &vap)
+	objectIn(t, text, "ValidatingAdmissionPolicy", &vap)
 	envSet, err := environment.MustBaseEnvSet(version.MajorMinor(1, 33)).Extend(environment.VersionedOptions{
 		IntroducedVersion: version.MajorMinor(1, 30),
 		EnvOptions: []cel.EnvOption{

@@ -239,14 +239,6 @@ func TestPlainManifestsMatchTheKubernetes134Schemas(t *testing.T) {
 	requireValid(t, path, []byte(readFile(t, path)), 8)
 }
 
-func TestChartOutputMatchesTheKubernetes134Schemas(t *testing.T) {
-	c := loadChart(t)
-	flipped := valuesFile(t, "flipped", "namespace: {create: true}\nreservedCpus: \"0-1\"\n")
-	for name, files := range map[string][]string{"defaults": nil, "flipped": {flipped}} {
-		requireValid(t, "chart "+name, []byte(helmRender(t, c, files...)), 7)
-	}
-}
-
 func TestExamplesMatchTheKubernetes134Schemas(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join(repoRoot(t), "examples", "kubernetes", "*.yaml"))
 	if err != nil || len(files) == 0 {
