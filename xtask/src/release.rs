@@ -28,7 +28,8 @@ pub fn build(root: &Path) -> anyhow::Result<()> {
 }
 
 /// `cargo xtask release`: into `out` (default dist/), the stripped binary, the plain manifests
-/// with the version as image tag, the packaged Helm chart, and SHA256SUMS over all three. With
+/// with the version as image tag, the packaged Helm chart, the Grafana dashboard and the
+/// Prometheus alerts of deploy/monitoring, and SHA256SUMS over all of them. With
 /// `binary`, that file is shipped instead of building one (the conformance test uses it to check
 /// the rest of the release without a release build).
 pub fn release(root: &Path, out: Option<&Path>, binary: Option<&Path>) -> anyhow::Result<()> {
@@ -52,14 +53,22 @@ pub fn release(root: &Path, out: Option<&Path>, binary: Option<&Path>) -> anyhow
 }
 
 /// The names of the files [`release`] writes for `version`, checksums last.
-pub fn artefact_names(version: &str) -> [String; 4] {
+pub fn artefact_names(version: &str) -> [String; 6] {
     [
         format!("resmgr-{version}-{}-linux", std::env::consts::ARCH),
         format!("resmgr-{version}.yaml"),
         format!("resmgr-{version}.tgz"),
+        format!("resmgr-{version}-grafana-dashboard.json"),
+        format!("resmgr-{version}-prometheus-alerts.yaml"),
         "SHA256SUMS".to_owned(),
     ]
 }
+
+/// The files of deploy/monitoring that ship as they are, in [`artefact_names`] order.
+const MONITORING: [&str; 2] = [
+    "deploy/monitoring/dashboard.json",
+    "deploy/monitoring/alerts.yaml",
+];
 
 /// Writes the release into a fresh `out` and returns the names of the files written.
 fn assemble(
@@ -73,7 +82,14 @@ fn assemble(
         fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
     }
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let [bin_name, manifests_name, chart_name, sums_name] = artefact_names(version);
+    let [
+        bin_name,
+        manifests_name,
+        chart_name,
+        dashboard_name,
+        alerts_name,
+        sums_name,
+    ] = artefact_names(version);
     fs::copy(bin, out.join(&bin_name)).with_context(|| format!("copying {}", bin.display()))?;
     let manifests = helm::render_plain(helm, root, Some(version))?;
     fs::write(out.join(&manifests_name), manifests)
@@ -83,7 +99,16 @@ fn assemble(
         packaged == chart_name,
         "the chart packaged as {packaged}, expected {chart_name}"
     );
-    let artefacts = vec![bin_name, manifests_name, chart_name];
+    for (source, name) in MONITORING.iter().zip([&dashboard_name, &alerts_name]) {
+        fs::copy(root.join(source), out.join(name)).with_context(|| format!("copying {source}"))?;
+    }
+    let artefacts = vec![
+        bin_name,
+        manifests_name,
+        chart_name,
+        dashboard_name,
+        alerts_name,
+    ];
     write_checksums(out, &artefacts)?;
     let mut all = artefacts;
     all.push(sums_name);
@@ -225,8 +250,8 @@ mod tests {
 
         let sums = fs::read_to_string(out.join("SHA256SUMS")).unwrap();
         let lines: Vec<&str> = sums.lines().collect();
-        assert_eq!(lines.len(), 3);
-        for (line, name) in lines.iter().zip(&written[..3]) {
+        assert_eq!(lines.len(), 5);
+        for (line, name) in lines.iter().zip(&written[..5]) {
             let digest = sha256_hex(&fs::read(out.join(name)).unwrap());
             assert_eq!(*line, format!("{digest}  {name}"));
         }

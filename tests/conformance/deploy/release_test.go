@@ -33,12 +33,13 @@ func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
 	}
 	version := meta.Metadata.Version
 	arch := map[string]string{"amd64": "x86_64", "arm64": "aarch64"}[runtime.GOARCH]
-	want := []string{
-		"SHA256SUMS",
-		"resmgr-" + version + "-" + arch + "-linux",
-		"resmgr-" + version + ".tgz",
-		"resmgr-" + version + ".yaml",
-	}
+	binName := "resmgr-" + version + "-" + arch + "-linux"
+	chartName := "resmgr-" + version + ".tgz"
+	manifestsName := "resmgr-" + version + ".yaml"
+	dashboardName := "resmgr-" + version + "-grafana-dashboard.json"
+	alertsName := "resmgr-" + version + "-prometheus-alerts.yaml"
+	want := []string{"SHA256SUMS", binName, chartName, manifestsName, dashboardName, alertsName}
+	slices.Sort(want)
 	entries, err := os.ReadDir(out)
 	if err != nil {
 		t.Fatal(err)
@@ -79,14 +80,14 @@ func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
 		t.Errorf("SHA256SUMS lists %v, want %v", listed, want[1:])
 	}
 
-	bin, err := os.ReadFile(filepath.Join(out, want[1]))
+	bin, err := os.ReadFile(filepath.Join(out, binName))
 	if err != nil || string(bin) != "stand-in for the stripped binary\n" {
 		t.Errorf("the shipped binary is not the one given: %q, %v", bin, err)
 	}
 
 	// Helm loads the package, and renders it with the plain values and the release's image tag
 	// into exactly the release's manifests.
-	packaged, err := chart.Load(filepath.Join(out, want[2]))
+	packaged, err := chart.Load(filepath.Join(out, chartName))
 	if err != nil {
 		t.Fatalf("helm cannot load the packaged chart: %v", err)
 	}
@@ -95,11 +96,18 @@ func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
 	}
 	tag := valuesFile(t, "tag", "image: {tag: \""+version+"\"}\n")
 	helm := helmRender(t, packaged, filepath.Join(root, "deploy", "manifests.values.yaml"), tag)
-	manifests := readFile(t, filepath.Join(out, want[3]))
+	manifests := readFile(t, filepath.Join(out, manifestsName))
 	if withoutHeader(manifests) != helm {
 		t.Errorf("the release manifests are not what helm renders from the release's chart package")
 	}
 	if !strings.Contains(manifests, "image: ghcr.io/resmgr/resmgr:"+version+"\n") {
 		t.Errorf("the release manifests do not use %s as the image tag", version)
+	}
+
+	// The dashboard and the alerts are the repository's.
+	for name, source := range map[string]string{dashboardName: "dashboard.json", alertsName: "alerts.yaml"} {
+		if readFile(t, filepath.Join(out, name)) != readFile(t, filepath.Join(root, "deploy", "monitoring", source)) {
+			t.Errorf("%s is not deploy/monitoring/%s", name, source)
+		}
 	}
 }
