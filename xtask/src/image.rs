@@ -534,19 +534,18 @@ fn fetch(package: &Package, cache: &Path) -> anyhow::Result<Deb> {
         format!("{}:{}", package.name, package.arch)
     };
     let exact = format!("{any}={}", package.version);
-    let mut attempts = vec![exact.clone()];
+    // The installed version; after refreshing stale lists (root only); any version.
+    let mut attempts = vec![Some(exact.clone())];
     if sysdeps::running_as_root() {
-        // Package lists may be missing or stale on a fresh machine.
-        attempts.push(String::from("update"));
-        attempts.push(exact);
+        attempts.extend([None, Some(exact)]);
     }
-    attempts.push(any);
+    attempts.push(Some(any));
     let mut errors = Vec::new();
-    for what in attempts {
-        if what == "update" {
+    for attempt in attempts {
+        let Some(what) = attempt else {
             util::run(Command::new("apt-get").args(["update", "-q"]))?;
             continue;
-        }
+        };
         let dir = tempfile::tempdir_in(cache)?;
         let got = util::output(
             Command::new("apt-get")

@@ -456,13 +456,17 @@ pub fn translate(docs: &[Value], node: &str, config_dir: &Path) -> anyhow::Resul
     let cpu_lim = get("limits", "cpu", true)?;
     let mem_req = get("requests", "memory", false)?;
     let mem_lim = get("limits", "memory", false)?;
-    let qos = if cpu_lim.is_some()
-        && mem_lim.is_some()
-        && cpu_req.unwrap_or(cpu_lim.unwrap_or(0)) == cpu_lim.unwrap_or(0)
-        && mem_req.unwrap_or(mem_lim.unwrap_or(0)) == mem_lim.unwrap_or(0)
-    {
+    // The kubelet's QoS classes: a request defaults to its limit.
+    let guaranteed = match (cpu_lim, mem_lim) {
+        (Some(cpu), Some(mem)) => cpu_req.unwrap_or(cpu) == cpu && mem_req.unwrap_or(mem) == mem,
+        _ => false,
+    };
+    let qos = if guaranteed {
         Qos::Guaranteed
-    } else if cpu_req.is_none() && cpu_lim.is_none() && mem_req.is_none() && mem_lim.is_none() {
+    } else if [cpu_req, cpu_lim, mem_req, mem_lim]
+        .iter()
+        .all(Option::is_none)
+    {
         Qos::BestEffort
     } else {
         Qos::Burstable
@@ -669,6 +673,30 @@ mod tests {
         assert_eq!(pod.liveness.as_deref(), Some("/healthz"));
         assert_eq!((pod.host_network, pod.host_pid), (false, false));
         assert_eq!(pod.namespace, "ns");
+    }
+
+    #[test]
+    fn resources_make_the_kubelets_qos_classes() {
+        for (resources, qos) in [
+            (
+                json!({"limits": {"cpu": "1", "memory": "1Gi"}}),
+                Qos::Guaranteed,
+            ),
+            (
+                json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}),
+                Qos::Guaranteed,
+            ),
+            (
+                json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}),
+                Qos::Burstable,
+            ),
+            (json!({"requests": {"cpu": "50m"}}), Qos::Burstable),
+            (json!({}), Qos::BestEffort),
+        ] {
+            let docs = daemonset(json!({}), json!({"resources": resources}));
+            let pod = translate(&docs, "n", Path::new("/r")).unwrap();
+            assert_eq!(pod.qos, qos, "{resources}");
+        }
     }
 
     #[test]
