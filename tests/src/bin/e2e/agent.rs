@@ -515,8 +515,9 @@ impl Container {
     }
 }
 
-/// The image runs unprivileged: a container of `image` with nothing but its own configuration
-/// (user 65532) prints the topology (hwloc reading /sys) and exits 0.
+/// The image runs unprivileged: containers of `image` with nothing but its own configuration
+/// (user 65532) print the topology (hwloc reading /sys) and the default configuration file, and
+/// exit 0.
 pub fn check_image_unprivileged(cri: &Cri, image: &str, dir: &Path) -> anyhow::Result<()> {
     let pod = Pod {
         name: "image-check".into(),
@@ -529,28 +530,45 @@ pub fn check_image_unprivileged(cri: &Cri, image: &str, dir: &Path) -> anyhow::R
     std::fs::create_dir_all(&logs)?;
     pod_config["log_directory"] = json!(logs);
     let pod_id = cri.run_pod_config(&pod.name, &pod_config)?;
-    let container = json!({
-        "metadata": {"name": "topology"},
-        "image": {"image": image},
-        "args": ["topology"],
-        "log_path": "topology.log",
-    });
-    let id = cri.create_and_start(&pod_id, &pod.name, &container, &pod_config)?;
-    wait_until("the image's topology command to exit", LIMIT, || {
-        Ok(cri.inspect(&id)?["status"]["state"] == "CONTAINER_EXITED")
-    })?;
-    let inspect = cri.inspect(&id)?;
-    let code = inspect["status"]["exitCode"].as_i64();
-    let log = std::fs::read_to_string(logs.join("topology.log")).unwrap_or_default();
-    let uid = &inspect["info"]["runtimeSpec"]["process"]["user"]["uid"];
-    cri.remove_pod(&pod_id)?;
-    ensure!(
-        code == Some(0) && log.contains("cpu"),
-        "`resmgr topology` in the image exited {code:?}:\n{log}"
-    );
-    ensure!(
-        uid.as_i64() == Some(65532),
-        "the image ran as uid {uid}, want its own user 65532"
-    );
-    Ok(())
+    let checks: [(&str, &[&str], &str); 2] = [
+        ("topology", &["topology"], "cpu"),
+        (
+            "config",
+            &["config", "--print-defaults"],
+            "kind: AgentConfiguration",
+        ),
+    ];
+    for (name, args, want) in checks {
+        let container = json!({
+            "metadata": {"name": name},
+            "image": {"image": image},
+            "args": args,
+            "log_path": format!("{name}.log"),
+        });
+        let id = cri.create_and_start(
+            &pod_id,
+            &format!("image-check-{name}"),
+            &container,
+            &pod_config,
+        )?;
+        wait_until(
+            &format!("`resmgr {}` in the image to exit", args.join(" ")),
+            LIMIT,
+            || Ok(cri.inspect(&id)?["status"]["state"] == "CONTAINER_EXITED"),
+        )?;
+        let inspect = cri.inspect(&id)?;
+        let code = inspect["status"]["exitCode"].as_i64();
+        let log = std::fs::read_to_string(logs.join(format!("{name}.log"))).unwrap_or_default();
+        let uid = &inspect["info"]["runtimeSpec"]["process"]["user"]["uid"];
+        ensure!(
+            code == Some(0) && log.contains(want),
+            "`resmgr {}` in the image exited {code:?}, want 0 and {want:?} in:\n{log}",
+            args.join(" ")
+        );
+        ensure!(
+            uid.as_i64() == Some(65532),
+            "the image ran as uid {uid}, want its own user 65532"
+        );
+    }
+    cri.remove_pod(&pod_id)
 }
