@@ -507,6 +507,32 @@ fn the_config_file_sets_either_reserved_cpus_or_their_count() {
 }
 
 #[test]
+fn the_agents_own_namespace_runs_on_the_reserved_cpus() {
+    let namespaces = |namespace: &str, overrides: &str| -> Vec<String> {
+        let text = try_render(namespace, overrides).unwrap_or_else(|e| panic!("{e}"));
+        serde_yaml_ng::from_value(config_file(&text)["reserved-namespaces"].clone())
+            .expect("reserved-namespaces is a list")
+    };
+    assert_eq!(
+        namespaces("resmgr-system", "{}"),
+        ["kube-system", "resmgr-system"]
+    );
+    assert_eq!(
+        namespaces("kube-system", "{}"),
+        ["kube-system"],
+        "named once"
+    );
+    assert_eq!(
+        namespaces("agents", "{config: {reserved-namespaces: [infra]}}"),
+        ["infra", "agents"]
+    );
+    assert_eq!(
+        namespaces("agents", "{config: {reserved-namespaces: []}}"),
+        ["agents"]
+    );
+}
+
+#[test]
 fn addresses_are_written_as_the_agent_takes_them_ipv6_in_brackets() {
     for (values, metrics, debug) in [
         ("{}", "[::]:8891", "127.0.0.1:8892"),

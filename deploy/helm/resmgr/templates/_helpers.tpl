@@ -52,6 +52,15 @@ ports it exposes, the driver its objects name), then every other setting from .V
 {{- $_ := set $config $key $value }}
 {{- end }}
 {{- end }}
+{{- /*
+The agent's own pods run on the reserved CPUs, as the node's other system pods do: in a namespace
+of their own they would otherwise be shared containers, and on a small node keep the last shared
+CPU from an exclusive container.
+*/ -}}
+{{- $reservedNamespaces := get $config "reserved-namespaces" }}
+{{- if and (kindIs "slice" $reservedNamespaces) (not (has .Release.Namespace $reservedNamespaces)) }}
+{{- $_ := set $config "reserved-namespaces" (append $reservedNamespaces .Release.Namespace) }}
+{{- end }}
 {{- /* reserved-cpus names the CPUs, reserved-cpu-count picks that many: the agent takes one. */ -}}
 {{- if hasKey $config "reserved-cpus" }}
 {{- $_ := unset $config "reserved-cpu-count" }}

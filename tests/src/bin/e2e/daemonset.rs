@@ -29,12 +29,10 @@ use crate::cri::{Qos, shares};
 
 /// The release name the chart is rendered as (that of the plain manifests).
 pub const RELEASE: &str = "resmgr";
-/// The namespace it is installed into. Not the plain manifests' `resmgr-system`: a pod there is
-/// a shared container to the agent, its own included, and on a 2-CPU node (one CPU reserved) the
-/// agent's own pod then keeps the last shared CPU from an exclusive container. In kube-system
-/// the agent runs on the reserved CPUs, as the node's other system pods do. (Until the chart
-/// puts its own namespace among the agent's reserved namespaces.)
-pub const NAMESPACE: &str = "kube-system";
+/// The namespace it is installed into, that of the plain manifests. The chart adds it to the
+/// agent's reserved namespaces: otherwise the agent's own pod would be a shared container, and on
+/// a 2-CPU node (one CPU reserved) keep the last shared CPU from an exclusive container.
+pub const NAMESPACE: &str = "resmgr-system";
 
 /// Pod fields that decide where and whether the pod runs, not how: read and left aside.
 const POD_SCHEDULING: &[&str] = &[
