@@ -26,8 +26,9 @@
 //! The image is written by [`xtask::oci`] (the e2e's test image builder) as an OCI archive in
 //! `dist/` that `ctr images import`, `skopeo copy oci-archive:…`, `crane push` and `docker load`
 //! take. Its name is the chart's `image.repository` with the workspace version as tag, so the
-//! chart's default values name it. The e2e builds it from the debug binary with [`build`] and
-//! runs the agent as a container of it on a real containerd.
+//! chart's default values name it; `cargo xtask release` ships it with its checksum. The e2e
+//! builds it from the debug binary with [`build`] and runs the agent as a container of it on a
+//! real containerd.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -91,13 +92,7 @@ pub fn run(
         }
     };
     let name = name(root, tag.unwrap_or(&version))?;
-    let revision = util::output(
-        Command::new("git")
-            .current_dir(root)
-            .args(["rev-parse", "HEAD"]),
-    )
-    .ok()
-    .map(|r| r.trim().to_owned());
+    let revision = revision(root);
     let out = out.map_or_else(|| root.join("dist"), Path::to_path_buf);
     let archive = out.join(archive_name(&version));
     let started = std::time::Instant::now();
@@ -121,6 +116,17 @@ pub fn run(
         built.packages.join(" ")
     );
     Ok(())
+}
+
+/// The git commit of `root`'s checkout, when there is one.
+pub fn revision(root: &Path) -> Option<String> {
+    util::output(
+        Command::new("git")
+            .current_dir(root)
+            .args(["rev-parse", "HEAD"]),
+    )
+    .ok()
+    .map(|r| r.trim().to_owned())
 }
 
 /// The archive's file name for `version`.

@@ -60,6 +60,9 @@ enum Command {
         /// Ship this binary instead of building one (for tests of the rest of the release).
         #[arg(long)]
         binary: Option<PathBuf>,
+        /// Leave out the agent's image (it takes its libraries from Debian's packages, with apt).
+        #[arg(long)]
+        no_image: bool,
     },
     /// Render deploy/manifests/resmgr.yaml from the Helm chart in deploy/helm/resmgr, with Helm's
     /// own engine (needs Go).
@@ -99,9 +102,11 @@ fn main() -> anyhow::Result<()> {
         Command::Codegen { check } => codegen::run(&root, check),
         Command::Docs { check } => docs::run(&root, check),
         Command::Build => release::build(&root),
-        Command::Release { out, binary } => {
-            release::release(&root, out.as_deref(), binary.as_deref())
-        }
+        Command::Release {
+            out,
+            binary,
+            no_image,
+        } => release::release(&root, out.as_deref(), binary.as_deref(), !no_image),
         Command::Manifests { check } => manifests::run(&root, check),
         Command::Image { binary, tag, out } => {
             image::run(&root, binary.as_deref(), tag.as_deref(), out.as_deref())

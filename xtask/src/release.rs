@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 use xtask::helm::{self, Helm};
 
-use crate::{manifests, sysdeps, test, util};
+use crate::{image, manifests, sysdeps, test, util};
 
 /// The scenario `cargo xtask demo` runs (its expected output is checked in next to it, and the
 /// README shows it).
@@ -29,10 +29,16 @@ pub fn build(root: &Path) -> anyhow::Result<()> {
 
 /// `cargo xtask release`: into `out` (default dist/), the stripped binary, the plain manifests
 /// with the version as image tag, the packaged Helm chart, the Grafana dashboard and the
-/// Prometheus alerts of deploy/monitoring, and SHA256SUMS over all of them. With
-/// `binary`, that file is shipped instead of building one (the conformance test uses it to check
-/// the rest of the release without a release build).
-pub fn release(root: &Path, out: Option<&Path>, binary: Option<&Path>) -> anyhow::Result<()> {
+/// Prometheus alerts of deploy/monitoring, the agent's OCI image archive made from the binary
+/// ([`image`], unless `with_image` is false), and SHA256SUMS over all of them. With `binary`,
+/// that file is shipped instead of building one (the conformance test uses it to check the rest
+/// of the release without a release build).
+pub fn release(
+    root: &Path,
+    out: Option<&Path>,
+    binary: Option<&Path>,
+    with_image: bool,
+) -> anyhow::Result<()> {
     let out = out.map_or_else(|| root.join("dist"), Path::to_path_buf);
     let version = workspace_version(root)?;
     check_chart_version(root, &version)?;
@@ -44,7 +50,25 @@ pub fn release(root: &Path, out: Option<&Path>, binary: Option<&Path>) -> anyhow
         }
     };
     let helm = manifests::build_helm(root)?;
-    let artefacts = assemble(&helm, root, &out, &version, &bin)?;
+    let mut artefacts = assemble(&helm, root, &out, &version, &bin)?;
+    if with_image {
+        let name = image::archive_name(&version);
+        image::build(
+            &image::Spec {
+                binary: &bin,
+                name: &image::name(root, &version)?,
+                version: &version,
+                revision: image::revision(root).as_deref(),
+                compression: xtask::oci::Compression::Gzip,
+            },
+            &out.join(&name),
+        )?;
+        // The checksums again, with the image before them.
+        let sums = artefacts.pop().context("no SHA256SUMS")?;
+        artefacts.push(name);
+        write_checksums(&out, &artefacts)?;
+        artefacts.push(sums);
+    }
     for name in &artefacts {
         eprintln!("  {name}");
     }

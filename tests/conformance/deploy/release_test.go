@@ -1,9 +1,12 @@
 package deploy
 
 import (
+	"archive/tar"
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -14,16 +17,14 @@ import (
 	"github.com/resmgr/resmgr/xtask/helm/chart"
 )
 
-// `cargo xtask release` (with a stand-in binary, to spare a release build) writes the binary,
+// `cargo xtask release` (with the debug binary, to spare a release build) writes the binary,
 // the manifests with the version as image tag, a chart package that Helm loads and renders into
-// exactly those manifests, and checksums that match every file.
+// exactly those manifests, the agent's image named as those manifests name it, and checksums
+// that match every file.
 func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
 	root := repoRoot(t)
 	work := t.TempDir()
-	binary := filepath.Join(work, "resmgr")
-	if err := os.WriteFile(binary, []byte("stand-in for the stripped binary\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	binary := resmgrBinary(t)
 	out := filepath.Join(work, "dist")
 	runXtask(t, "release", "--out", out, "--binary", binary)
 
@@ -38,7 +39,8 @@ func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
 	manifestsName := "resmgr-" + version + ".yaml"
 	dashboardName := "resmgr-" + version + "-grafana-dashboard.json"
 	alertsName := "resmgr-" + version + "-prometheus-alerts.yaml"
-	want := []string{"SHA256SUMS", binName, chartName, manifestsName, dashboardName, alertsName}
+	imageName := "resmgr-" + version + "-image-" + runtime.GOARCH + ".tar"
+	want := []string{"SHA256SUMS", binName, chartName, manifestsName, dashboardName, alertsName, imageName}
 	slices.Sort(want)
 	entries, err := os.ReadDir(out)
 	if err != nil {
@@ -81,8 +83,14 @@ func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
 	}
 
 	bin, err := os.ReadFile(filepath.Join(out, binName))
-	if err != nil || string(bin) != "stand-in for the stripped binary\n" {
-		t.Errorf("the shipped binary is not the one given: %q, %v", bin, err)
+	given, _ := os.ReadFile(binary)
+	if err != nil || !bytes.Equal(bin, given) {
+		t.Errorf("the shipped binary is not the one given (%s): %v", binary, err)
+	}
+
+	// The image archive's index names the image as the manifests do.
+	if name := imageRef(t, filepath.Join(out, imageName)); name != "ghcr.io/resmgr/resmgr:"+version {
+		t.Errorf("the image archive names %q, want ghcr.io/resmgr/resmgr:%s", name, version)
 	}
 
 	// Helm loads the package, and renders it with the plain values and the release's image tag
@@ -109,5 +117,37 @@ func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
 		if readFile(t, filepath.Join(out, name)) != readFile(t, filepath.Join(root, "deploy", "monitoring", source)) {
 			t.Errorf("%s is not deploy/monitoring/%s", name, source)
 		}
+	}
+}
+
+// imageRef is the io.containerd.image.name of the one image in an OCI archive's index.json.
+func imageRef(t *testing.T, archive string) string {
+	t.Helper()
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := tar.NewReader(f)
+	for {
+		h, err := r.Next()
+		if err != nil {
+			t.Fatalf("%s has no index.json: %v", archive, err)
+		}
+		if h.Name != "index.json" {
+			continue
+		}
+		var index struct {
+			Manifests []struct {
+				Annotations map[string]string `json:"annotations"`
+			} `json:"manifests"`
+		}
+		if err := json.NewDecoder(r).Decode(&index); err != nil {
+			t.Fatalf("%s: index.json: %v", archive, err)
+		}
+		if len(index.Manifests) != 1 {
+			t.Fatalf("%s: index.json lists %d images, want 1", archive, len(index.Manifests))
+		}
+		return index.Manifests[0].Annotations["io.containerd.image.name"]
 	}
 }
