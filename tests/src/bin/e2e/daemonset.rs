@@ -6,6 +6,14 @@
 //! as read-only directories), security context, resources (so its QoS class and cgroup parent),
 //! and the readiness and liveness probes.
 //!
+//! The agent needs of the host only what the DaemonSet mounts, and the e2e gives it the same: the
+//! NRI socket's directory (read-only: connecting to a socket needs no write access to its mount),
+//! the kubelet's plugin directories at their host paths (the kubelet dials the socket paths the
+//! agent registers, so they must be the same inside and out), the CDI directory, its state
+//! directory, and `/sys` read-only for hwloc's topology (with `/sys/fs/cgroup` below it, only
+//! read: the runtime writes the cpusets the agent asks for over NRI). It reads no other process,
+//! so its pod keeps a PID namespace of its own (no `hostPID`).
+//!
 //! What the e2e cannot do as a cluster does, it does differently on purpose, and says so here:
 //! the pod uses the node's network (there is no CNI here; the probes then reach 127.0.0.1, so the
 //! values bind the metrics port to loopback on a free port), and the agent gets a kubeconfig for
