@@ -1,6 +1,7 @@
 //! A fake Kubernetes API server on loopback: plain HTTP/1.1 (hyper), enough
 //! of `resource.k8s.io` (discovery, ResourceClaim get, ResourceSlice get/list/watch/create/update/
-//! delete/deletecollection) and `nodes` get for the real kube-rs client to run against it.
+//! delete/deletecollection), `events.k8s.io/v1` Events (create, merge patch; checked as the API
+//! server's validation does) and `nodes` get for the real kube-rs client to run against it.
 //!
 //! It behaves like the API server where our code depends on it: resourceVersions and optimistic
 //! concurrency (409 on a stale update or delete precondition), `generateName`, field and label
@@ -221,6 +222,41 @@ impl FakeApiServer {
         self.store().seen.clone()
     }
 
+    /// All `events.k8s.io` Events, by namespace and name.
+    pub fn events(&self) -> Vec<Value> {
+        self.store()
+            .objects
+            .iter()
+            .filter(|((plural, _, _), _)| plural == "events")
+            .map(|(_, object)| object.clone())
+            .collect()
+    }
+
+    /// Waits until `condition` holds for the Events, as [`FakeApiServer::wait_for_slices`].
+    pub async fn wait_for_events(
+        &self,
+        what: &str,
+        condition: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        let mut changed = self.shared.changed.subscribe();
+        let wait = async {
+            loop {
+                let events = self.events();
+                if condition(&events) {
+                    return events;
+                }
+                changed.changed().await.unwrap();
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(20), wait).await {
+            Ok(events) => events,
+            Err(_) => panic!(
+                "timed out waiting for {what}; events: {:#}",
+                json!(self.events())
+            ),
+        }
+    }
+
     /// Waits until `condition` holds for the slices, woken by every change; fails the test after
     /// 20 s (a guard against hanging, not a synchronization).
     pub async fn wait_for_slices(
@@ -302,6 +338,7 @@ fn plural_of(object: &Value) -> String {
         "Node" => "nodes".to_owned(),
         "ResourceClaim" => "resourceclaims".to_owned(),
         "ResourceSlice" => "resourceslices".to_owned(),
+        "Event" => "events".to_owned(),
         other => panic!("fake api server does not know kind {other}"),
     }
 }
@@ -435,6 +472,18 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
     match segments.as_slice() {
         ["api", "v1", "nodes", name] if method == Method::GET => get(shared, "nodes", "", name),
         ["apis", group] if *group == GROUP && method == Method::GET => discovery(shared),
+        ["apis", "events.k8s.io", "v1", "namespaces", ns, "events"] if method == Method::POST => {
+            create_event(shared, ns, body)
+        }
+        [
+            "apis",
+            "events.k8s.io",
+            "v1",
+            "namespaces",
+            ns,
+            "events",
+            name,
+        ] if method == Method::PATCH => patch_event(shared, ns, name, &body),
         ["apis", group, version, rest @ ..] if *group == GROUP => {
             let served = shared
                 .store
@@ -701,4 +750,107 @@ fn delete_slice(shared: &Shared, name: &str, options: &Value) -> Response<Body> 
     }
     let deleted = store.remove(shared, &key).unwrap();
     respond(200, &deleted)
+}
+
+/// What the API server's validation of an `events.k8s.io/v1` Event refuses, for what we post.
+fn event_invalid(namespace: &str, event: &Value) -> Option<String> {
+    for field in [
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+        "eventTime",
+    ] {
+        if event[field].as_str().is_none_or(str::is_empty) {
+            return Some(format!("{field}: Required value"));
+        }
+    }
+    for (field, max) in [
+        ("reportingInstance", 128),
+        ("action", 128),
+        ("reason", 128),
+        ("note", 1024),
+    ] {
+        if event[field].as_str().is_some_and(|v| v.len() > max) {
+            return Some(format!(
+                "{field}: Too long: may not be more than {max} bytes"
+            ));
+        }
+    }
+    if !matches!(event["type"].as_str(), Some("Normal" | "Warning")) {
+        return Some("type: Unsupported value".into());
+    }
+    if event["regarding"]["namespace"].as_str() != Some(namespace)
+        || event["metadata"]["namespace"]
+            .as_str()
+            .is_some_and(|n| n != namespace)
+    {
+        return Some("regarding.namespace: does not match event.namespace".into());
+    }
+    None
+}
+
+fn create_event(shared: &Shared, namespace: &str, mut event: Value) -> Response<Body> {
+    if let Some(message) = event_invalid(namespace, &event) {
+        return status(422, "Invalid", &message, json!({}));
+    }
+    let mut store = shared.store.lock().unwrap();
+    let Some(name) = event["metadata"]["name"].as_str().map(str::to_owned) else {
+        return status(422, "Invalid", "metadata.name: Required value", json!({}));
+    };
+    let key = ("events".to_owned(), namespace.to_owned(), name.clone());
+    if store.objects.contains_key(&key) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("events.events.k8s.io \"{name}\" already exists"),
+            json!({"name": name, "group": "events.k8s.io", "kind": "events"}),
+        );
+    }
+    event["apiVersion"] = json!("events.k8s.io/v1");
+    event["kind"] = json!("Event");
+    event["metadata"]["namespace"] = json!(namespace);
+    event["metadata"]["uid"] = json!(format!("uid-{name}"));
+    let stored = store.put(shared, "ADDED", key, event);
+    respond(201, &stored)
+}
+
+fn patch_event(shared: &Shared, namespace: &str, name: &str, patch: &Value) -> Response<Body> {
+    let mut store = shared.store.lock().unwrap();
+    let key = ("events".to_owned(), namespace.to_owned(), name.to_owned());
+    let Some(mut event) = store.objects.get(&key).cloned() else {
+        return status(
+            404,
+            "NotFound",
+            &format!("events.events.k8s.io \"{name}\" not found"),
+            json!({"name": name, "group": "events.k8s.io", "kind": "events"}),
+        );
+    };
+    merge_patch(&mut event, patch);
+    if let Some(message) = event_invalid(namespace, &event) {
+        return status(422, "Invalid", &message, json!({}));
+    }
+    let stored = store.put(shared, "MODIFIED", key, event);
+    respond(200, &stored)
+}
+
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let Value::Object(fields) = target else {
+        return;
+    };
+    for (key, value) in patch {
+        if value.is_null() {
+            fields.remove(key);
+        } else {
+            merge_patch(fields.entry(key.clone()).or_insert(Value::Null), value);
+        }
+    }
 }

@@ -41,7 +41,8 @@ pub const DRIVER: &str = "test.resmgr.io";
 /// holds), except containers of a pod a claim is reserved for, which run on the claim's CPUs.
 /// Its snapshot is its claims. Claims whose UID starts with `bad` get edits CDI refuses (an env
 /// entry without `=`), as a buggy policy would produce: the spec write fails on them. Like any
-/// policy, it refuses a claim UID it holds when the allocation results differ.
+/// policy, it refuses a claim UID it holds when the allocation results differ. It refuses to
+/// create containers whose name starts with `refused` ("does not fit").
 #[derive(Debug, Clone, Default)]
 pub struct TestPolicy {
     pub cpus: u32,
@@ -129,6 +130,12 @@ impl Policy for TestPolicy {
     }
 
     fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError> {
+        if container.name.starts_with("refused") {
+            return Err(PolicyError::DoesNotFit {
+                subject: format!("container {}", container.name),
+                reason: format!("needs more than the {} cpus of this node", self.cpus),
+            });
+        }
         let cpus = self.cpus_of(container);
         let mut c = container.clone();
         c.cpus = Some(cpus.clone());

@@ -50,6 +50,8 @@ pub struct Endpoints {
     pub registration: Arc<OnceLock<watch::Receiver<RegistrationState>>>,
     /// Set once the devices are being published.
     pub publisher: Arc<OnceLock<SlicePublisher>>,
+    /// The Events poster; `None` without DRA.
+    pub events: Option<resmgr::kube::KubeEvents>,
 }
 
 impl Endpoints {
@@ -171,6 +173,7 @@ async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
         synchronized: e.manager.gate().is_open(),
         ready: e.unready().is_empty(),
         publish: e.publisher.get().map(SlicePublisher::status),
+        events: e.events.as_ref().map(resmgr::kube::KubeEvents::stats),
     });
     (
         [(
@@ -379,6 +382,7 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             registration: Arc::new(OnceLock::new()),
             publisher: Arc::new(OnceLock::new()),
+            events: None,
         };
 
         let text = body(metrics(State(endpoints.clone())).await.into_response()).await;

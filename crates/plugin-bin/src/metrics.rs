@@ -213,6 +213,19 @@ pub const METRICS: &[MetricDoc] = &[
         details: "A failing publication leaves the scheduler with stale or no devices of this \
                   node: alert when it keeps increasing.",
     },
+    MetricDoc {
+        name: "events_dropped",
+        kind: Kind::Counter,
+        labels: &[(
+            "reason",
+            "`rate-limited` (the object had its share: 25 at once, then one per 5 minutes), \
+             `queue-full` (the API server is slow or gone) or `failed` (it refused the Event)",
+        )],
+        help: "Kubernetes Events (a container refused, a claim not prepared) that were not posted",
+        details: "Refusals are always logged; the Events only tell users without the log. \
+                  `failed` that keeps increasing usually means the agent's RBAC lacks `create` or \
+                  `patch` on `events.k8s.io` `events`. None without DRA, which posts no Events.",
+    },
 ];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -237,6 +250,11 @@ struct OperationLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
 }
@@ -250,6 +268,8 @@ pub struct Snapshot<'a> {
     pub ready: bool,
     /// `None` without DRA.
     pub publish: Option<resmgr::kube::PublishStatus>,
+    /// `None` without DRA.
+    pub events: Option<resmgr::kube::EventStats>,
 }
 
 /// Every metric the agent exports.
@@ -269,6 +289,7 @@ pub struct Metrics {
     synchronized: Gauge,
     devices_published: Gauge,
     publish_failures: Counter,
+    events_dropped: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -315,6 +336,7 @@ impl Metrics {
             synchronized: Gauge::default(),
             devices_published: Gauge::default(),
             publish_failures: Counter::default(),
+            events_dropped: Family::default(),
             registry: Registry::default(),
         };
         register(&mut registry, "build_info", build_info);
@@ -355,6 +377,7 @@ impl Metrics {
             "publish_failures",
             m.publish_failures.clone(),
         );
+        register(&mut registry, "events_dropped", m.events_dropped.clone());
         Self { registry, ..m }
     }
 
@@ -431,6 +454,17 @@ impl Metrics {
         // The publisher counts; the counter catches up with it.
         let behind = publish.failures.saturating_sub(self.publish_failures.get());
         self.publish_failures.inc_by(behind);
+        if let Some(events) = now.events {
+            for (reason, n) in [
+                ("rate-limited", events.rate_limited),
+                ("queue-full", events.queue_full),
+                ("failed", events.failed),
+            ] {
+                // The poster counts; each counter catches up with it.
+                let counter = self.events_dropped.get_or_create(&ReasonLabel { reason });
+                counter.inc_by(n.saturating_sub(counter.get()));
+            }
+        }
     }
 
     /// Records a field of our ResourceSlices the API server drops.
@@ -559,6 +593,12 @@ mod tests {
                 in_sync: true,
                 failures: 3,
             }),
+            events: Some(resmgr::kube::EventStats {
+                posted: 7,
+                rate_limited: 4,
+                queue_full: 5,
+                failed: 6,
+            }),
         });
     }
 
@@ -656,13 +696,16 @@ mod tests {
             "resmgr_runtime_synchronized 1",
             "resmgr_devices_published 1",
             "resmgr_publish_failures_total 3",
+            "resmgr_events_dropped_total{reason=\"rate-limited\"} 4",
+            "resmgr_events_dropped_total{reason=\"queue-full\"} 5",
+            "resmgr_events_dropped_total{reason=\"failed\"} 6",
         ] {
             assert!(text.contains(wanted), "{wanted:?} not in\n{text}");
         }
     }
 
     #[test]
-    fn the_publish_failure_counter_follows_the_publisher_without_counting_twice() {
+    fn counters_kept_elsewhere_follow_them_without_counting_twice() {
         let m = Metrics::new();
         let inventory = inventory();
         for failures in [2, 2, 5] {
@@ -675,12 +718,17 @@ mod tests {
                     in_sync: false,
                     failures,
                 }),
+                events: Some(resmgr::kube::EventStats {
+                    queue_full: failures,
+                    ..Default::default()
+                }),
             });
         }
-        assert!(
-            m.encode().contains("resmgr_publish_failures_total 5\n"),
-            "{}",
-            m.encode()
-        );
+        for wanted in [
+            "resmgr_publish_failures_total 5\n",
+            "resmgr_events_dropped_total{reason=\"queue-full\"} 5\n",
+        ] {
+            assert!(m.encode().contains(wanted), "{wanted} in {}", m.encode());
+        }
     }
 }

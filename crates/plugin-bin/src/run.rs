@@ -31,13 +31,16 @@ use policy::{
 use resmgr::{
     Manager, ManagerConfig,
     dra_handler::LifecycleHandler,
-    kube::{self, PublisherConfig, ResourceApiVersions, RetryPolicy, SlicePublisher},
+    kube::{
+        self, EventRecorder, EventsConfig, KubeEvents, NoEvents, PublisherConfig,
+        ResourceApiVersions, RetryPolicy, SlicePublisher,
+    },
     kubelet_plugin::{
         ClaimHandler, ClaimRef, KubeletConfig, KubeletPlugin, PrepareResults, RequestError,
         UnprepareResults,
     },
     nri,
-    nri_plugin::{self, NriRuntime},
+    nri_plugin::{self, NriRuntime, ResmgrPlugin},
     policy::cdi,
     state::StateFile,
 };
@@ -134,8 +137,9 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         _ => anyhow::anyhow!("{}: {e}", config.origin(reserved_key)),
     })?;
     let (policy, policy_view) = view::share(policy);
-    // Without DRA, nothing reads claims (the kubelet never calls us): an empty reader stands in.
-    let (versions, claims): (_, Arc<dyn resmgr::ClaimReader>) = if config.dra {
+    // Without DRA, nothing reads claims (the kubelet never calls us): an empty reader stands in,
+    // and refusals are only logged (there is no API server to post Events to).
+    let (versions, claims, kube_events): (_, Arc<dyn resmgr::ClaimReader>, _) = if config.dra {
         let client = kube::connect(config.kubeconfig.as_deref())
             .await
             .context("the Kubernetes API client")?;
@@ -145,9 +149,20 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
             &config.driver_name,
             RetryPolicy::default(),
         ));
-        (Some(versions), claims)
+        let events = KubeEvents::start(
+            versions.clone(),
+            EventsConfig::new(
+                &config.driver_name,
+                config.node_name.clone().unwrap_or_default(),
+            ),
+        );
+        (Some(versions), claims, Some(events))
     } else {
-        (None, Arc::new(kube::fake::StaticClaims::new()))
+        (None, Arc::new(kube::fake::StaticClaims::new()), None)
+    };
+    let events: Arc<dyn EventRecorder> = match &kube_events {
+        Some(events) => Arc::new(events.clone()),
+        None => Arc::new(NoEvents),
     };
     let nri_runtime = Arc::new(NriRuntime::default());
     let specs = cdi::SpecStore::new(&config.cdi_dir, &config.driver_name)
@@ -187,6 +202,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         metrics: metrics.clone(),
         registration: registration.clone(),
         publisher: publishing.clone(),
+        events: kube_events,
     };
     let http_stop = stopped(stop_rx.clone());
     let (addr, metrics_task) = http::serve(config.metrics_addr, endpoints.clone(), async move {
@@ -207,7 +223,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
 
     // The runtime. Until it answers, nothing else may start: claims need the gate.
     let connection = tokio::select! {
-        c = connect_runtime(&config, &manager, &nri_runtime, metrics.clone()) => c?,
+        c = connect_runtime(&config, &manager, &nri_runtime, metrics.clone(), &events) => c?,
         name = stopped(stop_rx.clone()) => {
             finish(&manager, None).await?;
             http_task.join().await;
@@ -247,7 +263,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
     };
     let devices_may_change = Arc::new(tokio::sync::Notify::new());
     let handler = Arc::new(Measured {
-        inner: LifecycleHandler::new(manager.clone()),
+        inner: LifecycleHandler::new(manager.clone()).with_events(events.clone()),
         metrics: metrics.clone(),
         view: policy_view.clone(),
         devices_may_change: devices_may_change.clone(),
@@ -446,11 +462,13 @@ async fn connect_runtime(
     manager: &Arc<Manager>,
     runtime: &Arc<NriRuntime>,
     metrics: Arc<Metrics>,
+    events: &Arc<dyn EventRecorder>,
 ) -> anyhow::Result<impl Connection> {
     let mut backoff = RUNTIME_BACKOFF;
     loop {
         if config.nri_socket.exists() {
-            return nri_connect(config, manager, runtime, metrics).await;
+            let plugin = ResmgrPlugin::new(manager.clone(), metrics).with_events(events.clone());
+            return nri_connect(config, plugin, runtime).await;
         }
         warn!(
             socket = %config.nri_socket.display(),
@@ -462,17 +480,16 @@ async fn connect_runtime(
     }
 }
 
-/// Registers with the runtime as an external plugin named `resmgr` at the configured index. The
-/// manager opens the claim gate by itself once the Synchronize reply is out.
+/// Registers `plugin` with the runtime as an external plugin named `resmgr` at the configured
+/// index. The manager opens the claim gate by itself once the Synchronize reply is out.
 async fn nri_connect(
     config: &RunConfig,
-    manager: &Arc<Manager>,
+    plugin: ResmgrPlugin,
     runtime: &Arc<NriRuntime>,
-    metrics: Arc<Metrics>,
 ) -> anyhow::Result<NriConnection> {
     let endpoint = nri::Endpoint::Socket(config.nri_socket.clone());
     let stub = nri::StubConfig::new("resmgr", config.nri_plugin_index.clone());
-    let handle = nri_plugin::connect(manager.clone(), runtime, metrics, stub, endpoint)
+    let handle = nri_plugin::connect(plugin, runtime, stub, endpoint)
         .await
         .with_context(|| {
             format!(

@@ -4,6 +4,10 @@
 //! passes, and the server then drops the call's future; a lifecycle cut off part-way would be a
 //! crash in miniature (safe, by the ordering, but leaving work for the retry). In its own task a
 //! prepare or unprepare always runs to the end, and the kubelet's retry finds it done.
+//!
+//! A claim that fails to prepare is told to the [`EventRecorder`], for an Event on the claim and
+//! its pods. A request refused as a whole is not: before the runtime has synchronized the kubelet
+//! retries, and a malformed request names no claim to post on.
 
 use std::sync::Arc;
 
@@ -12,18 +16,33 @@ use kubelet_plugin::{
     UnprepareResults,
 };
 
-use crate::{claims::AdmitError, manager::Manager};
+use crate::{
+    claims::AdmitError,
+    kube::events::{EventRecorder, NoEvents, Notice},
+    manager::Manager,
+};
 
 /// The manager, serving the kubelet.
 #[derive(Debug, Clone)]
 pub struct LifecycleHandler {
     manager: Arc<Manager>,
+    events: Arc<dyn EventRecorder>,
 }
 
 impl LifecycleHandler {
-    /// A handler serving `manager`'s claim lifecycle.
+    /// A handler serving `manager`'s claim lifecycle. It posts no Kubernetes events until given a
+    /// recorder ([`LifecycleHandler::with_events`]).
     pub fn new(manager: Arc<Manager>) -> Self {
-        Self { manager }
+        Self {
+            manager,
+            events: Arc::new(NoEvents),
+        }
+    }
+
+    /// Tells `events` about every claim that fails to prepare.
+    pub fn with_events(mut self, events: Arc<dyn EventRecorder>) -> Self {
+        self.events = events;
+        self
     }
 }
 
@@ -47,6 +66,12 @@ impl ClaimHandler for LifecycleHandler {
             .await
             .map_err(lost)?
             .map_err(refusal)?;
+        for e in answers.values().filter_map(|a| a.as_ref().err()) {
+            self.events.record(Notice::ClaimNotPrepared {
+                claim: e.claim.clone(),
+                message: e.to_string(),
+            });
+        }
         Ok(answers
             .into_iter()
             .map(|(uid, answer)| {

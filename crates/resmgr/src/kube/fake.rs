@@ -1,7 +1,8 @@
 //! In-memory stand-ins for the Kubernetes API, for the simulator and for tests of the resource
 //! manager: [`StaticClaims`] answers claim reads from a map, [`RecordingPublisher`] records what
-//! would have been published. Both apply the same checks as the real ones (UID, allocation,
-//! device validation), so a simulation refuses what a cluster would.
+//! would have been published, [`RecordingEvents`] the notices that would have become Events. The
+//! first two apply the same checks as the real ones (UID, allocation, device validation), so a
+//! simulation refuses what a cluster would.
 
 use std::{collections::HashMap, sync::Mutex};
 
@@ -13,6 +14,7 @@ use crate::sync::lock;
 
 use super::{
     claims::{ClaimReadError, ClaimReader},
+    events::{EventRecorder, Notice},
     slices::{DevicePublisher, PublishError, PublishReport, validate::validate_devices},
 };
 
@@ -111,6 +113,30 @@ impl DevicePublisher for RecordingPublisher {
                 }
             });
         Box::pin(std::future::ready(result))
+    }
+}
+
+/// Records every notice, in order.
+#[derive(Debug, Default)]
+pub struct RecordingEvents {
+    notices: Mutex<Vec<Notice>>,
+}
+
+impl RecordingEvents {
+    /// Nothing recorded.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every notice so far, oldest first.
+    pub fn notices(&self) -> Vec<Notice> {
+        lock(&self.notices).clone()
+    }
+}
+
+impl EventRecorder for RecordingEvents {
+    fn record(&self, notice: Notice) {
+        lock(&self.notices).push(notice);
     }
 }
 

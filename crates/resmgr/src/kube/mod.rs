@@ -1,5 +1,5 @@
-//! The Kubernetes API side of the DRA plugin: reading allocated ResourceClaims and publishing our
-//! node's devices as ResourceSlices.
+//! The Kubernetes API side of the DRA plugin: reading allocated ResourceClaims, publishing our
+//! node's devices as ResourceSlices, and posting Events users must see.
 //!
 //! - [`claims`]: [`ClaimReader`] turns the kubelet's (namespace, name, UID) into a domain
 //!   [`policy::Claim`] holding only our driver's allocation results.
@@ -8,7 +8,10 @@
 //!   (the kubelet, at its start and after we deregister) deletes them.
 //! - [`version`]: which `resource.k8s.io` version the cluster serves (v1 from Kubernetes 1.34,
 //!   v1beta2 on 1.33, v1beta1 on 1.32), discovered once and shared by both.
-//! - [`fake`]: in-memory implementations of both traits for the simulator and for tests of the
+//! - [`events`]: [`EventRecorder`] turns a [`Notice`] (a container refused, a claim that failed
+//!   to prepare) into a Kubernetes Event on the pod and the claim, deduplicated, combined and
+//!   rate-limited like client-go's recorder, never blocking its caller.
+//! - [`fake`]: in-memory implementations of the traits for the simulator and for tests of the
 //!   resource manager.
 //!
 //! Kubernetes objects stop here: everything that leaves this module is a domain type. Wire
@@ -18,6 +21,7 @@
 
 pub mod claims;
 pub mod client;
+pub mod events;
 pub mod fake;
 mod retry;
 pub mod slices;
@@ -25,6 +29,10 @@ pub mod version;
 
 pub use claims::{ClaimReadError, ClaimReader, KubeClaimReader};
 pub use client::{ConnectError, connect};
+pub use events::{
+    Clock, EventRecorder, EventStats, EventsConfig, KubeEvents, MonotonicClock, NoEvents, Notice,
+    PodRef,
+};
 pub use slices::{
     DevicePublisher, DeviceValidationError, NodeAllocatableCpu, PublishError, PublishReport,
     PublishStatus, PublisherConfig, PublisherConfigError, SlicePublisher,

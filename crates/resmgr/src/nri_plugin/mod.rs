@@ -3,7 +3,9 @@
 //! [`ResmgrPlugin`] implements the nri crate's [`nri::Plugin`] by translating each event into
 //! domain terms ([`translate`]) and handing it to the [`Manager`]; [`NriRuntime`] implements the
 //! manager's [`Runtime`] over the stub's unsolicited `UpdateContainers`. [`connect`] wires the two
-//! and opens the claim gate once the Synchronize reply is out.
+//! and opens the claim gate once the Synchronize reply is out. A container the manager refuses is
+//! also told to the [`EventRecorder`], for an Event on its pod: the runtime's error reaches the
+//! kubelet's log, but not always the user.
 //!
 //! Subscribed events: CreateContainer, UpdateContainer and StopContainer (whose replies carry
 //! updates to other containers) and RemoveContainer (which arrives as StateChange, or as its own
@@ -25,6 +27,7 @@ use tracing::{info, warn};
 
 use crate::{
     errors::chain,
+    kube::events::{EventRecorder, NoEvents, Notice, PodRef},
     manager::Manager,
     runtime::{BoxFuture, Runtime, RuntimeError},
 };
@@ -76,12 +79,24 @@ impl EventObserver for () {
 pub struct ResmgrPlugin {
     manager: Arc<Manager>,
     observer: Arc<dyn EventObserver>,
+    events: Arc<dyn EventRecorder>,
 }
 
 impl ResmgrPlugin {
-    /// A plugin serving `manager`, telling `observer` about each event.
+    /// A plugin serving `manager`, telling `observer` about each event. It posts no Kubernetes
+    /// events until given a recorder ([`ResmgrPlugin::with_events`]).
     pub fn new(manager: Arc<Manager>, observer: Arc<dyn EventObserver>) -> Self {
-        Self { manager, observer }
+        Self {
+            manager,
+            observer,
+            events: Arc::new(NoEvents),
+        }
+    }
+
+    /// Tells `events` about every container it refuses, for an Event on the container's pod.
+    pub fn with_events(mut self, events: Arc<dyn EventRecorder>) -> Self {
+        self.events = events;
+        self
     }
 }
 
@@ -147,11 +162,23 @@ impl Plugin for ResmgrPlugin {
             .container
             .as_ref()
             .ok_or_else(|| missing("CreateContainer", "container"))?;
-        let allocation = self
-            .manager
-            .create_container(&translate::container(pod, c))
-            .await
-            .map_err(|e| PluginError::new(chain(&e)))?;
+        let container = translate::container(pod, c);
+        let allocation = match self.manager.create_container(&container).await {
+            Ok(allocation) => allocation,
+            Err(e) => {
+                let message = chain(&e);
+                self.events.record(Notice::ContainerRefused {
+                    pod: PodRef {
+                        namespace: container.pod.namespace.clone(),
+                        name: container.pod.name.clone(),
+                        uid: container.pod.uid.clone(),
+                    },
+                    container: container.name.clone(),
+                    message: message.clone(),
+                });
+                return Err(PluginError::new(message));
+            }
+        };
         Ok(api::CreateContainerResponse {
             adjust: translate::adjustment(&allocation.adjustment),
             update: updates(&allocation.updates),
@@ -228,13 +255,13 @@ impl Plugin for ResmgrPlugin {
 /// written and then keeps retrying undelivered updates. Returns the connection's handle; its
 /// [`nri::Handle::closed`] resolves when the runtime goes away, which must end the process.
 pub async fn connect(
-    manager: Arc<Manager>,
+    plugin: ResmgrPlugin,
     runtime: &NriRuntime,
-    observer: Arc<dyn EventObserver>,
     config: nri::StubConfig,
     endpoint: nri::Endpoint,
 ) -> Result<nri::Handle, nri::StubError> {
-    let plugin = Arc::new(ResmgrPlugin::new(manager.clone(), observer));
+    let manager = plugin.manager.clone();
+    let plugin = Arc::new(plugin);
     let handle = nri::connect(plugin, config, endpoint).await?;
     runtime.attach(handle.clone());
     let sync = handle.clone();
