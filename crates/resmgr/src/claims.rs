@@ -75,11 +75,7 @@ impl ClaimLocks {
     /// Waits for claim `uid`'s turn.
     pub(crate) async fn lock(&self, uid: &str) -> OwnedMutexGuard<()> {
         let lock = {
-            // Nothing panics while this is held; a poisoned map is still a valid map.
-            let mut map = self
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut map = crate::sync::lock(&self.0);
             map.retain(|_, w| w.strong_count() > 0);
             if let Some(lock) = map.get(uid).and_then(Weak::upgrade) {
                 lock
@@ -392,11 +388,56 @@ fn base_request_name(request: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use futures::FutureExt;
+
     use super::*;
 
     #[test]
     fn strips_subrequests() {
         assert_eq!(base_request_name("cpus/big"), "cpus");
         assert_eq!(base_request_name("cpus"), "cpus");
+    }
+
+    fn entries(locks: &ClaimLocks) -> Vec<String> {
+        let mut uids: Vec<String> = crate::sync::lock(&locks.0).keys().cloned().collect();
+        uids.sort();
+        uids
+    }
+
+    #[tokio::test]
+    async fn a_claims_lock_entry_goes_when_nobody_holds_or_waits_for_it() {
+        let locks = ClaimLocks::default();
+        let held = locks.lock("u1").await;
+        drop(locks.lock("u2").await);
+        // u2's entry is dead now, u1's is held: the next lock keeps only live ones.
+        let _u3 = locks.lock("u3").await;
+        assert_eq!(entries(&locks), ["u1", "u3"]);
+        drop(held);
+        let _u1 = locks.lock("u1").await;
+        assert_eq!(entries(&locks), ["u1", "u3"]);
+        drop(_u1);
+        let _u4 = locks.lock("u4").await;
+        assert_eq!(
+            entries(&locks),
+            ["u3", "u4"],
+            "a claim no call holds or waits for leaves no entry behind"
+        );
+    }
+
+    #[tokio::test]
+    async fn calls_for_one_claim_take_turns_and_other_claims_do_not_wait() {
+        let locks = ClaimLocks::default();
+        let first = locks.lock("u1").await;
+        // Another claim's turn comes at once.
+        let other = locks.lock("u2").now_or_never();
+        assert!(other.is_some(), "u2 waited for u1's call");
+        // The same claim's waits until the first call ends.
+        let mut second = Box::pin(locks.lock("u1"));
+        assert!(
+            (&mut second).now_or_never().is_none(),
+            "a second call on u1 ran while the first held it"
+        );
+        drop(first);
+        assert!(second.now_or_never().is_some(), "u1's next call got no turn");
     }
 }
