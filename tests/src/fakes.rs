@@ -292,6 +292,17 @@ pub struct RuntimeState {
     pub call_times: Vec<tokio::time::Instant>,
 }
 
+impl FakeRuntime {
+    /// Waits until a call has arrived (and waits for [`FakeRuntime::hold`], if held). Fails the
+    /// test instead of hanging when none comes: a test waiting for a delivery that a bug never
+    /// starts must say so, not run into the harness's timeout.
+    pub async fn call_arrives(&self) {
+        tokio::time::timeout(std::time::Duration::from_secs(10), self.arrived.notified())
+            .await
+            .expect("no UpdateContainers call arrived within 10 s");
+    }
+}
+
 impl Runtime for FakeRuntime {
     fn update_containers(
         &self,

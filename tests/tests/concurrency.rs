@@ -84,7 +84,7 @@ async fn concurrent_prepares_of_different_claims_all_succeed() {
     let prepares: Vec<_> = (1..=4)
         .map(|k| spawn_prepare(&m, &format!("k{k}")))
         .collect();
-    h.runtime.arrived.notified().await; // the first delivery is in flight
+    h.runtime.call_arrives().await; // the first delivery is in flight
     drop(held);
     for (k, p) in (1..=4).zip(prepares) {
         let answer = p.await.unwrap();
@@ -108,7 +108,7 @@ async fn an_nri_reply_during_a_prepares_delivery_does_not_fail_it() {
 
     let held = h.runtime.hold.lock().await;
     let prepare = spawn_prepare(&m, "c1");
-    h.runtime.arrived.notified().await; // web's shrink for the claim is in flight
+    h.runtime.call_arrives().await; // web's shrink for the claim is in flight
     // An exclusive container created meanwhile shrinks web again, in its reply.
     let batch = m
         .create_container(&exclusive("batch", "pod-batch", 1))
@@ -152,7 +152,7 @@ async fn a_prepare_that_fails_after_another_prepare_of_the_claim_answered_ok_kee
     let held = h.runtime.hold.lock().await;
     let first = spawn_prepare(&m, "c1");
     let second = spawn_prepare(&m, "c1");
-    h.runtime.arrived.notified().await; // the first prepare's delivery is in flight
+    h.runtime.call_arrives().await; // the first prepare's delivery is in flight
     // Meanwhile a container on the other NUMA node goes, and its neighbour's growth is refused.
     m.remove_container(&batch_on_15()).await;
     assert_eq!(
@@ -185,7 +185,7 @@ async fn a_spec_write_failing_for_the_second_of_two_prepares_keeps_the_claim() {
     let held = h.runtime.hold.lock().await;
     let first = spawn_prepare(&m, "c1");
     let second = spawn_prepare(&m, "c1");
-    h.runtime.arrived.notified().await;
+    h.runtime.call_arrives().await;
     // The first spec write succeeds, the second fails.
     h.faults
         .arm_after(points::SPEC_WRITE, 1, Fault::Fail, Some(1));
@@ -358,8 +358,13 @@ async fn a_slow_disk_delays_claims_but_no_runtime_event() {
     );
     let start = tokio::time::Instant::now();
     let prepare = spawn_prepare(&m, "c1");
+    // Until the prepare has allocated and is saving (bounded: yielding does not move the
+    // paused clock, so a prepare that never allocates would spin here for ever).
+    let mut turns = 0;
     while m.claim_record("c1").await.is_none() {
-        tokio::task::yield_now().await; // until the prepare has allocated and is saving
+        turns += 1;
+        assert!(turns < 10_000, "the prepare never allocated");
+        tokio::task::yield_now().await;
     }
     let placed = m
         .create_container(&container("web2", "pod-web"))

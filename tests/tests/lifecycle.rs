@@ -571,7 +571,11 @@ async fn runtime_events_are_served_while_a_delivery_waits_on_the_runtime() {
         let m = m.clone();
         async move { m.prepare(&[claim_ref("c1")]).await }
     });
-    called.await; // the prepare's delivery is now stuck in the runtime
+    // The prepare's delivery is now stuck in the runtime (bounded: a prepare that never
+    // delivers fails the test rather than hanging it).
+    tokio::time::timeout(std::time::Duration::from_secs(30), called)
+        .await
+        .expect("the prepare's delivery never reached the runtime");
 
     let created = tokio::time::timeout(
         std::time::Duration::from_secs(10),
