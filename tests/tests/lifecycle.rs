@@ -409,6 +409,85 @@ async fn one_container_the_runtime_refuses_does_not_hold_back_the_others() {
 }
 
 #[tokio::test]
+async fn a_delivery_fails_naming_exactly_the_containers_the_runtime_refused() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let web = [
+        container("a", "pod-web"),
+        container("b", "pod-web"),
+        container("c", "pod-web"),
+    ];
+    let m = h.ready(TestPolicy::new(8), &web).await;
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    let refuse = |ids: &[&str]| {
+        let mut s = h.runtime.state.lock().unwrap();
+        s.refuse = ids.iter().map(|id| (*id).to_owned()).collect();
+    };
+    let calls = || h.runtime.state.lock().unwrap().calls.len();
+    // The release's growth back onto the claim's CPUs: the runtime refuses a's and b's.
+    refuse(&["a", "b"]);
+    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(m.pending_updates().await, 2, "a and b");
+
+    // The batch is refused, and so is each update on its own.
+    let err = m.deliver().await.unwrap_err();
+    assert_eq!(err.containers, ["a".to_owned(), "b".to_owned()].into());
+    // Only a's is refused: b's goes through on its own.
+    refuse(&["a"]);
+    let err = m.deliver().await.unwrap_err();
+    assert_eq!(err.containers, ["a".to_owned()].into(), "{err}");
+    assert_eq!(h.runtime.cpus("b").as_deref(), Some("0-7"));
+    // A lone update the runtime refuses is not sent a second time on its own.
+    let before = calls();
+    let err = m.deliver().await.unwrap_err();
+    assert_eq!(err.containers, ["a".to_owned()].into());
+    assert_eq!(calls(), before + 1);
+
+    refuse(&[]);
+    m.deliver().await.unwrap();
+    assert_eq!(m.pending_updates().await, 0);
+    for c in &web {
+        assert_eq!(h.runtime.cpus(&c.id).as_deref(), Some("0-7"), "{}", c.id);
+    }
+}
+
+#[tokio::test]
+async fn an_in_process_crash_at_a_crash_point_freezes_the_manager_there() {
+    // What the randomized lifecycle test relies on to crash thousands of times in one process:
+    // armed at a crash point of the lifecycle, the manager stops there as a dead process would.
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let web = [container("a", "pod-web")];
+    let m = h.ready(TestPolicy::new(8), &web).await;
+    let calls = h.runtime.state.lock().unwrap().calls.len();
+    h.faults.arm("prepare.saved", Fault::Crash, Some(1));
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_err());
+    assert_eq!(h.faults.crashed_at().as_deref(), Some("prepare.saved"));
+    // The claim was saved; after the crash nothing reached the runtime or the spec directory.
+    assert_eq!(h.saved_claims(), ["c1"]);
+    assert!(h.specs().is_empty());
+    assert_eq!(h.runtime.state.lock().unwrap().calls.len(), calls);
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-7"));
+    drop(m);
+
+    // Restarted (with faults of its own: a crash stays), the kubelet's retry finishes it.
+    let m = resmgr::Manager::start(
+        resmgr::ManagerConfig::new(support::DRIVER),
+        Box::new(TestPolicy::new(8)),
+        StateFile::new(h.state_dir()),
+        cdi::SpecStore::new(h.cdi_dir(), support::DRIVER).unwrap(),
+        h.runtime.clone(),
+        h.claims.clone(),
+    )
+    .unwrap();
+    h.runtime.apply_reply(&m.synchronize(&web).await.unwrap());
+    m.synchronized().await;
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    assert_eq!(h.specs(), ["c1"]);
+    assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-5"));
+}
+
+#[tokio::test]
 async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() {
     let h = Harness::new();
     h.claims.insert(claim("c1", "pod-db", 2));

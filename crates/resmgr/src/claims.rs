@@ -438,6 +438,9 @@ mod tests {
             "a second call on u1 ran while the first held it"
         );
         drop(first);
-        assert!(second.now_or_never().is_some(), "u1's next call got no turn");
+        assert!(
+            second.now_or_never().is_some(),
+            "u1's next call got no turn"
+        );
     }
 }
