@@ -8,7 +8,7 @@ use policy::{
     AttributeValue, Claim, Container, CpuSet, Fallback, Pod, Policy, PolicyError, QosClass,
     Quantity, Resources, Topology, TopologyAware, TopologySource, ValidValues,
     model::{AllocationResult, ClaimConfig, ConfigSource},
-    topology_aware::{Config, DeviceModel, Exclusivity, Granularity, ReservedCpus},
+    topology_aware::{Config, DeviceModel, Exclusivity, Grant, Granularity, ReservedCpus},
 };
 use serde_json::json;
 
@@ -233,6 +233,100 @@ fn with_exclusive_pods_nothing_the_kubelet_admitted_is_refused() {
     let updates = p.release("g").unwrap();
     assert_eq!(updates.len(), 2);
     assert!(updates.iter().all(|u| u.cpus == Some(set("1"))));
+}
+
+/// Found on the real containerd e2e: on a 2-CPU node with CPU 0 reserved, a BestEffort
+/// container on CPU 1 kept a Guaranteed 1-CPU container from its exclusive CPU (`at most 0 can be
+/// cut out of one pool (root: 1 shared, 1 needed by its shared containers)`), while the other
+/// order gave it the CPU and the BestEffort container the reserved one: the order of arrival
+/// decided. Like a claim, and like the kubelet's static CPU manager, an exclusive grant takes a
+/// pool's last shared CPUs; the shared containers move to the reserved CPUs and back.
+#[test]
+fn an_exclusive_grant_takes_the_last_shared_cpu_whatever_arrived_first() {
+    let pods = || Config {
+        exclusivity: Exclusivity::Pods,
+        ..Config::default()
+    };
+    let mut p = policy_with("pack:1 core:2 pu:1", "0", pods());
+    let be = p
+        .allocate(&container("be", QosClass::BestEffort, 0))
+        .unwrap();
+    assert_eq!(be.adjustment.cpus, Some(set("1")));
+    let g = p
+        .allocate(&container("g", QosClass::Guaranteed, 1000))
+        .unwrap();
+    assert_eq!(
+        p.placement("g").unwrap().grant,
+        Grant::Exclusive {
+            pool: 0,
+            cpus: set("1")
+        },
+        "{:?}",
+        g.warnings
+    );
+    assert_eq!(g.adjustment.cpus, Some(set("1")));
+    assert_eq!(g.updates.len(), 1);
+    assert_eq!(g.updates[0].container_id, "be");
+    assert_eq!(g.updates[0].cpus, Some(set("0")));
+    assert_eq!(
+        g.warnings,
+        [
+            "container default/pod-g/g took the last shared cpus of pool root: its shared containers (1) now run on the reserved cpus, as nothing else is shared (0)"
+        ]
+    );
+    assert!(fallbacks(&p, "g").is_empty());
+    assert_eq!(fallbacks(&p, "be"), [Fallback::Reserved]);
+
+    // The other order ends the same.
+    let mut q = policy_with("pack:1 core:2 pu:1", "0", pods());
+    q.allocate(&container("g", QosClass::Guaranteed, 1000))
+        .unwrap();
+    q.allocate(&container("be", QosClass::BestEffort, 0))
+        .unwrap();
+    for id in ["g", "be"] {
+        assert_eq!(p.placement(id), q.placement(id), "{id}");
+    }
+
+    // The Guaranteed container goes: the BestEffort one gets its CPU back.
+    let updates = p.release("g").unwrap();
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].cpus, Some(set("1")));
+    assert!(fallbacks(&p, "be").is_empty());
+}
+
+/// With a partition, an exclusive grant may take the last CPUs that are not published: the
+/// shared containers then run on the claimable CPUs lent to the pool, and when a claim takes
+/// those back, on the reserved CPUs. Shared requests still steer a grant elsewhere while some
+/// pool can spare the CPUs without them.
+#[test]
+fn with_a_partition_an_exclusive_grant_leaves_shared_containers_the_lent_cpus() {
+    use policy::topology_aware::ClaimCpus;
+    let partition = Config {
+        exclusivity: Exclusivity::Partition(ClaimCpus::Set(set("3"))),
+        ..Config::default()
+    };
+    let mut p = policy_with("pack:1 core:4 pu:1", "0", partition);
+    p.allocate(&container("b", QosClass::Burstable, 2500))
+        .unwrap();
+    assert_eq!(p.placement("b").unwrap().cpus, set("1-3"));
+    let g = p
+        .allocate(&container("g", QosClass::Guaranteed, 2000))
+        .unwrap();
+    assert_eq!(g.adjustment.cpus, Some(set("1-2")), "{:?}", g.warnings);
+    assert_eq!(p.placement("b").unwrap().cpus, set("3"));
+    assert!(fallbacks(&p, "b").is_empty());
+    p.allocate_claim(&claim("u1", "numa0", Some(1))).unwrap();
+    assert_eq!(p.placement("b").unwrap().cpus, set("0"));
+    assert_eq!(fallbacks(&p, "b"), [Fallback::Reserved]);
+    // Nothing is left for a second exclusive grant: it runs shared, with the one it would join.
+    let g2 = p
+        .allocate(&container("g2", QosClass::Guaranteed, 1000))
+        .unwrap();
+    assert_eq!(g2.adjustment.cpus, Some(set("0")));
+    assert_eq!(
+        g2.warnings[0],
+        "needs 1 exclusive cpus; only 0 cpus are neither reserved, set aside for claims nor held exclusively: runs on shared cpus instead"
+    );
 }
 
 /// Finding 4's message: on a single-NUMA machine the pool is `root`, not `numa0`, and the

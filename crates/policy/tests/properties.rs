@@ -9,6 +9,9 @@
 //! - shared and exclusive CPUs never overlap, and no container is left without CPUs;
 //! - a refused call changes nothing;
 //! - an exclusive request that one NUMA node could hold never spans two;
+//! - a Guaranteed container without a claim (`partition`, `pods`) runs shared only when fewer
+//!   CPUs than it asks for are neither reserved, set aside for claims nor held exclusively:
+//!   shared containers never keep it from them, whatever arrived first;
 //! - when every request is whole cores, every grant is whole cores (SMT siblings are not split
 //!   while whole cores are free);
 //! - a sync reporting what the policy decided changes nothing;
@@ -87,9 +90,7 @@ fn machine(mode: Mode) -> TopologyAware {
     let topo = Topology::load(&TopologySource::Synthetic(desc)).unwrap();
     let exclusivity = match mode {
         Mode::Claims => Exclusivity::Claims,
-        Mode::Partition => {
-            Exclusivity::Partition(ClaimCpus::Set("4-7,12-15,20-23,28-31".parse().unwrap()))
-        }
+        Mode::Partition => Exclusivity::Partition(ClaimCpus::Set(claim_partition(mode))),
         Mode::Pods => Exclusivity::Pods,
     };
     let config = Config {
@@ -98,6 +99,14 @@ fn machine(mode: Mode) -> TopologyAware {
         ..Config::default()
     };
     TopologyAware::new(topo, config).unwrap()
+}
+
+/// The CPUs set aside for claims with `Partition`: numa1 and numa3.
+fn claim_partition(mode: Mode) -> CpuSet {
+    match mode {
+        Mode::Partition => "4-7,12-15,20-23,28-31".parse().unwrap(),
+        Mode::Claims | Mode::Pods => CpuSet::new(),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,6 +324,24 @@ fn run(ops: Vec<Op>, whole_cores_only: bool, mode: Mode) -> Result<(), TestCaseE
                     specs.insert(c.id.clone(), c.clone());
                 }
                 let exclusive = p.placement(&c.id).map(|pl| pl.grant);
+                if let (Kind::Guaranteed(n), false, Some(Grant::Shared { .. }), false) =
+                    (kind, known, &exclusive, mode == Mode::Claims)
+                {
+                    let held = exclusive_grants(&p)
+                        .iter()
+                        .fold(CpuSet::new(), |acc, (_, cpus)| acc.union(cpus));
+                    let free = p
+                        .topology()
+                        .online
+                        .difference(p.reserved_cpus())
+                        .difference(&claim_partition(mode))
+                        .difference(&held);
+                    prop_assert!(
+                        (free.len() as u64) < *n,
+                        "{} runs shared though {free} were free for its {n} exclusive cpus",
+                        c.id
+                    );
+                }
                 if let (Kind::Guaranteed(n), Some(cpus), false, Some(Grant::Exclusive { .. })) =
                     (kind, &a.adjustment.cpus, known, exclusive)
                 {

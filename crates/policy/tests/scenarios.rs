@@ -251,12 +251,19 @@ fn one_socket_without_smt() {
             ("alloc g1 guaranteed cpu=2", "cpus=1-2 mems=0"),
             ("alloc b1 burstable cpu=500m", "cpus=3-7 mems=0"),
             ("alloc g2 guaranteed cpu=3", "cpus=3-5 mems=0 | b1=6-7"),
-            // Exclusive CPUs that cannot be had: shared ones, with a warning, never a refusal.
+            // The last shared CPUs go to an exclusive grant, as the kubelet's static CPU
+            // manager would give them: the shared containers run on the reserved CPUs.
             (
                 "alloc g3 guaranteed cpu=2",
-                "cpus=6-7 mems=0 ! needs 2 exclusive cpus; at most 1 can be cut out of one pool (root: 2 shared, 1 needed by its shared containers): runs on shared cpus instead ! needs 2000m of shared cpu and no pool has that much left: placed in root, which has 1500m left, overcommitting its shared cpus",
+                "cpus=6-7 mems=0 | b1=0 ! container default/pod-g3/g3 took the last shared cpus of pool root: its shared containers (1) now run on the reserved cpus, as nothing else is shared (0)",
             ),
-            ("release g3", ""),
+            // Exclusive CPUs that cannot be had: shared ones, with a warning, never a refusal.
+            (
+                "alloc g9 guaranteed cpu=1",
+                "cpus=0 mems=0 ! needs 1 exclusive cpus; only 0 cpus are neither reserved nor held exclusively: runs on shared cpus instead ! no cpu is shared anywhere (claims and exclusive grants hold them all): runs on the reserved cpus 0 until some are shared again",
+            ),
+            ("release g9", ""),
+            ("release g3", "b1=6-7"),
             ("alloc k1 besteffort ns=kube-system", "cpus=0 mems=0"),
             ("alloc f1 guaranteed cpu=1500m", "cpus=6-7 mems=0"),
             ("release g2", "b1=3-7 f1=3-7"),
@@ -404,11 +411,12 @@ fn offline_and_isolated_cpus() {
             // Neither NUMA node can spare two without starving b1 or leaving numa0 empty of
             // what b1 needs: the root gives one from each, splitting a core.
             ("alloc g5 guaranteed cpu=2", "cpus=1,10 mems=0-1 | b1=11"),
+            // The last shared CPU goes to an exclusive grant: b1 runs on the reserved CPU.
             (
                 "alloc g6 guaranteed cpu=1",
-                "cpus=11 mems=0-1 ! needs 1 exclusive cpus; at most 0 can be cut out of one pool (root: 1 shared, 1 needed by its shared containers): runs on shared cpus instead ! needs 1000m of shared cpu and no pool has that much left: placed in root, which has 900m left, overcommitting its shared cpus",
+                "cpus=11 mems=1 | b1=0 ! container default/pod-g6/g6 took the last shared cpus of pool numa1: its shared containers (1) now run on the reserved cpus, as nothing else is shared (0)",
             ),
-            ("release g6", ""),
+            ("release g6", "b1=11"),
             ("release g3", "b1=8-9,11"),
         ],
     );

@@ -10,8 +10,9 @@
 //!    of, then threads of cores others already split, then (splitting an idle core only when it
 //!    must) in the groups it already uses, fewest free siblings first, lowest CPU first.
 //!
-//! Every CPU taken out of the shared set must leave each pool it belongs to enough shared CPUs
-//! for the shared containers placed there ([`Spare`]); the picker skips CPUs that would not.
+//! Given a [`Spare`] (the policy's first try for an exclusive container grant), every CPU taken
+//! out of the shared set must leave each pool it belongs to enough shared CPUs for the shared
+//! containers placed there; the picker skips CPUs that would not.
 
 use std::collections::BTreeMap;
 

@@ -18,8 +18,15 @@
 //! - **Exclusive** grants come from the tightest pool that fits (fewest CPUs, so a request that
 //!   fits in a NUMA node or L3 group never spans two), then one whose memory has room, then the
 //!   one with the fewest free CPUs (packing), then the lower id. Inside it, whole idle cores
-//!   first ([`cpus`]). A grant never takes a CPU that is published for claims, nor one that a
-//!   pool's shared containers need (their summed requests, at least one CPU per pool in use).
+//!   first ([`cpus`]). A grant never takes a CPU that is set aside for claims. It prefers CPUs
+//!   that no pool's shared containers need (their summed requests, at least one CPU per pool in
+//!   use); when no pool can spare enough beside them, it takes them anyway, from the tightest
+//!   pool that has them, as a claim does and as the kubelet's static CPU manager does (its
+//!   exclusive grants may take every CPU not reserved, and its shared pool keeps the reserved
+//!   ones): the shared containers move, and a Guaranteed container runs shared only when fewer
+//!   CPUs than it asks for are free of reservations, claims and exclusive grants. Otherwise the
+//!   order of arrival would decide: a Guaranteed container arriving first takes the last shared
+//!   CPUs, and a shared one arriving after it runs on the reserved CPUs anyway.
 //! - **Shared** containers go to a pool with room for their request in it and every ancestor:
 //!   memory fitting first, then room for the CPU limit, the deeper pool, fewer containers, more
 //!   room, lower id. Their cpuset is the pool's shared CPUs *at any time*: when an exclusive
@@ -27,7 +34,8 @@
 //!   that pool gets an update (the ripple).
 //! - **Nothing the kubelet admitted is refused** for CPUs or memory: a Guaranteed container
 //!   whose exclusive CPUs cannot be had runs shared; a shared container no pool has room for
-//!   overcommits the roomiest; when claims take a pool's last shared CPUs its containers run on
+//!   overcommits the roomiest; when claims or exclusive grants take a pool's last shared CPUs
+//!   its containers run on
 //!   the shared CPUs of the enclosing pool, and when nothing is shared anywhere on the reserved
 //!   CPUs (which the kubelet's static CPU manager keeps in its shared pool for this reason);
 //!   memory that does not fit is left unpinned. Each comes with a warning in the answer and shows
@@ -595,9 +603,10 @@ impl TopologyAware {
         }
     }
 
-    /// Shared CPUs each pool can still give up to exclusive container grants: those that are
-    /// not published for claims, minus what its shared containers need (so that claims taking
-    /// back what they lent never leave shared containers short because of an exclusive grant).
+    /// Shared CPUs each pool can still give up to exclusive container grants without taking
+    /// what its shared containers need: those that are not set aside for claims, minus that need
+    /// (so that claims taking back what they lent never leave shared containers short because
+    /// of an exclusive grant). The grants prefer these; see [`TopologyAware::plan_exclusive`].
     fn spare(&self) -> Vec<i64> {
         (0..self.pools.len())
             .map(|i| {
@@ -922,10 +931,16 @@ impl Policy for TopologyAware {
             });
         }
         let mut placed = self.plan(container)?;
-        let warnings = std::mem::take(&mut placed.warnings);
+        let mut warnings = std::mem::take(&mut placed.warnings);
+        // An exclusive grant may take a pool's last shared CPUs, as a claim may.
+        let before = matches!(placed.grant, Grant::Exclusive { .. }).then(|| self.pool_fallbacks());
         let mut updates = Updates::new();
         self.commit(&container.id, placed, &mut updates);
         updates.remove(&container.id);
+        if let Some(before) = before {
+            let cause = format!("container {}", annotations::describe(container));
+            warnings.extend(self.fallback_warnings(&before, &cause));
+        }
         let adjustment = self
             .containers
             .get(&container.id)

@@ -273,8 +273,10 @@ impl TopologyAware {
         free >= request
     }
 
-    /// Plans exclusive CPUs: `Ok(Err(reason))` when no pool can spare them (the caller places
-    /// the container shared instead), `Err` when its memory does not fit.
+    /// Plans exclusive CPUs: out of a pool that can spare them beside what its shared
+    /// containers need, else out of any pool that has them (its shared containers move); so
+    /// `Ok(Err(reason))` only when fewer than `n` CPUs are free for exclusive grants (the caller
+    /// places the container shared instead), `Err` when its memory does not fit.
     fn plan_exclusive(
         &self,
         c: &Container,
@@ -346,26 +348,51 @@ impl TopologyAware {
                 return Ok(Ok(self.placed(c, grant, mems, charge)));
             }
         }
-        let best = self
+        // No pool can spare them beside what its shared containers need. The kubelet admitted
+        // a Guaranteed container, and its static CPU manager would grant it CPUs of its own as
+        // long as any are free, leaving the shared containers what is left and the reserved
+        // CPUs: so, like a claim, the grant takes them anyway, from the tightest pool that has
+        // them, then the one left least short; the shared containers move to the nearest
+        // enclosing pool with shared CPUs, at worst to the reserved CPUs (the ripple). Otherwise
+        // whether it got them would depend on which arrived first.
+        let mut squeezing: Vec<(usize, bool, Reverse<i64>, usize)> = self
             .pools
             .iter()
-            .map(|p| (ceiling(p.id), Reverse(p.id)))
-            .max()
-            .and_then(|(most, Reverse(id))| Some((most, self.pools.get(id)?)));
-        let reason = match best {
-            Some((most, pool)) => format!(
-                "needs {n} exclusive cpus; at most {} can be cut out of one pool ({pool}: {} shared{}, {} needed by its shared containers)",
-                most.max(0),
-                self.exclusive_free(pool.id).len(),
-                if self.claimable.is_empty() {
-                    ""
-                } else {
-                    " and not published for claims"
-                },
-                self.need(pool.id)
-            ),
-            None => format!("needs {n} exclusive cpus; no pool has any"),
-        };
+            .filter(|p| self.exclusive_free(p.id).len() >= n)
+            .map(|p| {
+                (
+                    p.cpus.len(),
+                    !self.memory_fits(c, opts, &p.nodes),
+                    Reverse(spare.get(p.id).copied().unwrap_or(0)),
+                    p.id,
+                )
+            })
+            .collect();
+        squeezing.sort_unstable();
+        for (_, _, _, id) in squeezing {
+            let Some(pool) = self.pools.get(id) else {
+                continue;
+            };
+            let free = self.exclusive_free(id);
+            if let Some(cpus) = cpus::pick(&self.topo, &self.index, &free, n, None) {
+                let nodes = self.nodes_of(&cpus);
+                let (mems, charge) = self.plan_memory(c, opts, &nodes, &pool.name)?;
+                let grant = Grant::Exclusive { pool: id, cpus };
+                return Ok(Ok(self.placed(c, grant, mems, charge)));
+            }
+        }
+        let mut not = vec!["reserved"];
+        if !self.isolated.is_empty() {
+            not.push("kernel-isolated");
+        }
+        if !self.claimable.is_empty() {
+            not.push("set aside for claims");
+        }
+        let reason = format!(
+            "needs {n} exclusive cpus; only {} cpus are neither {} nor held exclusively",
+            self.exclusive_free(0).len(),
+            not.join(", ")
+        );
         Ok(Err(reason))
     }
 
