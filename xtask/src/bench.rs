@@ -4,7 +4,9 @@
 //! `bench: {"name": "...", "unit": "ns", "median": 1234.0, "p99": 2345.0, "target": "..."}`
 //! (`p99` and `target` optional). Go benchmarks in the conformance modules print the standard
 //! `BenchmarkX-N  iters  123 ns/op` lines, and may report extra metrics (`median-ns`, `p99-ns`)
-//! with `b.ReportMetric`. This command collects both and prints them together.
+//! with `b.ReportMetric`; a benchmark reporting sizes (units ending in `-bytes`, such as the
+//! agent's `VmRSS-bytes`) gets one row per size, in MiB, instead of a time. This command collects
+//! both and prints them together.
 
 use std::{path::Path, process::Command};
 
@@ -65,26 +67,61 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
                 .env("GOFLAGS", test::go_flags())
                 .args(["test", "-run", "^$", "-bench", ".", "-count=1", "./..."]),
         )?;
-        rows.extend(out.lines().filter_map(parse_go_bench));
+        rows.extend(out.lines().flat_map(parse_go_bench));
     }
     print_table(&rows);
     Ok(())
 }
 
 /// A measurement for the table: a ratio (unit `x`, such as prepare over its floor, where 1.27 and
-/// 1.49 must not both read `1 x`) with two decimals, anything else (nanoseconds, bytes) whole.
+/// 1.49 must not both read `1 x`) with two decimals, MiB with one (15.0 against a 15 MiB target
+/// must not read as 15 when it is 15.4), anything else (nanoseconds, bytes) whole.
 fn show(value: f64, unit: &str) -> String {
-    if unit == "x" {
-        format!("{value:.2} {unit}")
-    } else {
-        format!("{value:.0} {unit}")
+    match unit {
+        "x" => format!("{value:.2} {unit}"),
+        "MiB" => format!("{value:.1} {unit}"),
+        _ => format!("{value:.0} {unit}"),
     }
 }
 
-fn parse_go_bench(line: &str) -> Option<Row> {
+/// Targets of Go benchmarks' sizes: (benchmark name prefix, unit, target).
+const GO_TARGETS: &[(&str, &str, &str)] = &[
+    // Issue 17: the agent's peak resident memory with 500 containers.
+    ("Footprint/", "VmHWM-bytes", "< 15 MiB"),
+];
+
+/// The rows of one Go benchmark result line: its time, or its sizes if it reports any.
+fn parse_go_bench(line: &str) -> Vec<Row> {
     let mut fields = line.split_whitespace();
-    let name = fields.next()?.strip_prefix("Benchmark")?;
+    let Some(name) = fields.next().and_then(|f| f.strip_prefix("Benchmark")) else {
+        return Vec::new();
+    };
     let rest: Vec<&str> = fields.collect();
+    let sizes: Vec<Row> = rest
+        .windows(2)
+        .filter_map(|w| {
+            let label = w[1].strip_suffix("-bytes")?;
+            let bytes: f64 = w[0].parse().ok()?;
+            let target = GO_TARGETS
+                .iter()
+                .find(|(prefix, unit, _)| name.starts_with(prefix) && *unit == w[1])
+                .map_or("", |(_, _, target)| target);
+            Some(Row {
+                source: "go".into(),
+                name: format!("{name} {label}"),
+                median: show(bytes / 1_048_576.0, "MiB"),
+                p99: String::new(),
+                target: target.into(),
+            })
+        })
+        .collect();
+    if !sizes.is_empty() {
+        return sizes;
+    }
+    parse_go_time(name, &rest).into_iter().collect()
+}
+
+fn parse_go_time(name: &str, rest: &[&str]) -> Option<Row> {
     let metric = |unit: &str| {
         rest.windows(2)
             .find(|w| w[1] == unit)
@@ -134,9 +171,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ratios_get_two_decimals_and_times_none() {
+    fn ratios_get_two_decimals_mib_one_and_times_none() {
         assert_eq!(show(1.2749, "x"), "1.27 x");
         assert_eq!(show(1.0, "x"), "1.00 x");
+        assert_eq!(show(14.96, "MiB"), "15.0 MiB");
         assert_eq!(show(1234.6, "ns"), "1235 ns");
+    }
+
+    #[test]
+    fn go_sizes_are_rows_in_mib_and_times_a_row_in_ns() {
+        let rows = parse_go_bench(
+            "BenchmarkFootprint/dra-2  1  2345678 ns/op  15728640 VmHWM-bytes  9961472 idle-VmRSS-bytes",
+        );
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| (r.name.as_str(), r.median.as_str(), r.target.as_str()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("Footprint/dra-2 VmHWM", "15.0 MiB", "< 15 MiB"),
+                ("Footprint/dra-2 idle-VmRSS", "9.5 MiB", ""),
+            ]
+        );
+        let rows = parse_go_bench("BenchmarkGetInfo-2  5000  212345 ns/op  180000 median-ns");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].name.as_str(), rows[0].median.as_str()),
+            ("GetInfo-2", "180000 ns")
+        );
+        assert!(parse_go_bench("ok  github.com/x 1.2s").is_empty());
     }
 }

@@ -50,7 +50,8 @@ const (
 
 // cluster is what the agent runs against.
 type cluster struct {
-	t       *testing.T
+	t       testing.TB
+	dra     bool
 	dir     string
 	runtime *adaptation.Adaptation
 	// cut makes the runtime go away, as if it exited.
@@ -83,9 +84,30 @@ func start(t *testing.T) *cluster {
 
 // startWith starts the agent with DRA on (and an API server for it), or off: then with no API
 // server, no kubeconfig, no kubelet directories and no node name.
-func startWith(t *testing.T, dra bool) *cluster {
+func startWith(t testing.TB, dra bool) *cluster {
 	t.Helper()
-	c := &cluster{t: t, dir: t.TempDir(), active: make(pluginCount, 8),
+	return startSetup(t, setup{dra: dra, topology: "pack:1 numa:2 core:4 pu:2"})
+}
+
+// setup says what the agent starts with.
+type setup struct {
+	dra bool
+	// topology is the hwloc synthetic machine.
+	topology string
+	// running are the pods and containers running when the agent synchronizes, besides web's app.
+	running []*api.PodSandbox
+	// containers are their containers.
+	containers []*api.Container
+	// dropUpdates discards the runtime's unsolicited updates instead of queueing them for
+	// nextUpdate (for runs that never read them).
+	dropUpdates bool
+}
+
+// startSetup starts the agent as `s` says.
+func startSetup(t testing.TB, s setup) *cluster {
+	t.Helper()
+	dra := s.dra
+	c := &cluster{t: t, dra: dra, dir: t.TempDir(), active: make(pluginCount, 8),
 		updates: make(chan []*api.ContainerUpdate, 16), logs: &harness.LockedBuffer{}}
 
 	web := &api.PodSandbox{Id: "sb-web", Name: "web", Uid: "pod-web-uid", Namespace: "default",
@@ -94,11 +116,13 @@ func startWith(t *testing.T, dra bool) *cluster {
 		Linux: &api.LinuxContainer{Resources: &api.LinuxResources{Cpu: &api.LinuxCPU{
 			Shares: &api.OptionalUInt64{Value: 512}, Cpus: "8-15", Mems: "1"}}}}
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
-		_, err := cb(ctx, []*api.PodSandbox{web}, []*api.Container{app})
+		_, err := cb(ctx, append([]*api.PodSandbox{web}, s.running...), append([]*api.Container{app}, s.containers...))
 		return err
 	}
 	updateFn := func(_ context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
-		c.updates <- u
+		if !s.dropUpdates {
+			c.updates <- u
+		}
 		return nil, nil
 	}
 	r, err := adaptation.New("containerd", "v2.1.0", syncFn, updateFn,
@@ -122,7 +146,7 @@ func startWith(t *testing.T, dra bool) *cluster {
 	args := []string{"run",
 		"--nri-socket", c.path("nri-front.sock"), "--nri-plugin-index", "90",
 		"--cdi-dir", c.path("cdi"), "--state-dir", c.path("state"),
-		"--topology", "synthetic:pack:1 numa:2 core:4 pu:2", "--reserved-cpus", "0",
+		"--topology", "synthetic:" + s.topology, "--reserved-cpus", "0",
 		"--metrics-addr", c.metrics, "--debug-addr", "127.0.0.1:0"}
 	if dra {
 		args = append(args, "--node-name", node, "--driver-name", driver, "--kubeconfig", c.startAPIServer(),
@@ -224,7 +248,7 @@ func configuredClaim(uid, name string, settings map[string]any) map[string]any {
 		}}
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +337,7 @@ func draClient(t *testing.T, endpoint string) drav1.DRAPluginClient {
 	return drav1.NewDRAPluginClient(conn)
 }
 
-func get(t *testing.T, url string) (int, string) {
+func get(t testing.TB, url string) (int, string) {
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
