@@ -573,3 +573,49 @@ fn a_claim_is_adopted_from_its_edits_with_what_they_grant_and_learns_the_rest_wh
     );
     assert_eq!(p.claims(), ["u1"], "a refusal holds nothing");
 }
+
+#[test]
+fn an_update_places_again_by_the_annotations_and_claim_environment_the_container_came_with() {
+    // The policy keeps only what placement reads of a container (its annotations of ours and its
+    // claims' environment): an update places it again from what it kept.
+    let mut p = machine();
+    p.allocate_claim(&claim("u1", &[("numa1", 2)])).unwrap();
+    let claimed = p.claim_cpus("u1").unwrap();
+    let mut user = container("x", QosClass::Burstable, 500);
+    user.pod.uid = "pod-x".into();
+    user.env = vec![
+        "PATH=/usr/bin:/bin".into(),
+        format!("DRA_CPUSET_u1={claimed}"),
+        "HOME=/root".into(),
+    ];
+    p.allocate(&user).unwrap();
+    assert_eq!(p.placement("x").unwrap().cpus, claimed);
+    let mut system = container("s", QosClass::Burstable, 500);
+    system.pod.annotations.insert(
+        "reserved-cpus.resource-policy.resmgr.io/pod".into(),
+        "true".into(),
+    );
+    system
+        .annotations
+        .insert("io.kubernetes.container.hash".into(), "8a1b".into());
+    p.allocate(&system).unwrap();
+    let reserved = p.placement("s").unwrap().cpus;
+    assert!(
+        reserved != p.shared_cpus() && reserved != claimed,
+        "{reserved}"
+    );
+
+    let more = Resources {
+        cpu_request_milli: 1000,
+        cpu_limit_milli: Some(1000),
+        ..Resources::default()
+    };
+    p.update("x", &more).unwrap();
+    assert_eq!(p.placement("x").unwrap().cpus, claimed, "still the claim's");
+    p.update("s", &more).unwrap();
+    assert_eq!(
+        p.placement("s").unwrap().cpus,
+        reserved,
+        "still on the reserved CPUs"
+    );
+}

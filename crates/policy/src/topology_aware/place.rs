@@ -22,6 +22,42 @@ use crate::{
     topology::MemoryKind,
 };
 
+/// What of `c` a placement keeps, for placing it again (an update, a claim that comes or goes)
+/// and telling which claims it uses: everything but the environment entries that carry no claim's
+/// CPUs and the annotations outside ours. The rest (PATH, service links, the kubelet's
+/// annotations) is most of a container's size and never read again; with hundreds of containers
+/// it is most of the policy's memory.
+fn retained(c: &Container) -> Container {
+    let ours = |m: &BTreeMap<String, String>| {
+        m.iter()
+            .filter(|(k, _)| k.contains(annotations::DOMAIN))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    Container {
+        id: c.id.clone(),
+        pod: crate::model::Pod {
+            uid: c.pod.uid.clone(),
+            namespace: c.pod.namespace.clone(),
+            name: c.pod.name.clone(),
+            qos: c.pod.qos,
+            annotations: ours(&c.pod.annotations),
+        },
+        name: c.name.clone(),
+        resources: c.resources,
+        annotations: ours(&c.annotations),
+        cdi_devices: c.cdi_devices.clone(),
+        env: c
+            .env
+            .iter()
+            .filter(|e| e.starts_with(claims::CPUSET_ENV) || e.starts_with(claims::MEMS_ENV))
+            .cloned()
+            .collect(),
+        cpus: c.cpus.clone(),
+        mems: c.mems.clone(),
+    }
+}
+
 /// What a container asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Class {
@@ -192,7 +228,7 @@ impl TopologyAware {
         charge: Vec<(u32, u64)>,
     ) -> Placed {
         Placed {
-            container: c.clone(),
+            container: retained(c),
             grant,
             mems,
             charge,
