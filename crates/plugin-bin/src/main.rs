@@ -11,6 +11,7 @@
 mod config;
 mod http;
 mod logging;
+mod memory;
 mod metrics;
 mod policy_choice;
 mod run;

@@ -53,7 +53,7 @@ use tracing::{error, info, warn};
 use crate::{
     config::{RunConfig, RunFlags},
     http::{self, Endpoints},
-    logging,
+    logging, memory,
     metrics::Metrics,
     policy_choice, values, view,
 };
@@ -69,6 +69,7 @@ pub fn main(flags: &RunFlags, node_name_env: Option<String>) -> anyhow::Result<E
         return Ok(ExitCode::SUCCESS);
     }
     logging::init(config.log_format, &config.log_level);
+    memory::one_malloc_arena();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -232,7 +233,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         }
     };
     tokio::select! {
-        () = manager.gate().opened() => {}
+        () = manager.gate().opened() => memory::return_freed_memory(),
         why = connection.closed() => {
             error!(reason = %why, "lost the runtime connection before it synchronized");
             finish(&manager, None).await?;
