@@ -670,6 +670,54 @@ async fn runtime_events_are_served_while_a_delivery_waits_on_the_runtime() {
 }
 
 #[tokio::test]
+async fn the_claim_records_list_every_prepared_claim_as_it_was_answered() {
+    // What /debug/state shows.
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    h.claims.insert(claim("c2", "pod-db", 1));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    assert!(m.claim_records().await.is_empty());
+    let answers = m
+        .prepare(&[claim_ref("c1"), claim_ref("c2")])
+        .await
+        .unwrap();
+    let records = m.claim_records().await;
+    assert_eq!(records.keys().collect::<Vec<_>>(), ["c1", "c2"]);
+    for (uid, record) in &records {
+        assert_eq!(&record.devices, answers[uid].as_ref().unwrap(), "{uid}");
+        assert_eq!(
+            (record.namespace.as_str(), record.name.clone()),
+            ("default", format!("claim-{uid}"))
+        );
+        assert_eq!(m.claim_record(uid).await.as_ref(), Some(record));
+    }
+    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(m.claim_records().await.keys().collect::<Vec<_>>(), ["c2"]);
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_saves_the_state_even_when_nothing_was_committed() {
+    let h = Harness::new();
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    let file = StateFile::new(h.state_dir());
+    assert!(!file.path().exists(), "nothing was committed");
+    m.save_state().await.unwrap();
+    let state = file.load("test").unwrap().expect("the state file");
+    assert!(state.claims.is_empty());
+    drop(m);
+
+    // With a claim: the file says so, and a restart restores it.
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    m.save_state().await.unwrap();
+    drop(m);
+    assert_eq!(h.saved_claims(), ["c1"]);
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    assert!(m.claim_record("c1").await.is_some());
+}
+
+#[tokio::test]
 async fn a_runtime_event_that_changes_durable_policy_state_is_saved() {
     let h = Harness::new();
     let policy = TestPolicy {
