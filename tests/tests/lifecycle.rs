@@ -737,6 +737,39 @@ async fn a_runtime_event_that_changes_durable_policy_state_is_saved() {
 }
 
 #[tokio::test]
+async fn a_failed_runtime_event_names_the_container_as_namespace_pod_container() {
+    // The runtime fails the CRI operation with this message: it must say which container.
+    let h = Harness::new();
+    let policy = TestPolicy {
+        durable_containers: true,
+        ..TestPolicy::new(8)
+    };
+    let m = h.ready(policy, &[]).await;
+    let err = m
+        .create_container(&container("refused-1", "pod-web"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "container default/pod-web/refused-1");
+    let err = m
+        .update_container(
+            &container("ghost", "pod-web"),
+            &policy::Resources::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "container default/pod-web/ghost");
+    h.break_state_saves();
+    let err = m
+        .create_container(&container("a", "pod-web"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "container default/pod-web/a: saving the state"
+    );
+}
+
+#[tokio::test]
 async fn updates_the_runtime_reports_as_failed_stay_pending_and_are_named() {
     let h = Harness::new();
     h.claims.insert(claim("c1", "pod-db", 2));
