@@ -215,6 +215,11 @@ impl Containerd {
         started
     }
 
+    /// Whether it was started and not stopped since.
+    pub fn running(&self) -> bool {
+        self.proc.is_some()
+    }
+
     /// Stops containerd with SIGTERM (the containers keep running under their shims).
     pub fn stop(&mut self) -> anyhow::Result<()> {
         let Some(mut proc) = self.proc.take() else {

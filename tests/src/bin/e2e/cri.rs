@@ -207,6 +207,35 @@ impl Cri {
             .with_context(|| format!("crictl inspect {id} gave pid {out:?}"))
     }
 
+    /// The IDs of every running container the runtime knows of (ours, the agent's, any other).
+    pub fn running_ids(&self) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .run(&["ps", "--quiet", "--state", "running"])?
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// A running container's `namespace/pod/container` and host PID, from `crictl inspect`.
+    pub fn identify(&self, id: &str) -> anyhow::Result<(String, u32)> {
+        let inspect = self.inspect(id)?;
+        let pid = inspect["info"]["pid"]
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .with_context(|| format!("crictl inspect {id} has no pid: {}", inspect["info"]))?;
+        let annotations = &inspect["info"]["runtimeSpec"]["annotations"];
+        let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
+        let key = format!(
+            "{}/{}/{}",
+            text(&annotations["io.kubernetes.cri.sandbox-namespace"]),
+            text(&annotations["io.kubernetes.cri.sandbox-name"]),
+            text(&inspect["status"]["metadata"]["name"]),
+        );
+        Ok((key, pid))
+    }
+
     /// `crictl update`: the kubelet resizing a running container.
     pub fn update(&self, id: &str, args: &[&str]) -> anyhow::Result<()> {
         let mut all = vec!["update"];

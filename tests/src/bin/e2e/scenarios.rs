@@ -10,6 +10,11 @@
 //! its process's `Cpus_allowed_list`/`Mems_allowed_list`, so a container that moved when it
 //! should not have fails as surely as one that did not move.
 //!
+//! Exclusive means alone: after each step no CPU of an exclusive container or of a prepared
+//! claim is in the cpuset of any other running container the runtime knows of, whoever
+//! started it (the agent's own container included). A container can hold the only CPU its
+//! expectation allows and still share it; only this check sees that.
+//!
 //! The scenarios run in phases, one agent configuration each: `nri-pods` (`cpu-exclusivity:
 //! pods`, nri-plugins' behaviour: Guaranteed containers get exclusive CPUs) and `dra-claims`
 //! (the default: only claims are exclusive). Between phases the agent stops, the pods go, and
@@ -19,7 +24,11 @@
 //! every grant empties the shared pool and every release refills it) and use more CPUs when
 //! there are more: a claim takes half of its NUMA node's claimable CPUs.
 
-use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    path::Path,
+};
 
 use anyhow::{Context as _, bail, ensure};
 use policy::{CpuSet, NodeSet};
@@ -81,6 +90,66 @@ pub struct Grant {
     pub cdi_devices: Vec<String>,
 }
 
+/// CPUs that must be one holder's alone: an exclusive container's, or a prepared claim's.
+#[derive(Debug, Clone)]
+pub struct Holder {
+    /// What holds them, as the failure names it.
+    pub name: String,
+    pub cpus: CpuSet,
+    /// IDs of the containers that may run on them (the container; the claim's containers).
+    pub members: BTreeSet<String>,
+}
+
+/// A running container as the kernel sees it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub id: String,
+    /// `namespace/pod/container`.
+    pub key: String,
+    pub cgroup_cpus: CpuSet,
+    pub allowed_cpus: CpuSet,
+}
+
+/// A container that may run on CPUs another holds exclusively.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intrusion {
+    pub holder: String,
+    pub members: BTreeSet<String>,
+    pub intruder: String,
+    pub cpus: CpuSet,
+    pub message: String,
+}
+
+/// Every pair of a holder and a running container outside it whose cpuset (the cgroup's or
+/// the scheduler's) meets the holder's CPUs.
+pub fn intrusions(holders: &[Holder], seen: &[Seen]) -> Vec<Intrusion> {
+    let mut found = Vec::new();
+    for h in holders {
+        for s in seen.iter().filter(|s| !h.members.contains(&s.id)) {
+            let cpus = h.cpus.intersection(&s.cgroup_cpus.union(&s.allowed_cpus));
+            if cpus.is_empty() {
+                continue;
+            }
+            found.push(Intrusion {
+                holder: h.name.clone(),
+                members: h.members.clone(),
+                intruder: s.key.clone(),
+                message: format!(
+                    "{} holds cpus {} exclusively, yet they are shared: {} (container {}) may run on cpus {cpus} (cpuset.cpus {}, Cpus_allowed_list {})",
+                    h.name,
+                    h.cpus,
+                    s.key,
+                    s.id,
+                    s.cgroup_cpus,
+                    s.allowed_cpus
+                ),
+                cpus,
+            });
+        }
+    }
+    found
+}
+
 /// The node and everything the scenarios know about it.
 #[derive(Debug)]
 pub struct World {
@@ -104,6 +173,8 @@ pub struct World {
     /// What a scenario could not exercise on this machine, and why.
     pub notes: Vec<String>,
     scenario: String,
+    /// Every running container the runtime listed last: ID -> (`namespace/pod/container`, pid).
+    listed: BTreeMap<String, (String, u32)>,
 }
 
 /// A scenario: a name and what it does.
@@ -182,6 +253,7 @@ impl World {
             rows: Vec::new(),
             notes: Vec::new(),
             scenario: String::new(),
+            listed: BTreeMap::new(),
         }
     }
 
@@ -316,9 +388,81 @@ impl World {
         })
     }
 
-    /// Checks every running container in the kernel's view; reports those in `report`.
+    /// Every running container the runtime knows of, ours or not, in the kernel's view. While
+    /// containerd is stopped, those it listed last whose processes still run (the shims keep
+    /// them).
+    fn seen(&mut self) -> anyhow::Result<Vec<Seen>> {
+        if self.containerd.running() {
+            let ids = self.cri.running_ids()?;
+            self.listed.retain(|id, _| ids.contains(id));
+            for id in ids {
+                if !self.listed.contains_key(&id) {
+                    let identity = self.cri.identify(&id)?;
+                    self.listed.insert(id, identity);
+                }
+            }
+        }
+        let mut seen = Vec::new();
+        for (id, (key, pid)) in &self.listed {
+            if !teardown::alive(*pid) {
+                // Gone since the runtime listed it: it runs on nothing.
+                continue;
+            }
+            let view = kernel::view(*pid).with_context(|| format!("reading {key} (pid {pid})"))?;
+            seen.push(Seen {
+                id: id.clone(),
+                key: key.clone(),
+                cgroup_cpus: view.cgroup_cpus,
+                allowed_cpus: view.allowed_cpus,
+            });
+        }
+        for c in &self.running {
+            ensure!(
+                self.listed.contains_key(&c.id),
+                "{} ({}) is not among the running containers the runtime lists",
+                c.key,
+                c.id
+            );
+        }
+        Ok(seen)
+    }
+
+    /// What must be exclusive now: every exclusive container's CPUs, every prepared claim's.
+    fn holders(&self) -> Vec<Holder> {
+        let mut holders = Vec::new();
+        for c in &self.running {
+            if c.expect == Expect::Exclusive
+                && let Some(cpus) = self.exclusive.get(&c.key)
+            {
+                holders.push(Holder {
+                    name: format!("exclusive container {}", c.key),
+                    cpus: cpus.clone(),
+                    members: BTreeSet::from([c.id.clone()]),
+                });
+            }
+        }
+        for (uid, g) in &self.granted {
+            let users: Vec<&Running> = self
+                .running
+                .iter()
+                .filter(|c| c.expect == Expect::Claim(uid.clone()))
+                .collect();
+            let keys: Vec<&str> = users.iter().map(|c| c.key.as_str()).collect();
+            holders.push(Holder {
+                name: format!("claim {uid} (used by [{}])", keys.join(", ")),
+                cpus: g.cpus.clone(),
+                members: users.iter().map(|c| c.id.clone()).collect(),
+            });
+        }
+        holders
+    }
+
+    /// Checks every running container in the kernel's view, and that exclusive CPUs are
+    /// nobody else's; reports those in `report`.
     pub fn check(&mut self, report: &[&str]) -> anyhow::Result<()> {
-        let mut failures = Vec::new();
+        let seen = self.seen()?;
+        let intrusions = intrusions(&self.holders(), &seen);
+        let mut failures: Vec<String> = intrusions.iter().map(|i| i.message.clone()).collect();
         for c in self.running.clone() {
             let (cpus, mems) = self.expected(&c)?;
             let view = kernel::view(c.pid).with_context(|| format!("reading {}", c.key))?;
@@ -335,10 +479,12 @@ impl World {
                 }
                 _ => (cpus, mems),
             };
-            let ok = view.cgroup_cpus == cpus
+            let alone = !intrusions.iter().any(|i| i.members.contains(&c.id));
+            let placed = view.cgroup_cpus == cpus
                 && view.allowed_cpus == cpus
                 && view.cgroup_mems == mems
                 && view.allowed_mems == mems;
+            let ok = placed && alone;
             let row = Row {
                 scenario: self.scenario.clone(),
                 container: c.key.clone(),
@@ -350,7 +496,7 @@ impl World {
                 allowed_mems: view.allowed_mems.to_string(),
                 ok,
             };
-            if !ok {
+            if !placed {
                 failures.push(format!(
                     "{} ({:?}) should have cpus {} mems {}, the kernel says cpuset.cpus {} Cpus_allowed_list {} cpuset.mems {} Mems_allowed_list {} ({})",
                     c.key,
@@ -851,4 +997,104 @@ pub fn table(rows: &[Row]) -> String {
         line(row);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpus(text: &str) -> CpuSet {
+        text.parse().unwrap()
+    }
+
+    fn seen(id: &str, key: &str, cgroup: &str, allowed: &str) -> Seen {
+        Seen {
+            id: id.into(),
+            key: key.into(),
+            cgroup_cpus: cpus(cgroup),
+            allowed_cpus: cpus(allowed),
+        }
+    }
+
+    fn holder(name: &str, held: &str, members: &[&str]) -> Holder {
+        Holder {
+            name: name.into(),
+            cpus: cpus(held),
+            members: members.iter().map(|m| (*m).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn an_exclusive_container_sharing_its_only_cpu_with_the_agent_is_named_with_it() {
+        let found = intrusions(
+            &[holder(
+                "exclusive container default/pinned/worker",
+                "1",
+                &["w"],
+            )],
+            &[
+                seen("w", "default/pinned/worker", "1", "1"),
+                seen("a", "resmgr-system/resmgr-0/resmgr", "1", "1"),
+                seen("d", "kube-system/coredns/dns", "0", "0"),
+            ],
+        );
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].intruder, "resmgr-system/resmgr-0/resmgr");
+        assert_eq!(found[0].cpus, cpus("1"));
+        let message = &found[0].message;
+        assert!(
+            message.contains("default/pinned/worker")
+                && message.contains("resmgr-system/resmgr-0/resmgr"),
+            "{message}"
+        );
+        assert!(message.contains("may run on cpus 1 "), "{message}");
+    }
+
+    #[test]
+    fn the_cgroup_and_the_schedulers_view_each_count() {
+        let h = [holder("exclusive container x", "2-3", &["x"])];
+        let by_cgroup = intrusions(&h, &[seen("o", "o", "0-2", "0-1")]);
+        assert_eq!(
+            by_cgroup.iter().map(|i| i.cpus.clone()).collect::<Vec<_>>(),
+            [cpus("2")]
+        );
+        let by_affinity = intrusions(&h, &[seen("o", "o", "0-1", "0,3")]);
+        assert_eq!(
+            by_affinity
+                .iter()
+                .map(|i| i.cpus.clone())
+                .collect::<Vec<_>>(),
+            [cpus("3")]
+        );
+    }
+
+    #[test]
+    fn a_claims_containers_share_its_cpus_and_nobody_else_may() {
+        let h = [holder("claim u", "1", &["pg", "side"])];
+        let users = [
+            seen("pg", "d/p/pg", "1", "1"),
+            seen("side", "d/p/side", "1", "1"),
+        ];
+        assert_eq!(intrusions(&h, &users), []);
+        // A claim prepared before any container uses it is still nobody else's.
+        let unused = [holder("claim u", "1", &[])];
+        let found = intrusions(&unused, &[seen("web", "d/web/app", "0-1", "0-1")]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].intruder, "d/web/app");
+    }
+
+    #[test]
+    fn containers_off_the_held_cpus_pass() {
+        let h = [
+            holder("exclusive container a", "1", &["a"]),
+            holder("claim u", "2-3", &["c"]),
+        ];
+        let all = [
+            seen("a", "a", "1", "1"),
+            seen("c", "c", "2-3", "2-3"),
+            seen("s", "shared", "4-7", "4-7"),
+            seen("r", "reserved", "0", "0"),
+        ];
+        assert_eq!(intrusions(&h, &all), []);
+    }
 }
