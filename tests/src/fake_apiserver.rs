@@ -238,23 +238,7 @@ impl FakeApiServer {
         what: &str,
         condition: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
-        let mut changed = self.shared.changed.subscribe();
-        let wait = async {
-            loop {
-                let events = self.events();
-                if condition(&events) {
-                    return events;
-                }
-                changed.changed().await.unwrap();
-            }
-        };
-        match tokio::time::timeout(Duration::from_secs(20), wait).await {
-            Ok(events) => events,
-            Err(_) => panic!(
-                "timed out waiting for {what}; events: {:#}",
-                json!(self.events())
-            ),
-        }
+        self.wait_for("events", Self::events, what, condition).await
     }
 
     /// Waits until `condition` holds for the slices, woken by every change; fails the test after
@@ -264,21 +248,33 @@ impl FakeApiServer {
         what: &str,
         condition: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
+        self.wait_for("slices", Self::slices, what, condition).await
+    }
+
+    /// Waits until `condition` holds for what `read` lists (`kind` names it in the failure),
+    /// woken by every change of the store.
+    async fn wait_for(
+        &self,
+        kind: &str,
+        read: fn(&Self) -> Vec<Value>,
+        what: &str,
+        condition: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
         let mut changed = self.shared.changed.subscribe();
         let wait = async {
             loop {
-                let slices = self.slices();
-                if condition(&slices) {
-                    return slices;
+                let objects = read(self);
+                if condition(&objects) {
+                    return objects;
                 }
                 changed.changed().await.unwrap();
             }
         };
         match tokio::time::timeout(Duration::from_secs(20), wait).await {
-            Ok(slices) => slices,
+            Ok(objects) => objects,
             Err(_) => panic!(
-                "timed out waiting for {what}; slices: {:#}",
-                json!(self.slices())
+                "timed out waiting for {what}; {kind}: {:#}",
+                json!(read(self))
             ),
         }
     }

@@ -414,6 +414,18 @@ pub fn claim_ref(uid: &str) -> ClaimRef {
     }
 }
 
+/// Prepares the claim `uid` alone and returns the error its answer carries: the request must be
+/// admitted and the claim must fail (anything else fails the test, saying what came instead).
+pub async fn prepare_error(m: &Manager, uid: &str) -> String {
+    match m.prepare(&[claim_ref(uid)]).await {
+        Ok(mut answers) => match answers.remove(uid) {
+            Some(Err(e)) => e.to_string(),
+            other => panic!("claim {uid}: expected its prepare to fail, got {other:?}"),
+        },
+        Err(e) => panic!("claim {uid}: the request was not admitted: {e}"),
+    }
+}
+
 /// A running container of pod `pod`.
 pub fn container(id: &str, pod: &str) -> Container {
     Container {

@@ -10,8 +10,8 @@
 use std::{sync::Arc, time::Duration};
 
 use integration_tests::fakes::{
-    Harness, TWO_NUMA, TestPolicy, claim, claim_on, claim_ref, container, topology_aware,
-    topology_aware_with,
+    Harness, TWO_NUMA, TestPolicy, claim, claim_on, claim_ref, container, prepare_error,
+    topology_aware, topology_aware_with,
 };
 use policy::{CpuSet, QosClass, Resources};
 use resmgr::{
@@ -212,10 +212,7 @@ async fn a_spec_that_landed_before_its_write_failed_is_removed_before_the_claim_
 
     // The rename happened, the directory's fsync failed.
     h.faults.arm(points::SPEC_WRITTEN, Fault::Fail, Some(1));
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(
         err.contains("writing the CDI spec: syncing directory")
             && err.ends_with("the allocation was rolled back"),
@@ -227,10 +224,7 @@ async fn a_spec_that_landed_before_its_write_failed_is_removed_before_the_claim_
     // If the spec cannot be removed either, it stays accounted for.
     h.faults.arm(points::SPEC_WRITTEN, Fault::Fail, Some(1));
     h.faults.arm(points::SPEC_REMOVE, Fault::Fail, Some(1));
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(
         err.contains("the claim stays allocated: its spec may be on disk (removing cdi spec in"),
         "{err}"
@@ -265,10 +259,7 @@ async fn a_container_the_runtime_refuses_holds_back_only_claims_on_cpus_it_may_r
         .insert("stuck".into());
 
     // A claim on its CPUs must wait: it may still run there.
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(
         err.contains(
             r#"updating containers: 1 container update(s) not delivered: the runtime refused"#
@@ -406,10 +397,7 @@ async fn a_claim_waits_for_a_container_that_may_still_run_on_its_cpus_though_no_
 
     // The policy no longer places web on numa1, but it still runs there: a claim on numa1 must
     // not be granted until web has moved.
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(
         err.contains("updating containers: 1 container update(s) not delivered"),
         "{err}"

@@ -6,7 +6,7 @@ use std::fs;
 
 use integration_tests::fakes::{
     self as support, Harness, TWO_NUMA, TestPolicy, claim, claim_on, claim_ref, container,
-    topology_aware,
+    prepare_error, topology_aware,
 };
 use resmgr::{
     AdmitError,
@@ -180,10 +180,7 @@ async fn a_failed_update_rolls_a_new_claim_back_and_keeps_the_updates_pending() 
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
     h.runtime.state.lock().unwrap().fail_calls = 2; // the prepare's delivery, then the rollback's
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(
         err.contains(
             "updating containers: 1 container update(s) not delivered: the runtime refused"
@@ -226,10 +223,7 @@ async fn a_failed_state_save_rolls_a_new_claim_back() {
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
     h.break_state_saves();
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     h.mend_state_saves();
     assert!(err.contains("saving the state: saving state file"), "{err}");
     assert!(
@@ -256,10 +250,7 @@ async fn a_failed_spec_write_rolls_a_new_claim_back() {
     let m = h
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
-    let err = m.prepare(&[claim_ref("bad1")]).await.unwrap()["bad1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "bad1").await;
     assert!(
         err.contains("writing the CDI spec: the cdi spec for claim bad1 would be invalid"),
         "{err}"
@@ -300,10 +291,7 @@ async fn a_failed_re_prepare_keeps_the_allocation() {
     h.mend_state_saves();
 
     h.faults.arm(points::SPEC_WRITE, Fault::Fail, Some(1));
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(err.contains("writing the CDI spec"), "{err}");
     assert!(
         err.ends_with("the claim stays allocated: it was prepared before"),
@@ -395,10 +383,7 @@ async fn one_container_the_runtime_refuses_does_not_hold_back_the_others() {
         )
         .await;
     h.runtime.state.lock().unwrap().refuse.insert("a".into());
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(err.contains("updating containers"), "{err}");
     assert_eq!(
         h.runtime.cpus("b").as_deref(),
@@ -785,10 +770,7 @@ async fn updates_the_runtime_reports_as_failed_stay_pending_and_are_named() {
         .unwrap()
         .report_failed
         .insert("a".into());
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(
         err.contains(r#"the runtime failed updates of {"a"}"#),
         "{err}"
@@ -1030,10 +1012,7 @@ async fn a_re_prepare_with_other_allocation_results_is_refused_by_name_and_keeps
 
     // The claim was deallocated and allocated again elsewhere while we still hold it.
     h.claims.insert(claim_on("c1", "pod-db", "numa1", 1));
-    let err = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = prepare_error(&m, "c1").await;
     assert!(
         err.starts_with("claim default/claim-c1 (uid c1): allocating: "),
         "{err}"
