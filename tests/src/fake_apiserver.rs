@@ -162,6 +162,13 @@ impl FakeApiServer {
         store.put(&self.shared, "ADDED", (plural, namespace, name), object)
     }
 
+    /// Deletes an object (say `resourceclaims`, namespace, name) as its owner would; whether it
+    /// was there.
+    pub fn delete(&self, plural: &str, namespace: &str, name: &str) -> bool {
+        let key = (plural.to_owned(), namespace.to_owned(), name.to_owned());
+        self.store().remove(&self.shared, &key).is_some()
+    }
+
     /// A node named `name` with uid `uid`.
     pub fn insert_node(&self, name: &str, uid: &str) {
         self.insert(json!({
@@ -538,6 +545,7 @@ async fn resource(
         ["namespaces", ns, "resourceclaims", name] if *method == Method::GET => {
             get(shared, "resourceclaims", ns, name)
         }
+        ["resourceclaims"] if *method == Method::GET => list_claims(shared, version),
         ["resourceslices"] if *method == Method::GET => {
             if matches!(query_param(query, "watch").as_deref(), Some("true" | "1")) {
                 watch_slices(shared, version, query)
@@ -573,6 +581,24 @@ async fn resource(
         ["resourceslices", name] if *method == Method::DELETE => delete_slice(shared, name, &body),
         _ => path_not_found(),
     }
+}
+
+/// Every ResourceClaim, of every namespace, in one page.
+fn list_claims(shared: &Shared, version: &str) -> Response<Body> {
+    let store = shared.store.lock().unwrap();
+    let items: Vec<Value> = store
+        .objects
+        .iter()
+        .filter(|((p, _, _), _)| p == "resourceclaims")
+        .map(|(_, o)| o.clone())
+        .collect();
+    respond(
+        200,
+        &json!({
+            "kind": "ResourceClaimList", "apiVersion": format!("{GROUP}/{version}"),
+            "metadata": {"resourceVersion": store.rv.to_string()}, "items": items,
+        }),
+    )
 }
 
 fn list_slices(shared: &Shared, version: &str, query: &str) -> Response<Body> {

@@ -455,6 +455,9 @@ pub struct Harness {
     pub claims: Arc<StaticClaims>,
     /// The faults of every manager the harness starts.
     pub faults: Faults,
+    /// How its managers reconcile: as with DRA, our devices in pool `node-a` (where
+    /// [`claim`]'s results are).
+    pub reconcile: resmgr::ReconcileConfig,
 }
 
 impl Default for Harness {
@@ -470,6 +473,10 @@ impl Harness {
             runtime: Arc::new(FakeRuntime::default()),
             claims: Arc::new(StaticClaims::new()),
             faults: Faults::armable(),
+            reconcile: resmgr::ReconcileConfig {
+                pool: Some("node-a".into()),
+                ..resmgr::ReconcileConfig::default()
+            },
         }
     }
 
@@ -477,6 +484,7 @@ impl Harness {
     pub fn config(&self) -> ManagerConfig {
         ManagerConfig {
             faults: self.faults.clone(),
+            reconcile: self.reconcile.clone(),
             ..ManagerConfig::new(DRIVER)
         }
     }

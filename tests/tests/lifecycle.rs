@@ -498,7 +498,7 @@ async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() 
 }
 
 #[tokio::test]
-async fn start_up_adopts_specs_no_claim_accounts_for_or_refuses_deleting_nothing() {
+async fn no_stray_spec_stops_start_up_and_nothing_is_deleted_before_the_runtime_says_who_runs() {
     let h = Harness::new();
     h.claims.insert(claim("c1", "pod-db", 2));
     {
@@ -515,57 +515,55 @@ async fn start_up_adopts_specs_no_claim_accounts_for_or_refuses_deleting_nothing
             &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
         )
         .unwrap();
-    // A spec of ours the state does not account for (a restored backup of the state, say).
-    store
-        .write_claim(
-            "orphan",
-            &[policy::cdi::ContainerEdits::with_env([
-                "DRA_CPUSET_orphan=2-3".into(),
-            ])],
-        )
-        .unwrap();
-    {
-        let m = h.start(TestPolicy::new(8)).unwrap();
-        assert_eq!(h.specs(), ["c1", "orphan"]);
-        assert_eq!(h.saved_claims(), ["c1", "orphan"], "adopted, durably");
-        let record = m.claim_record("orphan").await.unwrap();
-        assert!(record.adopted);
-        assert_eq!(
-            record.devices[0].cdi_device_id,
-            "test.resmgr.io/device=claim-orphan-0"
-        );
+    // Specs of ours the state does not account for (a restored backup of the state, say): one
+    // the policy takes back, and one that does not parse.
+    for uid in ["orphan", "garbled"] {
+        store
+            .write_claim(
+                uid,
+                &[policy::cdi::ContainerEdits::with_env([format!(
+                    "DRA_CPUSET_{uid}=2-3"
+                )])],
+            )
+            .unwrap();
     }
+    fs::write(spec_path(&h, "garbled"), b"{not json").unwrap();
 
-    // One it cannot take back stops the start-up, naming it and how to recover.
-    store
-        .write_claim(
-            "garbled",
-            &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
-        )
-        .unwrap();
-    let err = h.start(TestPolicy::new(8)).unwrap_err().to_string();
-    let spec = h
-        .cdi_dir()
-        .join(format!("{}-device_garbled.json", support::DRIVER));
-    assert!(
-        err.starts_with(&format!(
-            "the state does not account for claim garbled, whose CDI spec {} is on disk, and it cannot be taken back from that spec: cannot restore the policy state: claim garbled: no DRA_CPUSET_garbled=<cpus>.",
-            spec.display()
-        )),
-        "{err}"
+    let m = h.start(TestPolicy::new(8)).unwrap();
+    assert_eq!(
+        h.specs(),
+        ["c1", "garbled", "orphan"],
+        "nothing is deleted before the runtime says who runs"
     );
-    assert!(
-        err.contains(
-            "restore the state directory, or, once no pod uses the claim, remove the spec file"
-        ),
-        "{err}"
+    let updates = m.synchronize(&[]).await.unwrap();
+    h.runtime.apply_reply(&updates);
+    m.synchronized().await;
+    assert!(m.gate().is_open(), "no stray keeps claims out");
+    assert_eq!(
+        h.specs(),
+        ["c1", "orphan"],
+        "the unreadable one nothing uses is set aside; the adopted one waits for the API server"
     );
-    assert_eq!(h.specs(), ["c1", "garbled", "orphan"], "nothing deleted");
+    m.reconcile_once().await;
+    assert_eq!(h.specs(), ["c1"], "not allocated here: swept");
+    let aside = h.cdi_dir().join(format!(
+        "{}-device_garbled.json.unreadable",
+        support::DRIVER
+    ));
+    assert_eq!(
+        fs::read(&aside).unwrap(),
+        b"{not json",
+        "set aside, not deleted"
+    );
     assert_eq!(
         other.claims().unwrap().len(),
         1,
         "another vendor's spec is left alone"
     );
+    let report = m.reconciliation().await;
+    assert_eq!(report.counts[&resmgr::Outcome::Swept], 1);
+    assert_eq!(report.counts[&resmgr::Outcome::SetAside], 1);
+    assert_eq!(h.saved_claims(), ["c1"]);
 }
 
 #[tokio::test]

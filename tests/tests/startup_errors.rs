@@ -168,14 +168,13 @@ fn state_errors_name_each_cause_once() {
     }
 }
 
-const START_VARIANTS: &[&str] = &["State", "Restore", "Specs", "Adopt"];
+const START_VARIANTS: &[&str] = &["State", "Restore", "Specs"];
 
 fn start_variant(e: &StartError) -> &'static str {
     match e {
         StartError::State(_) => "State",
         StartError::Restore { .. } => "Restore",
         StartError::Specs(_) => "Specs",
-        StartError::Adopt { .. } => "Adopt",
     }
 }
 
@@ -204,14 +203,6 @@ async fn manager_start_errors_name_each_cause_once() {
 
     let h = Harness::new();
     fs::write(h.cdi_dir(), b"").unwrap();
-    errors.push(h.start(TestPolicy::new(4)).unwrap_err());
-
-    // A spec of ours the state does not account for and that cannot be taken back.
-    let h = Harness::new();
-    cdi::SpecStore::new(h.cdi_dir(), integration_tests::fakes::DRIVER)
-        .unwrap()
-        .write_claim("c1", &[cdi::ContainerEdits::with_env(["X=1".into()])])
-        .unwrap();
     errors.push(h.start(TestPolicy::new(4)).unwrap_err());
 
     covers(START_VARIANTS, &errors, start_variant);

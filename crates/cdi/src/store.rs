@@ -24,6 +24,8 @@ use crate::{
     version,
 };
 
+/// What [`SpecStore::set_aside`] appends to a spec's file name.
+pub const SET_ASIDE_SUFFIX: &str = ".unreadable";
 /// The mode of spec files: the runtime must read them.
 const SPEC_MODE: u32 = 0o644;
 /// The mode of a spec directory the store creates, as the reference writer creates it.
@@ -236,6 +238,26 @@ impl SpecStore {
             other => other?,
         }
         Ok(removed)
+    }
+
+    /// Moves claim `uid`'s spec aside, durably: renames it to `<file>.unreadable` in the same
+    /// directory (the runtimes' CDI scanners read only `.json` and `.yaml`, and
+    /// [`SpecStore::claims`] no longer reports it), replacing an earlier one set aside, so an
+    /// operator can still read what it was. Returns the new path, or `None` when there was no
+    /// spec to move.
+    pub fn set_aside(&self, uid: &str) -> Result<Option<PathBuf>, StoreError> {
+        let uid = ClaimUid::new(uid)?;
+        let path = self.spec_path(&uid);
+        let mut aside = path.clone().into_os_string();
+        aside.push(SET_ASIDE_SUFFIX);
+        let aside = PathBuf::from(aside);
+        match fs::rename(&path, &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(io_error("setting aside cdi spec", &path, source)),
+        }
+        durable::sync_dir(&self.dir)?;
+        Ok(Some(aside))
     }
 
     /// The edits of claim `uid`'s spec on disk, in device order: what [`SpecStore::write_claim`]

@@ -131,6 +131,8 @@ pub struct RunConfig {
     /// `cpu-exclusivity` with `claim-cpus`, and `device-mode`, `group-by`, `claim-granularity`.
     pub policy: (Exclusivity, DeviceModel),
     pub state_dir: PathBuf,
+    /// How long an unconfirmed claim nothing wants is kept ([`resmgr::reconcile`]).
+    pub unconfirmed_claim_grace: std::time::Duration,
     pub metrics_addr: SocketAddr,
     /// None: `/debug/state` is not served (`off`).
     pub debug_addr: Option<SocketAddr>,
@@ -194,6 +196,10 @@ impl RunConfig {
         }
         shown.extend([
             ("state-dir", path(&self.state_dir)),
+            (
+                "unconfirmed-claim-grace",
+                json!(values::show_duration(self.unconfirmed_claim_grace)),
+            ),
             ("metrics-addr", json!(self.metrics_addr.to_string())),
             (
                 "debug-addr",
@@ -673,6 +679,11 @@ impl RunFlags {
             }
         }
 
+        let (value, origin) = src.required("unconfirmed-claim-grace")?;
+        let unconfirmed_claim_grace =
+            values::duration(&value).map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
+        note("unconfirmed-claim-grace", &origin);
+
         let (value, origin) = src.required("metrics-addr")?;
         let metrics_addr: SocketAddr = value.parse().map_err(|_| {
             refuse(
@@ -730,6 +741,7 @@ impl RunFlags {
             reserved_namespaces,
             policy,
             state_dir,
+            unconfirmed_claim_grace,
             metrics_addr,
             debug_addr,
             log_format,

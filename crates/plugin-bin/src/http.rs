@@ -62,7 +62,9 @@ impl Endpoints {
     /// What keeps the agent from being ready; empty when it is.
     fn unready(&self) -> Vec<String> {
         let mut missing = Vec::new();
-        if !self.manager.gate().is_open() {
+        if let Some(why) = self.manager.contested() {
+            missing.push(format!("claims are refused: {why}"));
+        } else if !self.manager.gate().is_open() {
             missing.push("the container runtime has not synchronized yet".to_owned());
         }
         match self.registration() {
@@ -174,6 +176,7 @@ async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
         ready: e.unready().is_empty(),
         publish: e.publisher.get().map(SlicePublisher::status),
         events: e.events.as_ref().map(resmgr::kube::KubeEvents::stats),
+        reconciliation: &e.manager.reconciliation().await,
     });
     (
         [(
@@ -212,6 +215,7 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
         "kubelet": kubelet,
         "pending_updates": pending,
         "prepared_claims": claims,
+        "reconciliation": e.manager.reconciliation().await,
         "allocation": e.view.inventory(),
     }))
 }

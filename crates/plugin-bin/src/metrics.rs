@@ -226,6 +226,32 @@ pub const METRICS: &[MetricDoc] = &[
                   `failed` that keeps increasing usually means the agent's RBAC lacks `create` or \
                   `patch` on `events.k8s.io` `events`. None without DRA, which posts no Events.",
     },
+    MetricDoc {
+        name: "reconciled_claims",
+        kind: Kind::Counter,
+        labels: &[(
+            "outcome",
+            "`adopted`, `swept`, `set-aside`, `held-unreadable`, `contested`, `released` or \
+             `confirmed`",
+        )],
+        help: "What reconciling the node's CDI specs and held claims did, by outcome",
+        details: "A CDI spec the state does not account for is adopted (a container uses it, or \
+                  the API server allocates it here), swept (nothing wants it), set aside \
+                  (unreadable and unused), held from its containers' cpus (unreadable and used) \
+                  or contested (used, and its cpus are another claim's). A claim held without \
+                  the kubelet preparing it again is confirmed by the next prepare or released \
+                  after `unconfirmed-claim-grace`. Anything but `confirmed` also posts a \
+                  `ClaimReconciled` Event on the Node; docs/deploy.md says what to do.",
+    },
+    MetricDoc {
+        name: "claims_contested",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Claims whose CDI spec a running container uses while another claim holds its cpus",
+        details: "While it is not 0 the agent refuses claims and is not ready: serving them could \
+                  grant the same cpus twice. /debug/state's `reconciliation` names them and the \
+                  pods to delete; alert on it.",
+    },
 ];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -255,6 +281,11 @@ struct ReasonLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
 }
@@ -270,6 +301,7 @@ pub struct Snapshot<'a> {
     pub publish: Option<resmgr::kube::PublishStatus>,
     /// `None` without DRA.
     pub events: Option<resmgr::kube::EventStats>,
+    pub reconciliation: &'a resmgr::ReconcileReport,
 }
 
 /// Every metric the agent exports.
@@ -290,6 +322,8 @@ pub struct Metrics {
     devices_published: Gauge,
     publish_failures: Counter,
     events_dropped: Family<ReasonLabel, Counter>,
+    reconciled: Family<OutcomeLabel, Counter>,
+    contested: Gauge,
 }
 
 impl Default for Metrics {
@@ -337,6 +371,8 @@ impl Metrics {
             devices_published: Gauge::default(),
             publish_failures: Counter::default(),
             events_dropped: Family::default(),
+            reconciled: Family::default(),
+            contested: Gauge::default(),
             registry: Registry::default(),
         };
         register(&mut registry, "build_info", build_info);
@@ -378,6 +414,8 @@ impl Metrics {
             m.publish_failures.clone(),
         );
         register(&mut registry, "events_dropped", m.events_dropped.clone());
+        register(&mut registry, "reconciled_claims", m.reconciled.clone());
+        register(&mut registry, "claims_contested", m.contested.clone());
         Self { registry, ..m }
     }
 
@@ -454,6 +492,7 @@ impl Metrics {
         // The publisher counts; the counter catches up with it.
         let behind = publish.failures.saturating_sub(self.publish_failures.get());
         self.publish_failures.inc_by(behind);
+        self.reconciled(now.reconciliation);
         if let Some(events) = now.events {
             for (reason, n) in [
                 ("rate-limited", events.rate_limited),
@@ -465,6 +504,19 @@ impl Metrics {
                 counter.inc_by(n.saturating_sub(counter.get()));
             }
         }
+    }
+
+    /// Sets the reconciliation counters and gauge from the manager's report.
+    fn reconciled(&self, report: &resmgr::ReconcileReport) {
+        for outcome in resmgr::Outcome::ALL {
+            let n = report.counts.get(&outcome).copied().unwrap_or(0);
+            // The manager counts; each counter catches up with it.
+            let counter = self.reconciled.get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            });
+            counter.inc_by(n.saturating_sub(counter.get()));
+        }
+        self.contested.set(count(report.contested.len()));
     }
 
     /// Records a field of our ResourceSlices the API server drops.
@@ -599,6 +651,11 @@ mod tests {
                 queue_full: 5,
                 failed: 6,
             }),
+            reconciliation: &resmgr::ReconcileReport {
+                counts: [(resmgr::Outcome::Swept, 2)].into(),
+                contested: [("c1".to_owned(), "why".to_owned())].into(),
+                ..Default::default()
+            },
         });
     }
 
@@ -722,9 +779,14 @@ mod tests {
                     queue_full: failures,
                     ..Default::default()
                 }),
+                reconciliation: &resmgr::ReconcileReport {
+                    counts: [(resmgr::Outcome::Released, failures)].into(),
+                    ..Default::default()
+                },
             });
         }
         for wanted in [
+            "resmgr_reconciled_claims_total{outcome=\"released\"} 5\n",
             "resmgr_publish_failures_total 5\n",
             "resmgr_events_dropped_total{reason=\"queue-full\"} 5\n",
         ] {

@@ -29,7 +29,7 @@ use policy::{
     topology_aware::{Config, DeviceMode, ReservedCpus},
 };
 use resmgr::{
-    Manager, ManagerConfig,
+    Manager, ManagerConfig, ReconcileConfig,
     dra_handler::LifecycleHandler,
     kube::{
         self, EventRecorder, EventsConfig, KubeEvents, NoEvents, PublisherConfig,
@@ -170,14 +170,24 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--cdi-dir {}", config.cdi_dir.display()))?;
     let manager = Arc::new(
         Manager::start(
-            ManagerConfig::new(&config.driver_name),
+            ManagerConfig {
+                reconcile: ReconcileConfig {
+                    // Our slices publish in a pool named after the node.
+                    pool: config.dra.then(|| config.node_name.clone()).flatten(),
+                    grace: config.unconfirmed_claim_grace,
+                    period: (config.unconfirmed_claim_grace / 4)
+                        .clamp(Duration::from_millis(100), Duration::from_secs(30)),
+                },
+                ..ManagerConfig::new(&config.driver_name)
+            },
             Box::new(policy),
             StateFile::new(&config.state_dir),
             specs,
             nri_runtime.clone(),
             claims,
         )
-        .context("starting the resource manager")?,
+        .context("starting the resource manager")?
+        .with_events(events.clone()),
     );
 
     if !config.dra {

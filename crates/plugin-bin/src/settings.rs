@@ -294,6 +294,19 @@ pub const SETTINGS: &[Setting] = &[
         details: "Keep it across upgrades and restarts: it is how prepared claims survive them.",
     },
     Setting {
+        key: "unconfirmed-claim-grace",
+        section: Section::Agent,
+        value_name: "DURATION",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("2m"),
+        summary: "How long a claim the kubelet has not prepared since the agent took it back is \
+                  kept once nothing uses it and the API server no longer allocates it here.",
+        details: "Such claims come from CDI specs the state did not account for (a lost state \
+                  directory) or a state that holds a claim without its spec. The kubelet \
+                  unprepares the claims of pods that went about a minute after it starts; this \
+                  is the backstop for claims it no longer knows. `90s`, `2m`, `500ms`.",
+    },
+    Setting {
         key: "metrics-addr",
         section: Section::Agent,
         value_name: "ADDR:PORT",

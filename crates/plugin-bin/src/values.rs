@@ -425,3 +425,66 @@ mod tests {
         }
     }
 }
+
+/// A duration as `500ms`, `90s`, `2m` or `1h`: a whole number and a unit, more than zero.
+pub fn duration(value: &str) -> Result<std::time::Duration, String> {
+    let refuse = || format!("expected a duration such as `90s`, `2m` or `500ms`, got {value:?}");
+    let digits = value.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = value.split_at(digits);
+    let n: u64 = number.parse().map_err(|_| refuse())?;
+    let millis = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1_000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => None,
+    }
+    .filter(|&ms| ms > 0)
+    .ok_or_else(refuse)?;
+    Ok(std::time::Duration::from_millis(millis))
+}
+
+/// A duration as [`duration`] reads it, in the largest unit that says it exactly.
+pub fn show_duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 3_600_000 == 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1_000 == 0 {
+        format!("{}s", ms / 1_000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_back_as_shown_and_refuse_what_is_not_one() {
+        for (text, ms) in [
+            ("500ms", 500),
+            ("90s", 90_000),
+            ("2m", 120_000),
+            ("1h", 3_600_000),
+        ] {
+            let d = duration(text).unwrap();
+            assert_eq!(d.as_millis(), ms, "{text}");
+            assert_eq!(show_duration(d), text);
+        }
+        for bad in [
+            "",
+            "2",
+            "m",
+            "0s",
+            "-1s",
+            "1.5s",
+            "2 m",
+            "99999999999999999999h",
+        ] {
+            assert!(duration(bad).is_err(), "{bad:?} was taken");
+        }
+    }
+}

@@ -73,11 +73,21 @@ impl Policy for SharedPolicy {
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError> {
         lock(&self.inner).allocate_claim(claim)
     }
+    fn adopt_claim(
+        &mut self,
+        uid: &str,
+        edits: &[policy::cdi::ContainerEdits],
+    ) -> Result<(), PolicyError> {
+        lock(&self.inner).adopt_claim(uid, edits)
+    }
     fn release_claim(&mut self, uid: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
         lock(&self.inner).release_claim(uid)
     }
     fn claims(&self) -> Vec<String> {
         lock(&self.inner).claims()
+    }
+    fn claim_cpus(&self, uid: &str) -> Option<policy::CpuSet> {
+        lock(&self.inner).claim_cpus(uid)
     }
     fn inventory(&self) -> policy::Inventory {
         lock(&self.inner).inventory()

@@ -5,6 +5,8 @@
 //!
 //! - [`api`]: the [`Policy`] trait and its contract. Teams that want other decisions implement it;
 //!   `examples/first_fit.rs` is a whole policy in under 150 lines.
+//! - [`claim_env`]: the environment a claim's CDI spec gives a container, and the evidence that a
+//!   container uses a claim, which the resource manager reads without asking a policy.
 //! - [`model`]: the domain types the resource manager translates wire messages into.
 //! - [`inventory`]: what a policy reports it has placed where, for metrics, debugging and the
 //!   simulator.
@@ -17,6 +19,7 @@
 //! - [`idset`], [`quantity`]: the kernel's cpu/node list format and Kubernetes quantities.
 
 pub mod api;
+pub mod claim_env;
 pub mod idset;
 pub mod inventory;
 pub mod model;

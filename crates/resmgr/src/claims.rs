@@ -95,6 +95,10 @@ pub enum AdmitError {
     /// The runtime's synchronization has not completed yet; the kubelet retries.
     #[error("cannot serve claims yet: still synchronizing with the container runtime")]
     NotSynchronized,
+    /// A CDI spec that a running container uses grants CPUs another claim holds: serving claims
+    /// could grant the same CPUs twice ([`crate::reconcile`]).
+    #[error("cannot serve claims: {0}")]
+    Contested(String),
     /// The request is malformed.
     #[error("invalid request: {0}")]
     InvalidArgument(String),
@@ -159,7 +163,10 @@ impl Manager {
                 .map_err(|e| AdmitError::InvalidArgument(format!("claim {claim}: {e}")))?;
         }
         if !self.gate.is_open() {
-            return Err(AdmitError::NotSynchronized);
+            return Err(match crate::sync::lock(&self.contested).clone() {
+                Some(why) => AdmitError::Contested(why),
+                None => AdmitError::NotSynchronized,
+            });
         }
         Ok(())
     }
@@ -228,6 +235,7 @@ impl Manager {
                             adopted: false,
                         },
                     );
+                    inner.reconcile.confirm(uid);
                     let version = inner.current_version();
                     (allocation.edits, devices, created, ticket, version)
                 }
@@ -336,13 +344,18 @@ impl Manager {
     }
 
     async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), LifecycleError> {
+        let _turn = self.claim_locks.lock(&claim.uid).await;
+        self.unprepare_steps(claim).await
+    }
+
+    /// Unprepare's steps, with the claim's lock held: remove the spec, release, commit.
+    pub(crate) async fn unprepare_steps(&self, claim: &ClaimRef) -> Result<(), LifecycleError> {
         let fail = |step: &'static str, cause: String| LifecycleError {
             claim: claim.clone(),
             step,
             cause,
         };
         let uid = claim.uid.as_str();
-        let _turn = self.claim_locks.lock(uid).await;
         self.disk
             .remove_spec(uid)
             .await
@@ -356,6 +369,7 @@ impl Manager {
                 .map_err(|e| fail("releasing", e.to_string()))?;
             self.faults().crash_point("unprepare.released");
             inner.records.remove(uid);
+            inner.reconcile.forget(uid);
             let ticket = self.record_pending(&mut inner, updates);
             (ticket, inner.current_version())
         };

@@ -94,6 +94,19 @@ impl Disk {
             .map_err(|e| self.io("removing cdi spec in", e))?
     }
 
+    /// Moves claim `uid`'s spec aside ([`SpecStore::set_aside`]); where to, if it was there.
+    pub(crate) async fn set_aside(
+        &self,
+        uid: &str,
+    ) -> Result<Option<std::path::PathBuf>, StoreError> {
+        let specs = self.specs.clone();
+        let uid = uid.to_owned();
+        self.faults
+            .blocking(points::SPEC_REMOVE, move || specs.set_aside(&uid))
+            .await
+            .map_err(|e| self.io("setting aside cdi spec in", e))?
+    }
+
     fn io(&self, op: &'static str, source: std::io::Error) -> StoreError {
         StoreError::Io {
             op,

@@ -49,7 +49,9 @@ impl LifecycleHandler {
 /// The lifecycle's refusal of a whole request, as the gRPC status the kubelet gets.
 fn refusal(e: AdmitError) -> RequestError {
     match e {
-        AdmitError::NotSynchronized => RequestError::Unavailable(e.to_string()),
+        AdmitError::NotSynchronized | AdmitError::Contested(_) => {
+            RequestError::Unavailable(e.to_string())
+        }
         AdmitError::InvalidArgument(_) => RequestError::InvalidArgument(e.to_string()),
     }
 }

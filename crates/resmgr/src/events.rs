@@ -11,9 +11,13 @@
 //! The wire translation (NRI messages to domain types) happens before these are called.
 
 use policy::{Allocation, Container, ContainerUpdate, PolicyError, Resources};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use crate::{errors::chain, manager::Manager, state::StateError};
+use crate::{
+    errors::chain,
+    manager::{Inner, Manager},
+    state::StateError,
+};
 
 /// Why an event handler failed; the runtime fails the CRI operation with this message.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +65,18 @@ impl Manager {
     ) -> Result<Vec<ContainerUpdate>, EventError> {
         let (updates, version) = {
             let mut inner = self.lock().await;
+            // Strays are judged by who runs before the policy places anyone (crate::reconcile).
+            let Inner {
+                policy,
+                records,
+                reconcile,
+                ..
+            } = &mut *inner;
+            let reconciled =
+                reconcile.synchronize(&self.config.driver, policy.as_mut(), records, containers);
+            for done in reconciled {
+                self.tell(&done);
+            }
             let updates = inner
                 .policy
                 .sync(containers)
@@ -91,11 +107,20 @@ impl Manager {
 
     /// The Synchronize reply has been written to the runtime: deliver what is still pending and
     /// open the claim gate, for good.
+    ///
+    /// The stray specs that nothing uses are swept or set aside first. The gate stays closed
+    /// while a claim is contested (two claims may grant the same CPUs: see [`crate::reconcile`]).
     pub async fn synchronized(&self) {
+        self.do_reconcile_chores().await;
         if let Err(e) = self.deliver().await {
             // Every commit delivers pending updates first, and the background retry keeps
             // trying: holding claims back would not get these updates through any sooner.
             warn!(error = %e, "updates pending when the claim gate opens");
+        }
+        if let Some(why) = self.lock().await.reconcile.contested() {
+            *crate::sync::lock(&self.contested) = Some(why.clone());
+            error!("runtime synchronized, but claims stay refused and the agent unready: {why}");
+            return;
         }
         self.gate.open();
         info!("runtime synchronized: serving claims");
@@ -105,6 +130,9 @@ impl Manager {
     pub async fn create_container(&self, container: &Container) -> Result<Allocation, EventError> {
         let (allocation, version) = {
             let mut inner = self.lock().await;
+            inner
+                .reconcile
+                .container_created(&self.config.driver, container);
             let allocation =
                 inner
                     .policy
@@ -189,6 +217,7 @@ impl Manager {
         let (updates, version) = {
             let mut inner = self.lock().await;
             inner.pending.forget(&container.id);
+            inner.reconcile.container_gone(&container.id);
             let updates = match inner.policy.release(&container.id) {
                 Ok(updates) => updates,
                 Err(e) => {
@@ -211,6 +240,7 @@ impl Manager {
         let version = {
             let mut inner = self.lock().await;
             inner.pending.forget(&container.id);
+            inner.reconcile.container_gone(&container.id);
             match inner.policy.release(&container.id) {
                 Ok(updates) => {
                     self.record_pending(&mut inner, updates);

@@ -53,10 +53,11 @@ use crate::{
     disk::Disk,
     faults::Faults,
     gate::Gate,
-    kube::ClaimReader,
+    kube::{ClaimReader, EventRecorder, NoEvents},
     pending::{PendingUpdates, Ticket, Versioned},
+    reconcile::{ReconcileConfig, Reconciliation, Stray, Unconfirmed},
     runtime::{Runtime, RuntimeError},
-    state::{ClaimRecord, DeviceRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
+    state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
 };
 
 /// Settings of the resource manager.
@@ -73,6 +74,8 @@ pub struct ManagerConfig {
     pub max_retry_backoff: Duration,
     /// Injected faults, for tests; see [`crate::faults`]. Inert in release builds.
     pub faults: Faults,
+    /// Reconciliation of strays and unconfirmed claims ([`crate::reconcile`]).
+    pub reconcile: ReconcileConfig,
 }
 
 impl ManagerConfig {
@@ -84,6 +87,7 @@ impl ManagerConfig {
             retry_backoff: Duration::from_millis(500),
             max_retry_backoff: Duration::from_secs(30),
             faults: Faults::default(),
+            reconcile: ReconcileConfig::default(),
         }
     }
 }
@@ -94,6 +98,7 @@ pub(crate) struct Inner {
     pub(crate) policy: Box<dyn Policy>,
     pub(crate) records: BTreeMap<String, ClaimRecord>,
     pub(crate) pending: PendingUpdates,
+    pub(crate) reconcile: Reconciliation,
     /// Counts changes of the durable state.
     version: u64,
     /// The durable state as of `version`: the policy's snapshot and the claim records.
@@ -152,22 +157,6 @@ pub enum StartError {
     /// The CDI spec directory could not be read or cleaned.
     #[error("reconciling CDI specs")]
     Specs(#[from] cdi::StoreError),
-    /// A spec of ours that the state does not account for could not be taken back; nothing was
-    /// deleted.
-    #[error(
-        "the state does not account for claim {uid}, whose CDI spec {path} is on disk, and it cannot be \
-         taken back from that spec: {reason}. A pod may be running on the CPUs the spec grants, so \
-         it is not deleted: restore the state directory, or, once no pod uses the claim, remove \
-         the spec file"
-    )]
-    Adopt {
-        /// The claim.
-        uid: String,
-        /// Its spec.
-        path: std::path::PathBuf,
-        /// Why it cannot be taken back.
-        reason: String,
-    },
 }
 
 /// Undelivered updates after a delivery.
@@ -193,7 +182,11 @@ pub struct Manager {
     pub(crate) claim_locks: ClaimLocks,
     runtime: Arc<dyn Runtime>,
     pub(crate) claim_reader: Arc<dyn ClaimReader>,
+    /// Where reconciliation tells users what it did (an Event on the Node).
+    pub(crate) events: Arc<dyn EventRecorder>,
     pub(crate) gate: Gate,
+    /// Why claims are refused after the Synchronize, when a claim is contested.
+    pub(crate) contested: std::sync::Mutex<Option<String>>,
     pending_changed: Notify,
     pub(crate) config: ManagerConfig,
     /// This manager's hold on the state directory.
@@ -204,21 +197,12 @@ impl Manager {
     /// Starts the manager from what is on disk: takes the state directory for itself (a second
     /// manager on it is refused before it reads or cleans anything), loads the state (a missing
     /// state is a fresh start; an unreadable one is an error and nothing is deleted), restores
-    /// the policy from it, removes the temporary files of writes a crash interrupted, and adopts
-    /// every claim whose CDI spec is on disk but not accounted for.
+    /// the policy from it, removes the temporary files of writes a crash interrupted, and takes
+    /// back, provisionally, every claim whose CDI spec is on disk but not accounted for.
     ///
-    /// # Adoption
-    ///
-    /// Our ordering never leaves a spec the state does not account for; a lost state directory
-    /// does (a changed host path, a re-imaged disk, a wrong `--state-dir`), and so may a restored
-    /// backup. A spec proves a prepare completed: a pod may be running on the CPUs it grants,
-    /// and deleting it (or forgetting its CPUs) would hand them to others under that pod. Our
-    /// specs are checkpoints too: they carry the CPUs and memory nodes. So each such claim is
-    /// taken back from its spec ([`Policy::adopt_claim`]) and saved before anything is served;
-    /// the runtime's containers then rejoin it at Synchronize, and the kubelet's next prepare
-    /// fills in what the spec does not say. A spec that cannot be taken back (not ours to read,
-    /// CPUs that are not free) stops the start-up with [`StartError::Adopt`], which says how to
-    /// recover, and nothing is deleted.
+    /// No spec stops the start-up: what a stray spec is worth is judged at the runtime's
+    /// Synchronize and by the API server ([`crate::reconcile`]). Adopted claims are saved before
+    /// anything is served.
     pub fn start(
         config: ManagerConfig,
         mut policy: Box<dyn Policy>,
@@ -230,7 +214,7 @@ impl Manager {
         let lock = state_file.lock()?;
         let state = state_file.load(policy.name())?;
         state_file.remove_temporary_files()?;
-        let records = match state {
+        let mut records = match state {
             Some(state) => {
                 policy
                     .restore(&state.policy_state)
@@ -246,51 +230,44 @@ impl Manager {
                 Default::default()
             }
         };
-        let mut records = records;
         specs.remove_temporary_files()?;
+        let mut reconcile = Reconciliation::default();
         let accounted: BTreeSet<String> = policy.claims().into_iter().collect();
+        let on_disk = specs.claims()?;
         let mut adopted = 0;
-        for uid in specs.claims()? {
+        for uid in &on_disk {
             if accounted.contains(uid.as_str()) {
                 continue;
             }
-            let refused = |reason: String| StartError::Adopt {
-                uid: uid.to_string(),
-                path: specs.spec_path(&uid),
-                reason,
-            };
-            let edits = specs
-                .read_claim(uid.as_str())
-                .map_err(|e| refused(crate::errors::chain(&e)))?;
-            policy
-                .adopt_claim(uid.as_str(), &edits)
-                .map_err(|e| refused(e.to_string()))?;
-            let devices = (0..edits.len())
-                .map(|i| {
-                    cdi::claim::qualified_device_name(&config.driver, &uid, i).map(|id| {
-                        DeviceRecord {
-                            request_names: Vec::new(),
-                            pool: String::new(),
-                            device: String::new(),
-                            cdi_device_id: id.to_string(),
-                            share_id: None,
-                        }
-                    })
-                })
-                .collect::<Result<_, _>>()
-                .map_err(|e| refused(crate::errors::chain(&e)))?;
-            records.insert(
-                uid.to_string(),
-                ClaimRecord {
-                    namespace: String::new(),
-                    name: String::new(),
-                    devices,
-                    adopted: true,
+            let path = specs.spec_path(uid);
+            let stray = match specs.read_claim(uid.as_str()) {
+                Err(e) => Stray::Unreadable(crate::errors::chain(&e)),
+                Ok(edits) => match policy.adopt_claim(uid.as_str(), &edits) {
+                    Ok(()) => {
+                        records.insert(
+                            uid.to_string(),
+                            crate::reconcile::adopted_record(&config.driver, uid, edits.len()),
+                        );
+                        adopted += 1;
+                        Stray::Adopted
+                    }
+                    Err(e) => Stray::Refused(e.to_string()),
                 },
-            );
-            warn!(claim = %uid, spec = %specs.spec_path(&uid).display(),
-                "the state does not account for this claim's CDI spec: adopted the claim from it");
-            adopted += 1;
+            };
+            warn!(claim = %uid, spec = %path.display(), judged = ?stray,
+                "the state does not account for this CDI spec: judged at the runtime's Synchronize");
+            reconcile.strays.insert(uid.to_string(), stray);
+        }
+        // Claims held without proof that they are still wanted: adopted at an earlier start and
+        // not prepared since, or held without a spec (see crate::reconcile).
+        let with_spec: BTreeSet<&str> = on_disk.iter().map(cdi::ClaimUid::as_str).collect();
+        for uid in &accounted {
+            let adopted_before = records.get(uid).is_some_and(|r| r.adopted);
+            if adopted_before || !with_spec.contains(uid.as_str()) {
+                reconcile
+                    .unconfirmed
+                    .insert(uid.clone(), Unconfirmed::default());
+            }
         }
         if adopted > 0 {
             // Durable before anything is served, like every commit.
@@ -308,6 +285,7 @@ impl Manager {
                 policy,
                 records,
                 pending: PendingUpdates::default(),
+                reconcile,
                 version: 0,
                 durable,
             }),
@@ -321,11 +299,26 @@ impl Manager {
             claim_locks: ClaimLocks::default(),
             runtime,
             claim_reader,
+            events: Arc::new(NoEvents),
             gate: Gate::default(),
+            contested: std::sync::Mutex::new(None),
             pending_changed: Notify::new(),
             config,
             _lock: lock,
         })
+    }
+
+    /// Tells users through `events` what reconciliation did (an Event on the Node).
+    #[must_use]
+    pub fn with_events(mut self, events: Arc<dyn EventRecorder>) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// Why claims are refused although the runtime synchronized, if they are: a claim is
+    /// contested ([`crate::reconcile`]).
+    pub fn contested(&self) -> Option<String> {
+        crate::sync::lock(&self.contested).clone()
     }
 
     /// The claim gate.

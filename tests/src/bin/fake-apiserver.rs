@@ -4,9 +4,11 @@
 //! `fake-apiserver <objects.json> <kubeconfig>` serves `resource.k8s.io/v1` (and `nodes`) on a
 //! loopback port, stores the objects in the JSON array (a Node, ResourceClaims), writes a
 //! kubeconfig pointing at itself, prints `ready <url>` and serves until its standard input closes,
-//! which is how the test that started it stops it.
+//! which is how the test that started it stops it. Each line of its standard input is a command:
+//! `delete <plural> <namespace> <name>` deletes an object as its owner would (`-` for no
+//! namespace) and answers `deleted` or `absent` on its standard output.
 
-use std::io::Read as _;
+use std::io::BufRead as _;
 
 use anyhow::Context as _;
 use integration_tests::fake_apiserver::FakeApiServer;
@@ -36,11 +38,30 @@ async fn main() -> anyhow::Result<()> {
     )
     .with_context(|| format!("writing {kubeconfig}"))?;
     println!("ready {url}");
-    // Serve until the test closes our standard input (or goes away).
-    tokio::task::spawn_blocking(|| {
-        let mut sink = Vec::new();
-        let _ = std::io::stdin().read_to_end(&mut sink);
-    })
-    .await?;
+    // Serve, taking commands, until the test closes our standard input (or goes away).
+    let (tx, mut commands) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::task::spawn_blocking(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(line) = commands.recv().await {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["delete", plural, namespace, name] => {
+                let namespace = if *namespace == "-" { "" } else { namespace };
+                let answer = if server.delete(plural, namespace, name) {
+                    "deleted"
+                } else {
+                    "absent"
+                };
+                println!("{answer}");
+            }
+            _ => eprintln!("fake-apiserver: unknown command {line:?}"),
+        }
+    }
     Ok(())
 }

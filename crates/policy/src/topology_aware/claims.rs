@@ -40,10 +40,7 @@ use crate::{
     model::{AllocationResult, Claim, Container},
 };
 
-/// The prefix of the environment variable carrying a claim's CPUs.
-pub const CPUSET_ENV: &str = "DRA_CPUSET_";
-/// The prefix of the environment variable carrying a claim's memory nodes.
-pub const MEMS_ENV: &str = "DRA_MEMS_";
+pub use crate::claim_env::{CPUSET_ENV, MEMS_ENV, shell_safe};
 /// One allocation result of a claim, as granted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultRecord {
@@ -264,13 +261,6 @@ pub struct Snapshot {
     pub version: u32,
     /// Every claim held.
     pub claims: Vec<ClaimRecord>,
-}
-
-/// A claim UID as a shell accepts it in a variable name: hyphens as underscores
-/// (`DRA_CPUSET_0b6c2a4e_7f3d_…`). Kubernetes UIDs are hex digits and hyphens, so this is
-/// the UID's only change.
-pub fn shell_safe(uid: &str) -> String {
-    uid.replace('-', "_")
 }
 
 /// The claims and result indexes `container` uses among `claims`, whose devices are CDI devices

@@ -70,6 +70,12 @@ pub enum ClaimReadError {
         #[source]
         source: Box<DiscoveryError>,
     },
+    /// The claim is known only by its UID, and this reader cannot look claims up by UID.
+    #[error("resource claim {claim} is known only by its uid, which this reader cannot look up")]
+    Unnamed {
+        /// The claim asked for.
+        claim: ClaimRef,
+    },
     /// The API server refused (for example 403: RBAC lacks `get` on `resourceclaims`), or did not
     /// answer within the retry budget.
     #[error("reading resource claim {claim}")]
@@ -90,6 +96,7 @@ impl ClaimReadError {
             | Self::UidMismatch { claim, .. }
             | Self::NotAllocated { claim }
             | Self::Invalid { claim, .. }
+            | Self::Unnamed { claim }
             | Self::Discovery { claim, .. }
             | Self::Api { claim, .. } => claim,
         }
@@ -102,6 +109,38 @@ pub trait ClaimReader: Send + Sync + fmt::Debug {
     /// The claim with only our driver's allocation results, or why not.
     fn get_claim<'a>(&'a self, claim: &'a ClaimRef)
     -> BoxFuture<'a, Result<Claim, ClaimReadError>>;
+
+    /// Where a claim stands, for reconciliation ([`crate::reconcile`]): `Some` with our driver's
+    /// results while a claim of that UID is allocated, `None` when there is none (deleted,
+    /// re-created under another UID) or it is not allocated. `claim` may have no name (a claim
+    /// taken back from its CDI spec knows only its UID): then the claim is looked for by UID.
+    /// The default asks [`ClaimReader::get_claim`] and cannot look up a claim without a name.
+    fn find_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Option<Claim>, ClaimReadError>> {
+        Box::pin(async move {
+            if claim.name.is_empty() {
+                return Err(ClaimReadError::Unnamed {
+                    claim: claim.clone(),
+                });
+            }
+            standing(self.get_claim(claim).await)
+        })
+    }
+}
+
+/// A read's answer as a standing: gone and not allocated are answers, not errors.
+fn standing(read: Result<Claim, ClaimReadError>) -> Result<Option<Claim>, ClaimReadError> {
+    match read {
+        Ok(claim) => Ok(Some(claim)),
+        Err(
+            ClaimReadError::NotFound { .. }
+            | ClaimReadError::UidMismatch { .. }
+            | ClaimReadError::NotAllocated { .. },
+        ) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 impl<T: ClaimReader + ?Sized> ClaimReader for Arc<T> {
@@ -110,6 +149,13 @@ impl<T: ClaimReader + ?Sized> ClaimReader for Arc<T> {
         claim: &'a ClaimRef,
     ) -> BoxFuture<'a, Result<Claim, ClaimReadError>> {
         (**self).get_claim(claim)
+    }
+
+    fn find_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Option<Claim>, ClaimReadError>> {
+        (**self).find_claim(claim)
     }
 }
 
@@ -184,6 +230,69 @@ impl ClaimReader for KubeClaimReader {
         claim: &'a ClaimRef,
     ) -> BoxFuture<'a, Result<Claim, ClaimReadError>> {
         Box::pin(self.read(claim))
+    }
+
+    fn find_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Option<Claim>, ClaimReadError>> {
+        Box::pin(async move {
+            if !claim.name.is_empty() {
+                return standing(self.read(claim).await);
+            }
+            let found = self
+                .retry
+                .run(|| self.find_by_uid(&claim.uid))
+                .await
+                .map_err(|source| ClaimReadError::Api {
+                    claim: claim.clone(),
+                    source: Box::new(source),
+                })?;
+            match found {
+                None => Ok(None),
+                Some(object) => {
+                    let named = ClaimRef::new(
+                        object.metadata.namespace.clone().unwrap_or_default(),
+                        object.metadata.name.clone().unwrap_or_default(),
+                        &claim.uid,
+                    );
+                    standing(claim_from_object(&named, &self.driver, object))
+                }
+            }
+        })
+    }
+}
+
+impl KubeClaimReader {
+    /// One attempt at finding the claim of UID `uid` in every namespace (a list, in pages: the
+    /// API server has no selector on UIDs). Needs `list` on `resourceclaims`; only start-up
+    /// reconciliation of claims taken back from their CDI specs does this.
+    async fn find_by_uid(&self, uid: &str) -> Result<Option<DynamicObject>, AttemptError> {
+        let version = self.versions.get().await.map_err(AttemptError::Discovery)?;
+        let resource = version.resource("ResourceClaim", "resourceclaims");
+        let api: Api<DynamicObject> = Api::all_with(self.versions.client().clone(), &resource);
+        let mut params = ::kube::api::ListParams::default().limit(500);
+        loop {
+            let page = match api.list(&params).await {
+                Ok(page) => page,
+                Err(e) if is_path_not_served(&e) => {
+                    self.versions.forget();
+                    return Err(AttemptError::VersionGone(version));
+                }
+                Err(e) => return Err(AttemptError::from_kube(e)),
+            };
+            if let Some(found) = page
+                .items
+                .into_iter()
+                .find(|o| o.metadata.uid.as_deref() == Some(uid))
+            {
+                return Ok(Some(found));
+            }
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return Ok(None),
+            }
+        }
     }
 }
 

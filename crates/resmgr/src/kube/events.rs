@@ -87,6 +87,12 @@ pub enum Notice {
         /// Why, as the agent logged it.
         message: String,
     },
+    /// Reconciling the node's CDI specs and held claims did something an operator must hear of
+    /// ([`crate::reconcile`]): an Event on the Node.
+    ClaimReconciled {
+        /// What was done, as the agent logged it.
+        message: String,
+    },
 }
 
 impl Notice {
@@ -95,6 +101,7 @@ impl Notice {
         match self {
             Self::ContainerRefused { .. } => "ContainerRefused",
             Self::ClaimNotPrepared { .. } => "ClaimNotPrepared",
+            Self::ClaimReconciled { .. } => "ClaimReconciled",
         }
     }
 
@@ -103,6 +110,7 @@ impl Notice {
         match self {
             Self::ContainerRefused { .. } => "CreateContainer",
             Self::ClaimNotPrepared { .. } => "PrepareResources",
+            Self::ClaimReconciled { .. } => "Reconcile",
         }
     }
 
@@ -113,7 +121,9 @@ impl Notice {
                 container, message, ..
             } => format!("container {container} refused: {message}"),
             // The lifecycle's message names the claim, the step and the cause.
-            Self::ClaimNotPrepared { message, .. } => message.clone(),
+            Self::ClaimNotPrepared { message, .. } | Self::ClaimReconciled { message } => {
+                message.clone()
+            }
         };
         truncate(text, MAX_NOTE)
     }
@@ -438,6 +448,18 @@ fn pod_reference(pod: &PodRef) -> ObjectReference {
     }
 }
 
+/// The Node, as the kubelet names it in its Events: the UID is the node's name, which is what
+/// `kubectl describe node` looks for.
+fn node_reference(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        uid: Some(node.to_owned()),
+        ..ObjectReference::default()
+    }
+}
+
 fn key_of(r: &ObjectReference) -> String {
     format!(
         "{}/{}/{}/{}",
@@ -461,6 +483,7 @@ impl Poster {
         let first = match notice {
             Notice::ContainerRefused { pod, .. } => pod_reference(pod),
             Notice::ClaimNotPrepared { claim, .. } => self.claim_reference(claim).await,
+            Notice::ClaimReconciled { .. } => node_reference(&self.config.instance),
         };
         let Some(posting) = self.admit(first.clone(), None, notice, now) else {
             return;

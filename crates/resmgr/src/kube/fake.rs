@@ -70,6 +70,18 @@ impl ClaimReader for StaticClaims {
         };
         Box::pin(std::future::ready(result))
     }
+
+    fn find_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Option<Claim>, ClaimReadError>> {
+        let found = lock(&self.claims)
+            .values()
+            .flatten()
+            .find(|c| c.uid == claim.uid)
+            .cloned();
+        Box::pin(std::future::ready(Ok(found)))
+    }
 }
 
 /// Records every accepted publication.

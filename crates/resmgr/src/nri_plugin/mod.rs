@@ -269,7 +269,7 @@ pub async fn connect(
         match sync.synchronized().await {
             Ok(()) => {
                 manager.synchronized().await;
-                manager.run_retries().await;
+                tokio::join!(manager.run_retries(), manager.run_reconciler());
             }
             Err(e) => info!(reason = %e, "connection ended before synchronization"),
         }

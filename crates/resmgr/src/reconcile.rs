@@ -1,0 +1,725 @@
+//! Reconciling what is on disk with what runs and what the API server says: CDI specs the state
+//! does not account for, and claims held without proof that anyone still wants them.
+//!
+//! # The contract
+//!
+//! **Nothing on disk stops the agent.** Whatever the state directory and the CDI directory hold,
+//! the manager starts and serves. What it cannot reconcile it reports (the log, the
+//! `reconciled_claims` metric, an Event on the Node, `/debug/state`). The one exception is a risk
+//! of granting the same CPUs twice (below): then claims are refused, saying why and how to
+//! recover, and readiness stays false, while NRI is served and the process keeps running, so
+//! liveness does not crash-loop it.
+//!
+//! **A spec proves use only when something uses it.** Our ordering (the spec is written after
+//! its claim is saved, and removed before the claim leaves the state) never leaves a spec the
+//! state does not account for, so next to an intact state such a *stray* is a leftover (a
+//! restored backup, a failed cleanup, a manual copy), and after a lost state directory every spec
+//! is one. Each stray is judged by evidence:
+//!
+//! 1. At start, before anything is served, a stray that reads back is *adopted*
+//!    ([`policy::Policy::adopt_claim`]) so that the Synchronize that follows places nobody on its
+//!    CPUs; one that does not read back, or whose CPUs the policy cannot give it (another claim of
+//!    the state holds them), waits for the Synchronize.
+//! 2. At the runtime's Synchronize, the running containers say who uses it (its CDI device, or
+//!    its `DRA_CPUSET_<uid>` environment when the runtime reports no CDI devices:
+//!    [`policy::claim_env`]):
+//!    - an unreadable spec that a container uses: the claim is taken back from what that
+//!      container's environment (or, failing that, its cpuset) shows, so its CPUs stay out of
+//!      every grant; one that nothing uses is *set aside* (renamed `<file>.unreadable`, never
+//!      deleted);
+//!    - a readable spec whose CPUs another claim of the state holds: if a container uses it, two
+//!      claims grant the same CPUs and the agent refuses claims until an operator resolves it
+//!      (*contested*); if nothing uses it, the spec is removed (*swept*).
+//! 3. After the Synchronize, an adopted stray that no container uses is looked up in the API
+//!    server (with DRA): allocated to this node, it stays adopted (its pod may not have started
+//!    its containers yet, and the kubelet, which thinks it prepared, will not prepare it again);
+//!    not allocated here (deleted, re-created, allocated elsewhere) it is swept: its spec
+//!    removed, then its claim released and saved, as an unprepare does. An API server that
+//!    cannot be reached sweeps nothing; the next pass asks again. Without DRA there is no API
+//!    server half and a stray nothing uses is swept at once.
+//!
+//! **Held claims are reconciled until they are confirmed or gone.** An adopted claim, and a
+//! claim the state holds without a spec (a crash before the spec write, or an older state
+//! restored), is *unconfirmed*. A prepare of the kubelet confirms it. A pass every
+//! [`ReconcileConfig::period`] looks at each unconfirmed claim: while a container uses it, or the
+//! API server says it is allocated to this node, it stays; once neither holds it is released
+//! after [`ReconcileConfig::grace`] (log line, Event on the Node, metric), spec first. The grace
+//! is longer than the kubelet's own reconcile of inactive pods (it unprepares the claims of pods
+//! that went while we were away about a minute after it starts, from its checkpoint): the
+//! kubelet's unprepare is the normal path, this is the backstop for claims it no longer knows.
+//! Without DRA only adopted claims are released this way (when their containers are gone): a
+//! claim prepared before DRA was turned off keeps its CPUs until the kubelet unprepares it.
+//!
+//! What is done with the disk (sweeping, setting aside, releasing) happens outside the manager
+//! lock, through [`crate::disk`], like every commit.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use kubelet_plugin::ClaimRef;
+use policy::{Container, Policy, claim_env};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use tracing::{debug, info, warn};
+
+use crate::{
+    errors::chain,
+    kube::Notice,
+    manager::Manager,
+    state::{ClaimRecord, DeviceRecord},
+};
+
+/// How long an unconfirmed claim that nothing wants is kept, by default: twice the kubelet's
+/// reconcile period of inactive pods (60 s), so that its unprepare comes first.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(120);
+
+/// How reconciliation runs.
+#[derive(Debug, Clone)]
+pub struct ReconcileConfig {
+    /// The pool our ResourceSlices publish devices in (the node's name): a claim allocated with
+    /// a result of our driver in this pool is allocated here. `None` without DRA: no API server
+    /// half.
+    pub pool: Option<String>,
+    /// How long an unconfirmed claim that nothing wants is kept before it is released.
+    pub grace: Duration,
+    /// Time between reconcile passes over unconfirmed claims.
+    pub period: Duration,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        Self {
+            pool: None,
+            grace: DEFAULT_GRACE,
+            period: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What became of a claim: the `outcome` label of the `reconciled_claims` metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// A stray spec taken back: a container uses it, or the API server says it is allocated
+    /// here.
+    Adopted,
+    /// A stray spec used by nothing and allocated nowhere here: removed (and its claim released
+    /// if it had been adopted).
+    Swept,
+    /// An unreadable spec that nothing uses: renamed `<file>.unreadable`.
+    SetAside,
+    /// An unreadable spec that a container uses: its CPUs are held from what the container
+    /// shows.
+    HeldUnreadable,
+    /// A spec a container uses whose CPUs another claim holds: claims are refused.
+    Contested,
+    /// An unconfirmed claim released after the grace period.
+    Released,
+    /// An unconfirmed claim the kubelet prepared again.
+    Confirmed,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Self; 7] = [
+        Self::Adopted,
+        Self::Swept,
+        Self::SetAside,
+        Self::HeldUnreadable,
+        Self::Contested,
+        Self::Released,
+        Self::Confirmed,
+    ];
+
+    /// The outcome as it serializes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Adopted => "adopted",
+            Self::Swept => "swept",
+            Self::SetAside => "set-aside",
+            Self::HeldUnreadable => "held-unreadable",
+            Self::Contested => "contested",
+            Self::Released => "released",
+            Self::Confirmed => "confirmed",
+        }
+    }
+
+    /// Whether an operator must hear of it (a warning), rather than read it in the log.
+    pub fn is_warning(self) -> bool {
+        !matches!(self, Self::Confirmed)
+    }
+}
+
+/// One thing reconciliation did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reconciled {
+    /// The claim's UID.
+    pub claim: String,
+    /// What became of it.
+    pub outcome: Outcome,
+    /// Why, in words.
+    pub detail: String,
+}
+
+impl std::fmt::Display for Reconciled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "claim {}: {}: {}",
+            self.claim,
+            self.outcome.as_str(),
+            self.detail
+        )
+    }
+}
+
+/// What reconciliation did and holds, for `/debug/state` and the metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReconcileReport {
+    /// How often each outcome happened since the start.
+    pub counts: BTreeMap<Outcome, u64>,
+    /// The latest things done, oldest first (at most [`RECENT`]).
+    pub recent: Vec<Reconciled>,
+    /// Claims held without confirmation yet, by UID.
+    pub unconfirmed: Vec<String>,
+    /// Claims whose CPUs a running container uses while another claim holds them, with why:
+    /// while there are any, claims are refused.
+    pub contested: BTreeMap<String, String>,
+}
+
+/// How many reconciled things the report keeps.
+pub const RECENT: usize = 64;
+
+/// A spec the state did not account for at start.
+#[derive(Debug, Clone)]
+pub(crate) enum Stray {
+    /// Taken back from its spec, provisionally.
+    Adopted,
+    /// It reads back, but the policy cannot give it its CPUs.
+    Refused(String),
+    /// It does not read back.
+    Unreadable(String),
+}
+
+/// A claim held without proof that it is still wanted.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Unconfirmed {
+    /// A stray adopted at this start that nothing used at Synchronize: the first pass that
+    /// finds it not allocated here sweeps it at once, with no grace.
+    pub(crate) stray: bool,
+    /// When a pass first found nothing wanting it.
+    pub(crate) unwanted_since: Option<Instant>,
+}
+
+/// Disk work decided at Synchronize, done after it, outside the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Chore {
+    /// Remove the spec of a stray that was never adopted.
+    Sweep(String),
+    /// Rename an unreadable spec aside.
+    SetAside(String),
+}
+
+/// The reconciliation state, under the manager lock.
+#[derive(Debug, Default)]
+pub(crate) struct Reconciliation {
+    /// Strays until the Synchronize.
+    pub(crate) strays: BTreeMap<String, Stray>,
+    pub(crate) unconfirmed: BTreeMap<String, Unconfirmed>,
+    /// The running containers that use each unconfirmed claim, by container ID.
+    pub(crate) users: BTreeMap<String, BTreeSet<String>>,
+    pub(crate) chores: Vec<Chore>,
+    pub(crate) report: ReconcileReport,
+}
+
+/// The record of a claim taken back from disk: only its CDI device IDs are known.
+pub(crate) fn adopted_record(driver: &str, uid: &cdi::ClaimUid, devices: usize) -> ClaimRecord {
+    let devices = (0..devices)
+        .filter_map(|i| cdi::claim::qualified_device_name(driver, uid, i).ok())
+        .map(|id| DeviceRecord {
+            request_names: Vec::new(),
+            pool: String::new(),
+            device: String::new(),
+            cdi_device_id: id.to_string(),
+            share_id: None,
+        })
+        .collect();
+    ClaimRecord {
+        namespace: String::new(),
+        name: String::new(),
+        devices,
+        adopted: true,
+    }
+}
+
+/// The reference used to name an unconfirmed claim: its record's namespace and name when known.
+pub(crate) fn claim_ref(uid: &str, record: Option<&ClaimRecord>) -> ClaimRef {
+    match record {
+        Some(r) if !r.name.is_empty() => ClaimRef::new(&r.namespace, &r.name, uid),
+        _ => ClaimRef::new("", "", uid),
+    }
+}
+
+impl Reconciliation {
+    /// Notes what was done: counted, kept in the recent list, logged.
+    pub(crate) fn note(
+        &mut self,
+        claim: &str,
+        outcome: Outcome,
+        detail: impl Into<String>,
+    ) -> Reconciled {
+        let done = Reconciled {
+            claim: claim.to_owned(),
+            outcome,
+            detail: detail.into(),
+        };
+        if outcome.is_warning() {
+            tracing::warn!(claim, outcome = outcome.as_str(), "{}", done.detail);
+        } else {
+            tracing::info!(claim, outcome = outcome.as_str(), "{}", done.detail);
+        }
+        *self.report.counts.entry(outcome).or_default() += 1;
+        self.report.recent.push(done.clone());
+        let excess = self.report.recent.len().saturating_sub(RECENT);
+        self.report.recent.drain(..excess);
+        done
+    }
+
+    /// The report as of now.
+    pub(crate) fn report(&self) -> ReconcileReport {
+        ReconcileReport {
+            unconfirmed: self.unconfirmed.keys().cloned().collect(),
+            ..self.report.clone()
+        }
+    }
+
+    /// Whether claims must be refused, and why.
+    pub(crate) fn contested(&self) -> Option<String> {
+        let (uid, why) = self.report.contested.iter().next()?;
+        let more = self.report.contested.len() - 1;
+        let also = if more > 0 {
+            format!(" (and {more} more)")
+        } else {
+            String::new()
+        };
+        Some(format!("claim {uid}: {why}{also}"))
+    }
+
+    /// A claim the kubelet prepared: it is confirmed.
+    pub(crate) fn confirm(&mut self, uid: &str) -> Option<Reconciled> {
+        self.users.remove(uid);
+        self.unconfirmed
+            .remove(uid)
+            .map(|_| self.note(uid, Outcome::Confirmed, "prepared again by the kubelet"))
+    }
+
+    /// A claim that left by an unprepare or a release.
+    pub(crate) fn forget(&mut self, uid: &str) {
+        self.users.remove(uid);
+        self.unconfirmed.remove(uid);
+    }
+
+    /// Judges the strays by the containers running at Synchronize (see the module docs), before
+    /// the policy sees them, and notes which containers use each unconfirmed claim.
+    /// `records` gains the claims taken back here.
+    pub(crate) fn synchronize(
+        &mut self,
+        driver: &str,
+        policy: &mut dyn Policy,
+        records: &mut BTreeMap<String, ClaimRecord>,
+        containers: &[Container],
+    ) -> Vec<Reconciled> {
+        let mut done = Vec::new();
+        let users_of = |uid: &str| -> Vec<&Container> {
+            containers
+                .iter()
+                .filter(|c| claim_env::uses_claim(c, driver, uid))
+                .collect()
+        };
+        for (uid, stray) in std::mem::take(&mut self.strays) {
+            let users = users_of(&uid);
+            let names = names(&users);
+            match stray {
+                Stray::Adopted if users.is_empty() => {
+                    self.unconfirmed.insert(
+                        uid,
+                        Unconfirmed {
+                            stray: true,
+                            ..Unconfirmed::default()
+                        },
+                    );
+                }
+                Stray::Adopted => {
+                    done.push(self.note(
+                        &uid,
+                        Outcome::Adopted,
+                        format!("its CDI spec, which the state did not account for, is used by {names}: the claim was taken back from the spec"),
+                    ));
+                    self.unconfirmed.insert(uid, Unconfirmed::default());
+                }
+                Stray::Refused(why) if users.is_empty() => {
+                    self.chores.push(Chore::Sweep(uid));
+                    let _ = why;
+                }
+                Stray::Refused(why) => {
+                    let detail = format!(
+                        "its CDI spec, which the state does not account for, is used by {names}, but it cannot be taken back ({why}): \
+                         two claims may grant the same CPUs, so claims are refused. To recover, delete the pods of {names} \
+                         (or restore the state directory that accounts for the claim) and restart the agent"
+                    );
+                    self.report.contested.insert(uid.clone(), detail.clone());
+                    done.push(self.note(&uid, Outcome::Contested, detail));
+                }
+                Stray::Unreadable(_) if users.is_empty() => self.chores.push(Chore::SetAside(uid)),
+                Stray::Unreadable(why) => {
+                    let outcome = take_back_unreadable(policy, &uid, &users);
+                    match outcome {
+                        Ok(cpus) => {
+                            if let Ok(id) = cdi::ClaimUid::new(&uid) {
+                                records.insert(uid.clone(), adopted_record(driver, &id, 1));
+                            }
+                            done.push(self.note(
+                                &uid,
+                                Outcome::HeldUnreadable,
+                                format!(
+                                    "its CDI spec cannot be read ({why}), and {names} use it: cpus {cpus} stay theirs, out of every grant. \
+                                     The spec is kept; a runtime cannot inject it until the kubelet prepares the claim again"
+                                ),
+                            ));
+                            self.unconfirmed.insert(uid, Unconfirmed::default());
+                        }
+                        Err(reason) => {
+                            let detail = format!(
+                                "its CDI spec cannot be read ({why}), {names} use it, and {reason}: two claims may grant the same CPUs, \
+                                 so claims are refused. To recover, delete the pods of {names} and restart the agent"
+                            );
+                            self.report.contested.insert(uid.clone(), detail.clone());
+                            done.push(self.note(&uid, Outcome::Contested, detail));
+                        }
+                    }
+                }
+            }
+        }
+        for uid in self.unconfirmed.keys() {
+            let ids: BTreeSet<String> = users_of(uid).iter().map(|c| c.id.clone()).collect();
+            self.users.insert(uid.clone(), ids);
+        }
+        done
+    }
+
+    /// A container was created: notes which unconfirmed claims it uses.
+    pub(crate) fn container_created(&mut self, driver: &str, container: &Container) {
+        for uid in self.unconfirmed.keys() {
+            if claim_env::uses_claim(container, driver, uid) {
+                self.users
+                    .entry(uid.clone())
+                    .or_default()
+                    .insert(container.id.clone());
+            }
+        }
+    }
+
+    /// A container stopped or went.
+    pub(crate) fn container_gone(&mut self, id: &str) {
+        for users in self.users.values_mut() {
+            users.remove(id);
+        }
+    }
+
+    /// Whether a running container uses claim `uid`.
+    pub(crate) fn is_used(&self, uid: &str) -> bool {
+        self.users.get(uid).is_some_and(|u| !u.is_empty())
+    }
+}
+
+/// `namespace/pod/container` of each container, joined.
+fn names(containers: &[&Container]) -> String {
+    let names: Vec<String> = containers
+        .iter()
+        .map(|c| format!("{}/{}/{}", c.pod.namespace, c.pod.name, c.name))
+        .collect();
+    names.join(", ")
+}
+
+/// Takes an unreadable spec's claim back from what its users show: the CPUs (and memory nodes)
+/// their environment says the spec gave them, else their cpusets. Returns the CPUs held.
+fn take_back_unreadable(
+    policy: &mut dyn Policy,
+    uid: &str,
+    users: &[&Container],
+) -> Result<String, String> {
+    let mut cpus = policy::CpuSet::new();
+    let mut mems: Option<String> = None;
+    for c in users {
+        let seen = match claim_env::cpuset_env(c, uid) {
+            Some(value) => value.parse::<policy::CpuSet>().map_err(|e| {
+                format!("{}{uid}={value} does not parse: {e}", claim_env::CPUSET_ENV)
+            })?,
+            None => c.cpus.clone().ok_or_else(|| {
+                format!(
+                    "neither its environment nor its cpuset says which cpus {}/{}/{} runs on",
+                    c.pod.namespace, c.pod.name, c.name
+                )
+            })?,
+        };
+        cpus = cpus.union(&seen);
+        if mems.is_none() {
+            mems = claim_env::mems_env(c, uid).map(str::to_owned);
+        }
+    }
+    let mut env = vec![format!("{}{uid}={cpus}", claim_env::CPUSET_ENV)];
+    if let Some(mems) = mems {
+        env.push(format!("{}{uid}={mems}", claim_env::MEMS_ENV));
+    }
+    policy
+        .adopt_claim(uid, &[cdi::ContainerEdits::with_env(env)])
+        .map_err(|e| format!("cpus {cpus} cannot be held for it: {e}"))?;
+    Ok(cpus.to_string())
+}
+
+/// What the evidence says of an unconfirmed claim that no container uses.
+#[derive(Debug)]
+enum Standing {
+    /// The API server says it is allocated here (for these pods).
+    Wanted(String),
+    /// Nothing wants it: why.
+    Unwanted(String),
+    /// No answer: why.
+    Unknown(String),
+}
+
+impl Manager {
+    /// Tells users what reconciliation did, when it is a warning: an Event on the Node.
+    pub(crate) fn tell(&self, done: &Reconciled) {
+        if done.outcome.is_warning() {
+            self.events.record(Notice::ClaimReconciled {
+                message: done.to_string(),
+            });
+        }
+    }
+
+    /// What reconciliation did and holds.
+    pub async fn reconciliation(&self) -> ReconcileReport {
+        self.lock().await.reconcile.report()
+    }
+
+    /// The disk work the Synchronize decided: sweeping strays that were never adopted, setting
+    /// aside unreadable ones that nothing uses.
+    pub(crate) async fn do_reconcile_chores(&self) {
+        let chores = std::mem::take(&mut self.lock().await.reconcile.chores);
+        for chore in chores {
+            let (uid, result) = match &chore {
+                Chore::Sweep(uid) => (
+                    uid,
+                    self.disk.remove_spec(uid).await.map(|_| {
+                        (
+                            Outcome::Swept,
+                            "its CDI spec, which the state did not account for and whose cpus another claim holds, is used by no container: removed".to_owned(),
+                        )
+                    }),
+                ),
+                Chore::SetAside(uid) => (
+                    uid,
+                    self.disk.set_aside(uid).await.map(|path| {
+                        let path = path.map(|p| p.display().to_string()).unwrap_or_default();
+                        (
+                            Outcome::SetAside,
+                            format!("its CDI spec cannot be read and no container uses it: moved aside to {path}"),
+                        )
+                    }),
+                ),
+            };
+            let done = match result {
+                Ok((outcome, detail)) => self.lock().await.reconcile.note(uid, outcome, detail),
+                Err(e) => {
+                    // The spec stays; the next start judges it again.
+                    warn!(claim = %uid, error = %chain(&e), "reconciling a stray cdi spec failed; it stays until the next start");
+                    continue;
+                }
+            };
+            self.tell(&done);
+        }
+    }
+
+    /// Reconciles unconfirmed claims every [`ReconcileConfig::period`], for as long as the
+    /// manager lives. Started once the runtime has synchronized.
+    pub async fn run_reconciler(&self) {
+        loop {
+            self.reconcile_once().await;
+            tokio::time::sleep(self.config.reconcile.period).await;
+        }
+    }
+
+    /// One pass over the unconfirmed claims (see the module docs).
+    pub async fn reconcile_once(&self) {
+        let candidates: Vec<(String, ClaimRef, bool, bool)> = {
+            let inner = self.lock().await;
+            inner
+                .reconcile
+                .unconfirmed
+                .iter()
+                .map(|(uid, u)| {
+                    let record = inner.records.get(uid);
+                    let adopted = record.is_some_and(|r| r.adopted);
+                    (
+                        uid.clone(),
+                        claim_ref(uid, record),
+                        inner.reconcile.is_used(uid),
+                        adopted || u.stray,
+                    )
+                })
+                .collect()
+        };
+        for (uid, claim, used, adopted) in candidates {
+            let standing = if used {
+                Standing::Wanted("a running container uses it".into())
+            } else {
+                self.standing(&claim, adopted).await
+            };
+            let now = Instant::now();
+            let release = {
+                let mut inner = self.lock().await;
+                let r = &mut inner.reconcile;
+                let Some(u) = r.unconfirmed.get_mut(&uid) else {
+                    continue; // confirmed or released meanwhile
+                };
+                match standing {
+                    Standing::Wanted(why) => {
+                        u.unwanted_since = None;
+                        if std::mem::take(&mut u.stray) {
+                            let done = r.note(&uid, Outcome::Adopted, format!(
+                                "its CDI spec, which the state did not account for, is used by no container, but {why}: the claim was taken back from the spec"
+                            ));
+                            drop(inner);
+                            self.tell(&done);
+                        }
+                        None
+                    }
+                    Standing::Unknown(why) => {
+                        debug!(claim = %uid, reason = %why, "cannot tell whether an unconfirmed claim is still wanted; asking again later");
+                        None
+                    }
+                    Standing::Unwanted(why) if u.stray => Some((
+                        Outcome::Swept,
+                        format!(
+                            "its CDI spec, which the state did not account for, is used by no container and {why}: removed, and its cpus released"
+                        ),
+                    )),
+                    Standing::Unwanted(why) => match u.unwanted_since {
+                        None => {
+                            u.unwanted_since = Some(now);
+                            info!(claim = %uid, reason = %why, grace = ?self.config.reconcile.grace,
+                                "an unconfirmed claim is used by no container: released after the grace period unless the kubelet prepares it or a container uses it");
+                            None
+                        }
+                        Some(since)
+                            if now.saturating_duration_since(since)
+                                >= self.config.reconcile.grace =>
+                        {
+                            Some((
+                                Outcome::Released,
+                                format!(
+                                    "held without the kubelet preparing it again, used by no container for {:?}, and {why}: released",
+                                    self.config.reconcile.grace
+                                ),
+                            ))
+                        }
+                        Some(_) => None,
+                    },
+                }
+            };
+            if let Some((outcome, detail)) = release {
+                self.release_unwanted(&claim, outcome, detail).await;
+            }
+        }
+    }
+
+    /// What says whether unconfirmed claim `claim`, which no container uses, is wanted.
+    async fn standing(&self, claim: &ClaimRef, adopted: bool) -> Standing {
+        let Some(pool) = &self.config.reconcile.pool else {
+            // Without DRA nothing can prepare a claim: one taken back from its spec is wanted
+            // only by its containers. A claim prepared before DRA was turned off keeps its
+            // CPUs until the kubelet unprepares it.
+            return if adopted {
+                Standing::Unwanted("without DRA nothing can prepare it".into())
+            } else {
+                Standing::Wanted("it was prepared before DRA was turned off".into())
+            };
+        };
+        match self.claim_reader.find_claim(claim).await {
+            Ok(Some(found)) if found.results.iter().any(|r| r.pool == *pool) => {
+                let pods = if found.reserved_for.is_empty() {
+                    "no pod yet".to_owned()
+                } else {
+                    format!("pods {}", found.reserved_for.join(", "))
+                };
+                Standing::Wanted(format!(
+                    "the api server says resource claim {}/{} is allocated to this node (reserved for {pods})",
+                    found.namespace, found.name
+                ))
+            }
+            Ok(Some(found)) => Standing::Unwanted(format!(
+                "resource claim {}/{} is allocated elsewhere",
+                found.namespace, found.name
+            )),
+            Ok(None) => Standing::Unwanted(
+                "the api server has no allocated resource claim of that uid".into(),
+            ),
+            Err(e) => Standing::Unknown(chain(&e)),
+        }
+    }
+
+    /// Releases an unconfirmed claim nothing wants, as an unprepare does (spec first), unless a
+    /// prepare confirmed it or a container started using it meanwhile.
+    async fn release_unwanted(&self, claim: &ClaimRef, outcome: Outcome, detail: String) {
+        let uid = claim.uid.as_str();
+        let _turn = self.claim_locks.lock(uid).await;
+        {
+            let inner = self.lock().await;
+            if !inner.reconcile.unconfirmed.contains_key(uid) || inner.reconcile.is_used(uid) {
+                return;
+            }
+        }
+        match self.unprepare_steps(claim).await {
+            Ok(()) => {
+                let done = self.lock().await.reconcile.note(uid, outcome, detail);
+                self.tell(&done);
+            }
+            Err(e) => {
+                warn!(error = %e, "releasing an unconfirmed claim failed; the next pass tries again")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_keeps_the_latest_and_counts_all() {
+        let mut r = Reconciliation::default();
+        for i in 0..(RECENT + 3) {
+            r.note(&format!("c{i}"), Outcome::Swept, "unused");
+        }
+        let report = r.report();
+        assert_eq!(
+            report.counts[&Outcome::Swept],
+            u64::try_from(RECENT + 3).unwrap()
+        );
+        assert_eq!(report.recent.len(), RECENT);
+        assert_eq!(report.recent[0].claim, "c3");
+    }
+
+    #[test]
+    fn a_contested_claim_says_which_and_how_many_more() {
+        let mut r = Reconciliation::default();
+        assert_eq!(r.contested(), None);
+        r.report.contested.insert("a".into(), "why".into());
+        r.report.contested.insert("b".into(), "why".into());
+        assert_eq!(r.contested().as_deref(), Some("claim a: why (and 1 more)"));
+    }
+}
