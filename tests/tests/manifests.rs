@@ -855,7 +855,7 @@ fn rbac_grants_exactly_what_the_agent_needs() {
             (
                 "resource.k8s.io".to_owned(),
                 "resourceclaims".to_owned(),
-                owned(&["get"])
+                owned(&["get", "list"])
             ),
             (
                 "resource.k8s.io".to_owned(),

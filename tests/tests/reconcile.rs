@@ -203,7 +203,9 @@ async fn an_adopted_claim_gone_from_the_api_server_is_released_after_the_grace_o
     let db = user("db", "pod-db", "c1", &c1.to_string());
     // The state directory is lost while db runs; then the claim is deleted.
     fs::remove_dir_all(h.state_dir()).unwrap();
-    let m = h.ready_with(topology_aware(TWO_NUMA), &[db.clone()]).await;
+    let m = h
+        .ready_with(topology_aware(TWO_NUMA), std::slice::from_ref(&db))
+        .await;
     h.claims.remove("default", "claim-c1");
     m.reconcile_once().await;
     assert_eq!(h.specs(), ["c1"], "kept while db uses it");

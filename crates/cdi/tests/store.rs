@@ -567,3 +567,25 @@ fn read_claim_gives_back_the_edits_written_and_refuses_specs_it_did_not_write() 
     .unwrap();
     assert_eq!(store.read_claim(UUID).unwrap(), [env(&["A=1"])]);
 }
+
+#[test]
+fn set_aside_renames_a_spec_out_of_every_scanner_and_keeps_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    s.write_claim(UUID, &[env(&["A=1"])]).unwrap();
+    let path = s.spec_path(&ClaimUid::new(UUID).unwrap());
+    fs::write(&path, b"{broken").unwrap();
+    let aside = s.set_aside(UUID).unwrap().unwrap();
+    assert_eq!(
+        aside.file_name().unwrap().to_str().unwrap(),
+        format!("{}.unreadable", path.file_name().unwrap().to_str().unwrap())
+    );
+    assert_eq!(fs::read(&aside).unwrap(), b"{broken");
+    assert!(!path.exists());
+    assert!(
+        s.claims().unwrap().is_empty(),
+        "no longer listed as a claim"
+    );
+    assert_eq!(s.set_aside(UUID).unwrap(), None, "nothing left to move");
+    assert!(matches!(s.set_aside("../x"), Err(StoreError::Uid(_))));
+}

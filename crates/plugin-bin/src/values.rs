@@ -447,11 +447,11 @@ pub fn duration(value: &str) -> Result<std::time::Duration, String> {
 /// A duration as [`duration`] reads it, in the largest unit that says it exactly.
 pub fn show_duration(d: std::time::Duration) -> String {
     let ms = d.as_millis();
-    if ms % 3_600_000 == 0 {
+    if ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
+    } else if ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms % 1_000 == 0 {
+    } else if ms.is_multiple_of(1_000) {
         format!("{}s", ms / 1_000)
     } else {
         format!("{ms}ms")

@@ -61,6 +61,7 @@ fn every_flag_refuses_a_bad_value_naming_the_flag_the_value_and_what_is_allowed(
         ("--kubelet-registry-dir", " ", "non-empty path"),
         ("--cdi-dir", "", "non-empty path"),
         ("--state-dir", "", "non-empty path"),
+        ("--unconfirmed-claim-grace", "2", "a duration such as `90s`"),
         ("--kubeconfig", "", "kubeconfig file"),
         ("--topology", "hwloc:thing", "`live`, `synthetic:"),
         ("--topology", "synthetic:", "`live`, `synthetic:"),
@@ -160,6 +161,7 @@ fn the_config_file_sets_every_key_and_flags_win() {
          group-by: numa\n\
          claim-granularity: core\n\
          state-dir: /file/state\n\
+         unconfirmed-claim-grace: 90s\n\
          metrics-addr: 0.0.0.0:9000\n\
          debug-addr: '[::1]:9001'\n\
          log-format: json\n\

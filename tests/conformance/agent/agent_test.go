@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -62,6 +63,18 @@ type cluster struct {
 	exited  chan error
 	logs    *harness.LockedBuffer
 	metrics string
+	// args are the agent's, for restarts.
+	args []string
+	// mu guards what the runtime reports at Synchronize and which updates it refuses.
+	mu sync.Mutex
+	// running and containers are what the runtime reports at Synchronize, besides web's app.
+	running    []*api.PodSandbox
+	containers []*api.Container
+	// refuse names containers whose updates the runtime fails.
+	refuse map[string]bool
+	// api sends commands to the fake API server; answers reads its answers.
+	api     io.Writer
+	answers *bufio.Reader
 }
 
 // pluginCount reports the adaptation's active plugin count: the adaptation inserts a plugin
@@ -101,6 +114,10 @@ type setup struct {
 	// dropUpdates discards the runtime's unsolicited updates instead of queueing them for
 	// nextUpdate (for runs that never read them).
 	dropUpdates bool
+	// before runs after the directories and the API server are there, before the agent starts.
+	before func(c *cluster)
+	// args are more arguments for the agent.
+	args []string
 }
 
 // startSetup starts the agent as `s` says.
@@ -115,15 +132,28 @@ func startSetup(t testing.TB, s setup) *cluster {
 	app := &api.Container{Id: "web-app", PodSandboxId: "sb-web", Name: "app", State: api.ContainerState_CONTAINER_RUNNING,
 		Linux: &api.LinuxContainer{Resources: &api.LinuxResources{Cpu: &api.LinuxCPU{
 			Shares: &api.OptionalUInt64{Value: 512}, Cpus: "8-15", Mems: "1"}}}}
+	c.running, c.containers, c.refuse = s.running, s.containers, map[string]bool{}
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
-		_, err := cb(ctx, append([]*api.PodSandbox{web}, s.running...), append([]*api.Container{app}, s.containers...))
+		c.mu.Lock()
+		pods := append([]*api.PodSandbox{web}, c.running...)
+		containers := append([]*api.Container{app}, c.containers...)
+		c.mu.Unlock()
+		_, err := cb(ctx, pods, containers)
 		return err
 	}
 	updateFn := func(_ context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		c.mu.Lock()
+		var failed []*adaptation.ContainerUpdate
+		for _, one := range u {
+			if c.refuse[one.ContainerId] {
+				failed = append(failed, one)
+			}
+		}
+		c.mu.Unlock()
 		if !s.dropUpdates {
 			c.updates <- u
 		}
-		return nil, nil
+		return failed, nil
 	}
 	r, err := adaptation.New("containerd", "v2.1.0", syncFn, updateFn,
 		adaptation.WithSocketPath(c.path("nri.sock")), adaptation.WithPluginPath(c.path("nri-plugins")),
@@ -138,10 +168,6 @@ func startSetup(t testing.TB, s setup) *cluster {
 	t.Cleanup(r.Stop)
 	c.cut = harness.RuntimeProxy(t, c.path("nri-front.sock"), c.path("nri.sock"))
 
-	bin, err := rustbin.Path("resmgr")
-	if err != nil {
-		t.Fatal(err)
-	}
 	c.metrics = freeAddr(t)
 	args := []string{"run",
 		"--nri-socket", c.path("nri-front.sock"), "--nri-plugin-index", "90",
@@ -154,7 +180,22 @@ func startSetup(t testing.TB, s setup) *cluster {
 	} else {
 		args = append(args, "--dra", "false")
 	}
-	c.agent = exec.Command(bin, args...)
+	c.args = append(args, s.args...)
+	if s.before != nil {
+		s.before(c)
+	}
+	c.launch()
+	return c
+}
+
+// launch starts the agent with c.args.
+func (c *cluster) launch() {
+	t := c.t
+	bin, err := rustbin.Path("resmgr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.agent = exec.Command(bin, c.args...)
 	// Nothing of a cluster in the environment: without DRA the agent must not look for one.
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") {
@@ -165,15 +206,15 @@ func startSetup(t testing.TB, s setup) *cluster {
 	if err := c.agent.Start(); err != nil {
 		t.Fatalf("starting resmgr run: %v", err)
 	}
-	c.exited = make(chan error, 1)
-	go func() { c.exited <- c.agent.Wait() }()
+	agent, exited := c.agent, make(chan error, 1)
+	c.exited = exited
+	go func() { exited <- agent.Wait() }()
 	t.Cleanup(func() {
-		_ = c.agent.Process.Kill()
+		_ = agent.Process.Kill()
 		if t.Failed() {
 			t.Logf("resmgr run logs:\n%s", c.logs.String())
 		}
 	})
-	return c
 }
 
 // startAPIServer runs the fake API server (the tests package's fake-apiserver binary) with our node and one allocated claim.
@@ -209,16 +250,17 @@ func (c *cluster) startAPIServer() string {
 	cmd := exec.Command(bin, c.path("objects.json"), kubeconfig)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
+	c.api = stdin
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("starting the fake API server: %v", err)
 	}
 	c.t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	c.answers = bufio.NewReader(stdout)
+	line, err := c.answers.ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "ready ") {
 		c.t.Fatalf("the fake API server did not start: %q %v", line, err)
 	}
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
 	return kubeconfig
 }
 
