@@ -1,9 +1,10 @@
 //! The control-plane stage of the end-to-end tests: `resmgr run` against a real kube-apiserver
 //! and kube-scheduler (`tests/controlplane`).
 //!
-//! 1. Build, or take from the cache, the control plane: kube-apiserver, kube-scheduler and
-//!    kubectl at the Kubernetes version `tests/controlplane/build/go.mod` pins, and etcd from the
-//!    same module graph. The binaries are kept outside the repository under
+//! 1. Build, or take from the cache, the control plane: kube-apiserver, kube-scheduler,
+//!    kube-controller-manager, kubelet and kubectl at the Kubernetes version
+//!    `tests/controlplane/build/go.mod` pins, and etcd from the same module graph (the cluster
+//!    stage, [`crate::cluster`], runs the kubelet and the controller-manager). The binaries are kept outside the repository under
 //!    `${XDG_CACHE_HOME:-~/.cache}/resmgr/controlplane/<key>/`, where the key hashes everything
 //!    that goes into them (the build module's files, the Go version, the flags); the Go module
 //!    and build caches are the ordinary shared ones. Cold, this is the most expensive step of
@@ -37,15 +38,24 @@ use crate::{
 };
 
 /// The commands built from the Kubernetes module, and our etcd main.
-const PACKAGES: [&str; 4] = [
+const PACKAGES: [&str; 6] = [
     "k8s.io/kubernetes/cmd/kube-apiserver",
     "k8s.io/kubernetes/cmd/kube-scheduler",
+    "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "k8s.io/kubernetes/cmd/kubelet",
     "k8s.io/kubernetes/cmd/kubectl",
     "./cmd/etcd",
 ];
 
 /// The programs the scenarios run, as named in the binary directory.
-const BINARIES: [&str; 4] = ["kube-apiserver", "kube-scheduler", "kubectl", "etcd"];
+const BINARIES: [&str; 6] = [
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kubelet",
+    "kubectl",
+    "etcd",
+];
 
 /// The control plane's build, started in the background.
 #[derive(Debug)]
@@ -70,7 +80,7 @@ pub fn prefetch(root: &Path) -> Option<Prefetch> {
 }
 
 impl Prefetch {
-    fn join(self) -> anyhow::Result<PathBuf> {
+    pub(crate) fn join(self) -> anyhow::Result<PathBuf> {
         if !self.build.is_finished() {
             eprintln!(
                 "waiting for the control plane's build to finish (its output: {})",
@@ -103,7 +113,7 @@ pub fn run(root: &Path, bin_dir: &Path, prefetched: Option<Prefetch>) -> anyhow:
             .env("RESMGR_CONTROLPLANE_BIN_DIR", &control_plane)
             .env("GOFLAGS", test::go_flags())
             .args(["test", "-count=1", "-v", "-timeout=20m"])
-            .args(["-skip", ON_CONTAINERD, "./..."]),
+            .args(["-skip", ON_CONTAINERD, "./internal/...", "./scenarios/"]),
     )?;
     let missing = e2e::prerequisites();
     if !missing.is_empty() {
@@ -198,7 +208,7 @@ pub fn binaries(root: &Path, log: Option<&Path>) -> anyhow::Result<PathBuf> {
         .tempdir_in(parent)
         .with_context(|| format!("creating a build directory in {}", parent.display()))?;
     eprintln!(
-        "control plane {version}: building kube-apiserver, kube-scheduler, kubectl and etcd (cold: about ten minutes on two cores)"
+        "control plane {version}: building kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kubectl and etcd (cold: about fifteen minutes on two cores)"
     );
     let started = Instant::now();
     let mut build = Command::new("nice");
