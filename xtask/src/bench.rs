@@ -12,7 +12,7 @@ use std::{path::Path, process::Command};
 
 use anyhow::Context;
 
-use crate::{sysdeps, test, util};
+use crate::{cluster, e2e, sysdeps, test, util};
 
 #[derive(Debug)]
 struct Row {
@@ -69,6 +69,16 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
         )?;
         rows.extend(out.lines().flat_map(parse_go_bench));
     }
+    // Pod start-up in the one-node cluster, where the machine can run it.
+    let missing = cluster::prerequisites();
+    if missing.is_empty() {
+        rows.extend(cluster::bench(root)?.lines().flat_map(parse_go_bench));
+    } else {
+        eprintln!(
+            "NOT RUN: the cluster benchmarks (pod start-up), because this machine lacks:\n{}",
+            e2e::list(&missing)
+        );
+    }
     print_table(&rows);
     Ok(())
 }
@@ -117,6 +127,27 @@ fn parse_go_bench(line: &str) -> Vec<Row> {
         .collect();
     if !sizes.is_empty() {
         return sizes;
+    }
+    // Durations of named phases (`ready-ns`, `claim-running-ns`): one row each.
+    let phases: Vec<Row> = rest
+        .windows(2)
+        .filter_map(|w| {
+            let label = w[1].strip_suffix("-ns")?;
+            if ["median", "p99"].contains(&label) {
+                return None;
+            }
+            let ns: f64 = w[0].parse().ok()?;
+            Some(Row {
+                source: "go".into(),
+                name: format!("{name} {label}"),
+                median: show(ns, "ns"),
+                p99: String::new(),
+                target: String::new(),
+            })
+        })
+        .collect();
+    if !phases.is_empty() {
+        return phases;
     }
     parse_go_time(name, &rest).into_iter().collect()
 }
@@ -201,5 +232,29 @@ mod tests {
             ("GetInfo-2", "180000 ns")
         );
         assert!(parse_go_bench("ok  github.com/x 1.2s").is_empty());
+    }
+
+    #[test]
+    fn named_go_phases_are_a_row_each() {
+        let rows = parse_go_bench(
+            "BenchmarkAgentRestartToServing-2  1  9 ns/op  5200000000 ready-ns  74100000000 claim-running-ns",
+        );
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| (r.name.as_str(), r.median.as_str()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("AgentRestartToServing-2 ready", "5200000000 ns"),
+                ("AgentRestartToServing-2 claim-running", "74100000000 ns"),
+            ]
+        );
+        let rows =
+            parse_go_bench("BenchmarkPodStartup/claim-2  1  9 ns/op  700 median-ns  900 p99-ns");
+        assert_eq!(
+            (rows.len(), rows[0].median.as_str(), rows[0].p99.as_str()),
+            (1, "700 ns", "900 ns")
+        );
     }
 }

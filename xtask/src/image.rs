@@ -675,9 +675,15 @@ fn normalize_modes(tree: &Path) -> anyhow::Result<()> {
 /// The image built for the e2e from the debug binary of `root`'s target directory, into `out`:
 /// the layer stored plain, since compressing a debug binary costs more than it saves there.
 pub fn for_e2e(root: &Path, out: &Path) -> anyhow::Result<(PathBuf, String)> {
+    of_profile(root, out, "debug")
+}
+
+/// The agent's image from the binary of a cargo profile's target directory (`debug`, `release`),
+/// built like [`for_e2e`]'s.
+pub fn of_profile(root: &Path, out: &Path, profile: &str) -> anyhow::Result<(PathBuf, String)> {
     let version = release::workspace_version(root)?;
     let name = name(root, &version)?;
-    let binary = test::target_dir(root)?.join("debug/resmgr");
+    let binary = test::target_dir(root)?.join(profile).join("resmgr");
     let started = std::time::Instant::now();
     let built = build(
         &Spec {

@@ -6,6 +6,7 @@
 //! are plain `#[test]`s in [`tidy`], run by `cargo test --workspace`.
 
 mod bench;
+mod cluster;
 mod codegen;
 mod controlplane;
 mod docs;
@@ -91,6 +92,12 @@ enum Command {
     E2e(e2e::E2eArgs),
     /// Run the long randomized tests longer than `cargo xtask test` does.
     Soak(soak::Args),
+    /// A one-node Kubernetes cluster on this machine with resmgr installed (needs root and Go):
+    /// `up` starts it and prints the KUBECONFIG to use, `down` leaves nothing of it behind.
+    Cluster {
+        #[arg(value_enum)]
+        action: cluster::Action,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -114,5 +121,6 @@ fn main() -> anyhow::Result<()> {
         Command::Bench => bench::run(&root),
         Command::E2e(args) => e2e::run(&root, &args),
         Command::Soak(args) => soak::run(&root, &args),
+        Command::Cluster { action } => cluster::command(&root, action),
     }
 }

@@ -1,7 +1,9 @@
-//! `cargo xtask e2e`: resmgr end to end, in two stages (`--stage` picks; default both):
+//! `cargo xtask e2e`: resmgr end to end, in three stages (`--stage` picks; default all):
 //!
 //! - `containerd`: on a real runtime, below;
-//! - `controlplane`: against a real kube-apiserver and kube-scheduler ([`crate::controlplane`]).
+//! - `controlplane`: against a real kube-apiserver and kube-scheduler ([`crate::controlplane`]);
+//! - `cluster`: in a real one-node cluster, kubelet and controller-manager included, the agent
+//!   installed with Helm ([`crate::cluster`]).
 //!
 //! The containerd stage sets up what the run needs and hands over to the runner
 //! (`tests/src/bin/e2e`, the binary `e2e`), which starts containerd, the fake API server and
@@ -43,6 +45,8 @@ pub enum Stage {
     Containerd,
     /// resmgr against a real kube-apiserver and kube-scheduler.
     Controlplane,
+    /// resmgr installed with Helm in a real one-node cluster (kubelet, controller-manager).
+    Cluster,
 }
 
 /// Options of `cargo xtask e2e`.
@@ -185,6 +189,9 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
         }
         controlplane::run(root, &test::build_test_binaries(root)?, None)?;
     }
+    if all || args.stage.contains(&Stage::Cluster) {
+        crate::cluster::run(root, &args.only, None, None)?;
+    }
     Ok(())
 }
 
@@ -211,7 +218,7 @@ pub fn prefetch() -> Option<Prefetch> {
 }
 
 impl Prefetch {
-    fn join(self) -> anyhow::Result<PathBuf> {
+    pub(crate) fn join(self) -> anyhow::Result<PathBuf> {
         if !self.build.is_finished() {
             eprintln!(
                 "waiting for the e2e's containerd build to finish (its output: {})",
@@ -350,6 +357,7 @@ pub fn in_test(
                     &test::build_test_binaries(root)?,
                     control_plane.take(),
                 )?,
+                Stage::Cluster => crate::cluster::run(root, &[], None, None)?,
             }
         } else if std::env::var("CI").is_ok_and(|v| v == "true") {
             bail!("CI=true and {name} cannot run here:\n{}", list(&missing));

@@ -1,0 +1,326 @@
+package clusterscenarios
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
+)
+
+// deviceClass is the chart's DeviceClass.
+const deviceClass = "cpu.resmgr.io"
+
+// limit bounds each wait for the cluster to react.
+const limit = 2 * time.Minute
+
+func cx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 30*time.Second)
+}
+
+// poll calls cond every 100 ms until it is true or limit passes, then fails with its last error.
+func poll(t testing.TB, what string, within time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		last = err
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s (last: %v)\nkubelet log ends:\n%s", what, within, last, node.Tail("kubelet", 15))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// namespace creates a namespace for one test, deleted when it ends.
+func namespace(t testing.TB) string {
+	t.Helper()
+	name := strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	name = strings.Trim(name, "-")
+	c, cancel := cx()
+	defer cancel()
+	if _, err := node.Client.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, cancel := cx()
+		defer cancel()
+		_ = node.Client.CoreV1().Namespaces().Delete(c, name, metav1.DeleteOptions{})
+	})
+	// The controller-manager's serviceaccount controller makes the default ServiceAccount,
+	// without which pods are refused.
+	poll(t, "the default ServiceAccount of "+name, limit, func() (bool, error) {
+		c, cancel := cx()
+		defer cancel()
+		_, err := node.Client.CoreV1().ServiceAccounts(name).Get(c, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+	return name
+}
+
+// claimTemplate creates a ResourceClaimTemplate for cpus CPUs of one device of the class.
+func claimTemplate(t testing.TB, ns, name string, cpus int) {
+	t.Helper()
+	tmpl := &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
+			Requests: []resourcev1.DeviceRequest{{Name: "cpus", Exactly: &resourcev1.ExactDeviceRequest{
+				DeviceClassName: deviceClass, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
+				Capacity: &resourcev1.CapacityRequirements{Requests: map[resourcev1.QualifiedName]resource.Quantity{
+					"cpu": resource.MustParse(strconv.Itoa(cpus))}},
+			}}},
+		}}},
+	}
+	c, cancel := cx()
+	defer cancel()
+	if _, err := node.Client.ResourceV1().ResourceClaimTemplates(ns).Create(c, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// podSpec is a pod of the test image that sleeps, in containers named by names.
+type podSpec struct {
+	name       string
+	containers []string
+	// template, or claim: the pod's claim "cpus" from a ResourceClaimTemplate or a ResourceClaim,
+	// used by every container.
+	template, claim string
+	requests        corev1.ResourceList
+	limits          corev1.ResourceList
+}
+
+func (p podSpec) pod(ns string) *corev1.Pod {
+	// A grace period, however short, makes a deletion graceful: the kubelet stops the
+	// containers and unprepares the claims before the pod leaves the API, so its CPUs are free on
+	// the node before the scheduler can hand them to the next claim. With 0 the pod leaves the API
+	// at once and the next claim's prepare can find them still held (the kubelet retries later).
+	grace := int64(1)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: ns},
+		Spec: corev1.PodSpec{TerminationGracePeriodSeconds: &grace}}
+	if p.template != "" || p.claim != "" {
+		rc := corev1.PodResourceClaim{Name: "cpus"}
+		if p.template != "" {
+			rc.ResourceClaimTemplateName = &p.template
+		} else {
+			rc.ResourceClaimName = &p.claim
+		}
+		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{rc}
+	}
+	names := p.containers
+	if len(names) == 0 {
+		names = []string{"app"}
+	}
+	for _, name := range names {
+		c := corev1.Container{Name: name, Image: os.Getenv(onenode.EnvTestName), ImagePullPolicy: corev1.PullNever,
+			Resources: corev1.ResourceRequirements{Requests: p.requests, Limits: p.limits}}
+		if p.template != "" || p.claim != "" {
+			c.Resources.Claims = []corev1.ResourceClaim{{Name: "cpus"}}
+		}
+		pod.Spec.Containers = append(pod.Spec.Containers, c)
+	}
+	return pod
+}
+
+// create creates the pod.
+func create(t testing.TB, ns string, p podSpec) {
+	t.Helper()
+	c, cancel := cx()
+	defer cancel()
+	if _, err := node.Client.CoreV1().Pods(ns).Create(c, p.pod(ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// running waits until the pod runs and returns it.
+func running(t testing.TB, ns, name string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	poll(t, "pod "+ns+"/"+name+" to run", limit, func() (bool, error) {
+		c, cancel := cx()
+		defer cancel()
+		var err error
+		pod, err = node.Client.CoreV1().Pods(ns).Get(c, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if pod.Status.Phase != corev1.PodRunning {
+			return false, fmt.Errorf("phase %s: %s", pod.Status.Phase, describePod(pod))
+		}
+		for _, s := range pod.Status.ContainerStatuses {
+			if s.State.Running == nil {
+				return false, fmt.Errorf("container %s not running: %s", s.Name, describePod(pod))
+			}
+		}
+		return true, nil
+	})
+	return pod
+}
+
+func describePod(pod *corev1.Pod) string {
+	var parts []string
+	for _, c := range pod.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			parts = append(parts, fmt.Sprintf("%s=%s %s %s", c.Type, c.Status, c.Reason, c.Message))
+		}
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.State.Waiting != nil {
+			parts = append(parts, fmt.Sprintf("%s waiting: %s %s", s.Name, s.State.Waiting.Reason, s.State.Waiting.Message))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// deletePod deletes a pod and waits until it is gone.
+func deletePod(t testing.TB, ns, name string) {
+	t.Helper()
+	c, cancel := cx()
+	defer cancel()
+	if err := node.Client.CoreV1().Pods(ns).Delete(c, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "pod "+ns+"/"+name+" to be gone", limit, func() (bool, error) {
+		c, cancel := cx()
+		defer cancel()
+		_, err := node.Client.CoreV1().Pods(ns).Get(c, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), err
+	})
+}
+
+// containerID is the runtime's ID of a pod's container.
+func containerID(t testing.TB, pod *corev1.Pod, container string) string {
+	t.Helper()
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.Name == container {
+			_, id, ok := strings.Cut(s.ContainerID, "://")
+			if !ok {
+				t.Fatalf("container %s of %s has ID %q", container, pod.Name, s.ContainerID)
+			}
+			return id
+		}
+	}
+	t.Fatalf("pod %s has no container %s", pod.Name, container)
+	return ""
+}
+
+// placement is where the kernel runs a pod's container; every process of it must agree with
+// its cgroup.
+func placement(t testing.TB, pod *corev1.Pod, container string) onenode.Placement {
+	t.Helper()
+	p, err := node.Placement(containerID(t, pod, container))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, proc := range p.Processes {
+		if proc.CPUsAllowed != p.CgroupCPUs {
+			t.Fatalf("%s/%s: process %d may run on %q, its cgroup %s on %q", pod.Name, container, proc.PID, proc.CPUsAllowed, p.Cgroup, p.CgroupCPUs)
+		}
+	}
+	return p
+}
+
+// podClaim is the ResourceClaim the controller made for a pod's claim "cpus".
+func podClaim(t testing.TB, pod *corev1.Pod) *resourcev1.ResourceClaim {
+	t.Helper()
+	name := ""
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.Name == "cpus" && s.ResourceClaimName != nil {
+			name = *s.ResourceClaimName
+		}
+	}
+	if name == "" {
+		t.Fatalf("pod %s has no generated claim: %+v", pod.Name, pod.Status.ResourceClaimStatuses)
+	}
+	c, cancel := cx()
+	defer cancel()
+	claim, err := node.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(c, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return claim
+}
+
+// grantedCPUs is the cpuset the agent granted a claim, as the CDI device put it into the
+// container's environment (DRA_CPUSET_<claim UID>).
+func grantedCPUs(t testing.TB, p onenode.Placement, claim *resourcev1.ResourceClaim) string {
+	t.Helper()
+	key := "DRA_CPUSET_" + strings.ReplaceAll(string(claim.UID), "-", "_")
+	for _, proc := range p.Processes {
+		if v, ok := proc.Env[key]; ok {
+			return v
+		}
+	}
+	t.Fatalf("no process of %s has %s in its environment", p.Cgroup, key)
+	return ""
+}
+
+// cdiSpecs lists the CDI spec files the agent has written.
+func cdiSpecs(t testing.TB) []string {
+	t.Helper()
+	entries, err := os.ReadDir(node.CDIDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if !e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, filepath.Join(node.CDIDir(), e.Name()))
+		}
+	}
+	return out
+}
+
+// cpus parses a cpuset ("1,3-5").
+func cpus(t testing.TB, set string) map[int]bool {
+	t.Helper()
+	out := map[int]bool{}
+	for _, part := range strings.Split(strings.TrimSpace(set), ",") {
+		if part == "" {
+			continue
+		}
+		lo, hi, ranged := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			t.Fatalf("cpuset %q: %v", set, err)
+		}
+		b := a
+		if ranged {
+			if b, err = strconv.Atoi(hi); err != nil {
+				t.Fatalf("cpuset %q: %v", set, err)
+			}
+		}
+		for c := a; c <= b; c++ {
+			out[c] = true
+		}
+	}
+	return out
+}
+
+func overlaps(t testing.TB, a, b string) bool {
+	t.Helper()
+	bs := cpus(t, b)
+	for c := range cpus(t, a) {
+		if bs[c] {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,66 @@
+package clusterscenarios
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
+)
+
+// A pod that claims every CPU the node publishes and, as docs/deploy.md asks, states them again
+// in resources.requests, does not fit next to the agent's own pod with the chart's default
+// request (50m of CPU come out of the same allocatable CPUs): the scheduler says "Insufficient
+// cpu". With the agent's CPU request at 0, which docs/deploy.md recommends where claims should
+// get every CPU (the agent runs on the reserved CPUs either way), it runs on all of them.
+func TestTheAgentsCPURequestCountsAgainstAClaimOfEveryCPU(t *testing.T) {
+	ns := namespace(t)
+	all := len(cpus(t, sharedCPUs(t)))
+	claimTemplate(t, ns, "every-cpu", all)
+	whole := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(strconv.Itoa(all)), corev1.ResourceMemory: resource.MustParse("64Mi")}
+	create(t, ns, podSpec{name: "everything", template: "every-cpu", requests: whole, limits: whole})
+	var reason string
+	poll(t, "the scheduler to refuse the pod for cpu", limit, func() (bool, error) {
+		c, cancel := cx()
+		defer cancel()
+		pod, err := node.Client.CoreV1().Pods(ns).Get(c, "everything", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Reason == corev1.PodReasonUnschedulable {
+				reason = cond.Message
+				return strings.Contains(reason, "Insufficient cpu"), nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("with the chart's default request the scheduler says: %s", reason)
+
+	values, err := node.ValuesFile("values-no-cpu-request.json", map[string]any{"resources": map[string]any{"requests": map[string]any{"cpu": "0"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Helm("upgrade", onenode.Release, node.Chart(), "-n", onenode.Namespace, "-f", values, "--wait", "--timeout", "3m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		values, err := node.ValuesFile("values.json", nil)
+		if err == nil {
+			_, err = node.Helm("upgrade", onenode.Release, node.Chart(), "-n", onenode.Namespace, "-f", values, "--wait", "--timeout", "3m")
+		}
+		if err != nil {
+			t.Errorf("restoring the chart's values: %v", err)
+		}
+	})
+	pod := running(t, ns, "everything")
+	p := placement(t, pod, "app")
+	if granted := grantedCPUs(t, p, podClaim(t, pod)); p.CgroupCPUs != granted || !same(t, granted, sharedCPUs(t)) {
+		t.Fatalf("the pod runs on %q, its claim holds %q, the node publishes %q", p.CgroupCPUs, granted, sharedCPUs(t))
+	}
+	deletePod(t, ns, "everything")
+}

@@ -1,0 +1,184 @@
+package onenode
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+)
+
+const (
+	// serviceCIDR is the Service range; without kube-proxy no Service address is routed, the
+	// API server's own (serviceIP) is only in its certificate.
+	serviceCIDR = "10.96.0.0/24"
+	serviceIP   = "10.96.0.1"
+	// podCIDR is the bridge's range inside the run's network namespace (nothing outside it
+	// sees it, so every run may use the same).
+	podCIDR = "10.88.0.0/16"
+	// apiPort is the API server's port on the node's address.
+	apiPort = 6443
+)
+
+// toml quotes s as a TOML basic string (JSON's escapes are TOML's).
+func toml(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// containerdConfig keeps everything under the run directory, as the containerd stage's does
+// (tests/src/bin/e2e/containerd.rs), and adds the CRI's CNI: Debian's plugins, the run's
+// network configuration, and pod network namespaces under containerd's state directory instead
+// of /run/netns.
+func containerdConfig(l layout, runc, cniBin, sandboxImage string) string {
+	return fmt.Sprintf(`# containerd of one resmgr cluster: everything lives under its run directory.
+version = 3
+root = %[1]s
+state = %[2]s
+temp = %[3]s
+imports = []
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.differ.v1.erofs",
+  "io.containerd.mount-handler.v1.erofs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+]
+
+[grpc]
+  address = %[4]s
+
+[ttrpc]
+  address = %[5]s
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = %[6]s
+
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = %[7]s
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = %[8]s
+  plugin_path = %[9]s
+  plugin_config_path = %[10]s
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = %[11]s
+
+[plugins.'io.containerd.cri.v1.runtime']
+  cdi_spec_dirs = [%[12]s]
+  # Without CAP_SYS_RESOURCE runc cannot lower a container's oom_score_adj below containerd's.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  conf_dir = %[13]s
+  bin_dirs = [%[14]s]
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  BinaryName = %[15]s
+  Root = %[16]s
+  SystemdCgroup = false
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+`, toml(l.at("containerd/root")), toml(l.at("containerd/state")), toml(l.at("containerd/tmp")),
+		toml(l.ContainerdSocket), toml(l.at("containerd/containerd.sock.ttrpc")), toml(l.at("containerd/opt")),
+		toml(l.at("s")), toml(l.at("nri/nri.sock")), toml(l.at("nri/plugins")), toml(l.at("nri/conf.d")),
+		toml(sandboxImage), toml(l.CDIDir), toml(l.at("cni/net.d")), toml(cniBin), toml(runc),
+		toml(l.at("containerd/runc")))
+}
+
+// cniConfig is the pods' network: a bridge in the run's network namespace, the node's address
+// as seen from the pods being its gateway's neighbour, and a default route so that pods reach
+// the API server on the node's address.
+func cniConfig(l layout) string {
+	conf := map[string]any{
+		"cniVersion": "1.0.0",
+		"name":       "resmgr-cluster",
+		"plugins": []any{map[string]any{
+			"type":      "bridge",
+			"bridge":    "cni0",
+			"isGateway": true,
+			"ipMasq":    false,
+			"ipam": map[string]any{
+				"type":    "host-local",
+				"ranges":  []any{[]any{map[string]any{"subnet": podCIDR}}},
+				"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
+				"dataDir": l.at("cni/ipam"),
+			},
+		}},
+	}
+	b, _ := json.MarshalIndent(conf, "", "  ")
+	return string(b)
+}
+
+// kubeletConfig is the KubeletConfiguration of the run's kubelet: cgroupfs under the run's own
+// cgroup root, no CPU manager (the agent owns cpusets), every port on loopback or the node's
+// address, no host tuning the machine's root cannot do, and every directory under the run's.
+func kubeletConfig(l layout, nodeIP, cgroupRoot, reservedCPUs, ca string) string {
+	conf := map[string]any{
+		"apiVersion": "kubelet.config.k8s.io/v1beta1",
+		"kind":       "KubeletConfiguration",
+		"authentication": map[string]any{
+			"anonymous": map[string]any{"enabled": false},
+			"webhook":   map[string]any{"enabled": true},
+			"x509":      map[string]any{"clientCAFile": ca},
+		},
+		"authorization":               map[string]any{"mode": "Webhook"},
+		"address":                     nodeIP,
+		"port":                        10250,
+		"readOnlyPort":                0,
+		"healthzBindAddress":          "127.0.0.1",
+		"healthzPort":                 10248,
+		"containerRuntimeEndpoint":    "unix://" + l.ContainerdSocket,
+		"cgroupDriver":                "cgroupfs",
+		"cgroupRoot":                  "/" + cgroupRoot,
+		"cpuManagerPolicy":            "none",
+		"reservedSystemCPUs":          reservedCPUs,
+		"failSwapOn":                  false,
+		"failCgroupV1":                false,
+		"oomScoreAdj":                 0,
+		"makeIPTablesUtilChains":      false,
+		"podLogsDir":                  l.at("pod-logs"),
+		"volumePluginDir":             l.at("volume-plugins"),
+		"resolvConf":                  "/etc/resolv.conf",
+		"serializeImagePulls":         false,
+		"shutdownGracePeriod":         "0s",
+		"imageGCHighThresholdPercent": 100,
+		"imageGCLowThresholdPercent":  99,
+		// A shared build machine's disk is often fuller than the defaults allow.
+		"evictionHard": map[string]string{
+			"memory.available":  "100Mi",
+			"nodefs.available":  "1%",
+			"imagefs.available": "1%",
+			"nodefs.inodesFree": "1%",
+		},
+	}
+	b, _ := json.MarshalIndent(conf, "", "  ")
+	return string(b)
+}
+
+// agentValues are the chart's values for this node: its host paths under the run directory,
+// the image imported into containerd (never pulled), the kubelet's reserved CPUs, and the API
+// server's address, which the pod cannot reach through the kubernetes Service without
+// kube-proxy.
+func agentValues(l layout, repository, tag, nodeIP, reservedCPUs string) map[string]any {
+	return map[string]any{
+		"image":    map[string]any{"repository": repository, "tag": tag, "pullPolicy": "Never"},
+		"nri":      map[string]any{"socketDir": l.at("nri")},
+		"kubelet":  map[string]any{"rootDir": l.KubeletRoot},
+		"cdi":      map[string]any{"specDir": l.CDIDir},
+		"stateDir": l.at("agent-state"),
+		"config":   map[string]any{"reserved-cpus": reservedCPUs},
+		"extraEnv": []any{
+			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": nodeIP},
+			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": strconv.Itoa(apiPort)},
+		},
+	}
+}
