@@ -122,8 +122,12 @@ func TestStraySpecIsSwept(t *testing.T) {
 
 	c.launch()
 	endpoint := c.ready()
-	c.waitFor("the stray spec to be swept", func() bool { return !exists(c.specPath(strayUID))() })
-	c.waitFor("the sweep counted", func() bool { return c.metric(`resmgr_reconciled_claims_total{outcome="swept"} 1`) })
+	c.waitFor("the stray spec to be swept", func() bool {
+		return c.metric(`resmgr_reconciled_claims_total{outcome="swept"} 1`)
+	})
+	if exists(c.specPath(strayUID))() {
+		t.Fatal("the swept stray's spec is still there")
+	}
 	got := c.prepare(t, draClient(t, endpoint), "db-cpus", claimUID)
 	if got == nil || got.Error != "" {
 		t.Fatalf("prepare of two CPUs of numa1, which the swept stray held, answered %+v", got)
@@ -227,9 +231,12 @@ func TestDeletedClaimIsReleased(t *testing.T) {
 	if answer, err := c.answers.ReadString('\n'); err != nil || answer != "deleted\n" {
 		t.Fatalf("deleting the claim: %q %v", answer, err)
 	}
-	c.waitFor("the claim to be released", func() bool { return !exists(c.specPath(claimUID))() })
-	if !c.metric(`resmgr_reconciled_claims_total{outcome="released"} 1`) {
-		t.Fatal("the release is not counted")
+	// Counted once the release is done, spec removed first.
+	c.waitFor("the claim to be released", func() bool {
+		return c.metric(`resmgr_reconciled_claims_total{outcome="released"} 1`)
+	})
+	if exists(c.specPath(claimUID))() {
+		t.Fatal("the released claim's spec is still there")
 	}
 	if code, _ := get(t, "http://"+c.metrics+"/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz answered %d after the release", code)
