@@ -10,10 +10,17 @@
 //!    file itself stays (removing lock files races with the next locker).
 //! 3. Holding the lock, a socket left at the path by an earlier run is stale and removed. Any
 //!    other kind of file there is refused, never deleted.
-//! 4. The listener is bound at `<dir>/.<name>.tmp`, its mode set to 0600, and then renamed into
-//!    place. The socket therefore appears already listening and already with its final mode,
-//!    and the temporary name starts with a dot, which the kubelet's plugin watcher ignores: it
-//!    sees exactly one event, the socket's arrival.
+//! 4. The listener is bound at the path itself, with its mode set on the socket before the
+//!    bind, so the file appears once, under its final name, already 0600. Nothing else appears
+//!    in the directory. That matters in the kubelet's registry: its plugin watcher stats every
+//!    name that appears there when it gets to the event, and logs an error for one that is
+//!    gone by then, dot-file or not, so a temporary name renamed into place costs an
+//!    error-level line at every start. Binding elsewhere and renaming the socket in cannot work
+//!    where it matters most: the DaemonSet mounts the registry directory alone, so any other
+//!    directory is another mount and `rename` fails with `EXDEV`. Between `bind` and `listen`
+//!    (the next system call) a connection would be refused; the kubelet's registration dial
+//!    blocks and retries a refused connection, and it dials the DRA socket only once the
+//!    registration socket, bound after it, has appeared.
 //!
 //! Removal ([`BoundSocket::remove`], also on drop) deletes the socket only if the file at the path
 //! is still the one we bound.
@@ -74,13 +81,6 @@ pub enum SocketError {
         #[source]
         source: io::Error,
     },
-    #[error("moving {from} to {to}")]
-    Rename {
-        from: PathBuf,
-        to: PathBuf,
-        #[source]
-        source: io::Error,
-    },
 }
 
 /// A socket we bound and own: the lock, and the identity of the file to remove later.
@@ -107,19 +107,14 @@ impl BoundSocket {
         let lock_path = dir.join(format!(".{name}.lock"));
         let lock = lock(&lock_path, path)?;
         remove_stale(path)?;
-        let tmp = dir.join(format!(".{name}.tmp"));
-        remove_if_present(&tmp)?;
-        let listener = bind_listener(&tmp)?;
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(SOCKET_MODE)).map_err(|source| {
+        let listener = bind_listener(path)?;
+        // The mode was set before the bind, less the umask; this makes it exact whatever the
+        // umask. It changes no name, so the kubelet's watcher sees no event for it.
+        fs::set_permissions(path, fs::Permissions::from_mode(SOCKET_MODE)).map_err(|source| {
             SocketError::Chmod {
-                path: tmp.clone(),
+                path: path.to_owned(),
                 source,
             }
-        })?;
-        fs::rename(&tmp, path).map_err(|source| SocketError::Rename {
-            from: tmp.clone(),
-            to: path.to_owned(),
-            source,
         })?;
         let meta = fs::symlink_metadata(path).map_err(|source| SocketError::Bind {
             path: path.to_owned(),
@@ -259,12 +254,53 @@ fn remove_if_present(path: &Path) -> Result<(), SocketError> {
     }
 }
 
+/// Listens at `path` with [`SOCKET_MODE`] set on the socket before `bind` creates the file:
+/// Linux gives a socket file the socket's own mode, less the umask.
 fn bind_listener(path: &Path) -> Result<UnixListener, SocketError> {
-    let bind_error = |source| SocketError::Bind {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let bind_error = |source: io::Error| SocketError::Bind {
         path: path.to_owned(),
         source,
     };
-    let std_listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_error)?;
-    std_listener.set_nonblocking(true).map_err(bind_error)?;
-    UnixListener::from_std(std_listener).map_err(bind_error)
+    let socket = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| bind_error(e.into()))?;
+    rustix::fs::fchmod(&socket, rustix::fs::Mode::from_raw_mode(SOCKET_MODE)).map_err(|e| {
+        SocketError::Chmod {
+            path: path.to_owned(),
+            source: e.into(),
+        }
+    })?;
+    let address = SocketAddrUnix::new(path).map_err(|e| bind_error(e.into()))?;
+    rustix::net::bind(&socket, &address).map_err(|e| bind_error(e.into()))?;
+    rustix::net::listen(&socket, LISTEN_BACKLOG).map_err(|e| bind_error(e.into()))?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(socket)).map_err(bind_error)
+}
+
+/// Connections the kernel queues before we accept them (std's own listeners use the same).
+const LISTEN_BACKLOG: i32 = 128;
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::FileTypeExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_socket_is_0600_from_the_moment_it_is_bound_and_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = bind_listener(&path).unwrap();
+        let meta = fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, SOCKET_MODE);
+        let client = tokio::net::UnixStream::connect(&path);
+        let (accepted, connected) = tokio::join!(listener.accept(), client);
+        accepted.unwrap();
+        connected.unwrap();
+    }
 }

@@ -378,6 +378,99 @@ async fn shutdown_deregisters_first_and_answers_calls_in_flight() {
     assert!(!config.dra_socket().exists());
 }
 
+/// The names that appeared in a directory (created or moved in), in order, read from an inotify
+/// watch: what the kubelet's plugin watcher gets for the registry directory.
+#[derive(Debug)]
+struct DirWatch {
+    dir: PathBuf,
+    inotify: std::os::fd::OwnedFd,
+}
+
+impl DirWatch {
+    fn new(dir: &Path) -> Self {
+        use rustix::fs::inotify;
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
+            .expect("inotify_init");
+        inotify::add_watch(
+            &fd,
+            dir,
+            inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO,
+        )
+        .expect("inotify_add_watch");
+        Self {
+            dir: dir.to_owned(),
+            inotify: fd,
+        }
+    }
+
+    /// Every name that appeared since the watch began (the events are queued by then: the
+    /// kernel queues them before the system call that caused them returns).
+    fn appeared(&self) -> Vec<String> {
+        use rustix::fs::inotify;
+        let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
+        let mut reader = inotify::Reader::new(&self.inotify, &mut buf);
+        let mut names = Vec::new();
+        loop {
+            match reader.next() {
+                Ok(event) => {
+                    if let Some(name) = event.file_name() {
+                        names.push(name.to_string_lossy().into_owned());
+                    }
+                }
+                Err(e) if e == rustix::io::Errno::WOULDBLOCK => return names,
+                Err(e) => panic!("reading inotify events: {e}"),
+            }
+        }
+    }
+}
+
+/// The kubelet's plugin watcher stats every name that appears in the registry directory when it
+/// gets to the event, and logs an error for one that is already gone; it registers every socket
+/// whose name does not start with a dot. So each socket must appear under its final name and
+/// nothing may appear there only for a moment. The DRA socket's directory is held to the same
+/// rule, for an operator who puts it in a watched directory.
+#[tokio::test]
+async fn sockets_appear_under_their_final_names_only_and_nothing_appears_for_a_moment() {
+    let root = tempfile::tempdir().unwrap();
+    let config = config(root.path());
+    let dra_dir = config.dra_socket().parent().unwrap().to_owned();
+    fs::create_dir_all(&config.registry_dir).unwrap();
+    fs::create_dir_all(&dra_dir).unwrap();
+    // A restart: the sockets of a killed run are still there.
+    leave_stale_socket(&config.dra_socket());
+    leave_stale_socket(&config.registration_socket());
+    let watches = [
+        (
+            DirWatch::new(&config.registry_dir),
+            config.registration_socket(),
+        ),
+        (DirWatch::new(&dra_dir), config.dra_socket()),
+    ];
+
+    let plugin = start(&config).await;
+    for (watch, socket) in &watches {
+        let appeared = watch.appeared();
+        for name in &appeared {
+            assert!(
+                fs::symlink_metadata(watch.dir.join(name)).is_ok(),
+                "{name} appeared in {} and is gone again (all that appeared: {appeared:?})",
+                watch.dir.display()
+            );
+        }
+        let sockets: Vec<&String> = appeared
+            .iter()
+            .filter(|n| {
+                fs::symlink_metadata(watch.dir.join(n)).is_ok_and(|m| m.file_type().is_socket())
+            })
+            .collect();
+        let final_name = socket.file_name().unwrap().to_str().unwrap();
+        assert_eq!(sockets, [final_name], "in {}", watch.dir.display());
+    }
+    let info = get_info(&config.registration_socket()).await;
+    assert_eq!(info.endpoint, config.dra_socket().to_str().unwrap());
+    plugin.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn dropping_the_plugin_removes_both_sockets() {
     let root = tempfile::tempdir().unwrap();
