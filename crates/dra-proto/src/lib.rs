@@ -1,4 +1,5 @@
-//! Kubelet-facing wire schemas: DRA `v1` and `v1beta1`, and plugin registration.
+//! Kubelet-facing wire schemas: DRA `v1` and `v1beta1`, the DRA resource health stream
+//! (`v1alpha1`), and plugin registration.
 //!
 //! The `.proto` files under `proto/` are ours, written from the published field tables; the Rust
 //! code under `src/generated/` is produced from them by `cargo xtask codegen` (protox, prost and
@@ -28,8 +29,14 @@ mod generated {
     pub mod dra_v1 {
         include!("generated/k8s.io.kubelet.pkg.apis.dra.v1.rs");
     }
+    pub mod dra_health_v1alpha1 {
+        include!("generated/v1alpha1.rs");
+    }
 }
 
+/// DRA resource health (`v1alpha1.DRAResourceHealth`): the device health stream kubelets open
+/// on the DRA socket (1.36 and later, and 1.34/1.35 with the `ResourceHealthStatus` gate on).
+pub use generated::dra_health_v1alpha1 as health_v1alpha1;
 /// DRA `v1` (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`), served to kubelets 1.34 and later.
 pub use generated::dra_v1 as v1;
 /// DRA `v1beta1` (`k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`), served to kubelets 1.32 and later.

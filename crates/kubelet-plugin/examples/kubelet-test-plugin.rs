@@ -11,6 +11,10 @@
 //! A request containing a claim in namespace `refuse` is refused as a whole with `Unavailable`,
 //! the way the real handler refuses claims before the runtime has synchronized.
 //!
+//! Its health stream reports device `dev-a` of `test-pool` Healthy until a line on stdin replaces
+//! the report: `health <device>=<healthy|unhealthy|unknown>[:<message>];...` (devices of
+//! `test-pool`, checked now, valid for 30 s).
+//!
 //! With `--stock-registration` it instead serves only the registration service on a plain tonic
 //! server, without our `:authority` rewrite, so the Go tests can show the upstream problem.
 //!
@@ -18,15 +22,19 @@
 //! <state>` on every change of the registration state, and `stopped` after an orderly shutdown
 //! on SIGTERM or SIGINT. Logs go to stderr.
 
-use std::{path::PathBuf, sync::Arc};
+use std::{io::BufRead as _, path::PathBuf, sync::Arc, time::SystemTime};
 
 use anyhow::Context;
 use clap::Parser;
 use kubelet_plugin::{
-    ClaimError, ClaimHandler, ClaimRef, KubeletConfig, KubeletPlugin, PrepareResults,
-    PreparedDevice, RegistrationState, RequestError, UnprepareResults,
+    ClaimError, ClaimHandler, ClaimRef, DeviceHealth, Health, HealthReport, KubeletConfig,
+    KubeletPlugin, PrepareResults, PreparedDevice, RegistrationState, RequestError,
+    UnprepareResults,
 };
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::watch,
+};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -133,7 +141,24 @@ async fn main() -> anyhow::Result<()> {
         .await;
     }
 
-    let plugin = KubeletPlugin::start(&config, Arc::new(TestHandler))
+    let (health, reports) = watch::channel(report("dev-a=healthy")?);
+    // Blocking stdin on a thread of its own; a line that does not parse is logged and skipped.
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            match line.strip_prefix("health ").map(report) {
+                Some(Ok(r)) => {
+                    health.send_replace(r);
+                }
+                Some(Err(e)) => tracing::error!(error = %e, "bad health line"),
+                None => tracing::error!(%line, "unknown command"),
+            }
+        }
+        // No more lines: the last report stands, and is repeated, for as long as we run.
+        loop {
+            std::thread::park();
+        }
+    });
+    let plugin = KubeletPlugin::start_with_health(&config, Arc::new(TestHandler), reports)
         .await
         .context("starting the kubelet plugin")?;
     println!("ready");
@@ -160,6 +185,38 @@ async fn main() -> anyhow::Result<()> {
     plugin.shutdown().await.context("shutting down")?;
     println!("stopped");
     Ok(())
+}
+
+/// A report from `<device>=<health>[:<message>];...`.
+fn report(spec: &str) -> anyhow::Result<HealthReport> {
+    let devices = spec
+        .split(';')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            let (device, rest) = item
+                .split_once('=')
+                .with_context(|| format!("{item:?}: no '='"))?;
+            let (health, message) = rest.split_once(':').unwrap_or((rest, ""));
+            let health = match health {
+                "healthy" => Health::Healthy,
+                "unhealthy" => Health::Unhealthy,
+                "unknown" => Health::Unknown,
+                other => anyhow::bail!("{item:?}: health {other:?}"),
+            };
+            Ok(DeviceHealth {
+                pool: "test-pool".into(),
+                device: device.to_owned(),
+                health,
+                message: message.to_owned(),
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(HealthReport {
+        devices,
+        checked_at: SystemTime::now(),
+        valid_for: HealthReport::KUBELET_DEFAULT_TIMEOUT,
+    })
 }
 
 /// A registration server as tonic serves it out of the box: no `:authority` rewrite.

@@ -1,9 +1,10 @@
-//! The kubelet side of a DRA driver: plugin registration and the DRA gRPC service, over unix
-//! sockets, in front of a [`ClaimHandler`] the driver implements.
+//! The kubelet side of a DRA driver: plugin registration, the DRA gRPC service and the resource
+//! health stream, over unix sockets, in front of a [`ClaimHandler`] the driver implements and
+//! the [`HealthReport`]s it keeps.
 //!
 //! This is the part of a DRA driver that is the same for every driver (the shape of Go's
 //! `k8s.io/dynamic-resource-allocation/kubeletplugin`): sockets, registration, both DRA versions,
-//! request validation, and the HTTP/2 fix the kubelet's clients need. It knows nothing of
+//! request validation, the health stream, and the HTTP/2 fix the kubelet's clients need. It knows nothing of
 //! resources, policies or the Kubernetes API; it depends only on `dra-proto`. What a prepare
 //! means is the handler's business (resmgr's is its claim lifecycle, in `resmgr::dra_handler`).
 //!
@@ -11,12 +12,15 @@
 //!
 //! | socket | default path | services |
 //! |---|---|---|
-//! | DRA | `/var/lib/kubelet/plugins/<driver>/dra.sock` | `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` |
+//! | DRA | `/var/lib/kubelet/plugins/<driver>/dra.sock` | `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`, `v1alpha1.DRAResourceHealth` |
 //! | registration | `/var/lib/kubelet/plugins_registry/<driver>-reg.sock` | `pluginregistration.Registration` |
 //!
 //! Both directories are configurable ([`KubeletConfig`]), for kubelets with a relocated root
 //! directory. Mount them into the container at the same paths as on the host: the DRA socket's
-//! path is what we tell the kubelet, and the kubelet resolves it on the host.
+//! path is what we tell the kubelet, and the kubelet resolves it on the host. Each socket appears
+//! in its directory once, under its final name, already with its final mode: the kubelet's plugin
+//! watcher logs an error for any name that appears in the registry and is gone when it looks
+//! (the `socket` module says how).
 //!
 //! # Which kubelet speaks which version to us
 //!
@@ -35,9 +39,19 @@
 //! with "no handler registered for plugin type", which we log and publish as
 //! [`RegistrationState::Rejected`].
 //!
-//! The DRA resource-health service (`v1alpha1.DRAResourceHealth`) is declined: not listed in
-//! `GetInfo` and not served, so calls to it get `Unimplemented` (1.34/1.35 kubelets with the
-//! alpha gate on try it anyway, every 5 s, and only log the refusal).
+//! # Device health
+//!
+//! The DRA socket also serves the resource health stream (`v1alpha1.DRAResourceHealth`,
+//! `NodeWatchResources`), and `GetInfo` lists it after the DRA versions (no kubelet chooses
+//! its DRA version by other entries). Kubelets open it whether it is listed or not: 1.36 and
+//! later always (the `ResourceHealthStatus` gate is beta and on), 1.34 and 1.35 with that alpha
+//! gate on; each opens a stream on every registered plugin, reopens it 5 s after it ends, and
+//! logs an `Unimplemented` answer at error level. A driver hands its reports to
+//! [`KubeletPlugin::start_with_health`] as a `watch` channel of [`HealthReport`]s; every stream
+//! sends the current report when it opens, each new one, and the current one again before its
+//! timeout runs out. [`KubeletPlugin::start`] serves a stream that reports no devices. The
+//! kubelet shows a device's health in `allocatedResourcesStatus` of the containers whose
+//! claims hold it (the `message` from 1.36 on).
 //!
 //! # Limits and errors
 //!
@@ -51,15 +65,17 @@
 //! # Modules
 //!
 //! - `plugin`: start-up and shutdown order, the servers' settings;
-//! - `socket`: directories, locking, stale sockets, atomic appearance, removal;
+//! - `socket`: directories, locking, stale sockets, appearance under the final name only, removal;
 //! - `registration`: `GetInfo` and the registration state;
 //! - `dra`, `wire`, `handler`: the DRA service over one handler, version conversion;
+//! - `health`: the resource health stream, fed by the driver's reports;
 //! - `authority`: the `:authority` rewrite in front of both servers;
 //! - [`names`]: DNS label and subdomain rules, shared with the driver.
 
 mod authority;
 mod dra;
 mod handler;
+mod health;
 pub mod names;
 mod plugin;
 mod registration;
@@ -74,6 +90,7 @@ pub use self::{
         ClaimError, ClaimHandler, ClaimRef, PrepareResults, PreparedDevice, RequestError,
         UnprepareResults,
     },
+    health::{DeviceHealth, Health, HealthReport},
     plugin::{
         KubeletConfig, KubeletError, KubeletPlugin, MAX_DRA_REQUEST, MAX_DRA_RESPONSE,
         MAX_REGISTRATION_MESSAGE,

@@ -12,7 +12,10 @@ use std::{
     sync::Arc,
 };
 
-use dra_proto::{pluginregistration::registration_server::RegistrationServer, v1, v1beta1};
+use dra_proto::{
+    health_v1alpha1::dra_resource_health_server::DraResourceHealthServer,
+    pluginregistration::registration_server::RegistrationServer, v1, v1beta1,
+};
 use tokio::{
     net::UnixListener,
     sync::{oneshot, watch},
@@ -26,6 +29,7 @@ use crate::{
     authority::{MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, RewritingStream, server_limits},
     dra::DraService,
     handler::ClaimHandler,
+    health::{HealthReport, HealthService},
     names,
     registration::{RegistrationService, RegistrationState},
     socket::{BoundSocket, SocketError},
@@ -39,7 +43,8 @@ pub const MAX_DRA_REQUEST: usize = 1024 * 1024;
 /// larger answer would fail at the kubelet anyway; failing here says why.
 pub const MAX_DRA_RESPONSE: usize = 4 * 1024 * 1024;
 
-/// Largest registration message either way; they carry a few short strings.
+/// Largest registration message either way; they carry a few short strings. Also the largest
+/// health stream request (which carries nothing).
 pub const MAX_REGISTRATION_MESSAGE: usize = 64 * 1024;
 
 /// Where the kubelet-facing sockets go, and under which driver name.
@@ -116,14 +121,29 @@ pub struct KubeletPlugin {
     registration: ServerTask,
     dra: ServerTask,
     state: watch::Receiver<RegistrationState>,
+    /// Set on shutdown (and dropped with the plugin): ends the health streams, which would
+    /// otherwise hold up the DRA server's graceful stop for ever.
+    stopping: watch::Sender<bool>,
 }
 
 impl KubeletPlugin {
     /// Serves the DRA socket, then the registration socket. Both serve until [`Self::shutdown`]
-    /// (or until this value is dropped, which stops them without waiting).
+    /// (or until this value is dropped, which stops them without waiting). The health stream
+    /// reports no devices: see [`Self::start_with_health`].
     pub async fn start<H: ClaimHandler>(
         config: &KubeletConfig,
         handler: Arc<H>,
+    ) -> Result<Self, KubeletError> {
+        let (_, reports) = watch::channel(HealthReport::none());
+        Self::start_with_health(config, handler, reports).await
+    }
+
+    /// [`Self::start`], with the device health the driver keeps in `reports` streamed to the
+    /// kubelet (see the `health` module).
+    pub async fn start_with_health<H: ClaimHandler>(
+        config: &KubeletConfig,
+        handler: Arc<H>,
+        reports: watch::Receiver<HealthReport>,
     ) -> Result<Self, KubeletError> {
         validate_driver_name(&config.driver_name)?;
         let dra_path =
@@ -136,6 +156,7 @@ impl KubeletPlugin {
         let (dra_socket, listener) =
             BoundSocket::bind(&dra_path).map_err(KubeletError::DraSocket)?;
         let service = DraService::new(handler);
+        let (stopping, stopping_rx) = watch::channel(false);
         let router = server()
             .add_service(
                 v1::dra_plugin_server::DraPluginServer::new(service.clone())
@@ -146,9 +167,14 @@ impl KubeletPlugin {
                 v1beta1::dra_plugin_server::DraPluginServer::new(service)
                     .max_decoding_message_size(MAX_DRA_REQUEST)
                     .max_encoding_message_size(MAX_DRA_RESPONSE),
+            )
+            .add_service(
+                DraResourceHealthServer::new(HealthService::new(reports, stopping_rx))
+                    .max_decoding_message_size(MAX_REGISTRATION_MESSAGE)
+                    .max_encoding_message_size(MAX_DRA_RESPONSE),
             );
         let mut dra = ServerTask::spawn("DRA", dra_socket, listener, router);
-        info!(socket = %endpoint, "serving DRA v1 and v1beta1");
+        info!(socket = %endpoint, "serving DRA v1 and v1beta1, and the resource health stream");
 
         let (state_tx, state) = watch::channel(RegistrationState::Pending);
         let service = RegistrationService::new(&config.driver_name, &endpoint, state_tx);
@@ -171,6 +197,7 @@ impl KubeletPlugin {
             registration,
             dra,
             state,
+            stopping,
         })
     }
 
@@ -190,11 +217,13 @@ impl KubeletPlugin {
     }
 
     /// Deregisters (removes the registration socket), then stops both servers, the DRA server
-    /// after the calls in flight are answered, and removes the DRA socket.
+    /// after the calls in flight are answered and the health streams ended, and removes the DRA
+    /// socket.
     pub async fn shutdown(mut self) -> Result<(), KubeletError> {
         let deregistered = self.registration.socket.remove();
         info!("removed the registration socket; the kubelet deregisters us");
         let registration = self.registration.stop().await;
+        self.stopping.send_replace(true);
         let dra = self.dra.stop().await;
         deregistered.map_err(|source| KubeletError::RemoveSocket {
             server: "registration",

@@ -18,11 +18,16 @@ use tracing::{error, info};
 /// The plugin type the kubelet's DRA handler registers under.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 
-/// The DRA service versions we serve, most preferred first, as `<package version>.<service>`.
-/// 1.34+ kubelets take the first one they know (v1); 1.32/1.33 kubelets know only v1beta1.
-/// The DRA health service (`v1alpha1.DRAResourceHealth`) is deliberately absent: we do not
-/// serve it, and kubelets that see it listed would open its stream.
-pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// The services we serve on the DRA socket, as `<package version>.<service>`: the DRA versions
+/// most preferred first, then the resource health stream. 1.34+ kubelets take the first DRA
+/// version they know (v1); 1.32/1.33 kubelets know only v1beta1. No kubelet picks its DRA
+/// service by other entries; kubelets that look for the health service before opening its
+/// stream find it here (1.36 opens it either way).
+pub const SUPPORTED_VERSIONS: [&str; 3] = [
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1alpha1.DRAResourceHealth",
+];
 
 /// Where our registration with the kubelet stands, as the kubelet last told us.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +108,7 @@ impl Registration for RegistrationService {
 
 #[cfg(test)]
 mod tests {
-    use dra_proto::{v1, v1beta1};
+    use dra_proto::{health_v1alpha1, v1, v1beta1};
 
     use super::*;
 
@@ -122,6 +127,7 @@ mod tests {
             [
                 from_service(v1::dra_plugin_server::SERVICE_NAME).as_str(),
                 from_service(v1beta1::dra_plugin_server::SERVICE_NAME).as_str(),
+                health_v1alpha1::dra_resource_health_server::SERVICE_NAME,
             ]
         );
     }
@@ -170,7 +176,11 @@ mod tests {
         assert_eq!(info.endpoint, "/p/cpu.resmgr.io/dra.sock");
         assert_eq!(
             info.supported_versions,
-            ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1alpha1.DRAResourceHealth"
+            ]
         );
     }
 }

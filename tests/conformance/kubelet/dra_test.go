@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	healthapi "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 )
@@ -279,24 +278,6 @@ func TestMalformedMessageIsInvalidArgument(t *testing.T) {
 	// The server is still there.
 	if _, err := (v1Client{drav1.NewDRAPluginClient(conn)}).prepare(callContext(t), nil); err != nil {
 		t.Fatalf("empty prepare after the malformed ones: %v", err)
-	}
-	p.stop()
-}
-
-// The DRA health service is declined: not served, so its stream ends Unimplemented.
-func TestHealthServiceIsNotServed(t *testing.T) {
-	p := startPlugin(t)
-	for _, style := range dialStyles {
-		t.Run(style.name, func(t *testing.T) {
-			client := healthapi.NewDRAResourceHealthClient(style.dial(t, p.draSocket()))
-			stream, err := client.NodeWatchResources(callContext(t), &healthapi.NodeWatchResourcesRequest{})
-			if err == nil {
-				_, err = stream.Recv()
-			}
-			if status.Code(err) != codes.Unimplemented {
-				t.Fatalf("NodeWatchResources: %v, want Unimplemented", err)
-			}
-		})
 	}
 	p.stop()
 }

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -35,6 +36,7 @@ type plugin struct {
 	pluginsDir  string
 	registryDir string
 	lines       chan string // stdout, one event per line
+	stdin       io.WriteCloser
 	exited      chan error
 	stderr      string // the file the plugin logs to
 }
@@ -95,6 +97,9 @@ func startPlugin(t testing.TB, extraArgs ...string) *plugin {
 	}
 	defer logFile.Close() // the child has its own descriptor
 	p.cmd.Stderr = logFile
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		t.Fatalf("stdin pipe: %v", err)
+	}
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatalf("stdout pipe: %v", err)
@@ -136,6 +141,14 @@ func (p *plugin) expectLine(want string) {
 		}
 	case <-time.After(waitLimit):
 		p.t.Fatalf("plugin did not print %q within %v", want, waitLimit)
+	}
+}
+
+// command writes one line to the plugin's stdin (see the test plugin's docs).
+func (p *plugin) command(line string) {
+	p.t.Helper()
+	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
+		p.t.Fatalf("writing %q to the plugin: %v", line, err)
 	}
 }
 

@@ -8,6 +8,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	healthapi "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
@@ -54,8 +57,12 @@ func TestRegistration(t *testing.T) {
 				t.Fatalf("GetInfo answered type %q name %q endpoint %q; want DRAPlugin, %s, %s",
 					info.Type, info.Name, info.Endpoint, driverName, p.draSocket())
 			}
-			if got := strings.Join(info.SupportedVersions, ","); got != "v1.DRAPlugin,v1beta1.DRAPlugin" {
-				t.Fatalf("supported versions %q, want v1.DRAPlugin,v1beta1.DRAPlugin (and no health service)", got)
+			// The DRA versions most preferred first, then the health service under the name
+			// its upstream descriptor gives it.
+			want := strings.Join([]string{drav1.DRAPluginService, drav1beta1.DRAPluginService,
+				healthapi.DRAResourceHealth_ServiceDesc.ServiceName}, ",")
+			if got := strings.Join(info.SupportedVersions, ","); got != want {
+				t.Fatalf("supported versions %q, want %q", got, want)
 			}
 
 			// The kubelet's verdicts, on the same connection (so later requests carry the
