@@ -279,7 +279,20 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         view: policy_view.clone(),
         devices_may_change: devices_may_change.clone(),
     });
-    let plugin = KubeletPlugin::start(&kubelet_config, handler)
+    // Device health for the kubelet: online CPUs from this machine's sysfs, unless the topology
+    // is not this machine's.
+    let health = resmgr::health::HealthMonitor::new(
+        resmgr::health::HealthConfig {
+            sysfs_root: matches!(config.topology, policy::TopologySource::Live)
+                .then(|| "/sys".into()),
+            ..resmgr::health::HealthConfig::new(&node_name)
+        },
+        {
+            let view = policy_view.clone();
+            move || view.device_cpus()
+        },
+    );
+    let plugin = KubeletPlugin::start_with_health(&kubelet_config, handler, health.spawn())
         .await
         .context("starting the kubelet plugin")?;
     let _ = registration.set(plugin.registration_state());

@@ -92,6 +92,9 @@ impl Policy for SharedPolicy {
     fn inventory(&self) -> policy::Inventory {
         lock(&self.inner).inventory()
     }
+    fn device_cpus(&self) -> std::collections::BTreeMap<String, policy::CpuSet> {
+        lock(&self.inner).device_cpus()
+    }
 }
 
 /// One container's placement, as printed.
@@ -222,6 +225,11 @@ impl PolicyView {
     /// [`devices_to_show`] of the policy.
     pub fn devices_to_show(&self) -> Result<Vec<Device>, PolicyError> {
         devices_to_show(&**lock(&self.inner))
+    }
+
+    /// The CPUs behind each published device, by name.
+    pub fn device_cpus(&self) -> std::collections::BTreeMap<String, policy::CpuSet> {
+        lock(&self.inner).device_cpus()
     }
 
     /// Copies out what is placed where.

@@ -114,7 +114,10 @@
 //! call must leave the policy exactly as it was before the call: plan on the unchanged state,
 //! then commit. Input from outside the process (annotations, claims, snapshots) never panics.
 
+use std::collections::BTreeMap;
+
 use crate::{
+    idset::CpuSet,
     inventory::Inventory,
     model::{Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Resources},
 };
@@ -276,5 +279,13 @@ pub trait Policy: Send + std::fmt::Debug {
     /// nothing else.
     fn inventory(&self) -> Inventory {
         Inventory::default()
+    }
+
+    /// The CPUs behind each device [`Policy::devices`] publishes, by device name: what a
+    /// device's health depends on (resmgr tells the kubelet a device is unhealthy while a CPU
+    /// behind it is offline). Like [`Policy::inventory`], never for decisions; cheap. The
+    /// default names none, and then a device is healthy for as long as it is published.
+    fn device_cpus(&self) -> BTreeMap<String, CpuSet> {
+        BTreeMap::new()
     }
 }

@@ -16,6 +16,7 @@ pub mod errors;
 pub mod events;
 pub mod faults;
 pub mod gate;
+pub mod health;
 pub mod kube;
 pub mod manager;
 pub mod nri_plugin;

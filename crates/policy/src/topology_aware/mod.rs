@@ -1002,6 +1002,13 @@ impl Policy for TopologyAware {
         Ok(self.table.devices())
     }
 
+    fn device_cpus(&self) -> BTreeMap<String, CpuSet> {
+        self.table
+            .iter()
+            .map(|d| (d.device.name.clone(), d.cpus.clone()))
+            .collect()
+    }
+
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError> {
         if let Some(held) = self.claims.get(&claim.uid) {
             // Same UID, same results, same CPUs. Other results under a UID we hold mean the

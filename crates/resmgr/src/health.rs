@@ -1,0 +1,383 @@
+//! The health of our published devices, for the kubelet's resource health stream.
+//!
+//! A device is a set of CPUs ([`policy::Policy::device_cpus`]). Every poll interval the monitor
+//! reads the kernel's online CPUs (`devices/system/cpu/online` under an injectable sysfs root,
+//! through the policy's one sysfs reader) and the devices the policy publishes, and reports:
+//!
+//! | device | health | message |
+//! |---|---|---|
+//! | published, every CPU behind it online | Healthy | — |
+//! | published, some CPU behind it offline | Unhealthy | `cpus 3,5 are offline` |
+//! | published earlier in this run, not any more | Unhealthy | its CPUs left the published set |
+//! | any, while the online CPUs cannot be read | Unknown | why |
+//!
+//! A device the policy stops publishing stays in the reports, because the kubelet keeps the
+//! claims already prepared on it and shows their health from our reports. Without a sysfs root
+//! (a synthetic or XML topology, which is not this machine) every CPU counts as online.
+//!
+//! The report goes into a `watch` channel that `kubelet_plugin` streams to the kubelet. A
+//! change of any device's health wakes the streams; a poll that changes nothing only refreshes
+//! the check time, which the streams' own repeats carry (see `kubelet_plugin`'s health module).
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
+
+use kubelet_plugin::{DeviceHealth, Health, HealthReport};
+use policy::{CpuSet, topology::sysfs};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::errors;
+
+/// Where and how often the monitor looks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// The pool our devices are published in (the node's name).
+    pub pool: String,
+    /// The sysfs root (`/sys`), or `None` when the topology is not this machine's.
+    pub sysfs_root: Option<PathBuf>,
+    /// How often the devices are checked.
+    pub poll: Duration,
+}
+
+impl HealthConfig {
+    /// How often devices are checked unless configured otherwise: a CPU taken offline shows
+    /// at the kubelet within this long.
+    pub const DEFAULT_POLL: Duration = Duration::from_secs(5);
+
+    /// `/sys`, checked every [`Self::DEFAULT_POLL`].
+    pub fn new(pool: impl Into<String>) -> Self {
+        Self {
+            pool: pool.into(),
+            sysfs_root: Some(PathBuf::from("/sys")),
+            poll: Self::DEFAULT_POLL,
+        }
+    }
+
+    /// How long a report holds at the kubelet: three polls, and never less than the
+    /// kubelet's own default, so that a poll running late does not turn devices Unknown.
+    fn valid_for(&self) -> Duration {
+        (self.poll * 3).max(HealthReport::KUBELET_DEFAULT_TIMEOUT)
+    }
+}
+
+/// The devices' CPUs as the policy publishes them now.
+pub type DeviceCpus = Box<dyn Fn() -> BTreeMap<String, CpuSet> + Send + Sync>;
+
+/// Checks the devices' health; see the module docs.
+pub struct HealthMonitor {
+    config: HealthConfig,
+    devices: DeviceCpus,
+    /// Every device published in this run, with the CPUs last seen behind it.
+    seen: BTreeMap<String, CpuSet>,
+}
+
+impl std::fmt::Debug for HealthMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthMonitor")
+            .field("config", &self.config)
+            .field("seen", &self.seen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HealthMonitor {
+    /// A monitor of the devices `devices` returns.
+    pub fn new(
+        config: HealthConfig,
+        devices: impl Fn() -> BTreeMap<String, CpuSet> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            config,
+            devices: Box::new(devices),
+            seen: BTreeMap::new(),
+        }
+    }
+
+    /// Checks every device once, as of `now`.
+    pub fn check(&mut self, now: SystemTime) -> HealthReport {
+        let published = (self.devices)();
+        for (name, cpus) in &published {
+            self.seen.insert(name.clone(), cpus.clone());
+        }
+        let online = self.online();
+        let devices = self
+            .seen
+            .iter()
+            .map(|(name, cpus)| {
+                let (health, message) = match (&online, published.contains_key(name)) {
+                    (Err(why), _) => (Health::Unknown, why.clone()),
+                    (Ok(_), false) => (
+                        Health::Unhealthy,
+                        format!("no longer published: cpus {cpus} left the published set"),
+                    ),
+                    (Ok(online), true) => {
+                        let offline = online
+                            .as_ref()
+                            .map_or_else(CpuSet::new, |online| cpus.difference(online));
+                        match offline.len() {
+                            0 => (Health::Healthy, String::new()),
+                            1 => (Health::Unhealthy, format!("cpu {offline} is offline")),
+                            _ => (Health::Unhealthy, format!("cpus {offline} are offline")),
+                        }
+                    }
+                };
+                DeviceHealth {
+                    pool: self.config.pool.clone(),
+                    device: name.clone(),
+                    health,
+                    message,
+                }
+            })
+            .collect();
+        HealthReport {
+            devices,
+            checked_at: now,
+            valid_for: self.config.valid_for(),
+        }
+    }
+
+    /// The online CPUs (`None`: no restriction), or why they cannot be told.
+    fn online(&self) -> Result<Option<CpuSet>, String> {
+        let Some(root) = &self.config.sysfs_root else {
+            return Ok(None);
+        };
+        sysfs::read_cpu_facts(root)
+            .map(|facts| facts.online)
+            .map_err(|e| format!("cannot tell which cpus are online: {}", errors::chain(&e)))
+    }
+
+    /// Checks now and then every poll interval, in a task of its own, until every receiver is
+    /// gone. Returns the receiving end, holding the first report.
+    pub fn spawn(mut self) -> watch::Receiver<HealthReport> {
+        let first = self.check(SystemTime::now());
+        log_changes(&[], &first.devices);
+        let (tx, rx) = watch::channel(first);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(self.config.poll);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await; // the first tick is now: the report above
+            loop {
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    () = tx.closed() => return,
+                }
+                let report = self.check(SystemTime::now());
+                tx.send_if_modified(|current| {
+                    let changed = current.devices != report.devices;
+                    if changed {
+                        log_changes(&current.devices, &report.devices);
+                    }
+                    *current = report;
+                    changed
+                });
+            }
+        });
+        rx
+    }
+}
+
+/// Logs each device whose health is new or different: a warning for anything but Healthy.
+fn log_changes(before: &[DeviceHealth], after: &[DeviceHealth]) {
+    for device in after {
+        let old = before.iter().find(|d| d.device == device.device);
+        if old.is_some_and(|old| old.health == device.health && old.message == device.message) {
+            continue;
+        }
+        match device.health {
+            Health::Healthy if old.is_some() => {
+                info!(device = %device.device, "device healthy again");
+            }
+            Health::Healthy => {}
+            Health::Unhealthy | Health::Unknown => warn!(
+                device = %device.device,
+                health = ?device.health,
+                reason = %device.message,
+                "device not healthy: the kubelet shows it in the status of pods with claims on it"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        path::Path,
+        sync::{Arc, Mutex},
+    };
+
+    use super::*;
+
+    fn cpus(list: &str) -> CpuSet {
+        list.parse().unwrap()
+    }
+
+    fn set_online(root: &Path, list: &str) {
+        let dir = root.join("devices/system/cpu");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("online"), format!("{list}\n")).unwrap();
+    }
+
+    /// A monitor of `devices`, which the test may change, under sysfs root `root`.
+    fn monitor(
+        root: Option<&Path>,
+        devices: &[(&str, &str)],
+    ) -> (HealthMonitor, Arc<Mutex<BTreeMap<String, CpuSet>>>) {
+        let published: BTreeMap<_, _> = devices
+            .iter()
+            .map(|(name, list)| ((*name).to_owned(), cpus(list)))
+            .collect();
+        let published = Arc::new(Mutex::new(published));
+        let source = published.clone();
+        let config = HealthConfig {
+            sysfs_root: root.map(Path::to_owned),
+            ..HealthConfig::new("node-a")
+        };
+        let monitor = HealthMonitor::new(config, move || source.lock().unwrap().clone());
+        (monitor, published)
+    }
+
+    fn summary(report: &HealthReport) -> Vec<(String, Health, String)> {
+        report
+            .devices
+            .iter()
+            .map(|d| {
+                assert_eq!(d.pool, "node-a");
+                (d.device.clone(), d.health, d.message.clone())
+            })
+            .collect()
+    }
+
+    fn row(device: &str, health: Health, message: &str) -> (String, Health, String) {
+        (device.to_owned(), health, message.to_owned())
+    }
+
+    #[test]
+    fn devices_are_healthy_while_their_cpus_are_online_and_published() {
+        let root = tempfile::tempdir().unwrap();
+        set_online(root.path(), "0-7");
+        let (mut checked, published) =
+            monitor(Some(root.path()), &[("numa0", "1-3"), ("numa1", "4-7")]);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let report = checked.check(now);
+        assert_eq!(report.checked_at, now);
+        assert_eq!(report.valid_for, Duration::from_secs(30));
+        assert_eq!(
+            summary(&report),
+            [
+                row("numa0", Health::Healthy, ""),
+                row("numa1", Health::Healthy, "")
+            ]
+        );
+
+        set_online(root.path(), "0-4,7");
+        assert_eq!(
+            summary(&checked.check(now)),
+            [
+                row("numa0", Health::Healthy, ""),
+                row("numa1", Health::Unhealthy, "cpus 5-6 are offline")
+            ]
+        );
+        set_online(root.path(), "0-5,7");
+        assert_eq!(
+            summary(&checked.check(now))[1],
+            row("numa1", Health::Unhealthy, "cpu 6 is offline")
+        );
+
+        published.lock().unwrap().remove("numa0");
+        set_online(root.path(), "0-7");
+        assert_eq!(
+            summary(&checked.check(now)),
+            [
+                row(
+                    "numa0",
+                    Health::Unhealthy,
+                    "no longer published: cpus 1-3 left the published set"
+                ),
+                row("numa1", Health::Healthy, "")
+            ]
+        );
+        published
+            .lock()
+            .unwrap()
+            .insert("numa0".into(), cpus("1-3"));
+        assert_eq!(
+            summary(&checked.check(now))[0],
+            row("numa0", Health::Healthy, "")
+        );
+    }
+
+    #[test]
+    fn unreadable_online_cpus_make_every_device_unknown_and_no_sysfs_means_all_online() {
+        let root = tempfile::tempdir().unwrap();
+        set_online(root.path(), "0-3,garbage");
+        let (mut unreadable, _) = monitor(Some(root.path()), &[("cpu1", "1")]);
+        let report = unreadable.check(SystemTime::now());
+        let (_, health, message) = &summary(&report)[0];
+        assert_eq!(*health, Health::Unknown);
+        assert!(
+            message.contains("cannot tell which cpus are online")
+                && message.contains("devices/system/cpu/online"),
+            "{message}"
+        );
+
+        let (mut synthetic, _) = monitor(None, &[("cpu1", "1")]);
+        assert_eq!(
+            summary(&synthetic.check(SystemTime::now())),
+            [row("cpu1", Health::Healthy, "")]
+        );
+    }
+
+    #[test]
+    fn a_report_outlasts_three_polls() {
+        let config = HealthConfig {
+            poll: Duration::from_secs(20),
+            ..HealthConfig::new("n")
+        };
+        assert_eq!(config.valid_for(), Duration::from_secs(60));
+    }
+
+    #[tokio::test]
+    async fn a_cpu_going_offline_wakes_the_receivers_and_a_quiet_poll_does_not() {
+        let root = tempfile::tempdir().unwrap();
+        set_online(root.path(), "0-3");
+        let (mut polled, _) = monitor(Some(root.path()), &[("cpu2", "2"), ("cpu3", "3")]);
+        polled.config.poll = Duration::from_millis(20);
+        let mut rx = polled.spawn();
+        assert!(
+            rx.borrow_and_update()
+                .devices
+                .iter()
+                .all(|d| d.health == Health::Healthy)
+        );
+        set_online(root.path(), "0-2");
+        tokio::time::timeout(Duration::from_secs(10), rx.changed())
+            .await
+            .expect("a change within the deadline")
+            .unwrap();
+        assert_eq!(
+            summary(&rx.borrow_and_update()),
+            [
+                row("cpu2", Health::Healthy, ""),
+                row("cpu3", Health::Unhealthy, "cpu 3 is offline")
+            ]
+        );
+        // Later polls change nothing: no wake-up, but a fresher check time.
+        let checked = rx.borrow().checked_at;
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+        while rx.borrow().checked_at == checked {
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "no poll refreshed the report"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            !rx.has_changed().unwrap(),
+            "a quiet poll woke the receivers"
+        );
+    }
+}
