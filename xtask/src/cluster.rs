@@ -58,11 +58,37 @@ pub fn prerequisites() -> Vec<Missing> {
     missing
 }
 
+/// The cluster's build, started in the background by `cargo xtask test`: the helm command
+/// (the control plane's binaries come with [`controlplane::prefetch`]).
+#[derive(Debug)]
+pub struct Prefetch {
+    helm: std::thread::JoinHandle<anyhow::Result<PathBuf>>,
+}
+
+/// Starts building what only the cluster needs when it can run.
+pub fn prefetch(root: &Path) -> Option<Prefetch> {
+    if !prerequisites().is_empty() {
+        return None;
+    }
+    let root = root.to_owned();
+    let log = std::env::temp_dir().join(format!("resmgr-helm-build-{}.log", std::process::id()));
+    Some(Prefetch {
+        helm: std::thread::spawn(move || {
+            let built = helm(&root, Some(&log));
+            if built.is_ok() {
+                let _ = fs::remove_file(&log);
+            }
+            built
+        }),
+    })
+}
+
 /// Everything the cluster runs, as the environment of `tests/controlplane`'s programs; the
 /// agent's image is made from the binary of cargo's `profile`, which must have been built.
 pub(crate) fn environment(
     root: &Path,
     profile: &str,
+    prefetched: Option<Prefetch>,
     control_plane: Option<controlplane::Prefetch>,
     containerd: Option<e2e::Prefetch>,
 ) -> anyhow::Result<Vec<(&'static str, String)>> {
@@ -79,7 +105,13 @@ pub(crate) fn environment(
         Some(p) => p.join()?,
         None => controlplane::binaries(root, None)?,
     };
-    let helm = helm(root, None)?;
+    let helm = match prefetched {
+        Some(p) => p
+            .helm
+            .join()
+            .map_err(|_| anyhow::anyhow!("the helm build panicked"))??,
+        None => helm(root, None)?,
+    };
     let out = test::target_dir(root)?.join("cluster").join(profile);
     fs::create_dir_all(&out)?;
     let test_image = e2e::image::build(Path::new(e2e::image::BUSYBOX), &out)?;
@@ -113,12 +145,13 @@ pub(crate) fn environment(
 pub fn run(
     root: &Path,
     only: &[String],
+    prefetched: Option<Prefetch>,
     control_plane: Option<controlplane::Prefetch>,
     containerd: Option<e2e::Prefetch>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     test::build_test_binaries(root)?;
-    let env = environment(root, "debug", control_plane, containerd)?;
+    let env = environment(root, "debug", prefetched, control_plane, containerd)?;
     let mut go = Command::new("go");
     go.current_dir(root.join("tests/controlplane"))
         .envs(env)
@@ -138,7 +171,7 @@ pub fn run(
 /// The benchmarks of the cluster (pod start-up with and without a claim), with the agent's
 /// image from the release binary, which `cargo xtask bench` has built; their output.
 pub fn bench(root: &Path) -> anyhow::Result<String> {
-    let env = environment(root, "release", None, None)?;
+    let env = environment(root, "release", None, None, None)?;
     util::output(
         Command::new("go")
             .current_dir(root.join("tests/controlplane"))
@@ -180,11 +213,9 @@ pub fn command(root: &Path, action: Action) -> anyhow::Result<()> {
                 );
             }
             test::build_test_binaries(root)?;
-            program.envs(environment(root, "debug", None, None)?).args([
-                "run",
-                "./cmd/cluster",
-                "up",
-            ])
+            program
+                .envs(environment(root, "debug", None, None, None)?)
+                .args(["run", "./cmd/cluster", "up"])
         }
         Action::Down => program.args(["run", "./cmd/cluster", "down"]),
     };

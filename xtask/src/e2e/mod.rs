@@ -33,7 +33,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{controlplane, sysdeps, test, util};
+use crate::{cluster, controlplane, sysdeps, test, util};
 
 /// Debian packages the e2e uses: the OCI runtime and the test image's only program.
 const PACKAGES: &[&str] = &["runc", "busybox-static"];
@@ -190,7 +190,7 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
         controlplane::run(root, &test::build_test_binaries(root)?, None)?;
     }
     if all || args.stage.contains(&Stage::Cluster) {
-        crate::cluster::run(root, &args.only, None, None)?;
+        crate::cluster::run(root, &args.only, None, None, None)?;
     }
     Ok(())
 }
@@ -329,12 +329,14 @@ pub(crate) fn list(missing: &[Missing]) -> String {
 
 /// The e2e as a step of `cargo xtask test`: each stage runs when the machine can (the
 /// containerd stage with the runtime from [`prefetch`], the control plane stage with its
-/// [`controlplane::prefetch`]); when it cannot, fail under `CI=true` (CI machines are made for
+/// [`controlplane::prefetch`], the cluster stage with its [`cluster::prefetch`] and the
+/// binaries those two built); when it cannot, fail under `CI=true` (CI machines are made for
 /// it) and otherwise say what is missing and go on.
 pub fn in_test(
     root: &Path,
     mut prefetched: Option<Prefetch>,
     mut control_plane: Option<controlplane::Prefetch>,
+    mut cluster: Option<cluster::Prefetch>,
 ) -> anyhow::Result<()> {
     let stages = [
         (Stage::Containerd, "the containerd e2e", prerequisites()),
@@ -343,6 +345,7 @@ pub fn in_test(
             "the control plane e2e",
             controlplane::prerequisites(),
         ),
+        (Stage::Cluster, "the cluster e2e", cluster::prerequisites()),
     ];
     for (stage, name, missing) in stages {
         if missing.is_empty() {
@@ -357,7 +360,7 @@ pub fn in_test(
                     &test::build_test_binaries(root)?,
                     control_plane.take(),
                 )?,
-                Stage::Cluster => crate::cluster::run(root, &[], None, None)?,
+                Stage::Cluster => cluster::run(root, &[], cluster.take(), None, None)?,
             }
         } else if std::env::var("CI").is_ok_and(|v| v == "true") {
             bail!("CI=true and {name} cannot run here:\n{}", list(&missing));
