@@ -43,10 +43,12 @@
 //!
 //! The DRA socket also serves the resource health stream (`v1alpha1.DRAResourceHealth`,
 //! `NodeWatchResources`), and `GetInfo` lists it after the DRA versions (no kubelet chooses
-//! its DRA version by other entries). Kubelets open it whether it is listed or not: 1.36 and
-//! later always (the `ResourceHealthStatus` gate is beta and on), 1.34 and 1.35 with that alpha
-//! gate on; each opens a stream on every registered plugin, reopens it 5 s after it ends, and
-//! logs an `Unimplemented` answer at error level. A driver hands its reports to
+//! its DRA version by other entries). 1.36 kubelets open it whether it is listed or not (the
+//! `ResourceHealthStatus` gate is beta and on), 1.34 and 1.35 with that alpha gate on; each
+//! opens a stream on every registered plugin, reopens it 5 s after it ends, and logs an
+//! `Unimplemented` answer at error level. Later kubelets pick the health service from GetInfo's
+//! list, and keep consuming `v1alpha1` for a transition to a `dra-health` `v1`, which this crate
+//! does not serve yet. A driver hands its reports to
 //! [`KubeletPlugin::start_with_health`] as a `watch` channel of [`HealthReport`]s; every stream
 //! sends the current report when it opens, each new one, and the current one again before its
 //! timeout runs out. [`KubeletPlugin::start`] serves a stream that reports no devices. The
