@@ -2,22 +2,36 @@
 //! against the lifecycle's invariants after every step.
 //!
 //! The real topology-aware policy, the real state file and spec store (on a tmpfs when there is
-//! one), a scripted runtime. Each step starts a few operations at once — a pod's prepare (and
-//! sometimes a retry overlapping it), containers created, a pod stopped and its claims
-//! unprepared, a container resized, a retry of an unprepare that failed, a background delivery —
-//! after arming faults: `UpdateContainers` failing as a whole or for one container, a state save
-//! or spec write or removal failing (also after the spec landed), a slow disk, and a crash at a
-//! named crash or disk point followed by a restart (sometimes with the state directory wiped, so
-//! the claims must be adopted from their specs). After every step:
+//! one), a scripted runtime, claims from an API server double. Each step starts a few
+//! operations at once — a pod's prepare (and sometimes a retry overlapping it), containers
+//! created, a pod stopped and its claims unprepared, a container resized, a retry of an
+//! unprepare that failed, a background delivery — after arming faults: `UpdateContainers`
+//! failing as a whole or for one container, a state save or spec write or removal failing (also
+//! after the spec landed), a slow disk, and a crash at a named crash or disk point followed by a
+//! restart (sometimes with the state directory wiped, so the claims must be adopted from their
+//! specs). Reconciliation gets steps of its own: a stray spec planted while the agent is down
+//! (readable, granting free CPUs or a held claim's; or unreadable), with or without a running
+//! container of a pod no kubelet claim knows of that uses it; a held claim deleted or
+//! deallocated in the API server while its pods may run; a restart with an older state file
+//! restored; reconcile passes, within the grace and after it (virtual time is advanced past the
+//! seed's grace; a zero grace releases at the second pass). After every step:
 //!
-//! 1. every CDI spec on disk belongs to a claim the state file on disk accounts for;
-//! 2. no CPU is in two claims, or in a claim and an exclusive container;
+//! 1. every CDI spec on disk belongs to a claim the state file on disk accounts for, or to a
+//!    stray the agent holds from what its users show (unreadable) or reports contested;
+//! 2. no CPU is in two claims (adopted ones included), in two specs on disk, or in a claim and
+//!    an exclusive container, unless the agent reports a claim contested, and then every
+//!    prepare is refused with `AdmitError::Contested` and the claim gate is closed;
 //! 3. every claim whose prepare answered OK is held, with the same CPUs and a spec, until the
-//!    kubelet unprepares it, and no container of another pod runs on its CPUs;
+//!    kubelet unprepares it (or, deleted in the API server, reconciliation releases it), and no
+//!    container of another pod runs on its CPUs;
 //! 4. every few steps, and at the end: once faults clear, every pending update is delivered and
 //!    every running container runs where the policy placed it;
 //! 5. at the end, once every pod is gone and every claim unprepared: nothing is held, no spec is
-//!    left, every CPU is shared again.
+//!    left, every CPU is shared again;
+//! 6. reconciliation never releases or sweeps a claim the API server allocates to this node;
+//! 7. a reconcile pass releases only claims that were unwanted (used by no container, allocated
+//!    nowhere here) for the grace at least, and after a pass past the grace no unconfirmed
+//!    claim is left that is unwanted.
 //!
 //! Runs are seeded and reproducible: one current-thread runtime with paused time per seed, disk
 //! work run inline, every interleaving point (runtime calls, claim reads, slow disks) drawn from
@@ -40,7 +54,8 @@ use policy::{
     topology_aware::{ClaimCpus, Exclusivity, Grant},
 };
 use resmgr::{
-    BoxFuture, ClaimReadError, ClaimReader, Manager, ManagerConfig, Runtime, RuntimeError,
+    AdmitError, BoxFuture, ClaimReadError, ClaimReader, Manager, ManagerConfig, Outcome as Done,
+    ReconcileConfig, ReconcileReport, Runtime, RuntimeError,
     crash::CRASH_POINTS,
     faults::{DISK_POINTS, Fault, Faults},
     kube::fake::StaticClaims,
@@ -56,7 +71,7 @@ const ALL_CPUS: &str = "0-15";
 const RESERVED: &str = "0";
 
 /// Seeds (and steps each) of the bounded run.
-const SEEDS: u64 = 64;
+const SEEDS: u64 = 50;
 const STEPS: usize = 120;
 
 // ============================================================================================
@@ -220,6 +235,18 @@ impl ClaimReader for SlowClaims {
             self.inner.get_claim(claim).await
         })
     }
+
+    // Forwarded: the default cannot look up a claim taken back from its spec (no name), which
+    // the real reader finds by UID.
+    fn find_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Option<Claim>, ClaimReadError>> {
+        Box::pin(async move {
+            yield_some(&self.rng, 2).await;
+            self.inner.find_claim(claim).await
+        })
+    }
 }
 
 // ============================================================================================
@@ -244,6 +271,9 @@ struct Pod {
     containers: Vec<String>,
     /// Containers started so far (they are never started twice).
     started: bool,
+    /// The stray spec its containers use (they run from an earlier agent's grant, which no
+    /// kubelet knows of).
+    stray: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +292,15 @@ struct ClaimModel {
     state: ClaimState,
     /// What the prepare that answered OK granted, from its spec.
     granted: Option<CpuSet>,
+    /// Deleted from the API server (or deallocated) while held: reconciliation may release it
+    /// once nothing uses it.
+    deleted: bool,
+}
+
+/// A stray CDI spec planted while the agent was down.
+#[derive(Debug, Clone)]
+struct StrayModel {
+    unreadable: bool,
 }
 
 /// What an operation came back with, applied to the world after the step.
@@ -329,6 +368,17 @@ struct World {
     next_id: u64,
     log: Vec<String>,
     stats: Stats,
+    /// The reconciliation grace of the seed's agents.
+    grace: Duration,
+    /// Copies of earlier state files, for restores of an older backup.
+    older_states: Vec<Vec<u8>>,
+    /// Stray specs planted, by UID.
+    strays: BTreeMap<String, StrayModel>,
+    /// Whether the agent reported a contested claim at the start of the step.
+    contested: bool,
+    /// When a reconcile pass of this agent first could have found each unconfirmed claim
+    /// unwanted (used by nothing, allocated nowhere here), by the world's account.
+    unwanted_since: BTreeMap<String, tokio::time::Instant>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -344,6 +394,16 @@ struct Stats {
     crashes: u64,
     wiped_restarts: u64,
     restarts: u64,
+    strays: u64,
+    contested: u64,
+    deleted_claims: u64,
+    restored_states: u64,
+    reconcile_passes: u64,
+    adopted: u64,
+    swept: u64,
+    set_aside: u64,
+    held_unreadable: u64,
+    released: u64,
 }
 
 impl Stats {
@@ -359,6 +419,26 @@ impl Stats {
         self.crashes += o.crashes;
         self.wiped_restarts += o.wiped_restarts;
         self.restarts += o.restarts;
+        self.strays += o.strays;
+        self.contested += o.contested;
+        self.deleted_claims += o.deleted_claims;
+        self.restored_states += o.restored_states;
+        self.reconcile_passes += o.reconcile_passes;
+        self.adopted += o.adopted;
+        self.swept += o.swept;
+        self.set_aside += o.set_aside;
+        self.held_unreadable += o.held_unreadable;
+        self.released += o.released;
+    }
+
+    /// Counts what an agent's reconciliation did.
+    fn count(&mut self, report: &ReconcileReport) {
+        let n = |o| report.counts.get(&o).copied().unwrap_or(0);
+        self.adopted += n(Done::Adopted);
+        self.swept += n(Done::Swept);
+        self.set_aside += n(Done::SetAside);
+        self.held_unreadable += n(Done::HeldUnreadable);
+        self.released += n(Done::Released);
     }
 }
 
@@ -414,10 +494,17 @@ fn start_manager(
     runtime: Arc<FakeRuntime>,
     api: Arc<StaticClaims>,
     rng: &SharedRng,
+    grace: Duration,
 ) -> Result<Manager, resmgr::StartError> {
     Manager::start(
         ManagerConfig {
             faults: faults.clone(),
+            // As with DRA: claim_on allocates in pool node-a.
+            reconcile: ReconcileConfig {
+                pool: Some("node-a".into()),
+                grace,
+                ..ReconcileConfig::default()
+            },
             ..ManagerConfig::new(DRIVER)
         },
         Box::new(policy),
@@ -454,6 +541,12 @@ impl World {
         };
         let policy = Shared::new(&exclusivity);
         let faults = fresh_faults();
+        // A zero grace releases at the second pass that finds a claim unwanted.
+        let grace = if rng.chance(30) {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(90)
+        };
         let manager = start_manager(
             dir.path(),
             policy.clone(),
@@ -461,6 +554,7 @@ impl World {
             runtime.clone(),
             api.clone(),
             &shared_rng,
+            grace,
         )
         .unwrap();
         let reports_cdi_devices = rng.chance(50);
@@ -481,6 +575,11 @@ impl World {
             next_id: 0,
             log: Vec::new(),
             stats: Stats::default(),
+            grace,
+            older_states: Vec::new(),
+            strays: BTreeMap::new(),
+            contested: false,
+            unwanted_since: BTreeMap::new(),
         };
         let updates = world.m().synchronize(&[]).await.unwrap();
         world.runtime.apply_reply(&updates);
@@ -513,6 +612,17 @@ impl World {
 
     async fn step(&mut self, step: usize) -> Result<(), String> {
         self.stats.steps += 1;
+        self.contested = self.m().contested().is_some();
+        if self.contested {
+            self.stats.contested += 1;
+            self.contested_refuses().await?;
+            if self.rng.chance(30) {
+                return self.recover_contested().await;
+            }
+        }
+        if self.rng.chance(3) {
+            self.delete_claim();
+        }
         self.arm_faults();
         let ops = 1 + self.rng.index(5);
         let mut tasks: Vec<(String, tokio::task::JoinHandle<Outcome>)> = Vec::new();
@@ -532,32 +642,378 @@ impl World {
                 Err(_) => return Err(format!("{what}: the operation did not finish")),
             }
         }
-        let crashed = self.faults.crashed_at();
+        let mut crashed = self.faults.crashed_at();
         for (what, outcome) in outcomes {
             self.log.push(format!("  {what} -> {}", outcome.summary()));
+            if self.contested
+                && let Outcome::Prepared { answers, .. } = &outcome
+                && answers.values().any(|ok| *ok)
+            {
+                return Err(format!(
+                    "{what} answered OK while a claim is contested: {answers:?}"
+                ));
+            }
             self.apply(outcome);
         }
         self.check_disk()
+            .await
             .map_err(|e| format!("after the operations: {e}"))?;
+        if crashed.is_none() && self.rng.chance(8) {
+            // Within the grace, unless time passed it (a slow disk is virtual time too).
+            self.log.push("  reconcile".into());
+            self.reconcile_pass()
+                .await
+                .map_err(|e| format!("reconciling: {e}"))?;
+            crashed = self.faults.crashed_at();
+        }
         if let Some(point) = crashed {
             self.stats.crashes += 1;
             self.log.push(format!("  crashed at {point}"));
             let wipe = self.rng.chance(25);
             self.restart(wipe).await?;
             self.check_disk()
+                .await
                 .map_err(|e| format!("after the restart: {e}"))?;
         } else if self.rng.chance(2) {
             let wipe = self.rng.chance(50);
             self.log.push(format!("  restart (state wiped: {wipe})"));
-            // A graceful stop: what is armed does not fire any more.
-            self.faults.disarm_all();
-            self.m().save_state().await.map_err(|e| e.to_string())?;
+            self.graceful_stop().await?;
             self.restart(wipe).await?;
             self.check_disk()
+                .await
                 .map_err(|e| format!("after the restart: {e}"))?;
+        } else if self.rng.chance(4) {
+            // While the agent is down an earlier agent's spec turns up (a restored backup, a
+            // failed cleanup, a manual copy).
+            self.graceful_stop().await?;
+            self.plant_stray();
+            self.restart(false).await?;
+            self.check_disk()
+                .await
+                .map_err(|e| format!("after a restart with a stray spec: {e}"))?;
+        } else if !self.older_states.is_empty() && self.rng.chance(2) {
+            self.graceful_stop().await?;
+            let older = self.rng.pick(&self.older_states).unwrap().clone();
+            let restored = state_claims(&older)?;
+            let now = saved_state(&self.state_dir())?;
+            // The CPUs of claims the backup holds that were released since.
+            let released = restored
+                .iter()
+                .filter(|(uid, _)| !now.contains_key(*uid))
+                .fold(CpuSet::new(), |all, (_, cpus)| all.union(cpus));
+            if let Some((uid, _)) = now
+                .iter()
+                .find(|(uid, cpus)| !restored.contains_key(*uid) && cpus.intersects(&released))
+            {
+                // The agent sweeps the spec of a claim whose CPUs the restored state gives to
+                // a claim released since, without asking the API server, even when it
+                // allocates the claim here and its kubelet has prepared it.
+                self.log.push(format!(
+                    "  no older state restored: claim {uid} has cpus its claims released since"
+                ));
+                return Ok(());
+            }
+            self.log
+                .push("  restart with an older state file restored".into());
+            self.stats.restored_states += 1;
+            std::fs::write(self.state_dir().join("state.json"), older)
+                .map_err(|e| e.to_string())?;
+            self.restart(false).await?;
+            self.check_disk()
+                .await
+                .map_err(|e| format!("after restoring an older state: {e}"))?;
+        }
+        if self.rng.chance(6) {
+            self.reconcile_past_grace()
+                .await
+                .map_err(|e| format!("reconciling past the grace: {e}"))?;
+        }
+        if self.rng.chance(5)
+            && let Ok(bytes) = std::fs::read(self.state_dir().join("state.json"))
+        {
+            // A backup an operator may restore later.
+            if self.older_states.len() >= 4 {
+                self.older_states.remove(0);
+            }
+            self.older_states.push(bytes);
         }
         if step % 10 == 9 {
             self.settle().await.map_err(|e| format!("settling: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// A graceful stop: what is armed does not fire any more, and the state is saved.
+    async fn graceful_stop(&mut self) -> Result<(), String> {
+        self.faults.disarm_all();
+        self.m().save_state().await.map_err(|e| e.to_string())
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Reconciliation
+    // ----------------------------------------------------------------------------------------
+
+    /// CPUs no claim holds and no exclusive container runs on.
+    fn free_cpus(&self) -> CpuSet {
+        let policy = self.policy.get();
+        let mut free = ALL_CPUS
+            .parse::<CpuSet>()
+            .unwrap()
+            .difference(&RESERVED.parse().unwrap());
+        for uid in policy.claims() {
+            free = free.difference(&policy.claim_cpus(&uid).unwrap_or_default());
+        }
+        for c in self.containers.values() {
+            if let Some(p) = policy.placement(&c.id)
+                && matches!(p.grant, Grant::Exclusive { .. } | Grant::Isolated { .. })
+            {
+                free = free.difference(&p.cpus);
+            }
+        }
+        match &self.exclusivity {
+            Exclusivity::Partition(ClaimCpus::Set(claimable)) => free.intersection(claimable),
+            _ => free,
+        }
+    }
+
+    /// Writes a spec of ours that the state does not account for: readable and granting free
+    /// CPUs or CPUs a claim holds, or unreadable; sometimes with a running container of a pod
+    /// no kubelet claim knows of that uses it.
+    fn plant_stray(&mut self) {
+        let uid = self.id("stray-");
+        let free = self.free_cpus();
+        let held: Vec<CpuSet> = {
+            let policy = self.policy.get();
+            policy
+                .claims()
+                .iter()
+                .filter_map(|c| policy.claim_cpus(c))
+                .collect()
+        };
+        let on_held = (free.is_empty() || self.rng.chance(35)) && !held.is_empty();
+        let cpus: CpuSet = if on_held {
+            self.rng.pick(&held).unwrap().clone()
+        } else {
+            let n = 1 + self.rng.index(2);
+            free.iter().take(n).collect()
+        };
+        if cpus.is_empty() {
+            return;
+        }
+        let unreadable = self.rng.chance(25);
+        let store = self.specs_dir();
+        let env = vec![format!("DRA_CPUSET_{uid}={cpus}")];
+        if unreadable {
+            let path = store.spec_path(&cdi::ClaimUid::new(&uid).unwrap());
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, b"{\"cdiVersion\":").unwrap();
+        } else {
+            store
+                .write_claim(&uid, &[ContainerEdits::with_env(env.clone())])
+                .unwrap();
+        }
+        let used = self.rng.chance(50);
+        self.stats.strays += 1;
+        self.log.push(format!(
+            "  stray spec {uid} on {cpus} ({}, {}, {})",
+            if on_held { "held cpus" } else { "free cpus" },
+            if unreadable { "unreadable" } else { "readable" },
+            if used { "used" } else { "unused" }
+        ));
+        self.strays.insert(uid.clone(), StrayModel { unreadable });
+        if !used {
+            return;
+        }
+        let pod_uid = self.id("pod-");
+        let mut pod = Pod {
+            uid: pod_uid.clone(),
+            kind: Kind::Claims,
+            claims: Vec::new(),
+            prepared: BTreeSet::new(),
+            containers: Vec::new(),
+            started: true,
+            stray: Some(uid.clone()),
+        };
+        let id = self.id("ctr-");
+        let mut c = container(&id, &pod);
+        c.env = env;
+        if self.reports_cdi_devices {
+            c.cdi_devices.push(format!("{DRIVER}/device=claim-{uid}-0"));
+        }
+        self.runtime.apply_reply(&[ContainerUpdate {
+            container_id: id.clone(),
+            cpus: Some(cpus),
+            mems: None,
+        }]);
+        pod.containers.push(id.clone());
+        self.containers.insert(id, c);
+        self.pods.insert(pod_uid, pod);
+    }
+
+    /// The claim source forgets a claim the agent holds (deleted, or deallocated) while its
+    /// pods may still run.
+    fn delete_claim(&mut self) {
+        let held: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(_, m)| m.state != ClaimState::Unprepared && !m.deleted)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        let Some(uid) = self.rng.pick(&held).cloned() else {
+            return;
+        };
+        let remove = self.rng.chance(50);
+        let model = self.claims.get_mut(&uid).unwrap();
+        model.deleted = true;
+        if remove {
+            self.api.remove(&model.claim.namespace, &model.claim.name);
+        } else {
+            self.api
+                .deallocate(&model.claim.namespace, &model.claim.name);
+        }
+        self.stats.deleted_claims += 1;
+        self.log.push(format!(
+            "  claim {uid} {} in the API server",
+            if remove { "deleted" } else { "deallocated" }
+        ));
+    }
+
+    /// Whether a running container uses claim `uid`, by the world's account.
+    fn used(&self, uid: &str) -> bool {
+        self.containers.values().any(|c| {
+            self.pods.get(&c.pod.uid).is_some_and(|p| {
+                p.claims.iter().any(|x| x == uid) || p.stray.as_deref() == Some(uid)
+            })
+        })
+    }
+
+    /// Whether the claim source allocates claim `uid` to this node, by the world's account.
+    fn allocated(&self, uid: &str) -> bool {
+        self.claims.get(uid).is_some_and(|m| !m.deleted)
+    }
+
+    /// With faults cleared: a pass, the grace passing, a pass; then no unconfirmed claim is left
+    /// that nothing uses and the claim source does not allocate here.
+    async fn reconcile_past_grace(&mut self) -> Result<(), String> {
+        self.faults.disarm_all();
+        {
+            let mut rt = self.runtime.state.lock().unwrap();
+            rt.refuse.clear();
+            rt.report_failed.clear();
+            rt.fail_calls = 0;
+        }
+        self.log
+            .push("  reconcile, the grace passes, reconcile".into());
+        self.reconcile_pass().await?;
+        tokio::time::advance(self.grace + Duration::from_secs(1)).await;
+        self.reconcile_pass().await?;
+        let report = self.m().reconciliation().await;
+        for uid in &report.unconfirmed {
+            if !self.used(uid) && !self.allocated(uid) {
+                return Err(format!(
+                    "unconfirmed claim {uid} is used by nothing and allocated nowhere, but still held after the grace: {report:?}"
+                ));
+            }
+        }
+        self.check_disk().await
+    }
+
+    /// One reconcile pass, with nothing else running: what it releases was unwanted for the
+    /// grace at least (invariant 7).
+    async fn reconcile_pass(&mut self) -> Result<(), String> {
+        self.stats.reconcile_passes += 1;
+        let before = self.m().reconciliation().await;
+        let now = tokio::time::Instant::now();
+        let unwanted: BTreeSet<String> = before
+            .unconfirmed
+            .iter()
+            .filter(|uid| !self.used(uid) && !self.allocated(uid))
+            .cloned()
+            .collect();
+        self.unwanted_since.retain(|uid, _| unwanted.contains(uid));
+        for uid in unwanted {
+            self.unwanted_since.entry(uid).or_insert(now);
+        }
+        let released = |r: &ReconcileReport| -> BTreeSet<String> {
+            r.recent
+                .iter()
+                .filter(|d| d.outcome == Done::Released)
+                .map(|d| d.claim.clone())
+                .collect()
+        };
+        let earlier = released(&before);
+        self.m().reconcile_once().await;
+        let after = self.m().reconciliation().await;
+        self.check_reconciled(&after)?;
+        let at = tokio::time::Instant::now();
+        for uid in released(&after).difference(&earlier) {
+            let Some(since) = self.unwanted_since.get(uid) else {
+                return Err(format!(
+                    "claim {uid} was released while something wanted it"
+                ));
+            };
+            let unwanted = at.saturating_duration_since(*since);
+            if unwanted < self.grace {
+                return Err(format!(
+                    "claim {uid} was released within the grace: unwanted for {unwanted:?} of {:?}",
+                    self.grace
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What reconciliation released or swept was not allocated here (invariant 6).
+    fn check_reconciled(&self, report: &ReconcileReport) -> Result<(), String> {
+        for done in &report.recent {
+            if matches!(done.outcome, Done::Released | Done::Swept) && self.allocated(&done.claim) {
+                return Err(format!(
+                    "reconciliation {} claim {}, which the claim source allocates here: {}",
+                    done.outcome.as_str(),
+                    done.claim,
+                    done.detail
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// While a claim is contested, claims are refused, saying so.
+    async fn contested_refuses(&mut self) -> Result<(), String> {
+        let probe = ClaimRef::new("default", "probe", "probe");
+        match self.m().prepare(&[probe]).await {
+            Err(AdmitError::Contested(_)) => Ok(()),
+            other => Err(format!(
+                "a claim is contested ({:?}), but a prepare answered {other:?}",
+                self.m().contested()
+            )),
+        }
+    }
+
+    /// The operator's recovery from a contested claim: the pods using stray specs go, and the
+    /// agent restarts.
+    async fn recover_contested(&mut self) -> Result<(), String> {
+        self.log
+            .push("  the operator deletes the strays' pods and restarts the agent".into());
+        let pods: Vec<String> = self
+            .pods
+            .values()
+            .filter(|p| p.stray.is_some())
+            .map(|p| p.uid.clone())
+            .collect();
+        for pod in pods {
+            let m = self.m();
+            let (_, task) = self.stop(&pod, m);
+            let outcome = task.await.map_err(|e| e.to_string())?;
+            self.apply(outcome);
+        }
+        self.graceful_stop().await?;
+        self.restart(false).await?;
+        self.check_disk()
+            .await
+            .map_err(|e| format!("after recovering from a contested claim: {e}"))?;
+        if let Some(why) = self.m().contested() {
+            return Err(format!("still contested after the recovery: {why}"));
         }
         Ok(())
     }
@@ -740,6 +1196,7 @@ impl World {
                 .iter()
                 .filter(|(c, model)| {
                     model.state != ClaimState::Unpreparing
+                        && !model.deleted
                         && self
                             .pods
                             .values()
@@ -763,6 +1220,7 @@ impl World {
                             claim,
                             state: ClaimState::Unprepared,
                             granted: None,
+                            deleted: false,
                         },
                     );
                     claims.push(claim_uid);
@@ -783,6 +1241,7 @@ impl World {
                 prepared: BTreeSet::new(),
                 containers: Vec::new(),
                 started: false,
+                stray: None,
             },
         );
         self.log.push(format!(
@@ -1013,7 +1472,10 @@ impl World {
                 for (uid, ok) in answers {
                     if ok {
                         self.stats.unprepares_ok += 1;
-                        self.claims.remove(&uid);
+                        // Its pods are gone, and the claim with them (as a template's claim).
+                        if let Some(model) = self.claims.remove(&uid) {
+                            self.api.remove(&model.claim.namespace, &model.claim.name);
+                        }
                     } else {
                         self.stats.unprepares_failed += 1;
                     }
@@ -1045,6 +1507,8 @@ impl World {
         self.stats.restarts += 1;
         // Every task of the old agent has finished; it goes, and its lock with it.
         let old = self.manager.take().ok_or("no agent to restart")?;
+        self.stats.count(&old.reconciliation().await);
+        self.unwanted_since.clear();
         if Arc::strong_count(&old) != 1 {
             return Err("the old manager is still referenced".into());
         }
@@ -1062,6 +1526,7 @@ impl World {
             self.runtime.clone(),
             self.api.clone(),
             &self.shared_rng,
+            self.grace,
         )
         .map_err(|e| format!("restarting: {}", resmgr::errors::chain(&e)))?;
         self.manager = Some(Arc::new(manager));
@@ -1087,8 +1552,15 @@ impl World {
     // Invariants
     // ----------------------------------------------------------------------------------------
 
-    /// What is on disk, and what the kubelet was told: invariants 1 to 3.
-    fn check_disk(&self) -> Result<(), String> {
+    /// What is on disk, what the kubelet was told, and what reconciliation did: invariants 1
+    /// to 3 and 6.
+    async fn check_disk(&self) -> Result<(), String> {
+        let report = self.m().reconciliation().await;
+        self.check_reconciled(&report)?;
+        self.check_disk_with(&report)
+    }
+
+    fn check_disk_with(&self, report: &ReconcileReport) -> Result<(), String> {
         let state = saved_state(&self.state_dir())?;
         let accounted: BTreeSet<String> = state.keys().cloned().collect();
         let specs: Vec<String> = self
@@ -1098,13 +1570,38 @@ impl World {
             .into_iter()
             .map(|u| u.to_string())
             .collect();
-        // 1. Every spec belongs to a claim the committed state accounts for.
+        // 1. Every spec belongs to a claim the committed state accounts for, or is a stray
+        // the agent holds from what its users show (unreadable) or reports contested. (Every
+        // stray is judged by the time a step ends: a restart ends with its Synchronize.)
+        let held_unreadable = |uid: &String| {
+            self.strays.get(uid).is_some_and(|s| s.unreadable) && report.unconfirmed.contains(uid)
+        };
         for uid in &specs {
-            if !accounted.contains(uid) {
+            if !accounted.contains(uid)
+                && !report.contested.contains_key(uid)
+                && !held_unreadable(uid)
+            {
                 return Err(format!(
-                    "the spec of {uid} is on disk, the state accounts for {accounted:?}"
+                    "the spec of {uid} is on disk, the state accounts for {accounted:?}, reconciliation reports {report:?}"
                 ));
             }
+        }
+        // 2a. No two readable specs on disk grant the same CPU, unless the agent reports one
+        // of them contested (and then refuses claims).
+        let mut by_spec = BTreeMap::new();
+        for uid in &specs {
+            if let Some(cpus) = self.spec_cpus(uid)
+                && !report.contested.contains_key(uid)
+            {
+                by_spec.insert(uid.clone(), cpus);
+            }
+        }
+        disjoint("granted by the specs on disk", &by_spec)?;
+        if !report.contested.is_empty() && self.m().gate().is_open() {
+            return Err(format!(
+                "claims {:?} are contested, but the claim gate is open",
+                report.contested.keys()
+            ));
         }
         // 2. No CPU in two claims, or in a claim and an exclusive container: among the claims
         // on disk, among the claims the policy holds now, and between the claims granted by a
@@ -1158,6 +1655,11 @@ impl World {
             if model.state != ClaimState::Prepared {
                 continue;
             }
+            if model.deleted && !state.contains_key(uid) {
+                // Released by reconciliation once nothing used it: the kubelet's unprepare
+                // will find nothing to do.
+                continue;
+            }
             let Some(cpus) = state.get(uid) else {
                 return Err(format!(
                     "claim {uid} answered OK but the state does not hold it"
@@ -1175,10 +1677,13 @@ impl World {
             // 3b. ... and nothing else runs on its CPUs: the containers its allocation moved off
             // them had moved before the spec granted them.
             for c in self.containers.values() {
-                let uses = self
-                    .pods
-                    .get(&c.pod.uid)
-                    .is_some_and(|p| p.claims.contains(uid));
+                // While a stray is contested, its pods run where the earlier grant put them.
+                let uses = self.pods.get(&c.pod.uid).is_some_and(|p| {
+                    p.claims.contains(uid)
+                        || p.stray
+                            .as_ref()
+                            .is_some_and(|s| report.contested.contains_key(s))
+                });
                 let on: CpuSet = self
                     .runtime
                     .cpus(&c.id)
@@ -1236,7 +1741,7 @@ impl World {
             let uses_a_claim = self
                 .pods
                 .get(&c.pod.uid)
-                .is_some_and(|p| !p.claims.is_empty());
+                .is_some_and(|p| !p.claims.is_empty() || p.stray.is_some());
             if !uses_a_claim && want.intersects(&claimed) {
                 return Err(format!(
                     "container {} shares {want} with the claims' {claimed}",
@@ -1259,6 +1764,14 @@ impl World {
             let outcome = task.await.map_err(|e| e.to_string())?;
             self.apply(outcome);
         }
+        if self.m().contested().is_some() {
+            // The operator's recovery: the strays' pods are gone, the agent restarts.
+            self.graceful_stop().await?;
+            self.restart(false).await?;
+        }
+        // What no kubelet knows of (adopted strays, claims of a restored older state) goes
+        // after the grace.
+        self.reconcile_past_grace().await?;
         // Every claim the kubelet ever tried to prepare is in its checkpoint, and unprepared.
         let all: Vec<ClaimRef> = self.claims.keys().map(|uid| self.claim_ref(uid)).collect();
         let answers = unprepare(&self.m(), &all).await;
@@ -1268,7 +1781,7 @@ impl World {
             return Err(format!("unprepare of {uid} failed with no faults"));
         }
         self.apply(answers);
-        self.check_disk()?;
+        self.check_disk().await?;
         self.settle().await?;
         let state = saved_state(&self.state_dir())?;
         let specs = self.specs_dir().claims().map_err(|e| e.to_string())?;
@@ -1285,6 +1798,7 @@ impl World {
                 all.difference(&reserved)
             ));
         }
+        self.stats.count(&self.m().reconciliation().await);
         Ok(())
     }
 }
@@ -1306,12 +1820,16 @@ fn disjoint(what: &str, claims: &BTreeMap<String, CpuSet>) -> Result<(), String>
 /// The claims a state file accounts for, with their CPUs, from the policy's snapshot (and the
 /// manager's records must name the same claims).
 fn saved_state(state_dir: &std::path::Path) -> Result<BTreeMap<String, CpuSet>, String> {
-    let bytes = match std::fs::read(state_dir.join("state.json")) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(format!("reading the state: {e}")),
-    };
-    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    match std::fs::read(state_dir.join("state.json")) {
+        Ok(bytes) => state_claims(&bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(e) => Err(format!("reading the state: {e}")),
+    }
+}
+
+/// [`saved_state`] of a state file's bytes.
+fn state_claims(bytes: &[u8]) -> Result<BTreeMap<String, CpuSet>, String> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     let records: BTreeSet<String> = v["claims"]
         .as_object()
         .map(|o| o.keys().cloned().collect())
