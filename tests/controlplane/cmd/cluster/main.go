@@ -45,8 +45,8 @@ func run(args []string) error {
 		}
 		logf("\nresmgr runs as the DaemonSet %s/%s on node %s. Use the cluster with:\n", onenode.Namespace, onenode.Release, onenode.NodeName)
 		fmt.Printf("export KUBECONFIG=%s\n", n.Kubeconfig)
-		logf("\nkubectl and helm of the cluster's version are in %s; logs are in %s/logs.\n"+
-			"Take it all down with `cargo xtask cluster down`.", os.Getenv(onenode.EnvControlPlane), dir)
+		logf("\nkubectl of the cluster's version: %s/kubectl; helm: %s; the cluster's logs: %s/logs.\n"+
+			"Take it all down with `cargo xtask cluster down`.", os.Getenv(onenode.EnvControlPlane), os.Getenv(onenode.EnvHelm), dir)
 		return nil
 	case "down":
 		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
