@@ -52,18 +52,52 @@ impl RunFlags {
     }
 }
 
-impl clap::FromArgMatches for RunFlags {
-    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+impl RunFlags {
+    /// `--config` and a flag per setting of [`SETTINGS`]: the agent's settings, for `resmgr run`
+    /// and for every command that shows what the agent would do with them (`resmgr slices`).
+    pub fn setting_args(cmd: clap::Command) -> clap::Command {
+        let cmd = cmd.arg(
+            clap::Arg::new("config")
+                .long("config")
+                .value_name("FILE")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help(
+                    "A YAML file setting any of the flags below by name (without `--`); \
+                     flags win over it. `resmgr config --print-defaults` prints one",
+                ),
+        );
+        SETTINGS.iter().fold(cmd, |cmd, s| {
+            cmd.arg(
+                clap::Arg::new(s.key)
+                    .long(s.key)
+                    .value_name(s.value_name)
+                    .help(s.help())
+                    .help_heading(s.section.title()),
+            )
+        })
+    }
+
+    /// The settings [`RunFlags::setting_args`] parsed (`print_config` off).
+    pub fn settings_from(matches: &clap::ArgMatches) -> Self {
         let mut values = BTreeMap::new();
         for s in SETTINGS {
             if let Some(v) = matches.get_one::<String>(s.key) {
                 values.insert(s.key, v.clone());
             }
         }
-        Ok(Self {
+        Self {
             config: matches.get_one::<PathBuf>("config").cloned(),
-            print_config: matches.get_flag("print-config"),
+            print_config: false,
             values,
+        }
+    }
+}
+
+impl clap::FromArgMatches for RunFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            print_config: matches.get_flag("print-config"),
+            ..Self::settings_from(matches)
         })
     }
 
@@ -75,35 +109,15 @@ impl clap::FromArgMatches for RunFlags {
 
 impl clap::Args for RunFlags {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        let cmd = cmd
-            .arg(
-                clap::Arg::new("config")
-                    .long("config")
-                    .value_name("FILE")
-                    .value_parser(clap::value_parser!(PathBuf))
-                    .help(
-                        "A YAML file setting any of the flags below by name (without `--`); \
-                         flags win over it. `resmgr config --print-defaults` prints one",
-                    ),
-            )
-            .arg(
-                clap::Arg::new("print-config")
-                    .long("print-config")
-                    .action(clap::ArgAction::SetTrue)
-                    .help(
-                        "Print the resolved configuration as a config file and exit, without \
-                         starting anything",
-                    ),
-            );
-        SETTINGS.iter().fold(cmd, |cmd, s| {
-            cmd.arg(
-                clap::Arg::new(s.key)
-                    .long(s.key)
-                    .value_name(s.value_name)
-                    .help(s.help())
-                    .help_heading(s.section.title()),
-            )
-        })
+        Self::setting_args(cmd).arg(
+            clap::Arg::new("print-config")
+                .long("print-config")
+                .action(clap::ArgAction::SetTrue)
+                .help(
+                    "Print the resolved configuration as a config file and exit, without \
+                     starting anything",
+                ),
+        )
     }
 
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {

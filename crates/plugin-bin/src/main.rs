@@ -4,6 +4,7 @@
 //! - `resmgr simulate SCENARIO`: the real resource manager and policy against a simulated node,
 //!   see [`simulate`];
 //! - `resmgr topology`: the machine, its pools and DRA devices, as the policy sees them;
+//! - `resmgr slices`: the ResourceSlices the agent would publish for a node, see [`slices`];
 //! - `resmgr config --print-defaults`: the complete default config file, see [`settings`].
 //!
 //! Only this crate reads the environment and the command line, and only it uses `anyhow`.
@@ -17,6 +18,7 @@ mod policy_choice;
 mod run;
 mod settings;
 mod simulate;
+mod slices;
 mod topology;
 mod values;
 mod view;
@@ -69,6 +71,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Print the ResourceSlices the agent would publish for a node, from the settings of `resmgr
+    /// run`.
+    Slices(Box<slices::SliceArgs>),
     /// The agent's configuration file.
     Config {
         /// Print the complete default config file, every setting documented.
@@ -112,6 +117,7 @@ fn main() -> ExitCode {
             &reserved_cpu_count,
             format,
         ),
+        Command::Slices(args) => slices::main(&args, std::env::var("NODE_NAME").ok()),
         Command::Config { print_defaults: _ } => {
             print!("{}", settings::default_file());
             Ok(ExitCode::SUCCESS)

@@ -103,40 +103,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
     });
 
     // State, topology, policy restore, CDI reconciliation.
-    let topology = Topology::load(&config.topology).with_context(|| {
-        format!(
-            "{} {}",
-            config.origin("topology"),
-            values::show_topology(&config.topology)
-        )
-    })?;
-    let reserved_key = match config.reserved_cpus {
-        ReservedCpus::Set(_) => "reserved-cpus",
-        ReservedCpus::Count(_) => "reserved-cpu-count",
-    };
-    check_reserved(&config.reserved_cpus, &topology)
-        .map_err(|e| anyhow::anyhow!("{} {e}", config.origin(reserved_key)))?;
-    #[allow(
-        clippy::needless_update,
-        reason = "settings the agent does not configure keep the policy's defaults"
-    )]
-    let policy = policy_choice::build(
-        topology,
-        Config {
-            reserved_cpus: config.reserved_cpus.clone(),
-            driver: config.driver_name.clone(),
-            reserved_namespaces: config.reserved_namespaces.clone(),
-            exclusivity: config.policy.0.clone(),
-            devices: config.policy.1,
-            ..Config::default()
-        },
-    )
-    .map_err(|e| match e {
-        policy::topology_aware::ConfigError::ClaimCpus(_) => {
-            anyhow::anyhow!("{}: {e}", config.origin("claim-cpus"))
-        }
-        _ => anyhow::anyhow!("{}: {e}", config.origin(reserved_key)),
-    })?;
+    let policy = build_policy(&config)?;
     let (policy, policy_view) = view::share(policy);
     // Without DRA, nothing reads claims (the kubelet never calls us): an empty reader stands in,
     // and refusals are only logged (there is no API server to post Events to).
@@ -296,16 +263,8 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         .await
         .context("starting the kubelet plugin")?;
     let _ = registration.set(plugin.registration_state());
-    let publisher = SlicePublisher::new(
-        PublisherConfig {
-            node_allocatable_cpu: config
-                .node_allocatable_cpu
-                .then(kube::NodeAllocatableCpu::default),
-            ..PublisherConfig::new(&config.driver_name, &node_name)
-        },
-        versions,
-    )
-    .map_err(|e| anyhow::anyhow!("--node-name/--driver-name: {e}"))?;
+    let publisher = SlicePublisher::new(publisher_config(&config, &node_name), versions)
+        .map_err(|e| anyhow::anyhow!("--node-name/--driver-name: {e}"))?;
     let _ = publishing.set(publisher.clone());
     let watcher = tokio::spawn(watch_dropped_fields(
         publisher.dropped_fields(),
@@ -608,6 +567,54 @@ fn outcome<T, E>(
 
 /// Refuses a reserved cpuset naming CPUs that are not online (the policy would drop them
 /// silently).
+/// The policy `config` asks for, on its topology, holding nothing yet.
+pub fn build_policy(config: &RunConfig) -> anyhow::Result<Box<dyn policy::Policy>> {
+    let topology = Topology::load(&config.topology).with_context(|| {
+        format!(
+            "{} {}",
+            config.origin("topology"),
+            values::show_topology(&config.topology)
+        )
+    })?;
+    let reserved_key = match config.reserved_cpus {
+        ReservedCpus::Set(_) => "reserved-cpus",
+        ReservedCpus::Count(_) => "reserved-cpu-count",
+    };
+    check_reserved(&config.reserved_cpus, &topology)
+        .map_err(|e| anyhow::anyhow!("{} {e}", config.origin(reserved_key)))?;
+    #[allow(
+        clippy::needless_update,
+        reason = "settings the agent does not configure keep the policy's defaults"
+    )]
+    policy_choice::build(
+        topology,
+        Config {
+            reserved_cpus: config.reserved_cpus.clone(),
+            driver: config.driver_name.clone(),
+            reserved_namespaces: config.reserved_namespaces.clone(),
+            exclusivity: config.policy.0.clone(),
+            devices: config.policy.1,
+            ..Config::default()
+        },
+    )
+    .map_err(|e| match e {
+        policy::topology_aware::ConfigError::ClaimCpus(_) => {
+            anyhow::anyhow!("{}: {e}", config.origin("claim-cpus"))
+        }
+        _ => anyhow::anyhow!("{}: {e}", config.origin(reserved_key)),
+    })
+}
+
+/// What the publisher of `node_name`'s slices publishes, as `config` says.
+pub fn publisher_config(config: &RunConfig, node_name: &str) -> PublisherConfig {
+    PublisherConfig {
+        node_allocatable_cpu: config
+            .node_allocatable_cpu
+            .then(kube::NodeAllocatableCpu::default),
+        ..PublisherConfig::new(&config.driver_name, node_name)
+    }
+}
+
 fn check_reserved(reserved: &ReservedCpus, topology: &Topology) -> anyhow::Result<()> {
     if let ReservedCpus::Set(set) = reserved {
         let missing = set.difference(&topology.online);

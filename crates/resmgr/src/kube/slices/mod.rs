@@ -9,7 +9,8 @@
 //! - [`validate`]: the API server's rules, checked first, naming the device and field.
 //! - [`build`]: devices to v1 slice specs (pure).
 //! - [`wire`]: the three API versions' JSON, comparison, dropped-field detection (pure).
-//! - [`publisher`]: [`SlicePublisher`], which talks to the API server.
+//! - [`publisher`]: [`SlicePublisher`], which talks to the API server, and
+//!   [`first_publication`], the objects it creates for a new node (what `resmgr slices` prints).
 
 pub mod build;
 pub mod publisher;
@@ -22,7 +23,9 @@ use futures::future::BoxFuture;
 use kubelet_plugin::names::dns_subdomain;
 use policy::Device;
 
-pub use publisher::{PublishError, PublishReport, PublishStatus, SlicePublisher};
+pub use publisher::{
+    PublishError, PublishReport, PublishStatus, SlicePublisher, first_publication,
+};
 pub use validate::DeviceValidationError;
 
 use super::retry::RetryPolicy;

@@ -212,12 +212,7 @@ impl SlicePublisher {
     }
 
     async fn publish_devices(&self, devices: Vec<Device>) -> Result<PublishReport, PublishError> {
-        let config = &self.inner.config;
-        validate_devices(&config.driver, &devices)?;
-        let wire_devices = devices
-            .iter()
-            .map(|d| build::wire_device(config, d))
-            .collect();
+        let wire_devices = wire_devices(&self.inner.config, &devices)?;
         let mut state = self.inner.state.lock().await;
         state.desired = Some(wire_devices);
         let result = self.reconcile(&mut state).await;
@@ -585,37 +580,6 @@ impl Reconciliation<'_> {
         }
     }
 
-    fn object(
-        &self,
-        metadata: ObjectMeta,
-        generation: i64,
-        count: usize,
-        chunk: Vec<wire::Device>,
-    ) -> (DynamicObject, Value) {
-        let spec = to_wire(
-            self.version,
-            &build::slice_spec(self.config(), generation, count, chunk),
-        );
-        let object = DynamicObject {
-            types: Some(TypeMeta {
-                api_version: self.version.api_version().to_owned(),
-                kind: "ResourceSlice".to_owned(),
-            }),
-            metadata,
-            data: serde_json::json!({ "spec": spec }),
-        };
-        (object, spec)
-    }
-
-    fn metadata(&self, mut labels: BTreeMap<String, String>, node_uid: &str) -> ObjectMeta {
-        labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned());
-        ObjectMeta {
-            labels: Some(labels),
-            owner_references: Some(vec![build::node_owner(&self.config().node_name, node_uid)]),
-            ..Default::default()
-        }
-    }
-
     async fn create(
         &mut self,
         generation: i64,
@@ -623,11 +587,15 @@ impl Reconciliation<'_> {
         chunk: Vec<wire::Device>,
         node_uid: &str,
     ) -> Result<(), Failure> {
-        let metadata = ObjectMeta {
-            generate_name: Some(build::generate_name(self.config())),
-            ..self.metadata(BTreeMap::new(), node_uid)
-        };
-        let (object, sent) = self.object(metadata, generation, count, chunk);
+        let metadata = new_slice_metadata(self.config(), node_uid);
+        let (object, sent) = slice_object(
+            self.config(),
+            self.version,
+            metadata,
+            generation,
+            count,
+            chunk,
+        );
         let params = PostParams::default();
         let stored = self
             .publisher
@@ -651,9 +619,16 @@ impl Reconciliation<'_> {
         let metadata = ObjectMeta {
             name: Some(slice.name.clone()),
             resource_version: slice.resource_version.clone(),
-            ..self.metadata(slice.labels.clone(), node_uid)
+            ..slice_metadata(self.config(), slice.labels.clone(), node_uid)
         };
-        let (object, sent) = self.object(metadata, generation, count, chunk);
+        let (object, sent) = slice_object(
+            self.config(),
+            self.version,
+            metadata,
+            generation,
+            count,
+            chunk,
+        );
         let params = PostParams::default();
         let action = format!("updating resource slice {}", slice.name);
         let stored = self
@@ -714,6 +689,91 @@ impl Reconciliation<'_> {
                     .send_if_modified(|all| all.insert(field.to_string()));
             }
         }
+    }
+}
+
+/// The devices as v1 wire devices, validated first: what every publication sends.
+fn wire_devices(
+    config: &PublisherConfig,
+    devices: &[Device],
+) -> Result<Vec<wire::Device>, DeviceValidationError> {
+    validate_devices(&config.driver, devices)?;
+    Ok(devices
+        .iter()
+        .map(|d| build::wire_device(config, d))
+        .collect())
+}
+
+/// The slices the publisher creates for `devices` in a pool the API server has none of (a new
+/// node): every chunk at generation 1, as `version` writes it, owned by the node with
+/// `node_uid`, or by no one when it is `None` (whoever prints them does not know the uid). The
+/// objects are JSON, the way they go over the wire; the API server fills in each one's name from
+/// its `generateName`.
+pub fn first_publication(
+    config: &PublisherConfig,
+    version: ResourceApiVersion,
+    node_uid: Option<&str>,
+    devices: &[Device],
+) -> Result<Vec<Value>, DeviceValidationError> {
+    let chunks = build::chunk(wire_devices(config, devices)?);
+    let count = chunks.len();
+    Ok(chunks
+        .into_iter()
+        .map(|chunk| {
+            let mut metadata = new_slice_metadata(config, node_uid.unwrap_or_default());
+            if node_uid.is_none() {
+                metadata.owner_references = None;
+            }
+            let (object, _) = slice_object(config, version, metadata, 1, count, chunk);
+            // A DynamicObject is a map of strings and numbers: it always converts.
+            serde_json::to_value(object).unwrap_or(Value::Null)
+        })
+        .collect())
+}
+
+/// A slice object holding `chunk`, and its spec as sent.
+fn slice_object(
+    config: &PublisherConfig,
+    version: ResourceApiVersion,
+    metadata: ObjectMeta,
+    generation: i64,
+    count: usize,
+    chunk: Vec<wire::Device>,
+) -> (DynamicObject, Value) {
+    let spec = to_wire(
+        version,
+        &build::slice_spec(config, generation, count, chunk),
+    );
+    let object = DynamicObject {
+        types: Some(TypeMeta {
+            api_version: version.api_version().to_owned(),
+            kind: "ResourceSlice".to_owned(),
+        }),
+        metadata,
+        data: serde_json::json!({ "spec": spec }),
+    };
+    (object, spec)
+}
+
+/// The metadata of a slice we create: a generated name, our label, the node as owner.
+fn new_slice_metadata(config: &PublisherConfig, node_uid: &str) -> ObjectMeta {
+    ObjectMeta {
+        generate_name: Some(build::generate_name(config)),
+        ..slice_metadata(config, BTreeMap::new(), node_uid)
+    }
+}
+
+/// `labels` with ours, and the node as owner.
+fn slice_metadata(
+    config: &PublisherConfig,
+    mut labels: BTreeMap<String, String>,
+    node_uid: &str,
+) -> ObjectMeta {
+    labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned());
+    ObjectMeta {
+        labels: Some(labels),
+        owner_references: Some(vec![build::node_owner(&config.node_name, node_uid)]),
+        ..Default::default()
     }
 }
 
