@@ -7,12 +7,15 @@
 //! with `b.ReportMetric`; a benchmark reporting sizes (units ending in `-bytes`, such as the
 //! agent's `VmRSS-bytes`) gets one row per size, in MiB, instead of a time. This command collects
 //! both and prints them together.
+//!
+//! `--scale` runs the cluster-scale benchmark instead ([`crate::scale`]): the device models
+//! against the real kube-scheduler and kube-apiserver at 100 and 500 nodes, tens of minutes.
 
 use std::{path::Path, process::Command};
 
 use anyhow::Context;
 
-use crate::{cluster, e2e, sysdeps, test, util};
+use crate::{cluster, e2e, scale, sysdeps, test, util};
 
 #[derive(Debug)]
 struct Row {
@@ -23,7 +26,21 @@ struct Row {
     target: String,
 }
 
-pub fn run(root: &Path) -> anyhow::Result<()> {
+/// `cargo xtask bench`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Run the cluster-scale benchmark (the device models against the real kube-scheduler and
+    /// kube-apiserver) instead of the others.
+    #[arg(long)]
+    scale: bool,
+    #[command(flatten)]
+    scale_args: scale::Args,
+}
+
+pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
+    if args.scale {
+        return scale::run(root, &args.scale_args);
+    }
     sysdeps::ensure()?;
     let mut rows = Vec::new();
     let out =

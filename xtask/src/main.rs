@@ -14,6 +14,7 @@ mod e2e;
 mod image;
 mod manifests;
 mod release;
+mod scale;
 mod soak;
 mod sysdeps;
 mod test;
@@ -86,7 +87,8 @@ enum Command {
         out: Option<PathBuf>,
     },
     /// Run every benchmark of the workspace and the conformance module; print one summary table.
-    Bench,
+    /// With --scale, the cluster-scale benchmark instead (the real control plane).
+    Bench(bench::Args),
     /// Run resmgr end to end on containerd and runc: real containers, pinned, checked in the
     /// kernel (needs root, the cgroup cpuset controller and Go; builds what it needs).
     E2e(e2e::E2eArgs),
@@ -118,7 +120,7 @@ fn main() -> anyhow::Result<()> {
         Command::Image { binary, tag, out } => {
             image::run(&root, binary.as_deref(), tag.as_deref(), out.as_deref())
         }
-        Command::Bench => bench::run(&root),
+        Command::Bench(args) => bench::run(&root, &args),
         Command::E2e(args) => e2e::run(&root, &args),
         Command::Soak(args) => soak::run(&root, &args),
         Command::Cluster { action } => cluster::command(&root, action),
