@@ -28,16 +28,16 @@ struct Row {
 
 /// `cargo xtask bench`'s flags.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub struct BenchArgs {
     /// Run the cluster-scale benchmark (the device models against the real kube-scheduler and
     /// kube-apiserver) instead of the others.
     #[arg(long)]
-    scale: bool,
+    pub scale: bool,
     #[command(flatten)]
-    scale_args: scale::Args,
+    pub scale_args: scale::ScaleArgs,
 }
 
-pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
+pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     if args.scale {
         return scale::run(root, &args.scale_args);
     }

@@ -88,7 +88,7 @@ enum Command {
     },
     /// Run every benchmark of the workspace and the conformance module; print one summary table.
     /// With --scale, the cluster-scale benchmark instead (the real control plane).
-    Bench(bench::Args),
+    Bench(bench::BenchArgs),
     /// Run resmgr end to end on containerd and runc: real containers, pinned, checked in the
     /// kernel (needs root, the cgroup cpuset controller and Go; builds what it needs).
     E2e(e2e::E2eArgs),

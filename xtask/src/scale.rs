@@ -18,7 +18,7 @@ use crate::{controlplane, sysdeps, test, util};
 
 /// The scale benchmark's knobs (each a `RESMGR_SCALE_*` variable of the Go benchmark).
 #[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+pub struct ScaleArgs {
     /// Cluster sizes, comma-separated.
     #[arg(
         long,
@@ -42,7 +42,7 @@ pub struct Args {
     pub fill_nodes: usize,
 }
 
-pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
+pub fn run(root: &Path, args: &ScaleArgs) -> anyhow::Result<()> {
     sysdeps::ensure()?;
     let missing = controlplane::prerequisites();
     if !missing.is_empty() {
@@ -224,6 +224,31 @@ mod tests {
             assert!(row.contains(want), "{want} in {row}");
         }
         assert!(rows_of("scale: {not json").is_err());
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Bench {
+        #[command(flatten)]
+        args: crate::bench::BenchArgs,
+    }
+
+    #[test]
+    fn the_scale_flags_need_scale() {
+        use clap::{CommandFactory as _, Parser as _};
+        Bench::command().debug_assert();
+        let b = Bench::try_parse_from(["bench", "--scale", "--nodes", "5", "--fill-nodes", "0"])
+            .unwrap();
+        assert!(b.args.scale);
+        assert_eq!(
+            (
+                b.args.scale_args.nodes.as_str(),
+                b.args.scale_args.fill_nodes
+            ),
+            ("5", 0)
+        );
+        assert_eq!(b.args.scale_args.pods, 5000);
+        assert!(Bench::try_parse_from(["bench", "--nodes", "5"]).is_err());
+        assert!(!Bench::try_parse_from(["bench"]).unwrap().args.scale);
     }
 
     fn rows_of(line: &str) -> anyhow::Result<Vec<serde_json::Value>> {

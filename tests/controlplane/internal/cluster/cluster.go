@@ -90,6 +90,7 @@ type Cluster struct {
 	etcdURL                    string
 	port                       int
 	gates                      Gates
+	schedulerArgs              []string
 
 	// Server is the API server's URL.
 	Server string
@@ -104,6 +105,13 @@ type Cluster struct {
 // Start brings up etcd, kube-apiserver (with gates) and kube-scheduler (with the same gates),
 // and waits until the API server is ready.
 func Start(t testing.TB, gates Gates) *Cluster {
+	t.Helper()
+	return StartWithScheduler(t, gates)
+}
+
+// StartWithScheduler is Start with more kube-scheduler flags (the scale benchmark lifts its
+// client's rate limit).
+func StartWithScheduler(t testing.TB, gates Gates, schedulerArgs ...string) *Cluster {
 	t.Helper()
 	bins, err := BinariesFromEnv()
 	if err != nil {
@@ -120,7 +128,7 @@ func Start(t testing.TB, gates Gates) *Cluster {
 		}
 		_ = os.RemoveAll(dir)
 	})
-	c := &Cluster{t: t, bins: bins, Dir: dir, gates: gates}
+	c := &Cluster{t: t, bins: bins, Dir: dir, gates: gates, schedulerArgs: schedulerArgs}
 	if c.pki, err = makePKI(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -212,6 +220,7 @@ func (c *Cluster) startScheduler() {
 		// with other runs on the machine.
 		"--secure-port=0",
 	}
+	args = append(args, c.schedulerArgs...)
 	if len(c.gates) > 0 {
 		args = append(args, "--feature-gates="+c.gates.flag())
 	}
@@ -231,6 +240,11 @@ func (c *Cluster) Restart(gates Gates) {
 	c.startAPIServer()
 	c.startScheduler()
 	c.t.Logf("control plane: restarted with gates %s in %s", gates.flag(), time.Since(began))
+}
+
+// PIDs are kube-apiserver's and kube-scheduler's process IDs, to measure them by.
+func (c *Cluster) PIDs() (apiserver, scheduler int) {
+	return c.apiserver.PID(), c.scheduler.PID()
 }
 
 // SchedulerLog is the end of kube-scheduler's log, for failure messages.
