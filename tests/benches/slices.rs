@@ -2,8 +2,9 @@
 //! how long building and validating them takes.
 //!
 //! The machine is `pack:4 numa:4 core:32 pu:2`, 1,024 CPUs in 16 NUMA nodes (two reserved), in
-//! both device models of the topology-aware policy: `individual` (a device per CPU, 1,022
-//! devices in slices of at most 128) and `grouped` (a device per NUMA node). Building is what the
+//! the device models of the topology-aware policy: `individual` (a device per CPU, 1,022
+//! devices in slices of at most 128), `individual` with `claim-granularity: core` (a device per
+//! whole core, 511) and `grouped` (a device per NUMA node). Building is what the
 //! publisher does before it talks to the API server: every device to its v1 form, chunked,
 //! into slice specs. Validating is what it checks first: the devices (names, attributes,
 //! capacities, request policies) and every slice spec as the API server would. The bytes are
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use policy::{
     Device, Policy, Topology, TopologyAware, TopologySource,
-    topology_aware::{Config, DeviceMode, DeviceModel, ReservedCpus},
+    topology_aware::{Config, DeviceMode, DeviceModel, Granularity, ReservedCpus},
 };
 use resmgr::kube::slices::{
     PublisherConfig,
@@ -53,7 +54,7 @@ fn figure(name: &str, unit: &str, value: usize) {
     );
 }
 
-fn devices(mode: DeviceMode) -> Vec<Device> {
+fn devices(mode: DeviceMode, granularity: Granularity) -> Vec<Device> {
     let topology = Topology::load(&TopologySource::Synthetic(
         "pack:4 numa:4 core:32 pu:2".into(),
     ))
@@ -62,6 +63,7 @@ fn devices(mode: DeviceMode) -> Vec<Device> {
         reserved_cpus: ReservedCpus::Count(2),
         devices: DeviceModel {
             mode,
+            granularity,
             ..DeviceModel::default()
         },
         ..Config::default()
@@ -91,11 +93,16 @@ fn main() {
         return;
     }
     let config = PublisherConfig::new(DRIVER, "node-1");
-    for (label, mode) in [
-        ("individual", DeviceMode::Individual),
-        ("grouped", DeviceMode::Grouped),
+    for (label, mode, granularity) in [
+        ("individual", DeviceMode::Individual, Granularity::Cpu),
+        (
+            "individual-cores",
+            DeviceMode::Individual,
+            Granularity::Core,
+        ),
+        ("grouped", DeviceMode::Grouped, Granularity::Cpu),
     ] {
-        let devices = devices(mode);
+        let devices = devices(mode, granularity);
         let specs = build(&config, &devices);
         let bytes: usize = specs
             .iter()
