@@ -22,8 +22,9 @@ import (
 // deviceClass is the chart's DeviceClass.
 const deviceClass = "cpu.resmgr.io"
 
-// limit bounds each wait for the cluster to react.
-const limit = 2 * time.Minute
+// limit bounds each wait for the cluster to react. A prepare the kubelet retries waits for its
+// pod resync, seen at 70-75 s here, so this leaves room for that on a loaded machine.
+const limit = 3 * time.Minute
 
 func cx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 30*time.Second)
