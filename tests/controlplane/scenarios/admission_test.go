@@ -105,9 +105,13 @@ func TestTheAgentMayWriteOnlyItsOwnNodesSlices(t *testing.T) {
 	err = agent.ResourceV1().ResourceSlices().Delete(cx, theirs.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 	denied("deleting another node's slice", err, "may not write ResourceSlices of node worker-b")
 
-	// RBAC: claims can be read one by one, not listed; nothing outside the ClusterRole.
-	if _, err := agent.ResourceV1().ResourceClaims(workloads).List(cx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
-		t.Fatalf("the agent listing claims: %v, want forbidden", err)
+	// RBAC: claims can be read and listed (a claim taken back from its CDI spec is known only by
+	// its UID), never written; nothing outside the ClusterRole.
+	if _, err := agent.ResourceV1().ResourceClaims("").List(cx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("the agent listing claims of every namespace: %v", err)
+	}
+	if err := agent.ResourceV1().ResourceClaims(workloads).Delete(cx, "any", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the agent deleting a claim: %v, want forbidden", err)
 	}
 	if _, err := agent.CoreV1().Pods(workloads).List(cx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("the agent listing pods: %v, want forbidden", err)
