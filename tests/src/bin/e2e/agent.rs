@@ -118,6 +118,8 @@ fn latest_log(dir: &Path) -> Option<PathBuf> {
 #[derive(Debug)]
 pub struct Agent {
     run: Run,
+    /// Where its probes and metrics answer.
+    addr: String,
 }
 
 #[derive(Debug)]
@@ -246,7 +248,10 @@ impl Agent {
                 (Run::Container(container), (addr, pod.readiness), live)
             }
         };
-        let mut agent = Self { run };
+        let mut agent = Self {
+            run,
+            addr: ready.0.clone(),
+        };
         let socket = kubelet.registration_socket();
         // A registration socket left by a killed agent may be there before the new one is: dial
         // until the agent answers, as the kubelet's plugin watcher does on each new socket.
@@ -283,6 +288,11 @@ impl Agent {
             );
         }
         Ok(agent)
+    }
+
+    /// A GET on the agent's metrics listener (its probes' port): the status code and the body.
+    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        get(&self.addr, path)
     }
 
     fn check_alive(&mut self, config: &AgentConfig) -> anyhow::Result<()> {

@@ -250,7 +250,8 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         .first()
         .into_iter()
         .collect();
-    let claims = vec![plan_claim(&machine, &reserved)?];
+    let first = plan_claim(&machine, &reserved)?;
+    let claims = vec![first.clone(), plan_next_claim(&machine, &reserved, &first)];
     let api = FakeApiServer::start(
         &args.fake_apiserver,
         &run_dir,
@@ -341,6 +342,29 @@ fn plan_claim(machine: &Machine, reserved: &CpuSet) -> anyhow::Result<AllocatedC
         device: format!("numa{node}"),
         cpus: (claimable / 2).max(1),
     })
+}
+
+/// The claim prepared after a stray spec was swept: every claimable CPU of the first claim's
+/// NUMA node, for the pod `next`.
+fn plan_next_claim(machine: &Machine, reserved: &CpuSet, first: &AllocatedClaim) -> AllocatedClaim {
+    let allowed = machine.online.difference(&machine.isolated);
+    let claimable = first
+        .device
+        .strip_prefix("numa")
+        .and_then(|n| n.parse().ok())
+        .and_then(|n| machine.nodes.get(&n))
+        .map_or(0, |cpus| {
+            cpus.intersection(&allowed).difference(reserved).len()
+        });
+    AllocatedClaim {
+        namespace: "default".into(),
+        name: "next-cpus".into(),
+        uid: "c1a1e2e0-0000-4000-8000-000000000002".into(),
+        pod_name: "next".into(),
+        pod_uid: scenarios::pod_uid("next"),
+        device: first.device.clone(),
+        cpus: claimable.max(1),
+    }
 }
 
 /// Runs the user's command against the node.

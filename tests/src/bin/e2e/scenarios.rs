@@ -210,6 +210,7 @@ pub const PHASES: &[Phase] = &[
             ("agent-sigkill", |w| agent_restart(w, Signal::KILL)),
             ("containerd-restart", containerd_restart),
             ("unprepare", unprepare),
+            ("stray-spec", stray_spec),
         ],
     },
 ];
@@ -945,6 +946,87 @@ fn unprepare(w: &mut World) -> anyhow::Result<()> {
     let pod = w.pod("later", "default", Qos::Burstable)?;
     let c = w.container(&pod, &burstable("app", 100), Expect::Shared)?;
     w.check(&[&c.key])
+}
+
+/// A claim no one has: the UID of the stray spec planted while the agent is down.
+const STRAY_UID: &str = "5742a100-0000-4000-8000-0000000000aa";
+
+/// The operator's case of a stray spec: while the agent is down, a spec of ours that its state
+/// does not account for turns up in its CDI directory (a restored backup, a failed cleanup, a
+/// manual copy), unused and granting free CPUs. The agent restarts and is ready, every running
+/// container keeps (or, once the stray is swept, gets back) its CPUs, the stray is swept (the
+/// API server has no such claim), and the next claim gets every claimable CPU of the node, the
+/// stray's included.
+fn stray_spec(w: &mut World) -> anyhow::Result<()> {
+    let next = w.claims[1].clone();
+    let node: u32 = next
+        .device
+        .strip_prefix("numa")
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("device {} is not numaN", next.device))?;
+    let free = w
+        .machine
+        .nodes
+        .get(&node)
+        .cloned()
+        .unwrap_or_default()
+        .intersection(&w.allowed())
+        .difference(&w.reserved)
+        .difference(&w.held(""));
+    ensure!(
+        free.len() == next.cpus,
+        "numa{node} has the free cpus {free}, the claim to prepare after the sweep wants {}",
+        next.cpus
+    );
+    // Half of them (at least one): the rest are the shared containers' meanwhile.
+    let stray: CpuSet = free.iter().take((free.len() / 2).max(1)).collect();
+    w.check(&[])?;
+    let status = w.agent()?.stop(Signal::TERM)?;
+    ensure!(
+        status.success(),
+        "resmgr run exited with {status} on SIGTERM"
+    );
+    let store = cdi::SpecStore::new(&w.agent_config.cdi_dir, crate::DRIVER)
+        .context("opening the agent's cdi directory")?;
+    store
+        .write_claim(
+            STRAY_UID,
+            &[policy::cdi::ContainerEdits::with_env([
+                format!("DRA_CPUSET_{STRAY_UID}={stray}"),
+                format!("DRA_MEMS_{STRAY_UID}={node}"),
+            ])],
+        )
+        .context("planting a stray spec")?;
+    w.start_agent()?;
+    crate::procs::wait_until(
+        "the stray spec to be swept",
+        std::time::Duration::from_secs(60),
+        || Ok(spec_env(&w.agent_config.cdi_dir, STRAY_UID).is_err()),
+    )?;
+    // Swept is counted once its claim is released and the containers moved back.
+    let agent = w.agent.as_ref().context("the agent is not running")?;
+    crate::procs::wait_until(
+        "the sweep to be counted",
+        std::time::Duration::from_secs(30),
+        || {
+            let (_, metrics) = agent.get("/metrics")?;
+            Ok(metrics.contains("resmgr_reconciled_claims_total{outcome=\"swept\"} 1"))
+        },
+    )?;
+    let all: Vec<String> = w.running.iter().map(|c| c.key.clone()).collect();
+    w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())?;
+    w.prepare(&next)?;
+    let got = w.granted[&next.uid].cpus.clone();
+    ensure!(
+        got.is_superset(&stray),
+        "{} got cpus {got}, not the swept stray's {stray}",
+        next.name
+    );
+    w.check(&[])?;
+    w.kubelet
+        .unprepare(&next.namespace, &next.name, &next.uid)?;
+    w.granted.remove(&next.uid);
+    w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// The report: one line per checked container and scenario.
