@@ -72,7 +72,7 @@ impl Policy for FirstFit {
     fn allocate(&mut self, c: &Container) -> Result<Allocation, PolicyError> {
         self.place(c)?;
         let own = self.wanted(&c.id);
-        let adjustment = Adjustment { cpus: own.cpus, mems: None };
+        let adjustment = Adjustment { cpus: own.cpus, ..Adjustment::default() };
         let exclusive = self.placed.get(&c.id).is_some_and(Option::is_some);
         let mut updates = if exclusive { self.ripple() } else { vec![] };
         updates.retain(|u| u.container_id != c.id);

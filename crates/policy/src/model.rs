@@ -175,6 +175,15 @@ pub struct Adjustment {
     pub cpus: Option<CpuSet>,
     /// The memory nodes to allocate from; `None` leaves the runtime's choice.
     pub mems: Option<NodeSet>,
+    /// The memory limit in bytes; `None` leaves the one the kubelet set. Set for a container
+    /// using claims that granted memory: their memory, or the kubelet's limit when lower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
+    /// Hugepage limits in bytes, by page size in bytes; sizes not listed keep the kubelet's
+    /// limit (which is 0 for sizes the pod does not request). Set for a container using claims
+    /// that granted hugepages.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hugepage_limits: BTreeMap<u64, u64>,
 }
 
 /// A change to a container that already exists.

@@ -85,8 +85,8 @@ impl Topology {
         Self::load_with_sysfs(source, root)
     }
 
-    /// Discovers a topology from `source`, reading isolated and online CPUs from sysfs under
-    /// `sysfs_root` when given (see [`super::sysfs`]).
+    /// Discovers a topology from `source`, reading isolated and online CPUs and each node's
+    /// hugepages from sysfs under `sysfs_root` when given (see [`super::sysfs`]).
     pub fn load_with_sysfs(
         source: &TopologySource,
         sysfs_root: Option<&Path>,
@@ -113,7 +113,12 @@ impl Topology {
             Some(root) => sysfs::read_cpu_facts(root)?,
             None => sysfs::CpuFacts::default(),
         };
-        let topo = from_hwloc(&hw, &facts);
+        let mut topo = from_hwloc(&hw, &facts);
+        if let Some(root) = sysfs_root {
+            for node in &mut topo.numa_nodes {
+                node.hugepages = sysfs::read_hugepages(root, node.id)?;
+            }
+        }
         if topo.online.is_empty() {
             return Err(TopologyError::NoCpus { source_kind: kind });
         }
@@ -399,6 +404,7 @@ fn numa_nodes(hw: &HwTopology, pu_nodes: &[(u32, Option<u32>)]) -> Vec<NumaNode>
                 kind: kind(n),
                 package: n.package,
                 distances,
+                hugepages: BTreeMap::new(),
             }
         })
         .collect()

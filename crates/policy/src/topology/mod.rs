@@ -81,12 +81,24 @@ pub struct NumaNode {
     /// is farther. From the firmware's table when the source has one, else derived from the
     /// tree (see [`discover`]).
     pub distances: BTreeMap<u32, u32>,
+    /// Hugepages the node holds: page size in bytes -> pages the kernel keeps for it
+    /// (`nr_hugepages`, see [`sysfs`]). Empty when the source does not say (synthetic and XML
+    /// topologies, or a kernel without hugepages).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hugepages: BTreeMap<u64, u64>,
 }
 
 impl NumaNode {
     /// Whether the node has memory but no CPUs.
     pub fn is_memory_only(&self) -> bool {
         self.cpus.is_empty()
+    }
+
+    /// Bytes of hugepages of `page_size` bytes the node holds.
+    pub fn hugepage_bytes(&self, page_size: u64) -> u64 {
+        self.hugepages
+            .get(&page_size)
+            .map_or(0, |pages| pages.saturating_mul(page_size))
     }
 
     /// Distance to `other`; unknown pairs count as very far.
@@ -197,6 +209,16 @@ impl Topology {
     }
 }
 
+/// A page size as Kubernetes names it in resource names (`2Mi`, `1Gi`, `64Ki`).
+pub fn page_size_name(bytes: u64) -> String {
+    for (shift, unit) in [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// A short human summary: one line per package and per NUMA node.
 impl fmt::Display for Topology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -222,7 +244,7 @@ impl fmt::Display for Topology {
         }
         for n in &self.numa_nodes {
             let distances: Vec<String> = n.distances.values().map(u32::to_string).collect();
-            writeln!(
+            write!(
                 f,
                 "numa{}: {} cpus {:?}, {} MiB {}, distances {}",
                 n.id,
@@ -232,6 +254,10 @@ impl fmt::Display for Topology {
                 n.kind.as_str(),
                 distances.join(" ")
             )?;
+            for (size, pages) in &n.hugepages {
+                write!(f, ", {pages} hugepages of {}", page_size_name(*size))?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }

@@ -44,6 +44,16 @@ pub use crate::claim_env::{CPUSET_ENV, MEMS_ENV, shell_safe};
 /// One allocation result of a claim, as granted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultRecord {
+    /// The NUMA node whose memory account `memory` and `hugepages` are charged to; absent when
+    /// the result holds neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_node: Option<u32>,
+    /// Bytes of memory granted (what the result consumed of its device's `memory`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory: u64,
+    /// Bytes of hugepages granted, by page size in bytes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hugepages: BTreeMap<u64, u64>,
     /// The request it satisfies.
     pub request: String,
     /// The device it was allocated on (`numa<N>`, `cpu<N>`, ...).
@@ -61,6 +71,28 @@ pub struct ResultRecord {
 
 fn pinned() -> bool {
     true
+}
+
+impl Default for ResultRecord {
+    /// Nothing granted, memory pinned.
+    fn default() -> Self {
+        Self {
+            memory_node: None,
+            memory: 0,
+            hugepages: BTreeMap::new(),
+            request: String::new(),
+            device: String::new(),
+            cpus: CpuSet::new(),
+            mems: NodeSet::new(),
+            memory_pinning: true,
+        }
+    }
+}
+
+// serde's skip_serializing_if passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 // serde's skip_serializing_if passes a reference.
@@ -349,6 +381,7 @@ mod tests {
             cpus: cpus.parse().unwrap(),
             mems: "0".parse().unwrap(),
             memory_pinning: true,
+            ..ResultRecord::default()
         };
         ClaimRecord {
             uid: uid.into(),

@@ -57,6 +57,7 @@
 
 use std::collections::BTreeMap;
 
+use super::memory::{NodeOffer, hugepage_capacity};
 use crate::{
     idset::CpuSet,
     model::{AttributeValue, Capacity, Device, RequestPolicy, ValidValues},
@@ -70,6 +71,8 @@ pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 pub const WHOLE_CORES_ATTRIBUTE: &str = "wholeCores";
 /// The consumable capacity of grouped devices (and the size of individual ones).
 pub const CPU_CAPACITY: &str = "cpu";
+/// The consumable capacity of a NUMA node's memory set aside for claims, in bytes.
+pub const MEMORY_CAPACITY: &str = "memory";
 
 /// How devices are cut: see the module docs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -136,6 +139,9 @@ pub struct Published {
     pub share: Share,
     /// Every grant from it is whole cores.
     pub whole_cores: bool,
+    /// The NUMA node whose memory and hugepages its `memory` and `hugepages<size>` capacities
+    /// are, when it publishes any.
+    pub memory_node: Option<u32>,
 }
 
 /// Every device published, by name.
@@ -147,14 +153,26 @@ pub struct DeviceTable {
 }
 
 impl DeviceTable {
-    /// The devices for `claimable` (the CPUs claims may take) on `topo`, as `model` cuts them.
+    /// The devices for `claimable` (the CPUs claims may take) on `topo`, as `model` cuts them,
+    /// without memory.
     pub fn build(topo: &Topology, claimable: &CpuSet, model: &DeviceModel) -> Self {
+        Self::build_with_memory(topo, claimable, model, &BTreeMap::new())
+    }
+
+    /// The devices for `claimable` and for the memory each NUMA node offers claims (`offer`, by
+    /// node number): grouped NUMA devices carry their node's as capacities.
+    pub fn build_with_memory(
+        topo: &Topology,
+        claimable: &CpuSet,
+        model: &DeviceModel,
+        offer: &BTreeMap<u32, NodeOffer>,
+    ) -> Self {
         let claimable = match model.granularity {
             Granularity::Cpu => claimable.clone(),
             Granularity::Core => whole_cores(topo, claimable),
         };
         let devices = match model.mode {
-            DeviceMode::Grouped => grouped(topo, &claimable, model),
+            DeviceMode::Grouped => grouped(topo, &claimable, model, offer),
             DeviceMode::Individual => individual(topo, &claimable, model.granularity),
         };
         let by_name = devices
@@ -221,8 +239,65 @@ fn request_policy(count: usize, step: usize) -> RequestPolicy {
     }
 }
 
-fn grouped(topo: &Topology, claimable: &CpuSet, model: &DeviceModel) -> Vec<Published> {
-    let groups: Vec<(String, CpuSet, BTreeMap<String, AttributeValue>)> = match model.group_by {
+/// The request policy of a memory capacity of `value` bytes consumed in `step`s: nothing by
+/// default (a request for CPUs alone takes no memory), any whole number of steps up to all of
+/// it. Memory in whole bytes, as the kubelet's Memory Manager counts it; hugepages in whole
+/// pages.
+fn memory_policy(value: u64, step: u64) -> RequestPolicy {
+    RequestPolicy {
+        default: Some(Quantity::from_units(0)),
+        valid: ValidValues::Range {
+            min: Quantity::from_units(0),
+            max: Some(Quantity::from_units(value / step * step)),
+            step: Some(Quantity::from_units(step)),
+        },
+    }
+}
+
+/// The memory capacities of a node's offer: `memory`, `hugepages<size>`.
+fn memory_capacities(offer: &NodeOffer) -> BTreeMap<String, Capacity> {
+    let mut out = BTreeMap::new();
+    if offer.memory > 0 {
+        out.insert(
+            MEMORY_CAPACITY.to_owned(),
+            Capacity {
+                value: Quantity::from_units(offer.memory),
+                request_policy: Some(memory_policy(offer.memory, 1)),
+            },
+        );
+    }
+    for (&size, &bytes) in &offer.hugepages {
+        if bytes >= size && size > 0 {
+            out.insert(
+                hugepage_capacity(size),
+                Capacity {
+                    value: Quantity::from_units(bytes),
+                    request_policy: Some(memory_policy(bytes, size)),
+                },
+            );
+        }
+    }
+    out
+}
+
+fn grouped(
+    topo: &Topology,
+    claimable: &CpuSet,
+    model: &DeviceModel,
+    offer: &BTreeMap<u32, NodeOffer>,
+) -> Vec<Published> {
+    // Memory goes with NUMA devices only: a socket device's would span nodes, and a claim
+    // could not say which.
+    let memory_of = |node: u32| match model.group_by {
+        GroupBy::Numa => offer.get(&node).map(memory_capacities).unwrap_or_default(),
+        GroupBy::Socket => BTreeMap::new(),
+    };
+    let groups: Vec<(
+        String,
+        CpuSet,
+        BTreeMap<String, AttributeValue>,
+        Option<u32>,
+    )> = match model.group_by {
         GroupBy::Numa => topo
             .numa_nodes
             .iter()
@@ -233,7 +308,12 @@ fn grouped(topo: &Topology, claimable: &CpuSet, model: &DeviceModel) -> Vec<Publ
                 if let Some(socket) = n.package {
                     attributes.insert("socket".to_owned(), int(socket));
                 }
-                (format!("numa{}", n.id), n.cpus.clone(), attributes)
+                (
+                    format!("numa{}", n.id),
+                    n.cpus.clone(),
+                    attributes,
+                    Some(n.id),
+                )
             })
             .collect(),
         GroupBy::Socket => topo
@@ -241,13 +321,13 @@ fn grouped(topo: &Topology, claimable: &CpuSet, model: &DeviceModel) -> Vec<Publ
             .iter()
             .map(|p| {
                 let attributes = BTreeMap::from([("socket".to_owned(), int(p.id))]);
-                (format!("socket{}", p.id), p.cpus.clone(), attributes)
+                (format!("socket{}", p.id), p.cpus.clone(), attributes, None)
             })
             .collect(),
     };
     groups
         .into_iter()
-        .filter_map(|(name, cpus, mut attributes)| {
+        .filter_map(|(name, cpus, mut attributes, node)| {
             let cpus = cpus.intersection(claimable);
             if cpus.is_empty() {
                 return None;
@@ -269,16 +349,20 @@ fn grouped(topo: &Topology, claimable: &CpuSet, model: &DeviceModel) -> Vec<Publ
                 value: units(cpus.len()),
                 request_policy: Some(request_policy(cpus.len(), step)),
             };
+            let mut capacities = node.map(memory_of).unwrap_or_default();
+            let memory_node = node.filter(|_| !capacities.is_empty());
+            capacities.insert(CPU_CAPACITY.to_owned(), capacity);
             Some(Published {
                 device: Device {
                     name,
                     attributes,
-                    capacities: BTreeMap::from([(CPU_CAPACITY.to_owned(), capacity)]),
+                    capacities,
                     allow_multiple_allocations: true,
                 },
                 cpus,
                 share: Share::Consumable { step },
                 whole_cores: whole,
+                memory_node,
             })
         })
         .collect()
@@ -328,6 +412,7 @@ fn individual(topo: &Topology, claimable: &CpuSet, granularity: Granularity) -> 
                 cpus,
                 share: Share::Whole,
                 whole_cores: whole,
+                memory_node: None,
             }
         };
         match granularity {

@@ -94,6 +94,7 @@ use claims::{ClaimRecord, Snapshot};
 use cpus::CpuIndex;
 pub use devices::{DeviceMode, DeviceModel, DeviceTable, Granularity, GroupBy};
 use memory::Ledger;
+pub use memory::{MemoryConfig, NodeReservation};
 use pools::Pool;
 
 use crate::{
@@ -164,6 +165,9 @@ pub struct Config {
     pub exclusivity: Exclusivity,
     /// How the claimable CPUs are published.
     pub devices: DeviceModel,
+    /// How each NUMA node's memory and hugepages are split between the system, claims and
+    /// containers ([`memory`]); the default publishes none, as before memory was published.
+    pub memory: MemoryConfig,
 }
 
 impl Default for Config {
@@ -176,6 +180,7 @@ impl Default for Config {
             driver: DEFAULT_DRIVER.into(),
             exclusivity: Exclusivity::default(),
             devices: DeviceModel::default(),
+            memory: MemoryConfig::default(),
         }
     }
 }
@@ -230,11 +235,22 @@ struct Placed {
     grant: Grant,
     mems: Option<NodeSet>,
     charge: Vec<(u32, u64)>,
+    /// The memory and hugepage limits its claims bound it to.
+    limits: Limits,
     /// What was done instead of refusing it, at placement ([`Fallback::NotExclusive`],
     /// [`Fallback::MemoryUnpinned`]); where its shared CPUs come from is worked out when asked.
     fallbacks: Vec<Fallback>,
     /// What to tell the operator about the placement; taken by the call that made it.
     warnings: Vec<String>,
+}
+
+/// The limits a container using claims gets from what they granted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Limits {
+    /// Bytes of memory; `None` leaves the kubelet's limit.
+    memory: Option<u64>,
+    /// Bytes of hugepages by page size.
+    hugepages: BTreeMap<u64, u64>,
 }
 
 /// Load on a pool from shared containers, its subtree included.
@@ -358,8 +374,9 @@ impl TopologyAware {
         };
         let isolated = topo.isolated.difference(&reserved);
         let claimable = claimable(&topo, &index, &config, &reserved)?;
-        let table = DeviceTable::build(&topo, &claimable, &config.devices);
-        let ledger = Ledger::new(&topo);
+        let ledger = Ledger::new(&topo, &config.memory);
+        let table =
+            DeviceTable::build_with_memory(&topo, &claimable, &config.devices, &ledger.offer());
         let attached = topo
             .numa_nodes
             .iter()
@@ -456,9 +473,33 @@ impl TopologyAware {
         self.claims.get(uid).map(ClaimRecord::cpus)
     }
 
-    /// Bytes of memory requests charged to NUMA node `node`.
+    /// Bytes of memory requests of containers charged to NUMA node `node`.
     pub fn memory_used(&self, node: u32) -> u64 {
         self.ledger.used(node)
+    }
+
+    /// Bytes of memory claims hold on NUMA node `node`.
+    pub fn memory_claimed(&self, node: u32) -> u64 {
+        self.ledger.claimed(node)
+    }
+
+    /// Bytes of hugepages of `page_size` claims hold on NUMA node `node`.
+    pub fn hugepages_claimed(&self, node: u32, page_size: u64) -> u64 {
+        self.ledger.hugepages_claimed(node, page_size)
+    }
+
+    /// Charges (or with `charge` false takes back) what a claim's results hold of the memory
+    /// account.
+    fn account_claim(&mut self, record: &ClaimRecord, charge: bool) {
+        for r in &record.results {
+            if let Some(node) = r.memory_node {
+                if charge {
+                    self.ledger.charge_claim(node, r.memory, &r.hugepages);
+                } else {
+                    self.ledger.uncharge_claim(node, r.memory, &r.hugepages);
+                }
+            }
+        }
     }
 
     fn cpus_of(&self, grant: &Grant) -> CpuSet {
@@ -468,6 +509,15 @@ impl TopologyAware {
             Grant::Exclusive { cpus, .. }
             | Grant::Isolated { cpus, .. }
             | Grant::Claim { cpus } => cpus.clone(),
+        }
+    }
+
+    fn adjustment_of(&self, p: &Placed) -> Adjustment {
+        Adjustment {
+            cpus: Some(self.cpus_of(&p.grant)),
+            mems: p.mems.clone(),
+            memory_limit_bytes: p.limits.memory,
+            hugepage_limits: p.limits.hugepages.clone(),
         }
     }
 
@@ -504,7 +554,13 @@ impl TopologyAware {
     /// its CPUs are published again. Claims on devices still published need nothing: the
     /// scheduler already counts them.
     fn refresh_devices(&mut self) {
-        let full = DeviceTable::build(&self.topo, &self.claimable, &self.config.devices);
+        let offer = self.ledger.offer();
+        let full = DeviceTable::build_with_memory(
+            &self.topo,
+            &self.claimable,
+            &self.config.devices,
+            &offer,
+        );
         let withheld = self
             .claims
             .values()
@@ -513,7 +569,7 @@ impl TopologyAware {
             .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus));
         self.table = if withheld.intersects(full.cpus()) {
             let claimable = self.claimable.difference(&withheld);
-            DeviceTable::build(&self.topo, &claimable, &self.config.devices)
+            DeviceTable::build_with_memory(&self.topo, &claimable, &self.config.devices, &offer)
         } else {
             full
         };
@@ -901,6 +957,9 @@ impl Policy for TopologyAware {
         let mut updates = Updates::new();
         let changed = taken.difference(&self.taken);
         self.taken = taken;
+        for record in restored.values() {
+            self.account_claim(record, true);
+        }
         self.claims.extend(restored);
         self.refresh_devices();
         self.ripple(&changed, &mut updates);
@@ -923,10 +982,7 @@ impl Policy for TopologyAware {
     fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError> {
         if let Some(p) = self.containers.get(&container.id) {
             return Ok(Allocation {
-                adjustment: Adjustment {
-                    cpus: Some(self.cpus_of(&p.grant)),
-                    mems: p.mems.clone(),
-                },
+                adjustment: self.adjustment_of(p),
                 ..Allocation::default()
             });
         }
@@ -944,10 +1000,7 @@ impl Policy for TopologyAware {
         let adjustment = self
             .containers
             .get(&container.id)
-            .map(|p| Adjustment {
-                cpus: Some(self.cpus_of(&p.grant)),
-                mems: p.mems.clone(),
-            })
+            .map(|p| self.adjustment_of(p))
             .unwrap_or_default();
         Ok(Allocation {
             adjustment,
@@ -1041,6 +1094,7 @@ impl Policy for TopologyAware {
         let edits = record.edits();
         let before = self.pool_fallbacks();
         self.taken = self.taken.union(&cpus);
+        self.account_claim(&record, true);
         self.claims.insert(claim.uid.clone(), record);
         let mut updates = Updates::new();
         self.ripple(&cpus, &mut updates);
@@ -1108,6 +1162,7 @@ impl Policy for TopologyAware {
                     memory_pinning: mems.is_some(),
                     mems: nodes,
                     cpus: part,
+                    ..claims::ResultRecord::default()
                 });
             }
         }
@@ -1135,6 +1190,7 @@ impl Policy for TopologyAware {
         };
         let cpus = record.cpus();
         self.taken = self.taken.difference(&cpus);
+        self.account_claim(&record, false);
         if record
             .results
             .iter()

@@ -6,20 +6,20 @@
 use std::{cmp::Reverse, collections::BTreeMap};
 
 use super::{
-    Exclusivity, Grant, Placed, TopologyAware, Updates,
+    Exclusivity, Grant, Limits, Placed, TopologyAware, Updates,
     annotations::{self, Options, describe},
     claim_config,
     claims::{self, ClaimRecord, ResultRecord},
     cpus::{self, Spare},
     devices::{self, CPU_CAPACITY, Share},
-    to_i64,
+    memory, to_i64,
 };
 use crate::{
     api::PolicyError,
     idset::{CpuSet, NodeSet},
     inventory::Fallback,
     model::{Claim, Container, ContainerUpdate, QosClass},
-    topology::MemoryKind,
+    topology::{MemoryKind, page_size_name},
 };
 
 /// What of `c` a placement keeps, for placing it again (an update, a claim that comes or goes)
@@ -61,11 +61,14 @@ fn retained(c: &Container) -> Container {
 /// What a container asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Class {
-    /// Uses claims: their CPUs and nodes; memory pinned only when every result used pins it.
+    /// Uses claims: their CPUs and nodes; memory pinned only when every result used pins it;
+    /// the memory and hugepages they granted, which bound the container's limits.
     Claim {
         cpus: CpuSet,
         mems: NodeSet,
         pin_memory: bool,
+        memory: u64,
+        hugepages: BTreeMap<u64, u64>,
     },
     Reserved,
     Exclusive {
@@ -80,6 +83,26 @@ enum Class {
 /// The memory nodes to pin (none when unpinned) and the bytes charged per node.
 type PlannedMemory = (Option<NodeSet>, Vec<(u32, u64)>);
 
+/// What a claim's result gets of its node's memory account.
+#[derive(Debug, Clone, Default)]
+struct MemoryGrant {
+    /// The node charged; `None` when nothing is granted.
+    node: Option<u32>,
+    /// Bytes of memory.
+    memory: u64,
+    /// Bytes of hugepages by page size.
+    hugepages: BTreeMap<u64, u64>,
+}
+
+/// Bytes as a Kubernetes quantity, in the largest binary unit that is exact (`16Gi`, `3Mi`).
+fn bytes_text(bytes: u64) -> String {
+    if bytes == 0 {
+        "0".into()
+    } else {
+        page_size_name(bytes)
+    }
+}
+
 fn subject(c: &Container) -> String {
     format!("container {}", describe(c))
 }
@@ -91,6 +114,8 @@ impl TopologyAware {
             let mut cpus = CpuSet::new();
             let mut mems = NodeSet::new();
             let mut pin_memory = true;
+            let mut memory = 0u64;
+            let mut hugepages: BTreeMap<u64, u64> = BTreeMap::new();
             for (uid, indexes) in &used {
                 let Some(claim) = self.claims.get(uid) else {
                     continue;
@@ -101,12 +126,19 @@ impl TopologyAware {
                     // A result that leaves memory to the runtime cannot have its container
                     // held to the nodes of the others.
                     pin_memory &= r.memory_pinning;
+                    memory = memory.saturating_add(r.memory);
+                    for (size, bytes) in &r.hugepages {
+                        let limit = hugepages.entry(*size).or_default();
+                        *limit = limit.saturating_add(*bytes);
+                    }
                 }
             }
             return Class::Claim {
                 cpus,
                 mems,
                 pin_memory,
+                memory,
+                hugepages,
             };
         }
         if opts.reserved && !self.reserved.is_empty() {
@@ -188,13 +220,34 @@ impl TopologyAware {
                 cpus,
                 mems,
                 pin_memory,
+                memory,
+                hugepages,
             } => {
                 let opts = Options {
                     pin_memory: opts.pin_memory && *pin_memory,
                     ..opts.clone()
                 };
+                let grant = Grant::Claim { cpus: cpus.clone() };
+                let limits = Limits {
+                    // Never above what the kubelet set: a lower limit is the pod's own choice.
+                    memory: (*memory > 0).then(|| {
+                        c.resources
+                            .memory_limit_bytes
+                            .map_or(*memory, |l| l.min(*memory))
+                    }),
+                    hugepages: hugepages.clone(),
+                };
+                if *memory > 0 {
+                    // The claims' grant is its memory: charged once, to the claims.
+                    let mems = opts.pin_memory.then(|| mems.clone());
+                    let mut placed = self.placed(c, grant, mems, Vec::new());
+                    placed.limits = limits;
+                    return Ok(placed);
+                }
                 let (mems, charge) = self.plan_memory(c, &opts, mems, "its claims' nodes")?;
-                Ok(self.placed(c, Grant::Claim { cpus: cpus.clone() }, mems, charge))
+                let mut placed = self.placed(c, grant, mems, charge);
+                placed.limits = limits;
+                Ok(placed)
             }
             Class::Reserved => {
                 let nodes = self.nodes_of(&self.reserved);
@@ -232,6 +285,7 @@ impl TopologyAware {
             grant,
             mems,
             charge,
+            limits: Limits::default(),
             fallbacks: Vec::new(),
             warnings: Vec::new(),
         }
@@ -556,6 +610,8 @@ impl TopologyAware {
         let subject = format!("claim {}/{} ({})", claim.namespace, claim.name, claim.uid);
         let settings = claim_config::settings(claim)?;
         let mut tentative = CpuSet::new();
+        // Memory this claim's earlier results take, by node: (bytes, hugepage bytes by size).
+        let mut held: BTreeMap<u32, (u64, BTreeMap<u64, u64>)> = BTreeMap::new();
         let mut results = Vec::with_capacity(claim.results.len());
         for ((i, r), s) in claim.results.iter().enumerate().zip(&settings) {
             let at = format!("result {i} (request {})", r.request);
@@ -624,12 +680,24 @@ impl TopologyAware {
                 }
             };
             tentative = tentative.union(&cpus);
+            let whole = consumed.is_none();
+            let grant = self.plan_claim_memory(&subject, &at, r, device, whole, &held)?;
+            if let Some(node) = grant.node {
+                let entry = held.entry(node).or_default();
+                entry.0 += grant.memory;
+                for (size, bytes) in &grant.hugepages {
+                    *entry.1.entry(*size).or_default() += bytes;
+                }
+            }
             results.push(ResultRecord {
                 request: r.request.clone(),
                 device: r.device.clone(),
                 mems: self.nodes_of(&cpus),
                 cpus,
                 memory_pinning: s.memory_pinning,
+                memory_node: grant.node,
+                memory: grant.memory,
+                hugepages: grant.hugepages,
             });
         }
         let mut warnings = Vec::new();
@@ -661,6 +729,123 @@ impl TopologyAware {
             },
             warnings,
         ))
+    }
+
+    /// The memory and hugepages result `r` on `device` gets from its node's account: what it
+    /// consumed of the device's `memory` and `hugepages<size>` capacities, or, for a device
+    /// handed out `whole`, all of them. `held` is what the claim's earlier results take. A
+    /// result that consumed memory the node does not have for claims, hugepages of a size it
+    /// keeps none of, or hugepages that are not whole pages is refused, naming the request and
+    /// the amount; nothing is charged then.
+    fn plan_claim_memory(
+        &self,
+        subject: &str,
+        at: &str,
+        r: &crate::model::AllocationResult,
+        device: &devices::Published,
+        whole: bool,
+        held: &BTreeMap<u32, (u64, BTreeMap<u64, u64>)>,
+    ) -> Result<MemoryGrant, PolicyError> {
+        let invalid = |reason: String| PolicyError::Invalid {
+            subject: subject.to_owned(),
+            reason: format!("{at}: {reason}"),
+        };
+        let short = |reason: String| PolicyError::DoesNotFit {
+            subject: subject.to_owned(),
+            reason: format!("{at}: {reason}"),
+        };
+        let mut memory = 0u64;
+        let mut hugepages: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut asked = Vec::new();
+        for (name, q) in &r.consumed_capacity {
+            // Memory in whole bytes, rounded up as the kubelet rounds a request.
+            let bytes = q.units_ceil();
+            if bytes == 0 || name == CPU_CAPACITY {
+                continue;
+            }
+            if name == devices::MEMORY_CAPACITY {
+                memory = bytes;
+                asked.push(format!("{} of memory", bytes_text(bytes)));
+            } else if let Some(size) = memory::hugepage_size(name) {
+                if !q.milli().is_multiple_of(1000) || !bytes.is_multiple_of(size) {
+                    return Err(invalid(format!(
+                        "consumed {} of {name}, which is not a whole number of {} pages",
+                        bytes_text(bytes),
+                        page_size_name(size)
+                    )));
+                }
+                hugepages.insert(size, bytes);
+                asked.push(format!("{} of {name}", bytes_text(bytes)));
+            }
+        }
+        let Some(node) = device.memory_node else {
+            if asked.is_empty() {
+                return Ok(MemoryGrant::default());
+            }
+            return Err(invalid(format!(
+                "consumed {} of device {}, which publishes no memory or hugepages",
+                asked.join(" and "),
+                r.device
+            )));
+        };
+        let (held_memory, held_huge) = held.get(&node).cloned().unwrap_or_default();
+        let memory_free = self.ledger.claim_free(node).saturating_sub(held_memory);
+        let huge_free = |size: u64| {
+            self.ledger
+                .hugepages_free(node, size)
+                .map(|free| free.saturating_sub(held_huge.get(&size).copied().unwrap_or(0)))
+        };
+        if whole {
+            // The scheduler handed the device out alone: all of its node's memory is the
+            // claim's, as all of its CPUs are.
+            let hugepages = device
+                .device
+                .capacities
+                .keys()
+                .filter_map(|name| memory::hugepage_size(name))
+                .filter_map(|size| huge_free(size).map(|free| (size, free)))
+                .filter(|(_, free)| *free > 0)
+                .collect();
+            return Ok(MemoryGrant {
+                node: Some(node),
+                memory: memory_free,
+                hugepages,
+            });
+        }
+        if memory > memory_free {
+            return Err(short(format!(
+                "consumed {} of memory of device {} (node {node}), but only {} of the {} set aside for claims there are free ({} held by claims)",
+                bytes_text(memory),
+                r.device,
+                bytes_text(memory_free),
+                bytes_text(self.ledger.claim_free(node) + self.ledger.claimed(node)),
+                bytes_text(self.ledger.claimed(node) + held_memory),
+            )));
+        }
+        for (&size, &bytes) in &hugepages {
+            let name = memory::hugepage_capacity(size);
+            let Some(free) = huge_free(size) else {
+                return Err(invalid(format!(
+                    "consumed {} of {name}, but node {node} keeps no {} hugepages for claims",
+                    bytes_text(bytes),
+                    page_size_name(size)
+                )));
+            };
+            if bytes > free {
+                return Err(short(format!(
+                    "consumed {} of {name} of device {} (node {node}), but only {} are free for claims",
+                    bytes_text(bytes),
+                    r.device,
+                    bytes_text(free),
+                )));
+            }
+        }
+        let any = memory > 0 || !hugepages.is_empty();
+        Ok(MemoryGrant {
+            node: any.then_some(node),
+            memory,
+            hugepages,
+        })
     }
 
     /// Who holds `cpus`: the claims (and this claim's earlier results, `tentative`).
@@ -814,7 +999,7 @@ impl TopologyAware {
         for l in &mut self.load {
             *l = super::PoolLoad::default();
         }
-        self.ledger = super::memory::Ledger::new(&self.topo);
+        self.ledger.clear_containers();
         self.taken = self
             .claims
             .values()
