@@ -143,7 +143,7 @@ impl Policy for TestPolicy {
         Ok(Allocation {
             adjustment: Adjustment {
                 cpus: Some(cpus),
-                mems: None,
+                ..Adjustment::default()
             },
             ..Allocation::default()
         })

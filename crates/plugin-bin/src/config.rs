@@ -17,7 +17,7 @@ use std::{
 
 use policy::{
     CpuSet, TopologySource,
-    topology_aware::{DeviceModel, Exclusivity, ReservedCpus},
+    topology_aware::{DeviceModel, Exclusivity, MemoryConfig, ReservedCpus},
 };
 
 use resmgr::kubelet_plugin::names::{dns_label, dns_subdomain};
@@ -144,6 +144,8 @@ pub struct RunConfig {
     pub reserved_namespaces: Vec<String>,
     /// `cpu-exclusivity` with `claim-cpus`, and `device-mode`, `group-by`, `claim-granularity`.
     pub policy: (Exclusivity, DeviceModel),
+    /// `reserved-memory`, `claim-memory`, `claim-hugepages`.
+    pub memory: MemoryConfig,
     pub state_dir: PathBuf,
     /// How long an unconfirmed claim nothing wants is kept ([`resmgr::reconcile`]).
     pub unconfirmed_claim_grace: std::time::Duration,
@@ -208,6 +210,22 @@ impl RunConfig {
             };
             shown.push((key, value));
         }
+        let reserved_memory = values::show_reserved_memory(&self.memory.reserved);
+        shown.extend([
+            (
+                "reserved-memory",
+                if reserved_memory.is_empty() {
+                    Value::Null
+                } else {
+                    json!(reserved_memory)
+                },
+            ),
+            (
+                "claim-memory",
+                json!(format!("{}%", self.memory.claim_percent)),
+            ),
+            ("claim-hugepages", json!(self.memory.claim_hugepages)),
+        ]);
         shown.extend([
             ("state-dir", path(&self.state_dir)),
             (
@@ -698,6 +716,27 @@ impl RunFlags {
             values::duration(&value).map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
         note("unconfirmed-claim-grace", &origin);
 
+        let reserved = match src.one("reserved-memory")? {
+            Some((value, origin)) => {
+                let reserved = values::reserved_memory(&value)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
+                note("reserved-memory", &origin);
+                reserved
+            }
+            None => BTreeMap::new(),
+        };
+        let (value, origin) = src.required("claim-memory")?;
+        let claim_percent = values::claim_memory(&value)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
+        note("claim-memory", &origin);
+        let (claim_hugepages, origin) = boolean("claim-hugepages")?;
+        note("claim-hugepages", &origin);
+        let memory = MemoryConfig {
+            reserved,
+            claim_percent,
+            claim_hugepages,
+        };
+
         let (value, origin) = src.required("metrics-addr")?;
         let metrics_addr: SocketAddr = value.parse().map_err(|_| {
             refuse(
@@ -754,6 +793,7 @@ impl RunFlags {
             reserved_cpus,
             reserved_namespaces,
             policy,
+            memory,
             state_dir,
             unconfirmed_claim_grace,
             metrics_addr,

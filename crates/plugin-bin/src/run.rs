@@ -594,6 +594,7 @@ pub fn build_policy(config: &RunConfig) -> anyhow::Result<Box<dyn policy::Policy
             reserved_namespaces: config.reserved_namespaces.clone(),
             exclusivity: config.policy.0.clone(),
             devices: config.policy.1,
+            memory: config.memory.clone(),
             ..Config::default()
         },
     )

@@ -283,6 +283,45 @@ pub const SETTINGS: &[Setting] = &[
         summary: "The smallest amount a claim gets: `cpu` (a hardware thread) or `core`.",
         details: "`core` publishes whole cores only, which the scheduler then accounts for.",
     },
+    Setting {
+        key: "reserved-memory",
+        section: Section::Policy,
+        value_name: "N:memory=Q,...;...",
+        shape: Shape::Scalar,
+        default: DefaultValue::Unset("nothing reserved"),
+        summary: "Memory and hugepages reserved for the system per NUMA node, as the kubelet's \
+                  `--reserved-memory` says.",
+        details: "`0:memory=1Gi,hugepages-1Gi=2Gi;1:memory=2Gi`: nodes separated by `;`. Give \
+                  the kubelet's value: what is reserved is never published for claims nor \
+                  charged to containers. Hugepages are rounded up to whole pages.",
+    },
+    Setting {
+        key: "claim-memory",
+        section: Section::Policy,
+        value_name: "PERCENT",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("0%"),
+        summary: "The share of each NUMA node's memory, less the reserved, set aside for claims \
+                  and published as the `memory` capacity of its device.",
+        details: "`0%` publishes no memory. Containers placed through NRI are pinned to the \
+                  rest of a node's memory (widened to other nodes, else unpinned, when it is \
+                  short); claims get what they consumed of their node's share. Published on \
+                  grouped NUMA devices (`device-mode: grouped`, `group-by: numa`) and on the \
+                  `memory<N>` devices of `device-mode: individual`.",
+    },
+    Setting {
+        key: "claim-hugepages",
+        section: Section::Policy,
+        value_name: "BOOL",
+        shape: Shape::Scalar,
+        default: DefaultValue::Value("false"),
+        summary: "Publish each NUMA node's hugepages, less the reserved, for claims \
+                  (`hugepages2Mi`, `hugepages1Gi`).",
+        details: "Pods then ask claims for hugepages; the hugetlb limits of their containers \
+                  are set from what the claim got. Leave it off on nodes whose pods request \
+                  hugepages through `resources` without claims: the kubelet hands those out \
+                  from the same pages.",
+    },
     // === The agent ===
     Setting {
         key: "state-dir",

@@ -2,14 +2,108 @@
 //! sources, reserved CPUs, output formats. Each error says what was given and what is allowed;
 //! the caller adds where it was given (flag, config key, scenario line).
 
-use std::{fmt, path::Path, str::FromStr};
+use std::{collections::BTreeMap, fmt, path::Path, str::FromStr};
 
 use policy::{
-    CpuSet, TopologySource,
+    CpuSet, Quantity, TopologySource,
+    topology::page_size_name,
     topology_aware::{
-        ClaimCpus, DeviceMode, DeviceModel, Exclusivity, Granularity, GroupBy, ReservedCpus,
+        ClaimCpus, DeviceMode, DeviceModel, Exclusivity, Granularity, GroupBy, NodeReservation,
+        ReservedCpus,
     },
 };
+
+/// What `reserved-memory` accepts, for messages.
+pub const RESERVED_MEMORY_ALLOWED: &str = "the kubelet's --reserved-memory syntax: per NUMA node `<node>:memory=<quantity>[,hugepages-<size>=<quantity>]`, nodes separated by `;`, such as `0:memory=1Gi,hugepages-1Gi=2Gi;1:memory=2Gi`";
+
+/// Memory reserved per NUMA node, in the kubelet's `--reserved-memory` syntax
+/// (`0:memory=1Gi,hugepages-2Mi=64Mi;1:memory=2Gi`). An empty value reserves nothing.
+pub fn reserved_memory(value: &str) -> Result<BTreeMap<u32, NodeReservation>, String> {
+    let bad = |why: String| {
+        format!(
+            "{value:?} is not a reserved-memory value ({why}): expected {RESERVED_MEMORY_ALLOWED}"
+        )
+    };
+    let mut out: BTreeMap<u32, NodeReservation> = BTreeMap::new();
+    for part in value.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let (node, limits) = part
+            .split_once(':')
+            .ok_or_else(|| bad(format!("{part:?} names no node")))?;
+        let node: u32 = node
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{node:?} is not a NUMA node number")))?;
+        if out.contains_key(&node) {
+            return Err(bad(format!("node {node} is given twice")));
+        }
+        let mut reservation = NodeReservation::default();
+        for limit in limits.split(',').map(str::trim).filter(|l| !l.is_empty()) {
+            let (name, amount) = limit
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{limit:?} has no `=`")))?;
+            let amount: Quantity = amount
+                .trim()
+                .parse()
+                .map_err(|e| bad(format!("{name}: {e}")))?;
+            let bytes = amount.units_ceil();
+            match name.trim() {
+                "memory" => reservation.memory = bytes,
+                other => {
+                    let size = other
+                        .strip_prefix("hugepages-")
+                        .and_then(|s| s.parse::<Quantity>().ok())
+                        .map(Quantity::units_ceil)
+                        .filter(|s| *s > 0)
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "{other:?} is neither `memory` nor `hugepages-<size>`"
+                            ))
+                        })?;
+                    reservation.hugepages.insert(size, bytes);
+                }
+            }
+        }
+        out.insert(node, reservation);
+    }
+    Ok(out)
+}
+
+/// [`reserved_memory`] written back, in its syntax; empty when nothing is reserved.
+pub fn show_reserved_memory(reserved: &BTreeMap<u32, NodeReservation>) -> String {
+    reserved
+        .iter()
+        .map(|(node, r)| {
+            let mut limits = vec![format!("memory={}", bytes(r.memory))];
+            limits.extend(
+                r.hugepages
+                    .iter()
+                    .map(|(size, b)| format!("hugepages-{}={}", page_size_name(*size), bytes(*b))),
+            );
+            format!("{node}:{}", limits.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+fn bytes(b: u64) -> String {
+    if b == 0 {
+        "0".into()
+    } else {
+        page_size_name(b)
+    }
+}
+
+/// `claim-memory`: a percentage, `0%` to `100%`.
+pub fn claim_memory(value: &str) -> Result<u32, String> {
+    value
+        .trim()
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .filter(|n| *n <= 100)
+        .ok_or_else(|| {
+            format!("{value:?} is not a claim-memory value: expected a percentage from `0%` to `100%`, such as `80%`")
+        })
+}
 
 /// What `--topology` accepts, for messages.
 pub const TOPOLOGY_ALLOWED: &str = "`live`, `synthetic:<hwloc description>` (for example `synthetic:pack:2 numa:2 core:8 pu:2`) or `xml:<file>`";
@@ -52,6 +146,43 @@ pub fn reserved_cpuset(value: &str) -> Result<CpuSet, String> {
         return Err(bad("the cpuset is empty".into()));
     }
     Ok(set)
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::*;
+
+    #[test]
+    fn reserved_memory_reads_the_kubelets_syntax_and_writes_it_back() {
+        let r = reserved_memory("0:memory=1Gi,hugepages-2Mi=3Mi;1:memory=512Mi").unwrap();
+        assert_eq!(r[&0].memory, 1 << 30);
+        assert_eq!(r[&0].hugepages, BTreeMap::from([(2 << 20, 3 << 20)]));
+        assert_eq!(r[&1].memory, 512 << 20);
+        assert_eq!(
+            show_reserved_memory(&r),
+            "0:memory=1Gi,hugepages-2Mi=3Mi;1:memory=512Mi"
+        );
+        assert!(reserved_memory("").unwrap().is_empty());
+        for (bad, why) in [
+            ("memory=1Gi", "names no node"),
+            ("x:memory=1Gi", "is not a NUMA node number"),
+            ("0:memory=1Gi;0:memory=2Gi", "node 0 is given twice"),
+            ("0:memory", "has no `=`"),
+            ("0:cpu=1", "is neither `memory` nor `hugepages-<size>`"),
+            ("0:memory=lots", "memory: invalid quantity"),
+        ] {
+            let err = reserved_memory(bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn claim_memory_is_a_percentage() {
+        assert_eq!(claim_memory("80%"), Ok(80));
+        assert_eq!(claim_memory("0%"), Ok(0));
+        assert!(claim_memory("101%").is_err());
+        assert!(claim_memory("8Gi").unwrap_err().contains("a percentage"));
+    }
 }
 
 /// The policy's settings as written (`cpu-exclusivity`, `claim-cpus`, `device-mode`, `group-by`,

@@ -160,6 +160,9 @@ fn the_config_file_sets_every_key_and_flags_win() {
          device-mode: individual\n\
          group-by: numa\n\
          claim-granularity: core\n\
+         reserved-memory: 0:memory=1Gi,hugepages-2Mi=4Mi\n\
+         claim-memory: 80%\n\
+         claim-hugepages: true\n\
          state-dir: /file/state\n\
          unconfirmed-claim-grace: 90s\n\
          metrics-addr: 0.0.0.0:9000\n\

@@ -142,6 +142,18 @@ pub struct ClaimPlacement {
     pub cpus: CpuSet,
     /// Every memory node it grants.
     pub mems: NodeSet,
+    /// Bytes of memory it holds of its nodes' accounts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory: u64,
+    /// Bytes of hugepages it holds, by page size in bytes.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub hugepages: std::collections::BTreeMap<u64, u64>,
+}
+
+// serde's skip_serializing_if passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

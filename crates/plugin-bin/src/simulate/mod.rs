@@ -86,6 +86,24 @@ struct SimClaim {
     consumed: Vec<(String, Quantity)>,
 }
 
+/// Bytes as the report shows them: `16Gi`, `508Mi`.
+pub(crate) fn memory_text(bytes: u64) -> String {
+    if bytes == 0 {
+        "0".into()
+    } else {
+        policy::topology::page_size_name(bytes)
+    }
+}
+
+/// A consumed or requested amount of capacity `name`: CPUs as they are, bytes in binary units.
+fn capacity_text(name: &str, q: Quantity) -> String {
+    if name == "cpu" || !q.milli().is_multiple_of(1000) {
+        q.to_string()
+    } else {
+        memory_text(q.units_ceil())
+    }
+}
+
 struct Sim {
     driver: String,
     node: String,
@@ -119,16 +137,22 @@ struct Sim {
 /// Runs `scenario` and reports what happened.
 pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<Outcome> {
     let driver = crate::config::DEFAULT_DRIVER.to_owned();
-    let topology =
+    let mut topology =
         Topology::load(&scenario.topology).with_context(|| match scenario.topology_line {
             Some(line) => format!("{file}: line {line}: topology"),
             None => format!("{file}: topology"),
         })?;
+    for node in &mut topology.numa_nodes {
+        if let Some(pages) = scenario.hugepages.get(&node.id) {
+            node.hugepages.clone_from(pages);
+        }
+    }
     let mut config = Config {
         reserved_cpus: scenario.reserved_cpus.clone(),
         driver: driver.clone(),
         exclusivity: scenario.exclusivity.clone(),
         devices: scenario.devices,
+        memory: scenario.memory.clone(),
         ..Config::default()
     };
     if let Some(ns) = &scenario.reserved_namespaces {
@@ -480,7 +504,7 @@ impl Sim {
                 let base = r.request.split('/').next().unwrap_or_default();
                 if let Some(request) = spec.requests.iter().find(|q| q.name == base) {
                     for (name, asked) in &request.capacity {
-                        let asked = asked.to_string();
+                        let asked = capacity_text(name, *asked);
                         if shown.consumed.get(name).is_some_and(|c| *c != asked) {
                             shown.asked.insert(name.clone(), asked);
                         }
@@ -872,11 +896,29 @@ impl Sim {
         }
         for c in &after.inventory.claims {
             if !before.inventory.claims.iter().any(|b| b.uid == c.uid) {
+                let mut memory = Vec::new();
+                let placed = after
+                    .inventory
+                    .source
+                    .claims
+                    .iter()
+                    .find(|p| p.uid == c.uid);
+                if let Some(p) = placed.filter(|p| p.memory > 0) {
+                    memory.push(format!("memory {}", memory_text(p.memory)));
+                }
+                for (size, bytes) in placed.iter().flat_map(|p| &p.hugepages) {
+                    memory.push(format!(
+                        "hugepages{} {}",
+                        memory_text(*size),
+                        memory_text(*bytes)
+                    ));
+                }
                 out.push(Change::Claimed {
                     claim: c.name.clone(),
                     devices: c.devices.clone(),
                     cpus: c.cpus.clone(),
                     mems: c.mems.clone(),
+                    memory: (!memory.is_empty()).then(|| memory.join(", ")),
                 });
             }
         }
@@ -954,7 +996,7 @@ fn scheduled_result(r: &AllocationResult, device: Option<&Device>) -> (Scheduled
             consumed: r
                 .consumed_capacity
                 .iter()
-                .map(|(n, q)| (n.clone(), q.to_string()))
+                .map(|(n, q)| (n.clone(), capacity_text(n, *q)))
                 .collect(),
             asked: BTreeMap::new(),
             whole,

@@ -24,6 +24,12 @@ pub struct DeviceSummary {
     /// The steps its request policy rounds claims to, when more than one CPU (whole cores).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_step: Option<String>,
+    /// Memory a claim may take on it (`15Gi`), when it publishes memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// Hugepages claims may take on it, by capacity name (`hugepages2Mi: 508Mi`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub hugepages: BTreeMap<String, String>,
     #[serde(skip)]
     pub cpu_capacity_milli: u64,
 }
@@ -50,11 +56,19 @@ impl DeviceSummary {
             });
         // A device without a `cpu` capacity is one CPU (a device per CPU).
         let capacity = capacity.unwrap_or(policy::Quantity::from_units(1));
+        let bytes = |c: &policy::Capacity| crate::simulate::memory_text(c.value.units_ceil());
         Self {
             name: d.name.clone(),
             numa_node,
             cpu: capacity.to_string(),
             cpu_step,
+            memory: d.capacities.get("memory").map(bytes),
+            hugepages: d
+                .capacities
+                .iter()
+                .filter(|(n, _)| n.starts_with("hugepages"))
+                .map(|(n, c)| (n.clone(), bytes(c)))
+                .collect(),
             cpu_capacity_milli: capacity.milli(),
         }
     }
@@ -92,6 +106,9 @@ pub enum Change {
         devices: Vec<String>,
         cpus: String,
         mems: String,
+        /// The memory and hugepages it holds (`16Gi memory, 2Gi hugepages1Gi`), if any.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        memory: Option<String>,
     },
     /// A claim's CDI spec was written and its devices answered to the kubelet.
     Spec {
@@ -317,9 +334,18 @@ fn devices_line(devices: &[DeviceSummary]) -> String {
     if devices.len() <= 8 {
         let each: Vec<String> = devices
             .iter()
-            .map(|d| match &d.cpu_step {
-                Some(step) => format!("{} ({} cpus in steps of {step})", d.name, d.cpu),
-                None => format!("{} ({} cpus)", d.name, d.cpu),
+            .map(|d| {
+                let mut what = match &d.cpu_step {
+                    Some(step) => format!("{} cpus in steps of {step}", d.cpu),
+                    None => format!("{} cpus", d.cpu),
+                };
+                if let Some(memory) = &d.memory {
+                    let _ = write!(what, ", {memory} memory");
+                }
+                for (name, amount) in &d.hugepages {
+                    let _ = write!(what, ", {amount} {name}");
+                }
+                format!("{} ({what})", d.name)
             })
             .collect();
         return each.join(", ");
@@ -386,11 +412,18 @@ fn change_line(c: &Change) -> String {
             devices,
             cpus,
             mems,
-        } => format!(
-            "+ claim {claim}: {} -> cpus {cpus}, mems {}",
-            devices.join(","),
-            dash(mems)
-        ),
+            memory,
+        } => {
+            let mut line = format!(
+                "+ claim {claim}: {} -> cpus {cpus}, mems {}",
+                devices.join(","),
+                dash(mems)
+            );
+            if let Some(memory) = memory {
+                let _ = write!(line, ", {memory}");
+            }
+            line
+        }
         Change::Spec {
             claim,
             file,
@@ -409,9 +442,12 @@ fn change_line(c: &Change) -> String {
             let mut groups: Vec<(String, Vec<String>)> = Vec::new();
             for r in results {
                 let device = if !r.whole {
+                    // Capacities a request did not ask for and took none of (a CPU request on
+                    // a device that also has memory) say nothing.
                     let consumed: Vec<String> = r
                         .consumed
                         .iter()
+                        .filter(|(n, q)| r.asked.contains_key(*n) || q.as_str() != "0")
                         .map(|(n, q)| match r.asked.get(n) {
                             Some(asked) => format!("{n} {q} for {asked} asked"),
                             None => format!("{n} {q}"),

@@ -33,7 +33,11 @@
 //!
 //! The policy's settings are header keys with the agent's names and values (docs/kubernetes.md):
 //! `cpu-exclusivity` (`claims`, `partition` with `claim-cpus`, `pods`), `device-mode`
-//! (`grouped`, `individual`), `group-by` (`numa`, `socket`), `claim-granularity` (`cpu`, `core`).
+//! (`grouped`, `individual`), `group-by` (`numa`, `socket`), `claim-granularity` (`cpu`, `core`),
+//! `reserved-memory`, `claim-memory`, `claim-hugepages`. A synthetic topology cannot say which
+//! hugepages its nodes keep: `hugepages: "0:2Mi=512;1:2Mi=512,1Gi=4"` does (pages per size).
+//! A scheduled request asks for memory and hugepages under `capacity`:
+//! `schedule: {name: db, pod: db, cpu: 4, capacity: {memory: 16Gi, hugepages1Gi: 2Gi}}`.
 //!
 //! Shape errors come from the YAML decoder with its line and column; meaning errors (a container
 //! of a pod never declared, a claim used before it exists) are found here, with the line of the
@@ -48,7 +52,7 @@ use std::{
 use policy::{
     AttributeValue, QosClass, Quantity, TopologySource,
     scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, Selector},
-    topology_aware::{DeviceModel, Exclusivity, ReservedCpus},
+    topology_aware::{DeviceModel, Exclusivity, MemoryConfig, ReservedCpus},
 };
 use serde::{Deserialize, Deserializer};
 
@@ -67,6 +71,11 @@ pub struct Scenario {
     pub exclusivity: Exclusivity,
     /// How the claimable CPUs are published (`device-mode`, `group-by`, `claim-granularity`).
     pub devices: DeviceModel,
+    /// `reserved-memory`, `claim-memory`, `claim-hugepages`.
+    pub memory: MemoryConfig,
+    /// Hugepages each node keeps (`hugepages`), which a synthetic topology cannot say: node
+    /// number -> page size in bytes -> pages.
+    pub hugepages: BTreeMap<u32, BTreeMap<u64, u64>>,
     pub node_name: String,
     /// The feature gates the simulated scheduler runs with.
     pub gates: Gates,
@@ -98,6 +107,14 @@ struct File {
     group_by: Option<String>,
     #[serde(default)]
     claim_granularity: Option<String>,
+    #[serde(default)]
+    reserved_memory: Option<String>,
+    #[serde(default)]
+    claim_memory: Option<String>,
+    #[serde(default)]
+    claim_hugepages: Option<bool>,
+    #[serde(default)]
+    hugepages: Option<String>,
     #[serde(default)]
     feature_gates: FeatureGates,
     // Steps are written `- pod: {...}`: a map with the variant's name as its one key.
@@ -301,6 +318,9 @@ pub struct ScheduleStep {
     pub count: Option<u32>,
     #[serde(default)]
     pub cpu: Option<Qty>,
+    /// Other capacities each device must give (`memory: 16Gi`, `hugepages1Gi: 2Gi`).
+    #[serde(default)]
+    pub capacity: BTreeMap<String, Qty>,
     #[serde(default)]
     pub selector: BTreeMap<String, AttributeStep>,
     /// All requests' devices share this attribute's value.
@@ -326,6 +346,9 @@ pub struct RequestStep {
     /// The `cpu` capacity each device must give.
     #[serde(default)]
     pub cpu: Option<Qty>,
+    /// Other capacities each device must give (`memory: 16Gi`).
+    #[serde(default)]
+    pub capacity: BTreeMap<String, Qty>,
     /// Attribute equality: every device has these values.
     #[serde(default)]
     pub selector: BTreeMap<String, AttributeStep>,
@@ -353,23 +376,30 @@ pub enum AttributeStep {
 impl ScheduleStep {
     /// The claim as the scheduler gets it.
     pub fn spec(&self) -> ClaimSpec {
-        let request =
-            |name: &str, count: Option<u32>, cpu: Option<Qty>, selector: &BTreeMap<_, _>| {
-                DeviceRequest {
-                    name: name.to_owned(),
-                    count: count.unwrap_or(1),
-                    selectors: selectors(selector),
-                    capacity: cpu
-                        .map(|q: Qty| BTreeMap::from([("cpu".to_owned(), q.0)]))
-                        .unwrap_or_default(),
-                }
-            };
+        let request = |name: &str,
+                       count: Option<u32>,
+                       cpu: Option<Qty>,
+                       other: &BTreeMap<String, Qty>,
+                       selector: &BTreeMap<_, _>| {
+            let mut capacity: BTreeMap<String, Quantity> =
+                other.iter().map(|(n, q)| (n.clone(), q.0)).collect();
+            if let Some(q) = cpu {
+                capacity.insert("cpu".to_owned(), q.0);
+            }
+            DeviceRequest {
+                name: name.to_owned(),
+                count: count.unwrap_or(1),
+                selectors: selectors(selector),
+                capacity,
+            }
+        };
         if self.requests.is_empty() {
             ClaimSpec {
                 requests: vec![request(
                     self.request.as_deref().unwrap_or("cpus"),
                     self.count,
                     self.cpu,
+                    &self.capacity,
                     &self.selector,
                 )],
                 constraints: self
@@ -386,7 +416,7 @@ impl ScheduleStep {
                 requests: self
                     .requests
                     .iter()
-                    .map(|r| request(&r.name, r.count, r.cpu, &r.selector))
+                    .map(|r| request(&r.name, r.count, r.cpu, &r.capacity, &r.selector))
                     .collect(),
                 constraints: self
                     .constraints
@@ -405,6 +435,7 @@ impl ScheduleStep {
         let inline = self.request.is_some()
             || self.count.is_some()
             || self.cpu.is_some()
+            || !self.capacity.is_empty()
             || !self.selector.is_empty()
             || self.match_attribute.is_some();
         let listed = !self.requests.is_empty() || !self.constraints.is_empty();
@@ -561,6 +592,46 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
     parse(&path.display().to_string(), &text, path.parent())
 }
 
+/// `hugepages: "0:2Mi=512,1Gi=4;1:2Mi=512"`: the pages each node keeps per size, as the kernel's
+/// `nr_hugepages` would say on a live machine.
+fn hugepages(value: &str) -> Result<BTreeMap<u32, BTreeMap<u64, u64>>, String> {
+    let bad = |why: String| {
+        format!(
+            "{value:?}: {why}: expected `<node>:<size>=<pages>,...` per node, nodes separated by `;`, such as `0:2Mi=512,1Gi=4;1:2Mi=512`"
+        )
+    };
+    let mut out = BTreeMap::new();
+    for part in value.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let (node, sizes) = part
+            .split_once(':')
+            .ok_or_else(|| bad(format!("{part:?} names no node")))?;
+        let node: u32 = node
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{node:?} is not a node number")))?;
+        let mut pages = BTreeMap::new();
+        for entry in sizes.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (size, count) = entry
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{entry:?} has no `=`")))?;
+            let size = size
+                .trim()
+                .parse::<Quantity>()
+                .ok()
+                .map(Quantity::units_ceil)
+                .filter(|s| *s > 0)
+                .ok_or_else(|| bad(format!("{size:?} is not a page size")))?;
+            let count: u64 = count
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("{count:?} is not a number of pages")))?;
+            pages.insert(size, count);
+        }
+        out.insert(node, pages);
+    }
+    Ok(out)
+}
+
 /// Parses and checks scenario text; `base` resolves relative `xml:` paths.
 pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
     let err = |line: Option<usize>, message: String| ScenarioError {
@@ -619,6 +690,27 @@ pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, Sc
         claim_granularity: raw.claim_granularity.as_deref(),
     })
     .map_err(|e| err(key_line(e.key), format!("{}: {}", e.key, e.reason)))?;
+    let reserved = match &raw.reserved_memory {
+        Some(v) => values::reserved_memory(v)
+            .map_err(|e| err(key_line("reserved-memory"), format!("reserved-memory: {e}")))?,
+        None => BTreeMap::new(),
+    };
+    let claim_percent = match &raw.claim_memory {
+        Some(v) => values::claim_memory(v)
+            .map_err(|e| err(key_line("claim-memory"), format!("claim-memory: {e}")))?,
+        None => 0,
+    };
+    let memory = MemoryConfig {
+        reserved,
+        claim_percent,
+        claim_hugepages: raw.claim_hugepages.unwrap_or(false),
+    };
+    let hugepages = match &raw.hugepages {
+        Some(v) => {
+            hugepages(v).map_err(|e| err(key_line("hugepages"), format!("hugepages: {e}")))?
+        }
+        None => BTreeMap::new(),
+    };
     let lines = step_lines(text, raw.steps.len());
     let mut steps: Vec<(Option<usize>, Step)> = lines.into_iter().zip(raw.steps).collect();
     let mut written = WrittenSettings {
@@ -652,6 +744,8 @@ pub fn parse(file: &str, text: &str, base: Option<&Path>) -> Result<Scenario, Sc
         reserved_namespaces: raw.reserved_namespaces,
         exclusivity,
         devices,
+        memory,
+        hugepages,
         node_name: raw.node_name.unwrap_or_else(|| "sim-node".into()),
         gates: Gates {
             consumable_capacity: raw.feature_gates.consumable_capacity,

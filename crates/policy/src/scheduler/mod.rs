@@ -535,13 +535,32 @@ fn describe_request(r: &DeviceRequest) -> String {
     } else {
         format!("{} devices", r.count)
     };
-    let mut with: Vec<String> = r.capacity.iter().map(|(n, q)| format!("{n}={q}")).collect();
+    let mut with: Vec<String> = r
+        .capacity
+        .iter()
+        .map(|(n, q)| format!("{n}={}", amount(n, *q)))
+        .collect();
     with.extend(r.selectors.iter().map(ToString::to_string));
     if !with.is_empty() {
         out.push_str(" with ");
         out.push_str(&with.join(", "));
     }
     out
+}
+
+/// An amount of capacity `name` as people read it: CPUs as they are, bytes of memory and
+/// hugepages in the largest exact binary unit (`10Gi`, `4Mi`).
+fn amount(name: &str, q: Quantity) -> String {
+    let bytes = q.units_ceil();
+    let binary = name != "cpu"
+        && q.milli().is_multiple_of(1000)
+        && bytes >= 1024
+        && bytes.is_multiple_of(1024);
+    if binary {
+        crate::topology::page_size_name(bytes)
+    } else {
+        q.to_string()
+    }
 }
 
 /// Why `request` alone cannot take `device` now, or `None` when it can.
@@ -559,10 +578,14 @@ fn why_not(input: &search::Input<'_>, request: &DeviceRequest, device: &Device) 
     for (name, cap) in &device.capacities {
         let asked = requested.get(name).copied();
         let amount = capacity::consumed(asked, cap);
+        let shown = self::amount(name, amount);
         let how = match asked {
-            None => format!("{amount} by default"),
-            Some(a) if a != amount => format!("{a} rounded up to {amount} by its request policy"),
-            Some(_) => amount.to_string(),
+            None => format!("{shown} by default"),
+            Some(a) if a != amount => format!(
+                "{} rounded up to {shown} by its request policy",
+                self::amount(name, a)
+            ),
+            Some(_) => shown,
         };
         if capacity::violates(amount, cap.request_policy.as_ref()) {
             return Some(format!("its request policy refuses {name} {how}"));
@@ -577,8 +600,8 @@ fn why_not(input: &search::Input<'_>, request: &DeviceRequest, device: &Device) 
         if amount.milli() > left {
             return Some(format!(
                 "{} of its {} {name} left, {how} asked",
-                Quantity::from_milli(left),
-                cap.value
+                self::amount(name, Quantity::from_milli(left)),
+                self::amount(name, cap.value)
             ));
         }
     }

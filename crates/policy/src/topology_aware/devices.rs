@@ -280,6 +280,15 @@ fn memory_capacities(offer: &NodeOffer) -> BTreeMap<String, Capacity> {
     out
 }
 
+/// A grouped device before its CPUs are cut: name, CPUs, attributes, and its NUMA node (for a
+/// device per node).
+type Group = (
+    String,
+    CpuSet,
+    BTreeMap<String, AttributeValue>,
+    Option<u32>,
+);
+
 fn grouped(
     topo: &Topology,
     claimable: &CpuSet,
@@ -292,12 +301,7 @@ fn grouped(
         GroupBy::Numa => offer.get(&node).map(memory_capacities).unwrap_or_default(),
         GroupBy::Socket => BTreeMap::new(),
     };
-    let groups: Vec<(
-        String,
-        CpuSet,
-        BTreeMap<String, AttributeValue>,
-        Option<u32>,
-    )> = match model.group_by {
+    let groups: Vec<Group> = match model.group_by {
         GroupBy::Numa => topo
             .numa_nodes
             .iter()

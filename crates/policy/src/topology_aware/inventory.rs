@@ -26,6 +26,14 @@ pub(super) fn of(p: &TopologyAware) -> Inventory {
                 .iter()
                 .filter(|r| r.memory_pinning)
                 .fold(NodeSet::new(), |acc, r| acc.union(&r.mems)),
+            memory: c.results.iter().map(|r| r.memory).sum(),
+            hugepages: c.results.iter().flat_map(|r| &r.hugepages).fold(
+                std::collections::BTreeMap::new(),
+                |mut all, (size, bytes)| {
+                    *all.entry(*size).or_default() += bytes;
+                    all
+                },
+            ),
         })
         .collect();
     let containers: Vec<ContainerPlacement> = p
@@ -241,6 +249,7 @@ mod tests {
                 devices: vec!["numa1".into()],
                 cpus: set("4-5"),
                 mems: NodeSet::from_iter([1]),
+                ..ClaimPlacement::default()
             }]
         );
     }

@@ -191,7 +191,7 @@ impl Ledger {
                     .filter(|(_, h)| h.claimable > 0)
                     .map(|(&size, h)| (size, h.claimable))
                     .collect();
-                (n.claimable > 0 || !hugepages.is_empty()).then(|| {
+                (n.claimable > 0 || !hugepages.is_empty()).then_some({
                     (
                         n.id,
                         NodeOffer {

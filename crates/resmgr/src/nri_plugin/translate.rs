@@ -119,14 +119,49 @@ fn cpu(cpus: Option<&CpuSet>, mems: Option<&NodeSet>) -> api::LinuxResources {
     }
 }
 
+/// A hugepage size as the runtime and the kernel's hugetlb controller name it (`2MB`, `1GB`,
+/// `64KB`: `hugetlb.2MB.max`), which is how the kubelet writes it in CRI.
+pub fn hugepage_size_name(bytes: u64) -> String {
+    for (shift, unit) in [(30, "GB"), (20, "MB"), (10, "KB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
+}
+
 /// The NRI adjustment for a container being created; `None` when there is nothing to set.
+/// Besides the cpuset and memory nodes, a container using claims that granted memory or
+/// hugepages gets its memory limit and hugepage limits (the runtime writes them into the OCI
+/// spec it creates the container with, replacing the kubelet's values for those fields).
 pub fn adjustment(a: &Adjustment) -> Option<api::ContainerAdjustment> {
-    if a.cpus.is_none() && a.mems.is_none() {
+    if a.cpus.is_none()
+        && a.mems.is_none()
+        && a.memory_limit_bytes.is_none()
+        && a.hugepage_limits.is_empty()
+    {
         return None;
     }
+    let mut resources = cpu(a.cpus.as_ref(), a.mems.as_ref());
+    if let Some(limit) = a.memory_limit_bytes {
+        resources.memory = Some(api::LinuxMemory {
+            limit: Some(api::OptionalInt64 {
+                value: i64::try_from(limit).unwrap_or(i64::MAX),
+            }),
+            ..Default::default()
+        });
+    }
+    resources.hugepage_limits = a
+        .hugepage_limits
+        .iter()
+        .map(|(size, limit)| api::HugepageLimit {
+            page_size: hugepage_size_name(*size),
+            limit: *limit,
+        })
+        .collect();
     Some(api::ContainerAdjustment {
         linux: Some(api::LinuxContainerAdjustment {
-            resources: Some(cpu(a.cpus.as_ref(), a.mems.as_ref())),
+            resources: Some(resources),
             ..Default::default()
         }),
         ..Default::default()
@@ -317,10 +352,37 @@ mod tests {
         assert_eq!(adjustment(&Adjustment::default()), None);
         let a = adjustment(&Adjustment {
             cpus: Some("4-5".parse().unwrap()),
-            mems: None,
+            ..Adjustment::default()
         })
         .unwrap();
-        let cpu = a.linux.unwrap().resources.unwrap().cpu.unwrap();
+        let resources = a.linux.unwrap().resources.unwrap();
+        let cpu = resources.cpu.unwrap();
         assert_eq!((cpu.cpus.as_str(), cpu.mems.as_str()), ("4-5", ""));
+        assert_eq!(resources.memory, None, "the kubelet's limit stays");
+        assert!(resources.hugepage_limits.is_empty());
+    }
+
+    #[test]
+    fn a_claims_memory_and_hugepages_become_the_containers_limits() {
+        let a = adjustment(&Adjustment {
+            cpus: Some("8-11".parse().unwrap()),
+            mems: Some("1".parse().unwrap()),
+            memory_limit_bytes: Some(16 << 30),
+            hugepage_limits: BTreeMap::from([(2 << 20, 64 << 20), (1 << 30, 2 << 30)]),
+        })
+        .unwrap();
+        let resources = a.linux.unwrap().resources.unwrap();
+        assert_eq!(resources.memory.unwrap().limit.unwrap().value, 16 << 30);
+        let limits: Vec<(String, u64)> = resources
+            .hugepage_limits
+            .into_iter()
+            .map(|h| (h.page_size, h.limit))
+            .collect();
+        assert_eq!(
+            limits,
+            [("2MB".to_owned(), 64 << 20), ("1GB".to_owned(), 2 << 30)]
+        );
+        assert_eq!(hugepage_size_name(64 << 10), "64KB");
+        assert_eq!(hugepage_size_name(16 << 30), "16GB");
     }
 }
