@@ -7,6 +7,9 @@
 //! 3. every container the kubelet admitted is created, and runs on a non-empty cpuset;
 //! 4. a claim holds the CPUs the scheduler counts it for (the `cpu` it consumed, or the whole
 //!    device it was handed).
+//! 5. with memory published (`claim-memory`, `claim-hugepages`: issue 26), claims hold on each
+//!    NUMA node exactly the memory and hugepages the scheduler counts them for, never more than
+//!    the node's device publishes.
 //!
 //! A walk is a sequence of pods of every QoS class (with and without claims, one to three
 //! containers), pod and container removals, resizes and agent restarts (snapshot, a new policy,
@@ -29,7 +32,10 @@
 //! hwloc XML fixture, and a larger one made from a synthetic machine. Setups cover both device
 //! models (and whole cores, and devices per socket), the three `cpu-exclusivity` settings, and
 //! `DRAConsumableCapacity` on and off. Synthetic NUMA nodes have 64 GiB and containers ask for
-//! at most 512 MiB, so memory rarely decides: the invariant is about CPUs.
+//! at most 512 MiB, so memory rarely decides for containers. Setups with memory published give
+//! every node 256 pages of 2 MiB and 2 of 1 GiB, reserve 1 GiB and 4 pages on node 0, publish
+//! half of the rest, and let claims ask for memory (any number of MiB) and hugepages (odd MiB
+//! amounts, rounded up to pages by the request policy; a 1 GiB page) next to their CPUs.
 //!
 //! Walks are generated from a seed by a small generator of our own (state-dependent steps, so
 //! no shrinking; the failing step and the walk up to it are printed instead). Each test runs
@@ -47,7 +53,8 @@ use policy::{
     scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, ScheduleError, Scheduler, Selector},
     topology::CoreKind,
     topology_aware::{
-        ClaimCpus, Config, DeviceMode, DeviceModel, Exclusivity, Granularity, GroupBy, ReservedCpus,
+        ClaimCpus, Config, DeviceMode, DeviceModel, Exclusivity, Granularity, GroupBy,
+        MemoryConfig, NodeReservation, ReservedCpus,
     },
 };
 
@@ -106,6 +113,9 @@ struct Setup {
     /// Restarts may change the device model (mode, grouping, granularity), as an operator
     /// changing `device-mode`, `group-by` or `claim-granularity` on a node holding claims.
     reconfigure: bool,
+    /// Half of each node's memory and all its hugepages are published for claims
+    /// (`claim-memory: 50%`, `claim-hugepages: true`), and claims ask for them.
+    memory: bool,
 }
 
 impl Setup {
@@ -116,7 +126,13 @@ impl Setup {
             devices,
             gates,
             reconfigure: false,
+            memory: false,
         }
+    }
+
+    fn with_memory(mut self) -> Self {
+        self.memory = true;
+        self
     }
 
     fn reconfigured(mut self) -> Self {
@@ -131,8 +147,13 @@ impl Setup {
 
     fn describe(&self) -> String {
         format!(
-            "{}{}, {:?}, {:?} by {:?} per {:?}, DRAConsumableCapacity {}",
+            "{}{}{}, {:?}, {:?} by {:?} per {:?}, DRAConsumableCapacity {}",
             self.machine.name,
+            if self.memory {
+                " (memory and hugepages published)"
+            } else {
+                ""
+            },
             if self.reconfigure {
                 " (device model changed on restarts)"
             } else {
@@ -222,15 +243,35 @@ fn machine(name: &str) -> Machine {
 }
 
 fn new_policy(setup: &Setup) -> TopologyAware {
-    let config = Config {
+    let mut config = Config {
         reserved_cpus: setup.machine.reserved.clone(),
         exclusivity: setup.exclusivity.clone(),
         devices: setup.devices,
         driver: DRIVER.into(),
         ..Config::default()
     };
-    TopologyAware::new(setup.machine.topology.clone(), config).unwrap()
+    let mut topology = setup.machine.topology.clone();
+    if setup.memory {
+        for node in &mut topology.numa_nodes {
+            node.hugepages = BTreeMap::from([(PAGE_2M, 256), (GIB, 2)]);
+        }
+        config.memory = MemoryConfig {
+            reserved: BTreeMap::from([(
+                0,
+                NodeReservation {
+                    memory: GIB,
+                    hugepages: BTreeMap::from([(PAGE_2M, 8 << 20)]),
+                },
+            )]),
+            claim_percent: 50,
+            claim_hugepages: true,
+        };
+    }
+    TopologyAware::new(topology, config).unwrap()
 }
+
+const GIB: u64 = 1 << 30;
+const PAGE_2M: u64 = 2 << 20;
 
 /// One container of a pod, as the walk knows it.
 #[derive(Debug, Clone)]
@@ -601,6 +642,24 @@ impl World {
             } else {
                 DeviceRequest::capacity("cpus", "cpu", Quantity::from_units(rng.range(1, most)))
             };
+            if self.setup.memory && rng.percent(60) {
+                // Memory in MiB (any amount: whole bytes), hugepages in MiB (odd amounts are
+                // rounded up to whole pages by the request policy), sometimes a 1Gi page.
+                let mib = |n: u64| Quantity::from_units(n << 20);
+                request
+                    .capacity
+                    .insert("memory".into(), mib(rng.range(1, 40 * 1024)));
+                if rng.percent(40) {
+                    request
+                        .capacity
+                        .insert("hugepages2Mi".into(), mib(rng.range(1, 200)));
+                }
+                if rng.percent(20) {
+                    request
+                        .capacity
+                        .insert("hugepages1Gi".into(), Quantity::from_units(GIB));
+                }
+            }
             if rng.percent(30)
                 && let Some(d) = devices.get(rng.index(devices.len()))
                 && let Some(v) = d.attributes.get(NUMA)
@@ -768,6 +827,74 @@ impl World {
     }
 
     /// The invariant, after a step.
+    /// 5. (with memory published) claims hold on each node exactly the memory and hugepages the
+    /// scheduler counts them for, never more than the node's device publishes, and containers
+    /// are never charged what is published.
+    fn check_memory(&self) -> Result<(), Violation> {
+        if !self.setup.memory {
+            return Ok(());
+        }
+        let devices = self.devices();
+        for node in &self.setup.machine.topology.numa_nodes {
+            let name = format!("numa{}", node.id);
+            let published = devices.iter().find(|d| d.name == name);
+            let capacity = |key: &str| {
+                published
+                    .and_then(|d| d.capacities.get(key))
+                    .map(|c| c.value.units_ceil())
+            };
+            // What the scheduler counts: what shares of numa<N> consumed.
+            let counted = |key: &str| -> u64 {
+                self.scheduler
+                    .allocations()
+                    .values()
+                    .flatten()
+                    .filter(|r| r.device == name && r.share_id.is_some())
+                    .filter_map(|r| r.consumed_capacity.get(key))
+                    .map(|q| q.units_ceil())
+                    .sum()
+            };
+            let held = [
+                ("memory", self.policy.memory_claimed(node.id)),
+                (
+                    "hugepages2Mi",
+                    self.policy.hugepages_claimed(node.id, PAGE_2M),
+                ),
+                ("hugepages1Gi", self.policy.hugepages_claimed(node.id, GIB)),
+            ];
+            for (key, held) in held {
+                if let Some(cap) = capacity(key)
+                    && held > cap
+                {
+                    return Err(format!(
+                        "claims hold {held} bytes of {key} on node {}, its device publishes {cap}",
+                        node.id
+                    ));
+                }
+                // Whole devices (the gate off) and claims restored onto another device model
+                // hold what the scheduler does not count by share; compare where it does.
+                let all_shared = self
+                    .scheduler
+                    .allocations()
+                    .values()
+                    .flatten()
+                    .all(|r| r.share_id.is_some());
+                if self.setup.gates.consumable_capacity
+                    && !self.setup.reconfigure
+                    && all_shared
+                    && held != counted(key)
+                {
+                    return Err(format!(
+                        "claims hold {held} bytes of {key} on node {}, the scheduler counts {}",
+                        node.id,
+                        counted(key)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn check(&self) -> Result<(), Violation> {
         let held: BTreeSet<String> = self.policy.claims().into_iter().collect();
         for uid in self.scheduler.allocations().keys() {
@@ -815,6 +942,7 @@ impl World {
                 ));
             }
         }
+        self.check_memory()?;
         for p in &inventory.containers {
             if matches!(p.grant, GrantKind::Exclusive | GrantKind::Isolated) {
                 if taken.intersects(&p.cpus) {
@@ -1049,6 +1177,24 @@ walk!(small_individual, Setup::new("small", INDIVIDUAL, OFF));
 walk!(smt16_grouped_gate_on, Setup::new("smt16", GROUPED, ON));
 walk!(smt16_grouped_gate_off, Setup::new("smt16", GROUPED, OFF));
 walk!(smt16_individual, Setup::new("smt16", INDIVIDUAL, OFF));
+walk!(
+    smt16_grouped_memory,
+    Setup::new("smt16", GROUPED, ON).with_memory()
+);
+walk!(
+    numa4_grouped_memory,
+    Setup::new("numa4", GROUPED, ON).with_memory()
+);
+walk!(
+    smt16_grouped_memory_gate_off,
+    Setup::new("smt16", GROUPED, OFF).with_memory()
+);
+walk!(
+    smt16_grouped_memory_reconfigured,
+    Setup::new("smt16", GROUPED, ON)
+        .with_memory()
+        .reconfigured()
+);
 walk!(
     smt16_individual_gate_on,
     Setup::new("smt16", INDIVIDUAL, ON)
