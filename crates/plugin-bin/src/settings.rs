@@ -306,8 +306,7 @@ pub const SETTINGS: &[Setting] = &[
         details: "`0%` publishes no memory. Containers placed through NRI are pinned to the \
                   rest of a node's memory (widened to other nodes, else unpinned, when it is \
                   short); claims get what they consumed of their node's share. Published on \
-                  grouped NUMA devices (`device-mode: grouped`, `group-by: numa`) and on the \
-                  `memory<N>` devices of `device-mode: individual`.",
+                  grouped NUMA devices (`device-mode: grouped`, `group-by: numa`).",
     },
     Setting {
         key: "claim-hugepages",
