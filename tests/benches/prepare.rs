@@ -11,8 +11,11 @@
 //! Everything else a prepare does is here too: the real topology-aware policy on a 64-thread
 //! synthetic machine with shared containers to shrink, the claim read (from memory), the CDI
 //! spec's validation, the delivery of updates to a runtime (in memory). Measured in both device
-//! models: `grouped` (a claim consumes 2 CPUs of NUMA node 1's shared device) and `individual`
-//! (a claim holds two devices of one CPU each, two results, two CDI devices).
+//! models: `grouped` (a claim consumes 2 CPUs of NUMA node 1's shared device), `individual`
+//! (a claim holds two devices of one CPU each, two results, two CDI devices), and
+//! `grouped-memory` (`claim-memory: 50%`, `claim-hugepages: true` on a machine with 2 MiB and
+//! 1 GiB hugepages: a claim consumes 2 CPUs, 4 GiB of memory, 64 MiB of 2 MiB pages and one
+//! 1 GiB page of NUMA node 1's device, which the prepare grants from the node's account).
 //!
 //! Prints `bench: {json}` lines (see xtask/src/bench.rs).
 
@@ -27,9 +30,27 @@ use integration_tests::{
     node::Node,
 };
 use policy::{
-    Claim,
-    topology_aware::{Config, DeviceMode, DeviceModel},
+    Claim, Quantity, Topology, TopologySource,
+    topology_aware::{Config, DeviceMode, DeviceModel, MemoryConfig},
 };
+
+/// Which prepares to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Model {
+    Grouped,
+    Individual,
+    /// Grouped, with memory and hugepages published and claimed.
+    GroupedMemory,
+}
+
+impl Model {
+    fn mode(self) -> DeviceMode {
+        match self {
+            Self::Grouped | Self::GroupedMemory => DeviceMode::Grouped,
+            Self::Individual => DeviceMode::Individual,
+        }
+    }
+}
 
 const ITERATIONS: usize = 200;
 
@@ -56,13 +77,25 @@ fn report(name: &str, samples: &mut [Duration], target: &str) -> f64 {
 
 /// The claims a model's prepares use: grouped, 2 CPUs of `numa1`; individual, `cpu16` and
 /// `cpu17` (two CPUs of NUMA node 1 on this machine).
-fn claims(mode: DeviceMode) -> Vec<Claim> {
+fn claims(model: Model) -> Vec<Claim> {
     (0..ITERATIONS)
         .map(|i| {
             let mut c = claim(&format!("c{i}"), "pod-db", 2);
-            match mode {
-                DeviceMode::Grouped => c.results[0].device = "numa1".into(),
-                DeviceMode::Individual => {
+            match model {
+                Model::Grouped => c.results[0].device = "numa1".into(),
+                Model::GroupedMemory => {
+                    let r = &mut c.results[0];
+                    r.device = "numa1".into();
+                    for (name, bytes) in [
+                        ("memory", 4u64 << 30),
+                        ("hugepages2Mi", 64 << 20),
+                        ("hugepages1Gi", 1 << 30),
+                    ] {
+                        r.consumed_capacity
+                            .insert(name.into(), Quantity::from_units(bytes));
+                    }
+                }
+                Model::Individual => {
                     let mut second = c.results[0].clone();
                     for (r, device) in c
                         .results
@@ -84,15 +117,31 @@ fn claims(mode: DeviceMode) -> Vec<Claim> {
 
 /// Prepares and unprepares claims one by one in `mode`, interleaved with the floor; returns the
 /// prepares' median.
-async fn measure(label: &str, mode: DeviceMode) -> f64 {
-    let config = Config {
+async fn measure(label: &str, model: Model) -> f64 {
+    let mut config = Config {
         devices: DeviceModel {
-            mode,
+            mode: model.mode(),
             ..DeviceModel::default()
         },
         ..Config::default()
     };
-    let node = Node::start_with("pack:2 numa:2 core:8 pu:2", claims(mode), config).await;
+    // The memory model needs more memory than the synthetic default to publish.
+    let machine = match model {
+        Model::GroupedMemory => "pack:2 numa:2(memory=64GiB) core:8 pu:2",
+        Model::Grouped | Model::Individual => "pack:2 numa:2 core:8 pu:2",
+    };
+    let mut topology = Topology::load(&TopologySource::Synthetic(machine.into())).unwrap();
+    if model == Model::GroupedMemory {
+        for node in &mut topology.numa_nodes {
+            node.hugepages = [(2 << 20, 1024), (1 << 30, 4)].into();
+        }
+        config.memory = MemoryConfig {
+            claim_percent: 50,
+            claim_hugepages: true,
+            ..MemoryConfig::default()
+        };
+    }
+    let node = Node::start_on(topology, claims(model), config).await;
     let containers: Vec<_> = (0..20)
         .map(|i| container(&format!("web-{i}"), "pod-web"))
         .collect();
@@ -169,6 +218,7 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    measure("grouped", DeviceMode::Grouped).await;
-    measure("individual", DeviceMode::Individual).await;
+    measure("grouped", Model::Grouped).await;
+    measure("individual", Model::Individual).await;
+    measure("grouped-memory", Model::GroupedMemory).await;
 }

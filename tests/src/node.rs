@@ -39,8 +39,18 @@ impl Node {
         claims: impl IntoIterator<Item = Claim>,
         config: policy::Config,
     ) -> Self {
-        let dir = tempfile::tempdir().unwrap();
         let topology = Topology::load(&TopologySource::Synthetic(topology.into())).unwrap();
+        Self::start_on(topology, claims, config).await
+    }
+
+    /// [`Node::start_with`] on a topology built by the caller (one with hugepages, say, which
+    /// a synthetic description cannot say).
+    pub async fn start_on(
+        topology: Topology,
+        claims: impl IntoIterator<Item = Claim>,
+        config: policy::Config,
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
         let policy = TopologyAware::new(topology, config).unwrap();
         let reader = Arc::new(StaticClaims::new());
         for claim in claims {

@@ -350,3 +350,39 @@ fn a_device_handed_out_whole_grants_all_of_its_nodes_memory() {
     assert_eq!(p.hugepages_claimed(1, GIB), 4 * GIB);
     assert_eq!(p.hugepages_claimed(1, PAGE_2M), 512 * PAGE_2M);
 }
+
+#[test]
+fn a_claim_taken_back_from_its_spec_holds_its_memory_again() {
+    let mut p = policy(memory_config(50));
+    let granted = p
+        .allocate_claim(&claim(
+            "b",
+            vec![by_hand(
+                "numa1",
+                &[("cpu", "2"), ("memory", "16Gi"), ("hugepages1Gi", "2Gi")],
+            )],
+        ))
+        .unwrap();
+    // The container is told what it holds; the spec says it to an agent that lost its state.
+    let env = &granted.edits[0].env;
+    assert!(
+        env.contains(&format!("DRA_MEMORY_b={}", 16 * GIB)),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"DRA_HUGEPAGES_b=1Gi=2Gi".to_owned()),
+        "{env:?}"
+    );
+    let mut q = policy(memory_config(50));
+    q.adopt_claim("b", &granted.edits).unwrap();
+    assert_eq!(q.memory_claimed(1), 16 * GIB);
+    assert_eq!(q.hugepages_claimed(1, GIB), 2 * GIB);
+    // So its memory is not promised again.
+    let err = q
+        .allocate_claim(&claim(
+            "c",
+            vec![by_hand("numa1", &[("cpu", "1"), ("memory", "1Gi")])],
+        ))
+        .unwrap_err();
+    assert!(err.to_string().contains("but only 0 of the 16Gi"), "{err}");
+}

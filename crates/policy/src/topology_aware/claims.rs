@@ -17,6 +17,11 @@
 //! with the claim's UID or its shell-safe name, and then only if its pod is among the claim's
 //! reserved-for pods, because a pod can set any environment variable it likes.
 //!
+//! A result that holds memory or hugepages of its node's account ([`super::memory`]) also sets
+//! `DRA_MEMORY_<uid>=<bytes>` and `DRA_HUGEPAGES_<uid>=2Mi=64Mi,1Gi=2Gi` (its request's, under
+//! both names): the workload learns what it may use, and a claim taken back from its spec
+//! ([`granted_memory`]) holds its memory again, so the slices do not promise it twice.
+//!
 //! A result whose claim configuration turns `memoryPinning` off ([`super::claim_config`]) gets
 //! no `DRA_MEMS_<uid>`, and containers using it get no memory nodes from it.
 //!
@@ -38,9 +43,16 @@ use serde::{Deserialize, Serialize};
 use crate::{
     idset::{CpuSet, NodeSet},
     model::{AllocationResult, Claim, Container},
+    topology::page_size_name,
 };
 
 pub use crate::claim_env::{CPUSET_ENV, MEMS_ENV, shell_safe};
+
+/// The prefix of the environment variable carrying the bytes of memory a claim's request holds.
+pub const MEMORY_ENV: &str = "DRA_MEMORY_";
+/// The prefix of the environment variable carrying a claim's hugepages (`2Mi=64Mi,1Gi=1Gi`).
+pub const HUGEPAGES_ENV: &str = "DRA_HUGEPAGES_";
+
 /// One allocation result of a claim, as granted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultRecord {
@@ -161,9 +173,40 @@ impl ClaimRecord {
                     .iter()
                     .filter(|_| r.memory_pinning)
                     .map(|name| format!("{MEMS_ENV}{name}={mems}"));
-                cdi::ContainerEdits::with_env(cpu_vars.chain(mem_vars))
+                let (memory, hugepages) = self.request_memory(&r.request);
+                let memory_vars = names
+                    .iter()
+                    .filter(|_| memory > 0)
+                    .map(|name| format!("{MEMORY_ENV}{name}={memory}"));
+                let hugepages = hugepages
+                    .iter()
+                    .map(|(size, bytes)| {
+                        format!("{}={}", page_size_name(*size), page_size_name(*bytes))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let huge_vars = names
+                    .iter()
+                    .filter(|_| !hugepages.is_empty())
+                    .map(|name| format!("{HUGEPAGES_ENV}{name}={hugepages}"));
+                cdi::ContainerEdits::with_env(
+                    cpu_vars.chain(mem_vars).chain(memory_vars).chain(huge_vars),
+                )
             })
             .collect()
+    }
+
+    /// The memory and hugepages every result for `request` holds together.
+    pub fn request_memory(&self, request: &str) -> (u64, BTreeMap<u64, u64>) {
+        self.results.iter().filter(|r| r.request == request).fold(
+            (0, BTreeMap::new()),
+            |(memory, mut huge), r| {
+                for (size, bytes) in &r.hugepages {
+                    *huge.entry(*size).or_default() += bytes;
+                }
+                (memory + r.memory, huge)
+            },
+        )
     }
 
     /// `namespace/name (uid)` for messages.
@@ -278,6 +321,45 @@ pub fn granted(
                 })
                 .transpose()?;
             Ok((cpus, mems))
+        })
+        .collect()
+}
+
+/// Bytes of memory, and bytes of hugepages by page size.
+pub type HeldMemory = (u64, BTreeMap<u64, u64>);
+
+/// What claim `uid`'s CDI edits say each result's request holds of memory and hugepages
+/// (`DRA_MEMORY_<uid>`, `DRA_HUGEPAGES_<uid>`; nothing when they are absent).
+pub fn granted_memory(uid: &str, edits: &[cdi::ContainerEdits]) -> Result<Vec<HeldMemory>, String> {
+    let value = |edit: &cdi::ContainerEdits, prefix: &str| {
+        let name = format!("{prefix}{uid}=");
+        edit.env
+            .iter()
+            .find_map(|e| e.strip_prefix(&name).map(str::to_owned))
+    };
+    let bytes = |text: &str, what: &str| -> Result<u64, String> {
+        let q: crate::quantity::Quantity = text.parse().map_err(|e| format!("{what}: {e}"))?;
+        Ok(q.units_ceil())
+    };
+    edits
+        .iter()
+        .enumerate()
+        .map(|(i, edit)| {
+            let memory = match value(edit, MEMORY_ENV) {
+                Some(m) => bytes(&m, &format!("device {i}: {MEMORY_ENV}{uid}"))?,
+                None => 0,
+            };
+            let mut hugepages = BTreeMap::new();
+            if let Some(h) = value(edit, HUGEPAGES_ENV) {
+                for entry in h.split(',').filter(|e| !e.is_empty()) {
+                    let at = format!("device {i}: {HUGEPAGES_ENV}{uid}={h}");
+                    let (size, amount) = entry
+                        .split_once('=')
+                        .ok_or_else(|| format!("{at}: {entry:?} has no `=`"))?;
+                    hugepages.insert(bytes(size, &at)?, bytes(amount, &at)?);
+                }
+            }
+            Ok((memory, hugepages))
         })
         .collect()
 }

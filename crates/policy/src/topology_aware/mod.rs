@@ -1113,7 +1113,9 @@ impl Policy for TopologyAware {
         }
         let refuse = |reason: String| PolicyError::Restore(format!("claim {uid}: {reason}"));
         let granted = claims::granted(uid, edits).map_err(refuse)?;
+        let memory = claims::granted_memory(uid, edits).map_err(refuse)?;
         // Results whose edits say the same are one request's: two requests never share a CPU.
+        // Each request's memory and hugepages are held by its first result.
         let mut requests: Vec<(CpuSet, Option<NodeSet>, Vec<usize>)> = Vec::new();
         for (i, (cpus, mems)) in granted.into_iter().enumerate() {
             match requests
@@ -1151,34 +1153,42 @@ impl Policy for TopologyAware {
             {
                 // Its own nodes out of the request's, when it pins memory.
                 let local = self.nodes_of(&part);
+                let local_node = local.first();
                 let nodes = match &mems {
                     Some(all) if all.intersects(&local) => all.intersection(&local),
                     Some(all) => all.clone(),
                     None => local,
                 };
+                let (bytes, hugepages) = if Some(i) == indexes.first() {
+                    memory.get(*i).cloned().unwrap_or_default()
+                } else {
+                    Default::default()
+                };
+                let holds = bytes > 0 || !hugepages.is_empty();
                 results[*i] = Some(claims::ResultRecord {
                     request: format!("adopted-{k}"),
                     device,
                     memory_pinning: mems.is_some(),
+                    memory_node: local_node.filter(|_| holds),
+                    memory: bytes,
+                    hugepages,
                     mems: nodes,
                     cpus: part,
-                    ..claims::ResultRecord::default()
                 });
             }
         }
         let changed = taken.difference(&self.taken);
         self.taken = taken;
-        self.claims.insert(
-            uid.to_owned(),
-            ClaimRecord {
-                uid: uid.to_owned(),
-                namespace: String::new(),
-                name: String::new(),
-                reserved_for: Vec::new(),
-                results: results.into_iter().flatten().collect(),
-                adopted: true,
-            },
-        );
+        let record = ClaimRecord {
+            uid: uid.to_owned(),
+            namespace: String::new(),
+            name: String::new(),
+            reserved_for: Vec::new(),
+            results: results.into_iter().flatten().collect(),
+            adopted: true,
+        };
+        self.account_claim(&record, true);
+        self.claims.insert(uid.to_owned(), record);
         // Before Synchronize nobody runs here to update; the ripple keeps the pools right.
         self.ripple(&changed, &mut Updates::new());
         Ok(())
