@@ -31,10 +31,7 @@ use axum::{
 use resmgr::{Manager, kube::SlicePublisher, kubelet_plugin::RegistrationState};
 use tokio::sync::watch;
 
-use crate::{
-    metrics::{Metrics, Snapshot},
-    view::PolicyView,
-};
+use crate::metrics::{Metrics, Snapshot};
 
 /// What the endpoints read.
 #[derive(Debug, Clone)]
@@ -44,7 +41,6 @@ pub struct Endpoints {
     pub node: String,
     pub driver: String,
     pub manager: Arc<Manager>,
-    pub view: PolicyView,
     pub metrics: Arc<Metrics>,
     /// Set once the kubelet plugin is serving.
     pub registration: Arc<OnceLock<watch::Receiver<RegistrationState>>>,
@@ -170,7 +166,7 @@ fn bind_dual_stack(addr: SocketAddrV6) -> io::Result<std::net::TcpListener> {
 async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
     let pending = e.manager.pending_updates().await;
     e.metrics.refresh(&Snapshot {
-        inventory: &e.view.inventory(),
+        inventory: &crate::view::inventory(&e.manager),
         pending_updates: pending,
         synchronized: e.manager.gate().is_open(),
         ready: e.unready().is_empty(),
@@ -199,7 +195,7 @@ async fn readyz(State(e): State<Endpoints>) -> impl IntoResponse {
 }
 
 async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
-    let claims = e.manager.claim_records().await;
+    let claims = e.manager.snapshot().claims.clone();
     let pending = e.manager.pending_updates().await;
     let kubelet = match e.registration() {
         None if !e.dra => "not used: DRA is off".to_owned(),
@@ -216,7 +212,7 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
         "pending_updates": pending,
         "prepared_claims": claims,
         "reconciliation": e.manager.reconciliation().await,
-        "allocation": e.view.inventory(),
+        "allocation": crate::view::inventory(&e.manager),
     }))
 }
 
@@ -360,7 +356,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let driver = crate::config::DEFAULT_DRIVER;
         let dirs = Dirs::under(dir.path());
-        let (manager, view) = start_manager(
+        let (manager, _) = start_manager(
             driver,
             Box::new(Silent),
             &dirs,
@@ -382,7 +378,6 @@ mod tests {
             node: "node-a".into(),
             driver: driver.into(),
             manager,
-            view,
             metrics: Arc::new(Metrics::new()),
             registration: Arc::new(OnceLock::new()),
             publisher: Arc::new(OnceLock::new()),

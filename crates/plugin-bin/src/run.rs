@@ -104,7 +104,6 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
 
     // State, topology, policy restore, CDI reconciliation.
     let policy = build_policy(&config)?;
-    let (policy, policy_view) = view::share(policy);
     // Without DRA, nothing reads claims (the kubelet never calls us): an empty reader stands in,
     // and refusals are only logged (there is no API server to post Events to).
     let (versions, claims, kube_events): (_, Arc<dyn resmgr::ClaimReader>, _) = if config.dra {
@@ -147,7 +146,7 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
                 },
                 ..ManagerConfig::new(&config.driver_name)
             },
-            Box::new(policy),
+            policy,
             StateFile::new(&config.state_dir),
             specs,
             nri_runtime.clone(),
@@ -176,7 +175,6 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         node: config.node_name.clone().unwrap_or_default(),
         driver: config.driver_name.clone(),
         manager: manager.clone(),
-        view: policy_view.clone(),
         metrics: metrics.clone(),
         registration: registration.clone(),
         publisher: publishing.clone(),
@@ -239,12 +237,10 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         plugins_dir: config.kubelet_plugins_dir.clone(),
         registry_dir: config.kubelet_registry_dir.clone(),
     };
-    let devices_may_change = Arc::new(tokio::sync::Notify::new());
     let handler = Arc::new(Measured {
         inner: LifecycleHandler::new(manager.clone()).with_events(events.clone()),
         metrics: metrics.clone(),
-        view: policy_view.clone(),
-        devices_may_change: devices_may_change.clone(),
+        manager: manager.clone(),
     });
     // Device health for the kubelet: online CPUs from this machine's sysfs, unless the topology
     // is not this machine's.
@@ -255,8 +251,8 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
             ..resmgr::health::HealthConfig::new(&node_name)
         },
         {
-            let view = policy_view.clone();
-            move || view.device_cpus()
+            let manager = manager.clone();
+            move || manager.snapshot().device_cpus.clone()
         },
     );
     let plugin = KubeletPlugin::start_with_health(&kubelet_config, handler, health.spawn())
@@ -271,8 +267,13 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         config.policy.1.mode,
         metrics.clone(),
     ));
+    // The devices as the manager publishes them after every change; a change of them (a claim
+    // on a device of an earlier configuration gave back CPUs the devices withheld) is
+    // republished.
+    let mut snapshots = manager.published();
     let mut published = Vec::new();
-    match policy_view.devices() {
+    let first = snapshots.borrow_and_update().devices.clone();
+    match first {
         Ok(devices) => {
             use kube::DevicePublisher as _;
             published.clone_from(&devices);
@@ -287,11 +288,11 @@ async fn agent(config: RunConfig) -> anyhow::Result<ExitCode> {
         Err(e) => warn!(error = %e, "the policy publishes no devices"),
     }
     let republisher = {
-        let (view, publisher) = (policy_view.clone(), publisher.clone());
+        let publisher = publisher.clone();
         tokio::spawn(async move {
-            loop {
-                devices_may_change.notified().await;
-                republish_if_changed(&view, &publisher, &mut published).await;
+            while snapshots.changed().await.is_ok() {
+                let devices = snapshots.borrow_and_update().devices.clone();
+                republish_if_changed(devices, &publisher, &mut published).await;
             }
         })
     };
@@ -332,15 +333,16 @@ async fn end(
     }
 }
 
-/// Publishes the policy's devices if they differ from `published` (the last ones), which they
-/// do when a claim on a device of an earlier configuration gave back CPUs the devices withheld.
-/// A failure leaves the maintainer retrying the new devices. Returns what was published.
+/// Publishes `devices` (the policy's, from the manager's snapshot) if they differ from
+/// `published` (the last ones), which they do when a claim on a device of an earlier
+/// configuration gave back CPUs the devices withheld. A failure leaves the maintainer retrying
+/// the new devices. Returns what was published.
 async fn republish_if_changed(
-    view: &view::PolicyView,
+    devices: Result<Vec<policy::Device>, policy::PolicyError>,
     publisher: &impl kube::DevicePublisher,
     published: &mut Vec<policy::Device>,
 ) -> Option<Vec<policy::Device>> {
-    let devices = view.devices().ok()?;
+    let devices = devices.ok()?;
     if devices == *published {
         return None;
     }
@@ -501,10 +503,8 @@ impl Connection for NriConnection {
 struct Measured {
     inner: LifecycleHandler,
     metrics: Arc<Metrics>,
-    view: view::PolicyView,
-    /// Told after unprepares: releasing a claim can change the devices (see
-    /// [`republish_if_changed`]).
-    devices_may_change: Arc<tokio::sync::Notify>,
+    /// Whose snapshot says which CPUs each claim holds.
+    manager: Arc<Manager>,
 }
 
 impl ClaimHandler for Measured {
@@ -515,7 +515,7 @@ impl ClaimHandler for Measured {
         self.metrics
             .prepared(start.elapsed().as_secs_f64(), ok, failed);
         if let Ok(results) = &answer {
-            let inventory = self.view.inventory();
+            let inventory = view::inventory(&self.manager);
             for c in inventory
                 .claims
                 .iter()
@@ -528,7 +528,7 @@ impl ClaimHandler for Measured {
     }
 
     async fn unprepare(&self, claims: &[ClaimRef]) -> Result<UnprepareResults, RequestError> {
-        let before = self.view.inventory();
+        let before = view::inventory(&self.manager);
         let start = std::time::Instant::now();
         let answer = self.inner.unprepare(claims).await;
         let (_, failed) = outcome(&answer, claims.len());
@@ -542,7 +542,6 @@ impl ClaimHandler for Measured {
             {
                 info!(claim = %c.name, uid = %c.uid, cpus = %c.cpus, "claim gave back cpus");
             }
-            self.devices_may_change.notify_one();
         }
         answer
     }
@@ -633,10 +632,7 @@ fn check_reserved(reserved: &ReservedCpus, topology: &Topology) -> anyhow::Resul
 mod tests {
     #[tokio::test]
     async fn devices_withheld_for_a_claim_of_an_earlier_model_are_republished_when_it_goes() {
-        use policy::{
-            Policy as _,
-            topology_aware::{DeviceMode, DeviceModel},
-        };
+        use policy::topology_aware::{DeviceMode, DeviceModel};
         let topology = || {
             Topology::load(&policy::TopologySource::Synthetic(
                 "pack:1 core:4 pu:1".into(),
@@ -666,22 +662,21 @@ mod tests {
         };
         let mut policy = policy_choice::build(topology(), individual).unwrap();
         policy.restore(&grouped.snapshot()).unwrap();
-        let (mut shared, view) = view::share(policy);
-        let mut published = view.devices().unwrap();
+        let mut published = policy.devices().unwrap();
         assert_eq!(published.len(), 1, "cpu3 only: u1 holds 1-2");
         let publisher = resmgr::kube::fake::RecordingPublisher::new(crate::config::DEFAULT_DRIVER);
         assert_eq!(
-            republish_if_changed(&view, &publisher, &mut published).await,
+            republish_if_changed(policy.devices(), &publisher, &mut published).await,
             None
         );
-        shared.release_claim("u1").unwrap();
-        let now = republish_if_changed(&view, &publisher, &mut published)
+        policy.release_claim("u1").unwrap();
+        let now = republish_if_changed(policy.devices(), &publisher, &mut published)
             .await
             .unwrap();
         assert_eq!(now.len(), 3);
         assert_eq!(publisher.current(), Some(now));
         assert_eq!(
-            republish_if_changed(&view, &publisher, &mut published).await,
+            republish_if_changed(policy.devices(), &publisher, &mut published).await,
             None
         );
     }
@@ -748,8 +743,7 @@ mod tests {
         let handler = Measured {
             inner: LifecycleHandler::new(manager.clone()),
             metrics: metrics.clone(),
-            view: view.clone(),
-            devices_may_change: Arc::new(tokio::sync::Notify::new()),
+            manager: manager.clone(),
         };
         let refs = [
             ClaimRef::new("ns", "c", "uid-1"),
@@ -757,15 +751,14 @@ mod tests {
         ];
         let answers = handler.prepare(&refs).await.unwrap();
         assert!(answers["uid-1"].is_ok() && answers["uid-2"].is_err());
+        let mut snapshots = manager.published();
+        snapshots.mark_unchanged();
         handler.unprepare(&refs[..1]).await.unwrap();
-        // The unprepare told the republisher to look at the devices (a stored permit: ready at
-        // once; the timeout only guards against a hang).
-        tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            handler.devices_may_change.notified(),
-        )
-        .await
-        .expect("an unprepare tells the republisher");
+        // The unprepare changed what the manager publishes, which wakes the republisher.
+        assert!(
+            snapshots.has_changed().unwrap(),
+            "an unprepare publishes a new snapshot"
+        );
         let text = metrics.encode();
         for wanted in [
             "resmgr_claims_prepared_total 1",
@@ -774,6 +767,9 @@ mod tests {
         ] {
             assert!(text.contains(wanted), "{wanted:?} not in\n{text}");
         }
-        assert!(view.inventory().claims.is_empty(), "the claim was released");
+        assert!(
+            view::snapshot_inventory(&view).claims.is_empty(),
+            "the claim was released"
+        );
     }
 }

@@ -1,101 +1,13 @@
-//! A read-only window onto the policy while the resource manager owns it, and the form the
-//! binary prints a policy's [`policy::Inventory`] in.
+//! The form the binary prints a policy's [`policy::Inventory`] in: `/debug/state`'s
+//! `allocation`, the simulator's report and drawing, `resmgr topology`.
 //!
-//! The manager takes the policy as a `Box<dyn Policy>` and calls it under its lock; the metrics,
-//! `/debug/state`, the simulator's report and its drawing want to read the policy's
-//! [`Policy::inventory`] too, without going through (and waiting on) that lock. So the binary
-//! hands the manager a [`SharedPolicy`] that forwards every call to the policy behind a mutex,
-//! and keeps a [`PolicyView`] of the same mutex for reading. Readers take only that inner mutex,
-//! never the manager's lock, and only for as long as the policy takes to copy out its inventory,
-//! so they cannot stall an NRI event. Nothing here knows which policy it is.
-
-use std::sync::{Arc, Mutex};
+//! The binary never holds the policy: the resource manager owns it, and publishes what readers
+//! need after every change ([`resmgr::Published`], read with [`resmgr::Manager::snapshot`]).
+//! This module only turns that into rows. Nothing here knows which policy it is.
 
 pub use policy::GrantKind;
-use policy::{
-    Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Policy, PolicyError,
-    Resources,
-};
-use resmgr::sync::lock;
+use policy::{Device, Policy, PolicyError};
 use serde::Serialize;
-
-/// The policy as the manager holds it: every call goes to the shared policy.
-#[derive(Debug)]
-pub struct SharedPolicy {
-    name: String,
-    inner: Arc<Mutex<Box<dyn Policy>>>,
-}
-
-/// The reading side.
-#[derive(Debug, Clone)]
-pub struct PolicyView {
-    inner: Arc<Mutex<Box<dyn Policy>>>,
-}
-
-/// Wraps `policy`: the first half goes to the manager, the second to readers.
-pub fn share(policy: Box<dyn Policy>) -> (SharedPolicy, PolicyView) {
-    let name = policy.name().to_owned();
-    let inner = Arc::new(Mutex::new(policy));
-    (
-        SharedPolicy {
-            name,
-            inner: inner.clone(),
-        },
-        PolicyView { inner },
-    )
-}
-
-impl Policy for SharedPolicy {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn restore(&mut self, snapshot: &serde_json::Value) -> Result<(), PolicyError> {
-        lock(&self.inner).restore(snapshot)
-    }
-    fn snapshot(&self) -> serde_json::Value {
-        lock(&self.inner).snapshot()
-    }
-    fn sync(&mut self, containers: &[Container]) -> Result<Vec<ContainerUpdate>, PolicyError> {
-        lock(&self.inner).sync(containers)
-    }
-    fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError> {
-        lock(&self.inner).allocate(container)
-    }
-    fn update(&mut self, id: &str, r: &Resources) -> Result<Vec<ContainerUpdate>, PolicyError> {
-        lock(&self.inner).update(id, r)
-    }
-    fn release(&mut self, id: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
-        lock(&self.inner).release(id)
-    }
-    fn devices(&self) -> Result<Vec<Device>, PolicyError> {
-        lock(&self.inner).devices()
-    }
-    fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError> {
-        lock(&self.inner).allocate_claim(claim)
-    }
-    fn adopt_claim(
-        &mut self,
-        uid: &str,
-        edits: &[policy::cdi::ContainerEdits],
-    ) -> Result<(), PolicyError> {
-        lock(&self.inner).adopt_claim(uid, edits)
-    }
-    fn release_claim(&mut self, uid: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
-        lock(&self.inner).release_claim(uid)
-    }
-    fn claims(&self) -> Vec<String> {
-        lock(&self.inner).claims()
-    }
-    fn claim_cpus(&self, uid: &str) -> Option<policy::CpuSet> {
-        lock(&self.inner).claim_cpus(uid)
-    }
-    fn inventory(&self) -> policy::Inventory {
-        lock(&self.inner).inventory()
-    }
-    fn device_cpus(&self) -> std::collections::BTreeMap<String, policy::CpuSet> {
-        lock(&self.inner).device_cpus()
-    }
-}
 
 /// One container's placement, as printed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -216,25 +128,15 @@ pub fn devices_to_show(policy: &dyn Policy) -> Result<Vec<Device>, PolicyError> 
     }
 }
 
-impl PolicyView {
-    /// The devices the policy publishes.
-    pub fn devices(&self) -> Result<Vec<Device>, PolicyError> {
-        lock(&self.inner).devices()
-    }
+/// What the manager publishes, as a reader holds it ([`resmgr::Manager::published`]).
+pub type Snapshots = tokio::sync::watch::Receiver<std::sync::Arc<resmgr::Published>>;
 
-    /// [`devices_to_show`] of the policy.
-    pub fn devices_to_show(&self) -> Result<Vec<Device>, PolicyError> {
-        devices_to_show(&**lock(&self.inner))
-    }
+/// What the manager has placed where, as of its last change, in printed form.
+pub fn inventory(manager: &resmgr::Manager) -> Inventory {
+    Inventory::from(manager.snapshot().inventory.clone())
+}
 
-    /// The CPUs behind each published device, by name.
-    pub fn device_cpus(&self) -> std::collections::BTreeMap<String, policy::CpuSet> {
-        lock(&self.inner).device_cpus()
-    }
-
-    /// Copies out what is placed where.
-    pub fn inventory(&self) -> Inventory {
-        let inventory = lock(&self.inner).inventory();
-        Inventory::from(inventory)
-    }
+/// The inventory of the last snapshot `snapshots` saw, in printed form.
+pub fn snapshot_inventory(snapshots: &Snapshots) -> Inventory {
+    Inventory::from(snapshots.borrow().inventory.clone())
 }

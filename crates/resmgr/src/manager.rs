@@ -45,7 +45,7 @@ use std::{
 };
 
 use policy::{ContainerUpdate, Policy};
-use tokio::sync::{Mutex, MutexGuard, Notify};
+use tokio::sync::{Mutex, Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -55,6 +55,7 @@ use crate::{
     gate::Gate,
     kube::{ClaimReader, EventRecorder, NoEvents},
     pending::{PendingUpdates, Ticket, Versioned},
+    published::{Guard, Published},
     reconcile::{ReconcileConfig, Reconciliation, Stray, Unconfirmed},
     runtime::{Runtime, RuntimeError},
     state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
@@ -173,6 +174,8 @@ pub struct DeliveryError {
 #[derive(Debug)]
 pub struct Manager {
     pub(crate) inner: Mutex<Inner>,
+    /// What readers see ([`crate::published`]).
+    published: watch::Sender<Arc<Published>>,
     /// Serializes deliveries, so they reach the runtime in the order they were begun.
     delivery: Mutex<()>,
     /// Serializes saves; holds the version on disk.
@@ -280,7 +283,9 @@ impl Manager {
             info!(claims = adopted, "adopted claims saved");
         }
         let durable = (policy.snapshot(), records.clone());
+        let published = watch::Sender::new(Arc::new(Published::of(policy.as_ref(), &records)));
         Ok(Self {
+            published,
             inner: Mutex::new(Inner {
                 policy,
                 records,
@@ -332,8 +337,22 @@ impl Manager {
     }
 
     /// Takes the lock.
-    pub(crate) async fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().await
+    pub(crate) async fn lock(&self) -> Guard<'_> {
+        Guard {
+            inner: self.inner.lock().await,
+            published: &self.published,
+            changed: false,
+        }
+    }
+
+    /// What readers need, refreshed under the lock at every change ([`crate::published`]).
+    pub fn published(&self) -> watch::Receiver<Arc<Published>> {
+        self.published.subscribe()
+    }
+
+    /// The snapshot as of now.
+    pub fn snapshot(&self) -> Arc<Published> {
+        self.published.borrow().clone()
     }
 
     /// The injected faults.

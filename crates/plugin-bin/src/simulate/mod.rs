@@ -37,7 +37,7 @@ use self::{
 };
 use crate::{
     policy_choice,
-    view::{self, Inventory, PolicyView},
+    view::{self, Inventory, Snapshots},
 };
 
 /// Where the simulation writes.
@@ -112,7 +112,8 @@ struct Sim {
     config: Config,
     /// The agent; `None` only after a restart that failed.
     manager: Option<Manager>,
-    view: PolicyView,
+    /// What the agent published last; still readable after a failed restart dropped it.
+    view: Snapshots,
     runtime: Arc<SimRuntime>,
     api: Arc<StaticClaims>,
     devices: Vec<DeviceSummary>,
@@ -165,7 +166,10 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
     manager.synchronize(&[]).await?;
     manager.synchronized().await;
     // A policy that serves no claims publishes nothing; its claim steps then fail per claim.
-    let published = view.devices_to_show().context("the policy's devices")?;
+    let published = view
+        .borrow()
+        .devices_to_show()
+        .context("the policy's devices")?;
     // The simulated API server checks the devices as a real one would check the ResourceSlice.
     {
         use resmgr::kube::DevicePublisher as _;
@@ -254,7 +258,7 @@ fn start(
     dirs: &Dirs,
     runtime: &Arc<SimRuntime>,
     api: &Arc<StaticClaims>,
-) -> anyhow::Result<(Manager, PolicyView)> {
+) -> anyhow::Result<(Manager, Snapshots)> {
     let policy = policy_choice::build(topology.clone(), config.clone())
         .map_err(|e| anyhow::anyhow!("reserved-cpus: {e}"))?;
     start_manager(driver, policy, dirs, runtime, api)
@@ -268,17 +272,17 @@ pub(crate) fn start_manager(
     dirs: &Dirs,
     runtime: &Arc<SimRuntime>,
     api: &Arc<StaticClaims>,
-) -> anyhow::Result<(Manager, PolicyView)> {
-    let (policy, view) = view::share(policy);
+) -> anyhow::Result<(Manager, Snapshots)> {
     let specs = cdi::SpecStore::new(&dirs.cdi, driver)?;
     let manager = Manager::start(
         ManagerConfig::new(driver),
-        Box::new(policy),
+        policy,
         StateFile::new(&dirs.state),
         specs,
         runtime.clone(),
         api.clone(),
     )?;
+    let view = manager.published();
     Ok((manager, view))
 }
 
@@ -302,9 +306,10 @@ impl Sim {
     fn observe(&self) -> Observed {
         Observed {
             applied: self.runtime.table(),
-            inventory: self.view.inventory(),
+            inventory: view::snapshot_inventory(&self.view),
             devices: self
                 .view
+                .borrow()
                 .devices_to_show()
                 .unwrap_or_default()
                 .iter()
@@ -324,7 +329,7 @@ impl Sim {
 
     /// The inventory with container names filled in.
     fn named_inventory(&self) -> Inventory {
-        let mut inv = self.view.inventory();
+        let mut inv = view::snapshot_inventory(&self.view);
         for c in &mut inv.containers {
             c.name = self.container_name(&c.id);
         }
@@ -475,6 +480,7 @@ impl Sim {
         };
         let published = self
             .view
+            .borrow()
             .devices_to_show()
             .map_err(|e| format!("the policy's devices: {e}"))?;
         let seen = self.scheduler.stored_devices(&published);
@@ -542,9 +548,7 @@ impl Sim {
         };
         match self.prepare(&step.pod, claim, consumed).await {
             Ok((mut changes, _)) => {
-                let granted = self
-                    .view
-                    .inventory()
+                let granted = view::snapshot_inventory(&self.view)
                     .source
                     .claims
                     .iter()
@@ -846,7 +850,7 @@ impl Sim {
             .map_err(|e| resmgr::errors::chain(&e))?;
         self.runtime.apply(&updates);
         self.manager()?.synchronized().await;
-        let restored = self.view.inventory().claims.len();
+        let restored = view::snapshot_inventory(&self.view).claims.len();
         Ok(vec![Change::Restarted {
             claims: restored,
             containers: running.len(),
