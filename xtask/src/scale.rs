@@ -19,7 +19,7 @@ use crate::{controlplane, sysdeps, test, util};
 /// The scale benchmark's knobs (each a `RESMGR_SCALE_*` variable of the Go benchmark).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ScaleArgs {
-    /// Cluster sizes, comma-separated.
+    /// Cluster sizes, comma-separated; 0 runs only the filling-up phases.
     #[arg(
         long,
         default_value = "100,500",

@@ -34,7 +34,7 @@ import (
 const (
 	// envBinDir holds `resmgr`.
 	envBinDir = "RESMGR_BIN_DIR"
-	// envNodes lists the cluster sizes, "100,500".
+	// envNodes lists the cluster sizes, "100,500"; "0" runs only the filling-up phases.
 	envNodes = "RESMGR_SCALE_NODES"
 	// envPods is the most pods per phase; a phase takes fewer when its nodes hold fewer (see
 	// podsFor).
@@ -165,6 +165,9 @@ func BenchmarkScale(b *testing.B) {
 		// Alternate: each round starts with the next model.
 		order := append(append([]model{}, chosen[(round-1)%len(chosen):]...), chosen[:(round-1)%len(chosen)]...)
 		for _, n := range nodes {
+			if n == 0 {
+				continue
+			}
 			for _, m := range order {
 				pods := podsFor(n, maxPods, false)
 				b.Run(fmt.Sprintf("nodes=%d/%s/round=%d", n, m.name, round), func(b *testing.B) {
