@@ -28,6 +28,21 @@ func TestPrintedResourceSlicesMatchTheKubernetes134Schemas(t *testing.T) {
 		"json list":             {[]string{"--output", "json"}, 1},
 		"individual as json":    {[]string{"--device-mode", "individual", "--output", "json"}, 2},
 	}
+	// The check is live on this output: the node-allocatable mapping is a Kubernetes 1.36 field,
+	// which the 1.34 schemas refuse.
+	t.Run("node-allocatable-cpu is refused by 1.34", func(t *testing.T) {
+		flags := append(append([]string{}, common...), "--node-allocatable-cpu", "true")
+		out, err := exec.Command(resmgrBinary(t), flags...).Output()
+		if err != nil {
+			t.Fatalf("resmgr slices --node-allocatable-cpu true: %v", err)
+		}
+		if !strings.Contains(string(out), "nodeAllocatableResourceMappings") {
+			t.Fatalf("no mapping printed:\n%s", out)
+		}
+		if _, failures := validate(t, "node-allocatable", out); len(failures) == 0 {
+			t.Fatal("kubeconform accepted a field Kubernetes 1.34 does not know")
+		}
+	})
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(resmgrBinary(t), append(append([]string{}, common...), c.flags...)...)
