@@ -271,3 +271,31 @@ async fn a_restored_older_state_releases_the_claim_it_holds_without_a_spec_once_
     assert!(h.saved_claims().is_empty(), "the leak is released");
     assert_eq!(count(&m.reconciliation().await, Outcome::Released), 1);
 }
+
+#[tokio::test]
+async fn a_stray_allocated_here_whose_cpus_a_restored_claim_holds_is_contested_not_swept() {
+    let h = Harness::new();
+    let c1 = node_with_c1(&h).await;
+    let older = fs::read(h.state_dir().join("state.json")).unwrap();
+    {
+        // c1 goes; c2 is prepared on the same CPUs, its pod not started yet.
+        let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
+        assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+        h.claims.remove("default", "claim-c1");
+        let got = claim_numa0(&h, &m, "c2", 7).await.unwrap();
+        assert!(got.is_superset(&c1));
+    }
+    // A backup that still holds c1 is restored.
+    fs::write(h.state_dir().join("state.json"), older).unwrap();
+    let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
+    assert_eq!(h.specs(), ["c2"], "c2's spec is kept: its pod needs it");
+    assert!(
+        !m.gate().is_open(),
+        "granting c2's CPUs again could grant them twice"
+    );
+    let why = m.contested().expect("contested");
+    assert!(
+        why.contains("claim c2") && why.contains("allocated to this node"),
+        "{why}"
+    );
+}

@@ -511,6 +511,38 @@ impl Manager {
     pub(crate) async fn do_reconcile_chores(&self) {
         let chores = std::mem::take(&mut self.lock().await.reconcile.chores);
         for chore in chores {
+            let standing = match &chore {
+                Chore::Sweep(uid) if self.config.reconcile.pool.is_some() => {
+                    self.standing(&ClaimRef::new("", "", uid), false).await
+                }
+                _ => Standing::Unwanted(String::new()),
+            };
+            if let (Chore::Sweep(uid), Standing::Unknown(why)) = (&chore, &standing) {
+                // An API server that cannot be asked sweeps nothing; the next start judges it.
+                warn!(claim = %uid, reason = %why, "a stray cdi spec whose cpus another claim holds stays until the next start: the api server cannot say whether it is allocated here");
+                continue;
+            }
+            if let (Chore::Sweep(uid), Standing::Wanted(why)) = (&chore, standing) {
+                // The claim is wanted here, but the policy gave its CPUs to another claim of
+                // the state (an older state restored): sweeping would strand its pod, granting
+                // would grant the same CPUs twice.
+                let detail = format!(
+                    "its CDI spec, which the state does not account for, grants cpus another claim of the state holds, \
+                     and {why}: claims are refused so that no cpu is granted twice. The other claim, if nothing wants it, \
+                     is released after unconfirmed-claim-grace; then restart the agent (delete its pod) to take this one back"
+                );
+                let done = {
+                    let mut inner = self.lock().await;
+                    inner
+                        .reconcile
+                        .report
+                        .contested
+                        .insert(uid.clone(), detail.clone());
+                    inner.reconcile.note(uid, Outcome::Contested, detail)
+                };
+                self.tell(&done);
+                continue;
+            }
             let (uid, result) = match &chore {
                 Chore::Sweep(uid) => (
                     uid,
