@@ -8,8 +8,8 @@
 //! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
 //!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0;
 //!    and `go test` (which vets) of xtask's own Go program, the chart renderer in `xtask/helm`.
-//! 7. the e2e (`cargo xtask e2e`): the containerd stage, the control plane stage and the cluster
-//!    stage, each when the machine can run it (under `CI=true` it must).
+//! 7. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane and cluster stages,
+//!    each when the machine can run it (under `CI=true` it must).
 
 use std::{
     path::{Path, PathBuf},
@@ -22,11 +22,12 @@ use crate::{cluster, codegen, controlplane, docs, e2e, sysdeps, util};
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
     sysdeps::ensure()?;
-    // The e2e's containerd and control plane builds (Go, minutes on a fresh machine) overlap
-    // the steps below.
+    // The e2e's containerd, control plane and CRI-O builds (Go, minutes on a fresh machine)
+    // overlap the steps below.
     let e2e_runtime = e2e::prefetch();
     let control_plane = controlplane::prefetch(root);
     let cluster = cluster::prefetch(root);
+    let cri_o = e2e::crio::prefetch();
     util::run(
         util::cargo()
             .current_dir(root)
@@ -49,7 +50,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .args(["test", "--workspace", "--locked"]),
     )?;
     conformance(root)?;
-    e2e::in_test(root, e2e_runtime, control_plane, cluster)?;
+    e2e::in_test(root, e2e_runtime, control_plane, cluster, cri_o)?;
     eprintln!("all checks passed");
     Ok(())
 }

@@ -1,6 +1,7 @@
-//! `cargo xtask e2e`: resmgr end to end, in three stages (`--stage` picks; default all):
+//! `cargo xtask e2e`: resmgr end to end, in stages (`--stage` picks; default all):
 //!
 //! - `containerd`: on a real runtime, below;
+//! - `crio`: the same scenarios on CRI-O, runc and conmon ([`crio`]), through the same runner;
 //! - `controlplane`: against a real kube-apiserver and kube-scheduler ([`crate::controlplane`]);
 //! - `cluster`: in a real one-node cluster, kubelet and controller-manager included, the agent
 //!   installed with Helm ([`crate::cluster`]).
@@ -22,10 +23,12 @@
 //! `cargo xtask test` runs each stage after the conformance tests when the machine can; under
 //! `CI=true` a missing prerequisite fails the run instead ([`in_test`]).
 
+pub mod crio;
 pub mod image;
 pub mod tools;
 
 use std::{
+    ffi::OsString,
     path::{Path, PathBuf},
     process::Command,
     time::Instant,
@@ -43,6 +46,8 @@ const PACKAGES: &[&str] = &["runc", "busybox-static"];
 pub enum Stage {
     /// resmgr on containerd and runc, real containers checked in the kernel.
     Containerd,
+    /// The containerd stage's scenarios on CRI-O, runc and conmon.
+    Crio,
     /// resmgr against a real kube-apiserver and kube-scheduler.
     Controlplane,
     /// resmgr installed with Helm in a real one-node cluster (kubelet, controller-manager).
@@ -182,6 +187,9 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
     if all || args.stage.contains(&Stage::Containerd) {
         containerd(root, args, None)?;
     }
+    if all || args.stage.contains(&Stage::Crio) {
+        crio::run(root, args, None)?;
+    }
     if all || args.stage.contains(&Stage::Controlplane) {
         let missing = controlplane::prerequisites();
         if !missing.is_empty() {
@@ -253,6 +261,19 @@ pub(crate) fn containerd(
         Some(p) => p.join()?,
         None => tools::ensure(None)?,
     };
+    let flags: Vec<OsString> = vec!["--runc".into(), runc()?.into()];
+    run_runner(root, args, &tools, &flags, started)
+}
+
+/// Builds what the runner needs besides the runtime and runs it: `tools` holds crictl (and
+/// containerd's binaries), `runtime` are the runner's flags for the runtime.
+pub(crate) fn run_runner(
+    root: &Path,
+    args: &E2eArgs,
+    tools: &Path,
+    runtime: &[OsString],
+    started: Instant,
+) -> anyhow::Result<()> {
     let bin_dir = test::build_test_binaries(root)?;
     let out = test::target_dir(root)?.join("e2e");
     std::fs::create_dir_all(&out)?;
@@ -267,9 +288,8 @@ pub(crate) fn containerd(
     eprintln!("e2e prepared in {:.0} s", started.elapsed().as_secs_f64());
     let mut cmd = Command::new(bin_dir.join("e2e"));
     cmd.arg("--tools")
-        .arg(&tools)
-        .arg("--runc")
-        .arg(runc()?)
+        .arg(tools)
+        .args(runtime)
         .arg("--image")
         .arg(&image)
         .args(["--image-name", image::NAME])
@@ -328,15 +348,16 @@ pub(crate) fn list(missing: &[Missing]) -> String {
 }
 
 /// The e2e as a step of `cargo xtask test`: each stage runs when the machine can (the
-/// containerd stage with the runtime from [`prefetch`], the control plane stage with its
-/// [`controlplane::prefetch`], the cluster stage with its [`cluster::prefetch`] and the
-/// binaries those two built); when it cannot, fail under `CI=true` (CI machines are made for
-/// it) and otherwise say what is missing and go on.
+/// containerd stage with the runtime from [`prefetch`], the CRI-O stage with
+/// [`crio::prefetch`], the control plane stage with its [`controlplane::prefetch`], the cluster
+/// stage with its [`cluster::prefetch`] and the binaries those two built); when it cannot, fail
+/// under `CI=true` (CI machines are made for it) and otherwise say what is missing and go on.
 pub fn in_test(
     root: &Path,
     mut prefetched: Option<Prefetch>,
     mut control_plane: Option<controlplane::Prefetch>,
     mut cluster: Option<cluster::Prefetch>,
+    mut cri_o: Option<crio::Prefetch>,
 ) -> anyhow::Result<()> {
     let stages = [
         (Stage::Containerd, "the containerd e2e", prerequisites()),
@@ -345,6 +366,7 @@ pub fn in_test(
             "the control plane e2e",
             controlplane::prerequisites(),
         ),
+        (Stage::Crio, "the CRI-O e2e", crio::prerequisites()),
         (Stage::Cluster, "the cluster e2e", cluster::prerequisites()),
     ];
     for (stage, name, missing) in stages {
@@ -355,6 +377,7 @@ pub fn in_test(
             };
             match stage {
                 Stage::Containerd => containerd(root, &args, prefetched.take())?,
+                Stage::Crio => crio::run(root, &args, cri_o.take())?,
                 Stage::Controlplane => controlplane::run(
                     root,
                     &test::build_test_binaries(root)?,

@@ -7,7 +7,7 @@
 //!   restarted as a new pod;
 //! - as a `resmgr run` process on the host, for a quick run while developing.
 //!
-//! Either way it serves the run's containerd (NRI), the kubelet directories of the run (our
+//! Either way it serves the run's runtime (NRI), the kubelet directories of the run (our
 //! kubelet registers it), the API server's kubeconfig, on loopback ports of its own.
 
 use std::{
@@ -48,7 +48,7 @@ pub enum Launch {
 #[derive(Debug, Clone)]
 pub struct ContainerLaunch {
     pub cri: Cri,
-    /// The agent's image, imported into the run's containerd.
+    /// The agent's image, imported into the run's runtime.
     pub image: String,
     /// xtask's `helm-chart` program.
     pub helm: PathBuf,
@@ -138,7 +138,7 @@ struct Container {
     grace: Duration,
 }
 
-/// An agent that has exited; its status may need containerd back to be read.
+/// An agent that has exited; its status may need the runtime back to be read.
 #[derive(Debug)]
 pub struct Exited {
     status: Option<ExitStatus>,
@@ -381,7 +381,7 @@ impl Container {
         };
         ensure!(
             config.nri_socket.file_name() == Some("nri.sock".as_ref()),
-            "the chart names the NRI socket nri.sock in its directory; containerd's is {}",
+            "the chart names the NRI socket nri.sock in its directory; the runtime's is {}",
             config.nri_socket.display()
         );
         let values_file = config.dir.join(format!("chart-values-{n}.yaml"));
@@ -554,6 +554,7 @@ pub fn check_image_unprivileged(cri: &Cri, image: &str, dir: &Path) -> anyhow::R
             "image": {"image": image},
             "args": args,
             "log_path": format!("{name}.log"),
+            "linux": {"security_context": {"namespace_options": cri.namespace_options()}},
         });
         let id = cri.create_and_start(
             &pod_id,

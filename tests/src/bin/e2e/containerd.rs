@@ -27,6 +27,7 @@ use crate::{
     Tools,
     cri::Cri,
     procs::{Proc, wait_until},
+    runtime::{Kind, Runtime},
     teardown::Teardown,
 };
 
@@ -59,7 +60,7 @@ impl Paths {
 }
 
 /// A TOML basic string.
-fn toml_str(s: &str) -> String {
+pub(crate) fn toml_str(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {
@@ -191,9 +192,22 @@ impl Containerd {
             teardown: teardown.clone(),
         })
     }
+}
 
-    /// Starts containerd and waits until its CRI service answers.
-    pub fn start(&mut self, cri: &Cri) -> anyhow::Result<()> {
+impl Runtime for Containerd {
+    fn name(&self) -> &'static str {
+        "containerd"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Containerd
+    }
+
+    fn paths(&self) -> &Paths {
+        &self.paths
+    }
+
+    fn start(&mut self, cri: &Cri) -> anyhow::Result<()> {
         let mut cmd = Command::new(self.tools.dir.join("containerd"));
         cmd.arg("--config").arg(&self.paths.config);
         // containerd finds the shim on PATH, the shim finds runc by the configured name.
@@ -215,13 +229,11 @@ impl Containerd {
         started
     }
 
-    /// Whether it was started and not stopped since.
-    pub fn running(&self) -> bool {
+    fn running(&self) -> bool {
         self.proc.is_some()
     }
 
-    /// Stops containerd with SIGTERM (the containers keep running under their shims).
-    pub fn stop(&mut self) -> anyhow::Result<()> {
+    fn stop(&mut self) -> anyhow::Result<()> {
         let Some(mut proc) = self.proc.take() else {
             return Ok(());
         };
@@ -235,8 +247,8 @@ impl Containerd {
         Ok(())
     }
 
-    /// Imports an OCI archive into the CRI namespace (and unpacks it).
-    pub fn import(&self, archive: &Path) -> anyhow::Result<()> {
+    /// Imports the archive into the CRI namespace (and unpacks it); the name is in it.
+    fn import(&self, _cri: &Cri, archive: &Path, _name: &str) -> anyhow::Result<()> {
         let out = Command::new(self.tools.dir.join("ctr"))
             .arg("--address")
             .arg(&self.paths.socket)
@@ -253,11 +265,6 @@ impl Containerd {
             );
         }
         Ok(())
-    }
-
-    /// The last lines of its log.
-    pub fn tail(&self, lines: usize) -> String {
-        crate::procs::tail(&self.paths.log, lines)
     }
 }
 

@@ -1,4 +1,4 @@
-//! The kubelet's CRI calls, made with `crictl` against the run's containerd: pods with the
+//! The kubelet's CRI calls, made with `crictl` against the run's runtime: pods with the
 //! cgroup parents the kubelet would give them, containers with their resources and CDI
 //! devices, updates, and removal.
 //!
@@ -50,7 +50,7 @@ pub fn shares(milli: u64) -> u64 {
     (milli * 1024 / 1000).max(2)
 }
 
-/// crictl against one containerd.
+/// crictl against one runtime (containerd or CRI-O).
 #[derive(Debug, Clone)]
 pub struct Cri {
     crictl: PathBuf,
@@ -109,6 +109,11 @@ impl Cri {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 
+    /// Pulls an image through the runtime's image service.
+    pub fn pull(&self, image: &str) -> anyhow::Result<()> {
+        self.run(&["pull", image]).map(drop)
+    }
+
     /// Whether the CRI service answers.
     pub fn ready(&self) -> bool {
         self.run(&["version"]).is_ok()
@@ -124,14 +129,20 @@ impl Cri {
         }
     }
 
+    /// The namespaces of every pod but the agent's. NODE (2): the host's network, so no CNI
+    /// is needed. CONTAINER (1): a PID namespace per container, the kubelet's default (no
+    /// shareProcessNamespace); CRI-O then runs no infra container for the pod.
+    pub fn namespace_options(&self) -> Value {
+        json!({"network": 2, "pid": 1})
+    }
+
     pub fn pod_config(&self, pod: &Pod) -> Value {
         json!({
             "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid, "attempt": 0},
             "log_directory": self.dir.join(format!("logs-{}", pod.name)),
             "linux": {
                 "cgroup_parent": self.cgroup_parent(pod),
-                // NODE: the host's network, so no CNI is needed.
-                "security_context": {"namespace_options": {"network": 2}},
+                "security_context": {"namespace_options": self.namespace_options()},
             },
         })
     }
@@ -172,7 +183,11 @@ impl Cri {
             "image": {"image": self.image},
             "command": c.command,
             "log_path": format!("{}.log", c.name),
-            "linux": {"resources": resources},
+            "linux": {
+                "resources": resources,
+                // The pod's namespaces, as the kubelet repeats them for each container.
+                "security_context": {"namespace_options": self.namespace_options()},
+            },
         });
         if !c.cdi_devices.is_empty() {
             config["CDI_devices"] = c
@@ -226,12 +241,23 @@ impl Cri {
             .and_then(|p| u32::try_from(p).ok())
             .with_context(|| format!("crictl inspect {id} has no pid: {}", inspect["info"]))?;
         let annotations = &inspect["info"]["runtimeSpec"]["annotations"];
-        let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
+        // containerd's annotation names, or CRI-O's.
+        let text = |keys: [&str; 2]| {
+            keys.iter()
+                .find_map(|k| annotations[k].as_str())
+                .unwrap_or("?")
+                .to_owned()
+        };
         let key = format!(
             "{}/{}/{}",
-            text(&annotations["io.kubernetes.cri.sandbox-namespace"]),
-            text(&annotations["io.kubernetes.cri.sandbox-name"]),
-            text(&inspect["status"]["metadata"]["name"]),
+            text([
+                "io.kubernetes.cri.sandbox-namespace",
+                "io.kubernetes.pod.namespace"
+            ]),
+            text(["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"]),
+            inspect["status"]["metadata"]["name"]
+                .as_str()
+                .unwrap_or("?"),
         );
         Ok((key, pid))
     }

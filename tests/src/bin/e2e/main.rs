@@ -1,17 +1,18 @@
-//! `e2e`: resmgr end to end on a real runtime. containerd with NRI, runc, real containers in
-//! real cgroups created over CRI (`crictl`), the agent as the NRI plugin and the DRA driver (a
+//! `e2e`: resmgr end to end on a real runtime. containerd with NRI and runc, or CRI-O with NRI,
+//! runc and conmon (`--runtime`, [`runtime`]), real containers in real cgroups created over CRI
+//! (`crictl`), the agent as the NRI plugin and the DRA driver (a
 //! container of its image run as the chart's DaemonSet runs it, or `resmgr run`: [`agent`]),
 //! our kubelet client on its DRA socket and resmgr's fake API server; every scenario is checked
 //! in the kernel's view of each container. `cargo xtask e2e` builds the pieces and runs this.
 //!
-//! Each run lives in a directory of its own (sockets, containerd's root and state, runc's state,
+//! Each run lives in a directory of its own (sockets, the runtime's root and state, runc's state,
 //! the agent's state, CDI specs, logs) and a cgroup root of its own
 //! (`/resmgr-e2e-<id>-kubepods/{burstable,besteffort}/pod<uid>`, named like the kubelet's so
 //! the agent reads each pod's QoS class from it), so several runs can share a machine. When it
 //! ends, however it ends, everything it started is stopped by PID and everything it created is
 //! removed ([`teardown`]).
 //!
-//! `e2e ... -- COMMAND` runs no scenarios: it brings the node up (containerd and a fake API
+//! `e2e ... -- COMMAND` runs no scenarios: it brings the node up (the runtime and a fake API
 //! server holding the Node, no agent) and runs COMMAND with the node in its environment
 //! ([`NODE_ENV`]), for people and suites that bring their own agent (and API server); then
 //! tears the node down.
@@ -20,10 +21,12 @@ mod agent;
 mod apiserver;
 mod containerd;
 mod cri;
+mod crio;
 mod daemonset;
 mod kernel;
 mod kubelet;
 mod procs;
+mod runtime;
 mod scenarios;
 mod teardown;
 
@@ -40,10 +43,12 @@ use policy::CpuSet;
 use crate::{
     agent::{AgentConfig, ContainerLaunch, Launch},
     apiserver::{AllocatedClaim, ApiServer as _, FakeApiServer},
-    containerd::{Containerd, Paths},
+    containerd::Containerd,
     cri::Cri,
+    crio::{Crio, CrioTools},
     kernel::Machine,
     kubelet::Kubelet,
+    runtime::{Kind, Runtime},
     scenarios::World,
     teardown::{Guard, Teardown},
 };
@@ -67,13 +72,31 @@ pub const NODE_ENV: [&str; 10] = [
     "RESMGR_E2E_NODE",
 ];
 
-/// resmgr end to end on containerd and runc.
+/// resmgr end to end on containerd and runc, or on CRI-O.
 #[derive(Debug, Parser)]
 #[command(name = "e2e")]
 struct Args {
-    /// The directory holding containerd, containerd-shim-runc-v2, ctr and crictl.
+    /// The runtime to run on.
+    #[arg(long, value_enum, default_value_t = Kind::Containerd)]
+    runtime: Kind,
+    /// The directory holding crictl, and containerd, containerd-shim-runc-v2 and ctr.
     #[arg(long, value_name = "DIR")]
     tools: PathBuf,
+    /// CRI-O's `crio` binary (with `--runtime crio`).
+    #[arg(long, value_name = "FILE")]
+    crio: Option<PathBuf>,
+    /// CRI-O's `pinns` binary (with `--runtime crio`).
+    #[arg(long, value_name = "FILE")]
+    pinns: Option<PathBuf>,
+    /// conmon (with `--runtime crio`).
+    #[arg(long, value_name = "FILE", default_value = "/usr/bin/conmon")]
+    conmon: PathBuf,
+    /// CRI-O's OCI runtime, crun or runc (with `--runtime crio`).
+    #[arg(long, value_name = "FILE", default_value = "/usr/sbin/runc")]
+    oci_runtime: PathBuf,
+    /// docs/deploy.md, whose CRI-O drop-in the run's CRI-O uses (with `--runtime crio`).
+    #[arg(long, value_name = "FILE")]
+    deploy_doc: Option<PathBuf>,
     /// The runc binary.
     #[arg(long, default_value = "/usr/sbin/runc")]
     runc: PathBuf,
@@ -159,7 +182,11 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let machine = Machine::read()?;
     kernel::cpuset_mount()?;
-    for tool in ["containerd", "containerd-shim-runc-v2", "ctr", "crictl"] {
+    let tools: &[&str] = match args.runtime {
+        Kind::Containerd => &["containerd", "containerd-shim-runc-v2", "ctr", "crictl"],
+        Kind::Crio => &["crictl"],
+    };
+    for tool in tools {
         let path = args.tools.join(tool);
         if !path.is_file() {
             bail!("{} is missing", path.display());
@@ -183,25 +210,21 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
     teardown.on_signals(args.command.is_empty())?;
     teardown.cgroup_root(&cgroup_root);
 
-    let tools = Tools {
-        dir: args.tools.clone(),
-        runc: args.runc.clone(),
-    };
-    let paths = Paths::under(&run_dir);
+    let mut runtime = runtime(args, &run_dir, teardown)?;
+    let paths = runtime.paths().clone();
     let cri = Cri::new(
-        &tools.dir.join("crictl"),
+        &args.tools.join("crictl"),
         &paths.socket,
         &run_dir,
         &args.image_name,
         &cgroup_root,
     )?;
-    let mut containerd = Containerd::new(paths.clone(), &tools, &args.image_name, teardown)?;
-    containerd
+    runtime
         .start(&cri)
-        .with_context(|| format!("starting containerd:\n{}", containerd.tail(30)))?;
+        .with_context(|| format!("starting {}:\n{}", runtime.name(), runtime.tail(30)))?;
     {
-        // Pods go while containerd still answers: it stops the containers and shims, and
-        // unmounts their root filesystems, itself.
+        // Pods go while the runtime still answers: it stops the containers and shims (or
+        // monitors), and unmounts their root filesystems, itself.
         let cri = cri.clone();
         teardown.graceful(move || {
             if let Err(e) = cri.remove_all_pods() {
@@ -209,7 +232,7 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
             }
         });
     }
-    containerd.import(&args.image)?;
+    runtime.import(&cri, &args.image, &args.image_name)?;
     let launch = match args.agent_as {
         AgentAs::Process => Launch::Process,
         AgentAs::Container if args.command.is_empty() => {
@@ -221,7 +244,7 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
                 .agent_image_name
                 .clone()
                 .context("--agent-as container needs --agent-image-name")?;
-            containerd.import(&need(&args.agent_image, "--agent-image")?)?;
+            runtime.import(&cri, &need(&args.agent_image, "--agent-image")?, &image)?;
             // The image starts unprivileged before it runs as the DaemonSet runs it.
             agent::check_image_unprivileged(&cri, &image, &run_dir)?;
             Launch::Container(ContainerLaunch {
@@ -234,7 +257,8 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         AgentAs::Container => Launch::Process,
     };
     eprintln!(
-        "e2e: containerd up and image imported in {:.1} s",
+        "e2e: {} up and image imported in {:.1} s",
+        runtime.name(),
         started.elapsed().as_secs_f64()
     );
 
@@ -279,7 +303,7 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         machine,
         reserved,
         cri,
-        containerd,
+        runtime,
         kubelet,
         agent_config,
         teardown.clone(),
@@ -306,7 +330,8 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
             procs::tail(&log, 40)
         );
         eprintln!(
-            "--- containerd ({}):\n{}",
+            "--- {} ({}):\n{}",
+            world.runtime.name(),
             paths.log.display(),
             procs::tail(&paths.log, 20)
         );
@@ -318,6 +343,50 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The run's runtime, configured (not started yet).
+fn runtime(args: &Args, run_dir: &Path, teardown: &Teardown) -> anyhow::Result<Box<dyn Runtime>> {
+    Ok(match args.runtime {
+        Kind::Containerd => {
+            let tools = Tools {
+                dir: args.tools.clone(),
+                runc: args.runc.clone(),
+            };
+            let paths = containerd::Paths::under(run_dir);
+            Box::new(Containerd::new(paths, &tools, &args.image_name, teardown)?)
+        }
+        Kind::Crio => {
+            let need = |what: &Option<PathBuf>, flag: &str| {
+                what.clone()
+                    .with_context(|| format!("--runtime crio needs {flag}"))
+            };
+            let tools = CrioTools {
+                crio: need(&args.crio, "--crio")?,
+                pinns: need(&args.pinns, "--pinns")?,
+                conmon: args.conmon.clone(),
+                oci_runtime: args.oci_runtime.clone(),
+            };
+            for path in [&tools.crio, &tools.pinns, &tools.conmon, &tools.oci_runtime] {
+                if !path.is_file() {
+                    bail!("{} is missing", path.display());
+                }
+            }
+            let doc = need(&args.deploy_doc, "--deploy-doc")?;
+            let text = std::fs::read_to_string(&doc)
+                .with_context(|| format!("reading {}", doc.display()))?;
+            let dropin = crio::deploy_dropin(&text)
+                .with_context(|| format!("reading the CRI-O drop-in of {}", doc.display()))?;
+            let paths = crio::paths(run_dir);
+            Box::new(Crio::new(
+                paths,
+                &tools,
+                &args.image_name,
+                &dropin,
+                teardown,
+            )?)
+        }
+    })
 }
 
 /// The claim the scenarios prepare: half the claimable CPUs (at least one) of the NUMA node
@@ -371,7 +440,7 @@ fn plan_next_claim(machine: &Machine, reserved: &CpuSet, first: &AllocatedClaim)
 fn exec(
     args: &Args,
     run_dir: &Path,
-    paths: &Paths,
+    paths: &containerd::Paths,
     cri: &Cri,
     cgroup_root: &str,
     kubeconfig: &Path,

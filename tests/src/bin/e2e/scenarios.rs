@@ -37,10 +37,10 @@ use rustix::process::Signal;
 use crate::{
     agent::{Agent, AgentConfig},
     apiserver::AllocatedClaim,
-    containerd::Containerd,
     cri::{Container, Cri, Pod, Qos},
     kernel::{self, Machine},
     kubelet::Kubelet,
+    runtime::{Kind, Runtime},
     teardown::{self, Teardown},
 };
 
@@ -156,7 +156,7 @@ pub struct World {
     pub machine: Machine,
     pub reserved: CpuSet,
     pub cri: Cri,
-    pub containerd: Containerd,
+    pub runtime: Box<dyn Runtime>,
     pub kubelet: Kubelet,
     pub agent_config: AgentConfig,
     pub agent: Option<Agent>,
@@ -208,7 +208,7 @@ pub const PHASES: &[Phase] = &[
             ("claim", claim),
             ("agent-sigterm", |w| agent_restart(w, Signal::TERM)),
             ("agent-sigkill", |w| agent_restart(w, Signal::KILL)),
-            ("containerd-restart", containerd_restart),
+            ("runtime-restart", runtime_restart),
             ("unprepare", unprepare),
             ("stray-spec", stray_spec),
         ],
@@ -231,7 +231,7 @@ impl World {
         machine: Machine,
         reserved: CpuSet,
         cri: Cri,
-        containerd: Containerd,
+        runtime: Box<dyn Runtime>,
         kubelet: Kubelet,
         agent_config: AgentConfig,
         teardown: Teardown,
@@ -241,7 +241,7 @@ impl World {
             machine,
             reserved,
             cri,
-            containerd,
+            runtime,
             kubelet,
             agent_config,
             agent: None,
@@ -390,10 +390,10 @@ impl World {
     }
 
     /// Every running container the runtime knows of, ours or not, in the kernel's view. While
-    /// containerd is stopped, those it listed last whose processes still run (the shims keep
-    /// them).
+    /// the runtime is stopped, those it listed last whose processes still run (the shims or
+    /// monitors keep them).
     fn seen(&mut self) -> anyhow::Result<Vec<Seen>> {
-        if self.containerd.running() {
+        if self.runtime.running() {
             let ids = self.cri.running_ids()?;
             self.listed.retain(|id, _| ids.contains(id));
             for id in ids {
@@ -888,34 +888,44 @@ fn claim_sidecar(w: &mut World, name: &str) -> anyhow::Result<()> {
     w.check(&[&c.key])
 }
 
-/// containerd stops under the agent: the agent exits non-zero (it cannot serve without its
-/// runtime); the containers keep running under their shims, untouched. containerd comes back,
-/// the agent is restarted (as its DaemonSet would), rebuilds, and serves the claim again.
-fn containerd_restart(w: &mut World) -> anyhow::Result<()> {
+/// The runtime stops under the agent: the agent exits non-zero (it cannot serve without its
+/// runtime); the containers keep running under their shims (containerd) or conmon (CRI-O),
+/// untouched. The runtime comes back (CRI-O restores its containers from its state), the agent
+/// is restarted (as its DaemonSet would), rebuilds from the runtime's Synchronize, and serves the
+/// claim again.
+fn runtime_restart(w: &mut World) -> anyhow::Result<()> {
     w.check(&[])?;
-    w.containerd.stop()?;
+    w.runtime.stop()?;
     let agent = w.agent()?;
     let exited = agent.wait_exit()?;
     for c in &w.running {
         ensure!(
             teardown::alive(c.pid),
-            "{} (pid {}) died with containerd",
+            "{} (pid {}) died with {}",
             c.key,
-            c.pid
+            c.pid,
+            w.runtime.name()
         );
     }
     w.check(&[])?;
-    w.containerd.start(&w.cri)?;
+    w.runtime.start(&w.cri)?;
     // A container's exit status is the runtime's to tell, so it is read now.
     let status = exited.status()?;
     ensure!(
         !status.success(),
-        "the agent exited with {status} when containerd went away, want a failure"
+        "the agent exited with {status} when {} went away, want a failure",
+        w.runtime.name()
     );
     w.start_agent()?;
     let all: Vec<String> = w.running.iter().map(|c| c.key.clone()).collect();
     w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())?;
-    claim_sidecar(w, "after-containerd")
+    claim_sidecar(
+        w,
+        match w.runtime.kind() {
+            Kind::Containerd => "after-containerd",
+            Kind::Crio => "after-crio",
+        },
+    )
 }
 
 /// The claim's pod goes and the kubelet unprepares the claim: its spec is removed and its
