@@ -11,6 +11,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use policy::CpuSet;
 use serde_json::{Value, json};
 
 /// A pod's QoS class, which the kubelet puts in its cgroup parent.
@@ -260,6 +261,18 @@ impl Cri {
                 .unwrap_or("?"),
         );
         Ok((key, pid))
+    }
+
+    /// The cpuset the runtime reports a container has (its CRI ContainerStatus resources);
+    /// None when it reports none.
+    pub fn reported_cpus(&self, id: &str) -> anyhow::Result<Option<CpuSet>> {
+        let inspect = self.inspect(id)?;
+        match inspect["status"]["resources"]["linux"]["cpusetCpus"].as_str() {
+            None | Some("") => Ok(None),
+            Some(text) => text.parse().map(Some).map_err(|e| {
+                anyhow::anyhow!("the runtime reports {id} with the cpuset {text:?}: {e}")
+            }),
+        }
     }
 
     /// `crictl update`: the kubelet resizing a running container.

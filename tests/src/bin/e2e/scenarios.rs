@@ -66,6 +66,8 @@ pub struct Running {
     pub id: String,
     pub pid: u32,
     pub expect: Expect,
+    /// The cpuset the runtime reported right after creating it (CRI ContainerStatus).
+    pub reported_at_creation: Option<CpuSet>,
 }
 
 /// One line of the report.
@@ -545,12 +547,14 @@ impl World {
             .start_container(&pod_id, pod, c)
             .with_context(|| format!("starting {}/{}/{}", pod.namespace, pod.name, c.name))?;
         let pid = self.cri.pid(&id)?;
+        let reported_at_creation = self.cri.reported_cpus(&id)?;
         let running = Running {
             key: format!("{}/{}/{}", pod.namespace, pod.name, c.name),
             pod: pod.name.clone(),
             id,
             pid,
             expect,
+            reported_at_creation,
         };
         self.running.push(running.clone());
         Ok(running)
@@ -868,6 +872,9 @@ fn agent_restart(w: &mut World, signal: Signal) -> anyhow::Result<()> {
     w.start_agent()?;
     let all: Vec<String> = w.running.iter().map(|c| c.key.clone()).collect();
     w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())?;
+    // The agent's Synchronize put the runtime's record right: every later NRI event about a
+    // container carries that record, to the agent and to any other plugin.
+    ensure_reports_agree("after the agent's Synchronize", &w.reports()?)?;
     claim_sidecar(
         w,
         if signal == Signal::TERM {
@@ -890,11 +897,15 @@ fn claim_sidecar(w: &mut World, name: &str) -> anyhow::Result<()> {
 
 /// The runtime stops under the agent: the agent exits non-zero (it cannot serve without its
 /// runtime); the containers keep running under their shims (containerd) or conmon (CRI-O),
-/// untouched. The runtime comes back (CRI-O restores its containers from its state), the agent
-/// is restarted (as its DaemonSet would), rebuilds from the runtime's Synchronize, and serves the
-/// claim again.
+/// untouched. The runtime comes back: containerd reports the cpusets it reported before;
+/// CRI-O, which restores its containers from what it wrote at their creation, reports their
+/// creation-time cpusets ([`crio_forgets_updates`]). The agent is restarted (as its DaemonSet
+/// would), rebuilds from the runtime's Synchronize without moving anything, leaves the
+/// runtime's record agreeing with the kernel, and serves the claim again.
 fn runtime_restart(w: &mut World) -> anyhow::Result<()> {
     w.check(&[])?;
+    let before = w.reports()?;
+    ensure_reports_agree("before the restart", &before)?;
     w.runtime.stop()?;
     let agent = w.agent()?;
     let exited = agent.wait_exit()?;
@@ -909,6 +920,22 @@ fn runtime_restart(w: &mut World) -> anyhow::Result<()> {
     }
     w.check(&[])?;
     w.runtime.start(&w.cri)?;
+    let restarted = w.reports()?;
+    match w.runtime.kind() {
+        // containerd keeps what it reported, NRI updates included, in its metadata store.
+        Kind::Containerd => {
+            for (b, r) in before.iter().zip(&restarted) {
+                ensure!(
+                    b.reported == r.reported,
+                    "containerd reported {} with cpus {} before its restart and {} after",
+                    r.key,
+                    shown(b.reported.as_ref()),
+                    shown(r.reported.as_ref())
+                );
+            }
+        }
+        Kind::Crio => crio_forgets_updates(w, &restarted)?,
+    }
     // A container's exit status is the runtime's to tell, so it is read now.
     let status = exited.status()?;
     ensure!(
@@ -919,6 +946,9 @@ fn runtime_restart(w: &mut World) -> anyhow::Result<()> {
     w.start_agent()?;
     let all: Vec<String> = w.running.iter().map(|c| c.key.clone()).collect();
     w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())?;
+    // The agent's Synchronize put the runtime's record right: every later NRI event about a
+    // container carries that record, to the agent and to any other plugin.
+    ensure_reports_agree("after the agent's Synchronize", &w.reports()?)?;
     claim_sidecar(
         w,
         match w.runtime.kind() {
@@ -926,6 +956,87 @@ fn runtime_restart(w: &mut World) -> anyhow::Result<()> {
             Kind::Crio => "after-crio",
         },
     )
+}
+
+/// A running container's cpuset as the runtime reports it and as the kernel has it.
+#[derive(Debug, Clone)]
+struct Report {
+    key: String,
+    reported: Option<CpuSet>,
+    kernel: CpuSet,
+    at_creation: Option<CpuSet>,
+}
+
+impl World {
+    /// Every running container's cpuset, reported and in the kernel.
+    fn reports(&self) -> anyhow::Result<Vec<Report>> {
+        self.running
+            .iter()
+            .map(|c| {
+                Ok(Report {
+                    key: c.key.clone(),
+                    reported: self.cri.reported_cpus(&c.id)?,
+                    kernel: kernel::view(c.pid)?.cgroup_cpus,
+                    at_creation: c.reported_at_creation.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A reported cpuset in a message.
+fn shown(cpus: Option<&CpuSet>) -> String {
+    cpus.map_or_else(|| "none".to_owned(), ToString::to_string)
+}
+
+/// What the runtime reports is what the kernel has, or nothing (containerd reports a cpuset
+/// only once an update set one: the CreateContainer adjustment is not in its CRI status).
+fn ensure_reports_agree(when: &str, reports: &[Report]) -> anyhow::Result<()> {
+    for r in reports {
+        ensure!(
+            r.reported.as_ref().is_none_or(|cpus| *cpus == r.kernel),
+            "{when}, the runtime reports {} with cpus {}; the kernel says {}",
+            r.key,
+            shown(r.reported.as_ref()),
+            r.kernel
+        );
+    }
+    Ok(())
+}
+
+/// CRI-O forgets NRI updates across its restart: it keeps them in memory only, so the restarted
+/// CRI-O reports (over CRI, and over NRI in Synchronize) the cpuset each container was created
+/// with, and the containers the agent moved since (the shared ones the claim moved) are reported
+/// where they no longer are.
+fn crio_forgets_updates(w: &World, restarted: &[Report]) -> anyhow::Result<()> {
+    let mut moved = Vec::new();
+    for r in restarted {
+        ensure!(
+            r.reported == r.at_creation,
+            "the restarted CRI-O reports {} with cpus {}, created with {}",
+            r.key,
+            shown(r.reported.as_ref()),
+            shown(r.at_creation.as_ref())
+        );
+        if r.reported.as_ref() != Some(&r.kernel) {
+            moved.push(r.key.as_str());
+        }
+    }
+    ensure!(
+        !moved.is_empty(),
+        "no container was moved since its creation: nothing shows what CRI-O forgets"
+    );
+    let shared: Vec<&str> = w
+        .running
+        .iter()
+        .filter(|c| c.expect == Expect::Shared)
+        .map(|c| c.key.as_str())
+        .collect();
+    ensure!(
+        moved == shared,
+        "the restarted CRI-O reports {moved:?} off their cpus, want the moved shared containers {shared:?}"
+    );
+    Ok(())
 }
 
 /// The claim's pod goes and the kubelet unprepares the claim: its spec is removed and its
