@@ -13,9 +13,9 @@
 //! 2. `go test` the scenarios, with the workspace's binaries (`RESMGR_BIN_DIR`) and the control
 //!    plane's (`RESMGR_CONTROLPLANE_BIN_DIR`): first every scenario but the `OnContainerd`
 //!    ones, on containerd's NRI library; then the `OnContainerd` ones on the real containerd of
-//!    the containerd stage (`e2e -- COMMAND`), which needs what that stage needs (root, the
-//!    cpuset controller): without it, they fail the stage under `CI=true` and are reported as
-//!    not run elsewhere.
+//!    the containerd stage (`e2e -- COMMAND`), and again on the CRI-O stage's CRI-O, which need
+//!    what those stages need (root, the cpuset controller, a C compiler for CRI-O): without it,
+//!    they fail the stage under `CI=true` and are reported as not run elsewhere.
 //!
 //! It is the `controlplane` stage of `cargo xtask e2e` ([`crate::e2e`]), which checks its
 //! [`prerequisites`] (Go and openssl; no root) and runs it from `cargo xtask test`; there the
@@ -152,6 +152,27 @@ pub fn run(root: &Path, bin_dir: &Path, prefetched: Option<Prefetch>) -> anyhow:
         .map(str::to_owned),
     );
     e2e::containerd(
+        root,
+        &e2e::E2eArgs {
+            command: command.clone(),
+            ..e2e::E2eArgs::default()
+        },
+        None,
+    )?;
+    // The same scenarios on the CRI-O stage's CRI-O, whose CDI injection and NRI are its own.
+    let missing = e2e::crio::prerequisites();
+    if !missing.is_empty() {
+        let what = format!(
+            "the control plane scenarios on CRI-O ({ON_CONTAINERD}) need what the CRI-O stage needs; this machine lacks:\n{}",
+            e2e::list(&missing)
+        );
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            bail!("CI=true and {what}");
+        }
+        eprintln!("NOT RUN: {what}\n(under CI=true this is a failure)");
+        return Ok(());
+    }
+    e2e::crio::run(
         root,
         &e2e::E2eArgs {
             command,

@@ -11,13 +11,14 @@ import (
 	"github.com/resmgr/resmgr/tests/controlplane/internal/node"
 )
 
-// On the e2e's real containerd (the `OnContainerd` tests run only there, through `cargo xtask
-// e2e`): the agent plugs into containerd's NRI and publishes this machine's CPUs (all but the
-// first, reserved); the real scheduler allocates a claim for half of the largest device (at
-// least one CPU); the agent prepares it; containerd injects the claim's CDI device into a real
-// container, which the kernel then runs on exactly the claim's CPUs, with both names of the
-// cpuset variable in its environment. A BestEffort container the scheduler puts next to it runs
-// on other CPUs, and gets the claim's CPUs back when the claim's pod goes.
+// On the e2e's real containerd, and again on its CRI-O (the `OnContainerd` tests run only
+// there, through `cargo xtask e2e`): the agent plugs into the runtime's NRI and publishes this
+// machine's CPUs (all but the first, reserved); the real scheduler allocates a claim for half
+// of the largest device (at least one CPU); the agent prepares it; the runtime injects the
+// claim's CDI device into a real container, which the kernel then runs on exactly the claim's
+// CPUs, with both names of the cpuset variable in its environment. A BestEffort container the
+// scheduler puts next to it runs on other CPUs, and gets the claim's CPUs back when the claim's
+// pod goes.
 func TestOnContainerdTheScheduledClaimPinsARealContainer(t *testing.T) {
 	ctrd := node.ContainerdFromEnv(t)
 	online, err := node.OnlineCPUs()

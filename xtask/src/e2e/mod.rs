@@ -359,14 +359,16 @@ pub fn in_test(
     mut cluster: Option<cluster::Prefetch>,
     mut cri_o: Option<crio::Prefetch>,
 ) -> anyhow::Result<()> {
+    // CRI-O before the control plane, whose real-runtime scenarios also run on the CRI-O it
+    // builds.
     let stages = [
         (Stage::Containerd, "the containerd e2e", prerequisites()),
+        (Stage::Crio, "the CRI-O e2e", crio::prerequisites()),
         (
             Stage::Controlplane,
             "the control plane e2e",
             controlplane::prerequisites(),
         ),
-        (Stage::Crio, "the CRI-O e2e", crio::prerequisites()),
         (Stage::Cluster, "the cluster e2e", cluster::prerequisites()),
     ];
     for (stage, name, missing) in stages {

@@ -111,14 +111,18 @@ func (r *criRuntime) writeJSON(name string, v any) (string, error) {
 	return path, os.WriteFile(path, data, 0o644)
 }
 
+// namespaceOptions are every pod's namespaces. NODE (2): the host's network, so no CNI is
+// needed. CONTAINER (1): a PID namespace per container, the kubelet's default (no
+// shareProcessNamespace); CRI-O then runs no infra container for the pod.
+var namespaceOptions = map[string]any{"network": 2, "pid": 1}
+
 func (r *criRuntime) podConfig(pod *corev1.Pod) (string, error) {
 	return r.writeJSON("pod-"+pod.Name+".json", map[string]any{
 		"metadata":      map[string]any{"name": pod.Name, "namespace": pod.Namespace, "uid": string(pod.UID), "attempt": 0},
 		"log_directory": filepath.Join(r.dir, "logs-"+pod.Name),
 		"linux": map[string]any{
-			"cgroup_parent": r.cgroupParent(pod),
-			// NODE: the host's network, so no CNI is needed.
-			"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}},
+			"cgroup_parent":    r.cgroupParent(pod),
+			"security_context": map[string]any{"namespace_options": namespaceOptions},
 		},
 	})
 }
@@ -155,7 +159,9 @@ func (r *criRuntime) createContainer(_ context.Context, pod *corev1.Pod, c *core
 		"image":    map[string]any{"image": r.c.Image},
 		"command":  []string{"/bin/sleep", "2147483647"},
 		"log_path": c.Name + ".log",
-		"linux":    map[string]any{"resources": resources},
+		"linux": map[string]any{"resources": resources,
+			// The pod's namespaces, as the kubelet repeats them for each container.
+			"security_context": map[string]any{"namespace_options": namespaceOptions}},
 	}
 	if len(cdiDevices) > 0 {
 		var devices []map[string]string
