@@ -238,12 +238,14 @@ func placement(t testing.TB, pod *corev1.Pod, container string) onenode.Placemen
 	return p
 }
 
-// podClaim is the ResourceClaim the controller made for a pod's claim "cpus".
+// podClaim is the ResourceClaim the controller made for a pod's claim "cpus", or for its only
+// claim (the examples name theirs as they like).
 func podClaim(t testing.TB, pod *corev1.Pod) *resourcev1.ResourceClaim {
 	t.Helper()
 	name := ""
-	for _, s := range pod.Status.ResourceClaimStatuses {
-		if s.Name == "cpus" && s.ResourceClaimName != nil {
+	statuses := pod.Status.ResourceClaimStatuses
+	for _, s := range statuses {
+		if s.ResourceClaimName != nil && (s.Name == "cpus" || len(statuses) == 1) {
 			name = *s.ResourceClaimName
 		}
 	}
