@@ -705,9 +705,10 @@ impl World {
                 .iter()
                 .find(|(uid, cpus)| !restored.contains_key(*uid) && cpus.intersects(&released))
             {
-                // The agent sweeps the spec of a claim whose CPUs the restored state gives to
-                // a claim released since, without asking the API server, even when it
-                // allocates the claim here and its kubelet has prepared it.
+                // Left out for now: the restored state gives this claim's CPUs to a claim
+                // released since, so its spec is contested (claims refused until the stale
+                // claim goes after the grace and the agent restarts), which this model does not
+                // yet follow through.
                 self.log.push(format!(
                     "  no older state restored: claim {uid} has cpus its claims released since"
                 ));
