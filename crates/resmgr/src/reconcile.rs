@@ -360,10 +360,7 @@ impl Reconciliation {
                     ));
                     self.unconfirmed.insert(uid, Unconfirmed::default());
                 }
-                Stray::Refused(why) if users.is_empty() => {
-                    self.chores.push(Chore::Sweep(uid));
-                    let _ = why;
-                }
+                Stray::Refused(_) if users.is_empty() => self.chores.push(Chore::Sweep(uid)),
                 Stray::Refused(why) => {
                     let detail = format!(
                         "its CDI spec, which the state does not account for, is used by {names}, but it cannot be taken back ({why}): \
