@@ -299,28 +299,3 @@ async fn a_stray_allocated_here_whose_cpus_a_restored_claim_holds_is_contested_n
         "{why}"
     );
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_by_reconciliation_and_a_prepare_of_the_same_claim_take_turns() {
-    for _ in 0..20 {
-        let mut h = Harness::new();
-        h.reconcile.grace = Duration::ZERO;
-        node_with_c1(&h).await;
-        fs::remove_dir_all(h.state_dir()).unwrap();
-        let m = std::sync::Arc::new(h.ready_with(topology_aware(TWO_NUMA), &[]).await);
-        // Unwanted for a pass, then the kubelet prepares it while the next pass would release.
-        h.claims.deallocate("default", "claim-c1");
-        m.reconcile_once().await;
-        h.claims.insert(claim_on("c1", "pod-db", "numa0", 2));
-        let pass = tokio::spawn({
-            let m = m.clone();
-            async move { m.reconcile_once().await }
-        });
-        let answer = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].clone();
-        pass.await.unwrap();
-        assert!(answer.is_ok(), "{answer:?}");
-        // Whichever ran first, the prepare's answer holds: the claim is saved and granted.
-        assert_eq!(h.saved_claims(), ["c1"]);
-        assert_eq!(h.specs(), ["c1"]);
-    }
-}
