@@ -13,14 +13,24 @@ use std::{
     collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
+use anyhow::Context as _;
 use policy::{
-    CpuSet, TopologySource,
-    topology_aware::{DeviceModel, Exclusivity, MemoryConfig, ReservedCpus},
+    CpuSet, Topology, TopologySource,
+    topology_aware::{Config, ConfigError, DeviceModel, Exclusivity, MemoryConfig, ReservedCpus},
 };
-
-use resmgr::kubelet_plugin::names::{dns_label, dns_subdomain};
+use resmgr::{
+    ManagerConfig, ReconcileConfig,
+    health::HealthConfig,
+    kube::{self, PublisherConfig},
+    kubelet_plugin::{
+        KubeletConfig,
+        names::{dns_label, dns_subdomain},
+    },
+    policy::cdi,
+};
 
 use crate::{
     settings::{self, API_VERSION, DefaultValue, KIND, SETTINGS, Shape},
@@ -125,7 +135,9 @@ impl clap::Args for RunFlags {
     }
 }
 
-/// The checked configuration of `resmgr run`.
+/// The checked configuration of `resmgr run`, and the configurations of the parts it is built
+/// from ([`RunConfig::manager`], [`RunConfig::publisher`], ...), each checked when the settings
+/// are resolved: what `resmgr run` builds from them fails only on the machine, never on a value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunConfig {
     /// Unset only when `dra` is off.
@@ -165,6 +177,122 @@ impl RunConfig {
             .get(key)
             .cloned()
             .unwrap_or_else(|| format!("--{key}"))
+    }
+
+    /// The resource manager's configuration.
+    pub fn manager(&self) -> ManagerConfig {
+        ManagerConfig {
+            reconcile: ReconcileConfig {
+                // Our slices publish in a pool named after the node.
+                pool: self.dra.then(|| self.node_name.clone()).flatten(),
+                grace: self.unconfirmed_claim_grace,
+                period: (self.unconfirmed_claim_grace / 4)
+                    .clamp(Duration::from_millis(100), Duration::from_secs(30)),
+            },
+            ..ManagerConfig::new(&self.driver_name)
+        }
+    }
+
+    /// The store of our CDI specs.
+    pub fn spec_store(&self) -> Result<cdi::SpecStore, cdi::StoreError> {
+        cdi::SpecStore::new(&self.cdi_dir, &self.driver_name)
+    }
+
+    /// How the agent registers with the runtime: as the external plugin `resmgr`, at its index.
+    pub fn nri_stub(&self) -> resmgr::nri::StubConfig {
+        resmgr::nri::StubConfig::new("resmgr", self.nri_plugin_index.clone())
+    }
+
+    /// The kubelet plugin's sockets.
+    pub fn kubelet(&self) -> KubeletConfig {
+        KubeletConfig {
+            driver_name: self.driver_name.clone(),
+            plugins_dir: self.kubelet_plugins_dir.clone(),
+            registry_dir: self.kubelet_registry_dir.clone(),
+        }
+    }
+
+    /// What the slice publisher publishes for this node; `None` without DRA.
+    pub fn publisher(&self) -> Option<PublisherConfig> {
+        let node = self.node_name.as_deref().filter(|_| self.dra)?;
+        Some(PublisherConfig {
+            node_allocatable_cpu: self
+                .node_allocatable_cpu
+                .then(kube::NodeAllocatableCpu::default),
+            ..PublisherConfig::new(&self.driver_name, node)
+        })
+    }
+
+    /// How the published devices' health is told: from this machine's sysfs, unless the topology
+    /// is not this machine's; `None` without DRA.
+    pub fn health(&self) -> Option<HealthConfig> {
+        let node = self.node_name.as_deref().filter(|_| self.dra)?;
+        Some(HealthConfig {
+            sysfs_root: matches!(self.topology, TopologySource::Live).then(|| "/sys".into()),
+            ..HealthConfig::new(node)
+        })
+    }
+
+    /// The policy the settings ask for, on the topology they name, holding nothing yet. The
+    /// settings that depend on the machine are checked here, naming where they came from: the
+    /// topology, reserved CPUs that are not online, what the policy refuses of its settings.
+    pub fn policy(&self) -> anyhow::Result<Box<dyn policy::Policy>> {
+        let topology = Topology::load(&self.topology).with_context(|| {
+            format!(
+                "{} {}",
+                self.origin("topology"),
+                values::show_topology(&self.topology)
+            )
+        })?;
+        let reserved_key = match self.reserved_cpus {
+            ReservedCpus::Set(_) => "reserved-cpus",
+            ReservedCpus::Count(_) => "reserved-cpu-count",
+        };
+        check_reserved(&self.reserved_cpus, &topology)
+            .map_err(|e| anyhow::anyhow!("{} {e}", self.origin(reserved_key)))?;
+        #[allow(
+            clippy::needless_update,
+            reason = "settings the agent does not configure keep the policy's defaults"
+        )]
+        crate::policy_choice::build(
+            topology,
+            Config {
+                reserved_cpus: self.reserved_cpus.clone(),
+                driver: self.driver_name.clone(),
+                reserved_namespaces: self.reserved_namespaces.clone(),
+                exclusivity: self.policy.0.clone(),
+                devices: self.policy.1,
+                memory: self.memory.clone(),
+                ..Config::default()
+            },
+        )
+        .map_err(|e| match e {
+            ConfigError::ClaimCpus(_) => anyhow::anyhow!("{}: {e}", self.origin("claim-cpus")),
+            _ => anyhow::anyhow!("{}: {e}", self.origin(reserved_key)),
+        })
+    }
+
+    /// Checks what the libraries would refuse of the parts built from the settings, so that
+    /// building them at start-up cannot fail on a value.
+    fn check_parts(&self) -> anyhow::Result<()> {
+        self.spec_store().map_err(|e| {
+            anyhow::anyhow!(
+                "{}: {}",
+                self.origin("driver-name"),
+                resmgr::errors::chain(&e)
+            )
+        })?;
+        if let Some(publisher) = self.publisher() {
+            publisher.validate().map_err(|e| {
+                let key = match e.field {
+                    "driver" => "driver-name",
+                    "node name" => "node-name",
+                    _ => "node-allocatable-cpu",
+                };
+                anyhow::anyhow!("{}: {e}", self.origin(key))
+            })?;
+        }
+        Ok(())
     }
 
     /// Every setting with its value, in [`SETTINGS`] order (`null` for unset ones).
@@ -778,7 +906,7 @@ impl RunFlags {
         }
         note("log-level", &origin);
 
-        Ok(RunConfig {
+        let config = RunConfig {
             node_name,
             dra,
             driver_name,
@@ -801,8 +929,25 @@ impl RunFlags {
             log_format,
             log_level,
             origins: origins.into_inner(),
-        })
+        };
+        config.check_parts()?;
+        Ok(config)
     }
+}
+
+/// Refuses a reserved cpuset naming CPUs that are not online (the policy would drop them
+/// silently).
+fn check_reserved(reserved: &ReservedCpus, topology: &Topology) -> anyhow::Result<()> {
+    if let ReservedCpus::Set(set) = reserved {
+        let missing = set.difference(&topology.online);
+        if !missing.is_empty() {
+            anyhow::bail!(
+                "{set}: cpus {missing} are not online on this machine (online: {})",
+                topology.online
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

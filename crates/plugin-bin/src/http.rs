@@ -78,54 +78,72 @@ impl Endpoints {
     }
 }
 
-/// A server started by [`serve`]: the address it is bound to (port 0 picks one) and its task.
-pub type Serving = (SocketAddr, tokio::task::JoinHandle<()>);
+/// One of the agent's HTTP servers, bound and not serving yet.
+#[derive(Debug)]
+pub struct Server {
+    /// What it serves, for messages: `metrics endpoint` or `debug endpoint`.
+    name: &'static str,
+    /// The setting of its address, for messages.
+    setting: &'static str,
+    listener: tokio::net::TcpListener,
+    app: Router,
+}
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` (the `--metrics-addr` setting) until
-/// `stop` resolves.
-pub async fn serve(
-    addr: SocketAddr,
-    endpoints: Endpoints,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<Serving> {
+impl Server {
+    /// What it serves: `metrics endpoint` or `debug endpoint`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The address it is bound to (port 0 picks one).
+    pub fn addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `stop` resolves, then answers the requests in flight and returns.
+    pub async fn serve(
+        self,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        axum::serve(self.listener, self.app)
+            .with_graceful_shutdown(stop)
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: serving: {e}", self.setting))
+    }
+}
+
+/// `/metrics`, `/healthz` and `/readyz` on `addr` (the `--metrics-addr` setting).
+pub fn metrics_server(addr: SocketAddr, endpoints: Endpoints) -> anyhow::Result<Server> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .with_state(endpoints);
-    start("--metrics-addr", addr, app, stop).await
+    bind("metrics endpoint", "--metrics-addr", addr, app)
 }
 
-/// Serves `/debug/state` on `addr` (the `--debug-addr` setting) until `stop` resolves.
-pub async fn serve_debug(
-    addr: SocketAddr,
-    endpoints: Endpoints,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<Serving> {
+/// `/debug/state` on `addr` (the `--debug-addr` setting).
+pub fn debug_server(addr: SocketAddr, endpoints: Endpoints) -> anyhow::Result<Server> {
     let app = Router::new()
         .route("/debug/state", get(debug_state))
         .with_state(endpoints);
-    start("--debug-addr", addr, app, stop).await
+    bind("debug endpoint", "--debug-addr", addr, app)
 }
 
-async fn start(
-    setting: &str,
+fn bind(
+    name: &'static str,
+    setting: &'static str,
     addr: SocketAddr,
     app: Router,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<Serving> {
+) -> anyhow::Result<Server> {
     let listener = listen(addr, bind_dual_stack)
         .map_err(|e| anyhow::anyhow!("{setting} {addr}: cannot listen: {e}"))?;
-    let bound = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(stop)
-            .await
-        {
-            tracing::error!(error = %e, "an HTTP server of the agent failed");
-        }
-    });
-    Ok((bound, task))
+    Ok(Server {
+        name,
+        setting,
+        listener,
+        app,
+    })
 }
 
 /// Binds `addr`. The unspecified IPv6 address goes through `dual_stack` (a seam for the test of

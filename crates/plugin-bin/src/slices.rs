@@ -2,7 +2,7 @@
 //!
 //! It answers "what will my node advertise?" before the agent runs there: the same settings as
 //! `resmgr run` (every flag and `--config`, resolved and checked by [`crate::config`]), the
-//! same policy ([`crate::run::build_policy`]) and the objects the publisher creates for a new
+//! same policy ([`crate::config::RunConfig::policy`]) and the objects the publisher creates for a new
 //! node ([`resmgr::kube::slices::first_publication`]), so what it prints is what the agent
 //! writes, not a description of it. The API server adds each slice's name (from its
 //! `generateName`); the owner reference needs the Node's uid, which only the API server knows,
@@ -13,7 +13,7 @@ use std::{io::Write as _, process::ExitCode};
 use resmgr::kube::{ResourceApiVersion, slices::first_publication};
 use serde_json::{Value, json};
 
-use crate::{config::RunFlags, run};
+use crate::config::RunFlags;
 
 /// How to print the objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -96,20 +96,23 @@ pub fn main(args: &SliceArgs, node_name_env: Option<String>) -> anyhow::Result<E
         );
     }
     // resolve() requires the node's name with DRA on.
-    let node_name = config.node_name.clone().unwrap_or_default();
+    let Some(publisher) = config.publisher() else {
+        anyhow::bail!("{}: not set", config.origin("node-name"));
+    };
+    let node_name = publisher.node_name.clone();
     if let Some(uid) = &args.node_uid
         && uid.trim().is_empty()
     {
         anyhow::bail!("--node-uid: empty: expected the Node's metadata.uid");
     }
-    let policy = run::build_policy(&config)?;
+    let policy = config.policy()?;
     // As the agent does: devices or an error, and no devices is one empty slice (with
     // `cpu-exclusivity: pods`), which tells the scheduler the driver is here with nothing to give.
     let devices = policy
         .devices()
         .map_err(|e| anyhow::anyhow!("the agent would publish nothing: {e}"))?;
     let objects = first_publication(
-        &run::publisher_config(&config, &node_name),
+        &publisher,
         args.api_version.into(),
         args.node_uid.as_deref(),
         &devices,

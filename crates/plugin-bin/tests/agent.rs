@@ -262,3 +262,52 @@ fn start_up_failures_print_each_cause_once() {
     assert!(err.contains("reconciling CDI specs"), "{err}");
     assert_eq!(err.matches("(os error 20)").count(), 1, "{err}");
 }
+
+/// A task that fails ends the agent the way a signal does, through the one drain: the state is
+/// saved, and the reason is logged and printed, with a non-zero
+/// exit. The failing task here is the runtime connection: the NRI socket is there, but what
+/// listens on it closes every connection before registration completes.
+#[test]
+fn a_failing_task_drains_like_a_signal_saving_the_state_and_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("nri.sock")).unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    let out = agent(dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit {}:\n{stderr}", out.status);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let message = |m: &str| {
+        lines
+            .iter()
+            .position(|l| l["message"] == m)
+            .unwrap_or_else(|| panic!("no log line {m:?} in\n{stderr}"))
+    };
+    let stopping = message("a task of the agent failed: stopping");
+    assert_eq!(lines[stopping]["task"], "runtime connection", "{stderr}");
+    assert!(
+        lines[stopping]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("registering with the runtime")),
+        "{stderr}"
+    );
+    assert!(message("state saved") > stopping, "{stderr}");
+    let printed = stderr
+        .lines()
+        .find(|l| l.starts_with("resmgr: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"));
+    assert!(
+        printed.contains("--nri-socket") && printed.contains("registering with the runtime"),
+        "{printed}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("state/state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["policy"], "topology-aware");
+}

@@ -152,11 +152,24 @@ impl HealthMonitor {
 
     /// Checks now and then every poll interval, in a task of its own, until every receiver is
     /// gone. Returns the receiving end, holding the first report.
-    pub fn spawn(mut self) -> watch::Receiver<HealthReport> {
+    pub fn spawn(self) -> watch::Receiver<HealthReport> {
+        let (rx, poll) = self.start();
+        tokio::spawn(poll);
+        rx
+    }
+
+    /// Checks now, and returns the receiving end, holding that report, with the poll that checks
+    /// again every poll interval until every receiver is gone, for the caller to run.
+    pub fn start(
+        mut self,
+    ) -> (
+        watch::Receiver<HealthReport>,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let first = self.check(SystemTime::now());
         log_changes(&[], &first.devices);
         let (tx, rx) = watch::channel(first);
-        tokio::spawn(async move {
+        let poll = async move {
             let mut ticks = tokio::time::interval(self.config.poll);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await; // the first tick is now: the report above
@@ -175,8 +188,8 @@ impl HealthMonitor {
                     changed
                 });
             }
-        });
-        rx
+        };
+        (rx, poll)
     }
 }
 

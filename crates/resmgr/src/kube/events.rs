@@ -267,6 +267,17 @@ impl KubeEvents {
     /// Starts the posting task (on the current tokio runtime); it ends when every clone of the
     /// returned recorder is dropped.
     pub fn start(versions: Arc<ResourceApiVersions>, config: EventsConfig) -> Self {
+        let (events, poster) = Self::new(versions, config);
+        tokio::spawn(poster);
+        events
+    }
+
+    /// The recorder, and the poster for the caller to run; the poster ends when every clone of
+    /// the recorder is dropped.
+    pub fn new(
+        versions: Arc<ResourceApiVersions>,
+        config: EventsConfig,
+    ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
         let (queue, notices) = mpsc::channel(config.queue.max(1));
         let counters = Arc::new(Counters::default());
         let poster = Poster {
@@ -282,8 +293,7 @@ impl KubeEvents {
             counters: counters.clone(),
             failing: false,
         };
-        tokio::spawn(poster.run(notices));
-        Self { queue, counters }
+        (Self { queue, counters }, poster.run(notices))
     }
 
     /// What happened to notices so far.

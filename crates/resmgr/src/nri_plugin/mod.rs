@@ -2,8 +2,10 @@
 //!
 //! [`ResmgrPlugin`] implements the nri crate's [`nri::Plugin`] by translating each event into
 //! domain terms ([`translate`]) and handing it to the [`Manager`]; [`NriRuntime`] implements the
-//! manager's [`Runtime`] over the stub's unsolicited `UpdateContainers`. [`connect`] wires the two
-//! and opens the claim gate once the Synchronize reply is out. A container the manager refuses is
+//! manager's [`Runtime`] over the stub's unsolicited `UpdateContainers`. [`connect`] wires the two;
+//! [`Connection::serve`] is the manager's work while the connection lasts (opening the claim gate
+//! once the Synchronize reply is out, retrying updates, reconciling), which the caller runs: this
+//! module spawns no task. A container the manager refuses is
 //! also told to the [`EventRecorder`], for an Event on its pod: the runtime's error reaches the
 //! kubelet's log, but not always the user.
 //!
@@ -250,29 +252,53 @@ impl Plugin for ResmgrPlugin {
     }
 }
 
-/// Connects the manager to the runtime: registers `plugin`, attaches the connection to
-/// `runtime`, and, in the background, opens the claim gate once the Synchronize reply has been
-/// written and then keeps retrying undelivered updates. Returns the connection's handle; its
-/// [`nri::Handle::closed`] resolves when the runtime goes away, which must end the process.
+/// Connects the manager to the runtime: registers `plugin` and attaches the connection to
+/// `runtime`. The runtime starts calling `plugin` right away; what the manager needs done
+/// besides answering it is [`Connection::serve`], which the caller runs.
 pub async fn connect(
     plugin: ResmgrPlugin,
     runtime: &NriRuntime,
     config: nri::StubConfig,
     endpoint: nri::Endpoint,
-) -> Result<nri::Handle, nri::StubError> {
+) -> Result<Connection, nri::StubError> {
     let manager = plugin.manager.clone();
-    let plugin = Arc::new(plugin);
-    let handle = nri::connect(plugin, config, endpoint).await?;
+    let handle = nri::connect(Arc::new(plugin), config, endpoint).await?;
     runtime.attach(handle.clone());
-    let sync = handle.clone();
-    tokio::spawn(async move {
-        match sync.synchronized().await {
-            Ok(()) => {
-                manager.synchronized().await;
-                tokio::join!(manager.run_retries(), manager.run_reconciler());
+    Ok(Connection { handle, manager })
+}
+
+/// The manager's live connection to the runtime.
+#[derive(Debug)]
+pub struct Connection {
+    handle: nri::Handle,
+    manager: Arc<Manager>,
+}
+
+impl Connection {
+    /// The connection's handle.
+    pub fn handle(&self) -> &nri::Handle {
+        &self.handle
+    }
+
+    /// The manager's work on this connection, until the runtime goes away: opens the claim gate
+    /// once the Synchronize reply has been written, then retries undelivered updates and runs
+    /// the reconciler. Returns why the connection ended, which must end the process (the gate
+    /// never closes). It spawns nothing: the caller runs it, in a task of its own; dropping it
+    /// stops that work, not the connection.
+    pub async fn serve(self) -> nri::Disconnect {
+        let work = async {
+            match self.handle.synchronized().await {
+                Ok(()) => {
+                    self.manager.synchronized().await;
+                    tokio::join!(self.manager.run_retries(), self.manager.run_reconciler());
+                }
+                Err(e) => info!(reason = %e, "connection ended before synchronization"),
             }
-            Err(e) => info!(reason = %e, "connection ended before synchronization"),
+            std::future::pending::<std::convert::Infallible>().await
+        };
+        tokio::select! {
+            why = self.handle.closed() => why,
+            never = work => match never {},
         }
-    });
-    Ok(handle)
+    }
 }
