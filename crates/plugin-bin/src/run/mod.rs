@@ -172,7 +172,7 @@ impl Agent {
                 );
                 (Some(versions), claims, Some(events))
             }
-            None => (None, Arc::new(kube::fake::StaticClaims::new()), None),
+            None => (None, Arc::new(kube::NoClaims), None),
         };
         let events: Arc<dyn EventRecorder> = match &kube_events {
             Some((events, _)) => Arc::new(events.clone()),

@@ -103,8 +103,8 @@ impl ClaimReadError {
     }
 }
 
-/// Reads allocated claims. Implemented against the API server by [`KubeClaimReader`] and in
-/// memory by [`super::fake::StaticClaims`].
+/// Reads allocated claims. Implemented against the API server by [`KubeClaimReader`], by
+/// [`NoClaims`] where there is none, and in memory by [`super::fake::StaticClaims`].
 pub trait ClaimReader: Send + Sync + fmt::Debug {
     /// The claim with only our driver's allocation results, or why not.
     fn get_claim<'a>(&'a self, claim: &'a ClaimRef)
@@ -127,6 +127,30 @@ pub trait ClaimReader: Send + Sync + fmt::Debug {
             }
             standing(self.get_claim(claim).await)
         })
+    }
+}
+
+/// Reads no claims: the agent without DRA, which talks to no API server and is never asked to
+/// prepare (the kubelet does not know it). A claim reads as not found, and none is found by UID;
+/// reconciliation without DRA does not ask ([`crate::reconcile::ReconcileConfig::pool`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoClaims;
+
+impl ClaimReader for NoClaims {
+    fn get_claim<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Claim, ClaimReadError>> {
+        Box::pin(std::future::ready(Err(ClaimReadError::NotFound {
+            claim: claim.clone(),
+        })))
+    }
+
+    fn find_claim<'a>(
+        &'a self,
+        _claim: &'a ClaimRef,
+    ) -> BoxFuture<'a, Result<Option<Claim>, ClaimReadError>> {
+        Box::pin(std::future::ready(Ok(None)))
     }
 }
 
@@ -463,4 +487,21 @@ pub fn claim_from_status(
         results,
         config,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn without_an_api_server_no_claim_is_read_or_found() {
+        let claim = ClaimRef::new("ns", "c", "uid-1");
+        assert!(matches!(
+            NoClaims.get_claim(&claim).await,
+            Err(ClaimReadError::NotFound { claim: c }) if c == claim
+        ));
+        assert!(matches!(NoClaims.find_claim(&claim).await, Ok(None)));
+        let unnamed = ClaimRef::new("", "", "uid-1");
+        assert!(matches!(NoClaims.find_claim(&unnamed).await, Ok(None)));
+    }
 }

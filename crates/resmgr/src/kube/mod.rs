@@ -2,7 +2,8 @@
 //! node's devices as ResourceSlices, and posting Events users must see.
 //!
 //! - [`claims`]: [`ClaimReader`] turns the kubelet's (namespace, name, UID) into a domain
-//!   [`policy::Claim`] holding only our driver's allocation results.
+//!   [`policy::Claim`] holding only our driver's allocation results; [`NoClaims`] reads none,
+//!   for the agent without DRA.
 //! - [`slices`]: [`DevicePublisher`] turns the policy's [`policy::Device`]s into one pool of
 //!   ResourceSlices for this node, and [`SlicePublisher::maintain`] re-creates them when someone
 //!   (the kubelet, at its start and after we deregister) deletes them.
@@ -12,7 +13,7 @@
 //!   to prepare) into a Kubernetes Event on the pod and the claim, deduplicated, combined and
 //!   rate-limited like client-go's recorder, never blocking its caller.
 //! - [`fake`]: in-memory implementations of the traits for the simulator and for tests of the
-//!   resource manager.
+//!   resource manager; the agent (`resmgr run`) uses none of them.
 //!
 //! Kubernetes objects stop here: everything that leaves this module is a domain type. Wire
 //! objects of all three API versions are handled as JSON ([`kube::api::DynamicObject`]) and
@@ -27,7 +28,7 @@ mod retry;
 pub mod slices;
 pub mod version;
 
-pub use claims::{ClaimReadError, ClaimReader, KubeClaimReader};
+pub use claims::{ClaimReadError, ClaimReader, KubeClaimReader, NoClaims};
 pub use client::{ConnectError, connect};
 pub use events::{
     Clock, EventRecorder, EventStats, EventsConfig, KubeEvents, MonotonicClock, NoEvents, Notice,
