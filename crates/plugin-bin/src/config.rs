@@ -1,8 +1,10 @@
 //! `resmgr run`'s configuration: command-line flags and a YAML file with the same keys.
 //!
-//! The settings themselves, their defaults and their documentation are listed once in
-//! [`crate::settings`]; this module turns flags, the file and those defaults into a checked
-//! [`RunConfig`]. Every setting is a flag (`--reserved-cpus`) and a key of the file
+//! The settings themselves, the types of their values, their defaults and their documentation
+//! are listed once in [`crate::settings`]; this module turns flags, the file and those defaults
+//! into a checked [`RunConfig`], reading each value with its setting's type and checking the
+//! rules between settings (`reserved-cpus` or `reserved-cpu-count`, the policy's settings
+//! together, `node-name` with DRA). Every setting is a flag (`--reserved-cpus`) and a key of the file
 //! (`reserved-cpus`); a flag given on the command line wins over the file, the file over the
 //! default. The file starts with an `apiVersion`/`kind` header, so that its format can evolve,
 //! and a key the agent does not know is refused by name, so a typo cannot go unnoticed. Values
@@ -18,23 +20,23 @@ use std::{
 
 use anyhow::Context as _;
 use policy::{
-    CpuSet, Topology, TopologySource,
+    Topology, TopologySource,
     topology_aware::{Config, ConfigError, DeviceModel, Exclusivity, MemoryConfig, ReservedCpus},
 };
 use resmgr::{
     ManagerConfig, ReconcileConfig,
     health::HealthConfig,
     kube::{self, PublisherConfig},
-    kubelet_plugin::{
-        KubeletConfig,
-        names::{dns_label, dns_subdomain},
-    },
+    kubelet_plugin::KubeletConfig,
     policy::cdi,
 };
 
 use crate::{
-    settings::{self, API_VERSION, DefaultValue, KIND, SETTINGS, Shape},
-    values::{self, Format},
+    settings::{
+        self, API_VERSION, KIND, SETTINGS, Setting, Shape, Typed,
+        types::{Given, SettingType},
+    },
+    values::{self, ExclusivityMode, Format},
 };
 
 /// The DRA driver name, also the CDI vendor (the default of `driver-name`).
@@ -168,6 +170,8 @@ pub struct RunConfig {
     pub log_level: String,
     /// Where each setting came from, for messages about values checked later (at start-up).
     origins: BTreeMap<&'static str, String>,
+    /// Each setting's value as its type writes it back ([`RunConfig::values`]).
+    shown: BTreeMap<&'static str, serde_json::Value>,
 }
 
 impl RunConfig {
@@ -295,83 +299,16 @@ impl RunConfig {
         Ok(())
     }
 
-    /// Every setting with its value, in [`SETTINGS`] order (`null` for unset ones).
+    /// Every setting with its value as its type writes it back, in [`SETTINGS`] order (`null`
+    /// for unset ones): what the settings resolved to, kept as they were resolved.
     pub fn values(&self) -> Vec<(&'static str, serde_json::Value)> {
-        use serde_json::{Value, json};
-        let path = |p: &Path| Value::String(p.display().to_string());
-        let (set, count) = match &self.reserved_cpus {
-            ReservedCpus::Set(set) => (json!(set.to_string()), Value::Null),
-            ReservedCpus::Count(n) => (Value::Null, json!(n)),
-        };
-        let mut shown = vec![
-            ("node-name", json!(self.node_name)),
-            ("dra", json!(self.dra)),
-            ("driver-name", json!(self.driver_name)),
-            ("nri-socket", path(&self.nri_socket)),
-            ("nri-plugin-index", json!(self.nri_plugin_index)),
-            ("kubelet-plugins-dir", path(&self.kubelet_plugins_dir)),
-            ("kubelet-registry-dir", path(&self.kubelet_registry_dir)),
-            ("cdi-dir", path(&self.cdi_dir)),
-            (
-                "kubeconfig",
-                self.kubeconfig.as_deref().map_or(Value::Null, path),
-            ),
-            ("node-allocatable-cpu", json!(self.node_allocatable_cpu)),
-            ("topology", json!(values::show_topology(&self.topology))),
-            ("reserved-cpus", set),
-            ("reserved-cpu-count", count),
-            ("reserved-namespaces", json!(self.reserved_namespaces)),
-        ];
-        let policy = values::show_policy_settings(&self.policy.0, &self.policy.1);
-        let policy_keys = [
-            "cpu-exclusivity",
-            "claim-cpus",
-            "device-mode",
-            "group-by",
-            "claim-granularity",
-        ];
-        for (key, value) in policy_keys.into_iter().zip(policy) {
-            let value = if value.is_empty() {
-                Value::Null
-            } else {
-                json!(value)
-            };
-            shown.push((key, value));
-        }
-        let reserved_memory = values::show_reserved_memory(&self.memory.reserved);
-        shown.extend([
-            (
-                "reserved-memory",
-                if reserved_memory.is_empty() {
-                    Value::Null
-                } else {
-                    json!(reserved_memory)
-                },
-            ),
-            (
-                "claim-memory",
-                json!(format!("{}%", self.memory.claim_percent)),
-            ),
-            ("claim-hugepages", json!(self.memory.claim_hugepages)),
-        ]);
-        shown.extend([
-            ("state-dir", path(&self.state_dir)),
-            (
-                "unconfirmed-claim-grace",
-                json!(values::show_duration(self.unconfirmed_claim_grace)),
-            ),
-            ("metrics-addr", json!(self.metrics_addr.to_string())),
-            (
-                "debug-addr",
-                json!(
-                    self.debug_addr
-                        .map_or_else(|| "off".to_owned(), |a| a.to_string())
-                ),
-            ),
-            ("log-format", json!(self.log_format.to_string())),
-            ("log-level", json!(self.log_level)),
-        ]);
-        shown
+        SETTINGS
+            .iter()
+            .map(|s| {
+                let value = self.shown.get(s.key).cloned();
+                (s.key, value.unwrap_or(serde_json::Value::Null))
+            })
+            .collect()
     }
 
     /// The configuration as a config file that resolves to it: what `--print-config` prints.
@@ -398,13 +335,6 @@ impl RunConfig {
             .collect();
         serde_json::Value::Object(map).to_string()
     }
-}
-
-/// A value as given: one, or a list (from a YAML sequence).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Raw {
-    One(String),
-    List(Vec<String>),
 }
 
 /// Where a value came from, for messages. Ordered by precedence, lowest first.
@@ -447,7 +377,7 @@ impl Origin {
 #[derive(Debug, Default)]
 struct FileValues {
     path: PathBuf,
-    values: BTreeMap<String, (Raw, Option<usize>)>,
+    values: BTreeMap<String, (Given, Option<usize>)>,
 }
 
 impl FileValues {
@@ -529,10 +459,10 @@ impl FileValues {
                         };
                         list.push(s);
                     }
-                    Raw::List(list)
+                    Given::List(list)
                 }
                 (v, shape) => match scalar(v) {
-                    Some(s) => Raw::One(s),
+                    Some(s) => Given::One(s),
                     None => anyhow::bail!(
                         "{at}: {key}: expected {}, found {}",
                         match shape {
@@ -581,14 +511,12 @@ struct Sources<'a> {
 }
 
 impl Sources<'_> {
-    /// The value of `key` and where it came from: a flag, the file, or the setting's default
-    /// (`None` when it has none).
-    fn get(&self, key: &'static str) -> anyhow::Result<Option<(Raw, Origin)>> {
-        let Some(setting) = settings::find(key) else {
-            anyhow::bail!("internal: no setting {key:?} in the settings table");
-        };
+    /// The value of `setting` and where it came from: a flag, the file, or the setting's
+    /// default (`None` when it has none).
+    fn get(&self, setting: &Setting) -> anyhow::Result<Option<(Given, Origin)>> {
+        let key = setting.key;
         if let Some(v) = self.flags.get(key) {
-            return Ok(Some((Raw::One(v.clone()), Origin::Flag(key))));
+            return Ok(Some((Given::One(v.clone()), Origin::Flag(key))));
         }
         if let Some((v, line)) = self.file.values.get(key) {
             let origin = Origin::File {
@@ -598,320 +526,226 @@ impl Sources<'_> {
             };
             return Ok(Some((v.clone(), origin)));
         }
-        match setting.default {
-            DefaultValue::Unset(_) => Ok(None),
-            DefaultValue::Value(yaml) => {
-                let raw = match serde_yaml_ng::from_str(yaml)? {
-                    serde_yaml_ng::Value::Sequence(items) => Raw::List(
-                        items
-                            .iter()
-                            .filter_map(|v| v.as_str().map(str::to_owned))
-                            .collect(),
-                    ),
-                    serde_yaml_ng::Value::String(s) => Raw::One(s),
-                    serde_yaml_ng::Value::Bool(b) => Raw::One(b.to_string()),
-                    serde_yaml_ng::Value::Number(n) => Raw::One(n.to_string()),
-                    other => anyhow::bail!("internal: default of {key} is {other:?}"),
-                };
-                Ok(Some((raw, Origin::Default(key))))
-            }
-        }
-    }
-
-    /// A single value, if set.
-    fn one(&self, key: &'static str) -> anyhow::Result<Option<(String, Origin)>> {
-        match self.get(key)? {
-            None => Ok(None),
-            Some((Raw::One(v), origin)) => Ok(Some((v, origin))),
-            Some((Raw::List(_), origin)) => anyhow::bail!(
-                "{}: expected a single value, found a list",
-                origin.describe()
-            ),
-        }
-    }
-
-    /// A single value of a setting that has a default.
-    fn required(&self, key: &'static str) -> anyhow::Result<(String, Origin)> {
-        self.one(key)?
-            .ok_or_else(|| anyhow::anyhow!("internal: setting {key:?} has no default"))
-    }
-
-    /// A list: a YAML sequence, or one value of comma-separated items.
-    fn list(&self, key: &'static str) -> anyhow::Result<(Vec<String>, Origin)> {
-        match self.get(key)? {
-            None => Ok((Vec::new(), Origin::Default(key))),
-            Some((Raw::List(items), origin)) => Ok((items, origin)),
-            Some((Raw::One(v), origin)) => Ok((
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
-                origin,
-            )),
-        }
+        let default = setting
+            .default_given()
+            .map_err(|e| anyhow::anyhow!("internal: the default of {key}: {e}"))?;
+        Ok(default.map(|v| (v, Origin::Default(key))))
     }
 }
 
-fn refuse(origin: &Origin, value: &str, allowed: &str) -> anyhow::Error {
-    anyhow::anyhow!("{}: {value:?} is not allowed: {allowed}", origin.describe())
+/// Reads each setting as its type ([`settings::types`]), and keeps, for every setting, where its
+/// value came from and the value as its type writes it back: what [`RunConfig::values`] prints
+/// is the value resolved, by construction.
+struct Resolver<'a> {
+    src: Sources<'a>,
+    origins: BTreeMap<&'static str, String>,
+    shown: BTreeMap<&'static str, serde_json::Value>,
+}
+
+impl Resolver<'_> {
+    /// Where `setting`'s value comes from, and the value as given; `None` when it is not set and
+    /// has no default.
+    fn lookup<T>(&self, setting: &Typed<T>) -> anyhow::Result<Option<(Given, Origin)>> {
+        self.src.get(setting)
+    }
+
+    /// Reads `given` (from `origin`) as `setting`'s type.
+    fn parse<T: SettingType>(
+        _setting: &Typed<T>,
+        given: &Given,
+        origin: &Origin,
+    ) -> anyhow::Result<T> {
+        T::parse(given).map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))
+    }
+
+    /// Keeps `value` as `setting`'s, given at `origin` (`None`: a default that depends on other
+    /// settings).
+    fn record<T: SettingType>(&mut self, setting: &Typed<T>, value: &T, origin: Option<&Origin>) {
+        self.shown.insert(setting.key, value.show());
+        if let Some(origin) = origin {
+            self.origins.insert(setting.key, origin.describe());
+        }
+    }
+
+    /// Keeps `setting` as unset.
+    fn unset<T>(&mut self, setting: &Typed<T>) {
+        self.shown.insert(setting.key, serde_json::Value::Null);
+    }
+
+    /// The value of a setting, read and kept; `None` (kept as unset) when it is not set and has
+    /// no default.
+    fn optional<T: SettingType>(&mut self, setting: &Typed<T>) -> anyhow::Result<Option<T>> {
+        let Some((given, origin)) = self.lookup(setting)? else {
+            self.unset(setting);
+            return Ok(None);
+        };
+        let value = Self::parse(setting, &given, &origin)?;
+        self.record(setting, &value, Some(&origin));
+        Ok(Some(value))
+    }
+
+    /// The value of a setting that has a default, read and kept.
+    fn take<T: SettingType>(&mut self, setting: &Typed<T>) -> anyhow::Result<T> {
+        self.optional(setting)?
+            .ok_or_else(|| anyhow::anyhow!("internal: setting {:?} has no default", setting.key))
+    }
+
+    /// The value of a setting that has a default, read but not kept yet, with its origin.
+    fn peek<T: SettingType>(&self, setting: &Typed<T>) -> anyhow::Result<(T, Origin)> {
+        let (given, origin) = self
+            .lookup(setting)?
+            .ok_or_else(|| anyhow::anyhow!("internal: setting {:?} has no default", setting.key))?;
+        Ok((Self::parse(setting, &given, &origin)?, origin))
+    }
 }
 
 impl RunFlags {
     /// Merges flags, the config file they name, and the defaults, and checks every value.
     /// `node_name_env` is `$NODE_NAME` (passed in: only `main` reads the environment).
     pub fn resolve(&self, node_name_env: Option<String>) -> anyhow::Result<RunConfig> {
+        use settings::*;
         let file = match &self.config {
             Some(path) => FileValues::read(path)?,
             None => FileValues::default(),
         };
-        let src = Sources {
-            flags: &self.values,
-            file,
-        };
-        let origins = std::cell::RefCell::new(BTreeMap::new());
-        let note = |key: &'static str, origin: &Origin| {
-            origins.borrow_mut().insert(key, origin.describe());
-        };
-        let boolean = |key: &'static str| -> anyhow::Result<(bool, Origin)> {
-            let (value, origin) = src.required(key)?;
-            let b = value
-                .parse()
-                .map_err(|_| refuse(&origin, &value, "expected `true` or `false`"))?;
-            Ok((b, origin))
+        let mut r = Resolver {
+            src: Sources {
+                flags: &self.values,
+                file,
+            },
+            origins: BTreeMap::new(),
+            shown: BTreeMap::new(),
         };
 
-        let (dra, origin) = boolean("dra")?;
-        note("dra", &origin);
-
+        let dra = r.take(&DRA)?;
         let node_env = node_name_env
             .filter(|v| !v.is_empty())
-            .map(|v| (v, Origin::Env("NODE_NAME", "node-name")));
-        let node_name = match src.one("node-name")?.or(node_env) {
-            Some((name, origin)) => {
-                if dns_subdomain(&name, 253).is_err() {
-                    return Err(refuse(
-                        &origin,
-                        &name,
-                        "expected the node's name, a DNS subdomain (lower-case letters, digits, `-` and `.`, at most 253 characters)",
-                    ));
-                }
-                note("node-name", &origin);
-                Some(name)
+            .map(|v| (Given::One(v), Origin::Env("NODE_NAME", "node-name")));
+        let node_name = match r.lookup(&NODE_NAME)?.or(node_env) {
+            Some((given, origin)) => {
+                let name = Resolver::parse(&NODE_NAME, &given, &origin)?;
+                r.record(&NODE_NAME, &name, Some(&origin));
+                Some(name.0)
             }
             None if dra => anyhow::bail!(
                 "--node-name is not set, nor NODE_NAME, nor node-name in a config file: the node's name is needed to publish its devices (a DNS subdomain such as `worker-1`); with `dra: false` it is not"
             ),
-            None => None,
-        };
-
-        let (driver_name, origin) = src.required("driver-name")?;
-        if dns_subdomain(&driver_name, 63).is_err() || !driver_name.contains('.') {
-            return Err(refuse(
-                &origin,
-                &driver_name,
-                "expected a DNS subdomain with at least one dot and at most 63 characters, such as `topology-aware.resmgr.io`",
-            ));
-        }
-        note("driver-name", &origin);
-
-        let path = |key: &'static str| -> anyhow::Result<PathBuf> {
-            let (value, origin) = src.required(key)?;
-            if value.trim().is_empty() || value.contains('\0') {
-                return Err(refuse(&origin, &value, "expected a non-empty path"));
-            }
-            note(key, &origin);
-            Ok(PathBuf::from(value))
-        };
-        let nri_socket = path("nri-socket")?;
-        let kubelet_plugins_dir = path("kubelet-plugins-dir")?;
-        let kubelet_registry_dir = path("kubelet-registry-dir")?;
-        let cdi_dir = path("cdi-dir")?;
-        let state_dir = path("state-dir")?;
-        let kubeconfig = match src.one("kubeconfig")? {
-            None => None,
-            Some((value, origin)) => {
-                if value.trim().is_empty() || value.contains('\0') {
-                    return Err(refuse(
-                        &origin,
-                        &value,
-                        "expected the path of a kubeconfig file",
-                    ));
-                }
-                note("kubeconfig", &origin);
-                Some(PathBuf::from(value))
+            None => {
+                r.unset(&NODE_NAME);
+                None
             }
         };
+        let driver_name = r.take(&DRIVER_NAME)?.0;
+        let nri_socket = r.take(&NRI_SOCKET)?.0;
+        let kubelet_plugins_dir = r.take(&KUBELET_PLUGINS_DIR)?.0;
+        let kubelet_registry_dir = r.take(&KUBELET_REGISTRY_DIR)?.0;
+        let cdi_dir = r.take(&CDI_DIR)?.0;
+        let state_dir = r.take(&STATE_DIR)?.0;
+        let kubeconfig = r.optional(&KUBECONFIG)?.map(|k| k.0);
+        let nri_plugin_index = r.take(&NRI_PLUGIN_INDEX)?.0;
+        let node_allocatable_cpu = r.take(&NODE_ALLOCATABLE_CPU)?;
+        let topology = r.take(&TOPOLOGY)?;
 
-        let (index, origin) = src.required("nri-plugin-index")?;
-        if index.len() != 2 || !index.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(refuse(
-                &origin,
-                &index,
-                "expected exactly two digits, `00` to `99` (plugins are called in index order)",
-            ));
-        }
-        note("nri-plugin-index", &origin);
-
-        let (node_allocatable_cpu, origin) = boolean("node-allocatable-cpu")?;
-        note("node-allocatable-cpu", &origin);
-
-        let (value, origin) = src.required("topology")?;
-        let topology = values::topology(&value, None)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
-        note("topology", &origin);
-
-        let reserved_cpus = {
-            let (count, count_origin) = src.required("reserved-cpu-count")?;
-            let count = values::reserved_count(&count)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", count_origin.describe()))?;
-            match src.one("reserved-cpus")? {
-                Some((_, set_origin)) if set_origin.rank() == count_origin.rank() => {
-                    anyhow::bail!(
-                        "{} and {}: both are set; reserved-cpus names the CPUs, \
-                         reserved-cpu-count picks that many: set one of them",
-                        set_origin.describe(),
-                        count_origin.describe()
-                    )
-                }
-                Some((set, set_origin)) if set_origin.rank() > count_origin.rank() => {
-                    let set: CpuSet = values::reserved_cpuset(&set)
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", set_origin.describe()))?;
-                    note("reserved-cpus", &set_origin);
-                    ReservedCpus::Set(set)
-                }
-                _ => {
-                    note("reserved-cpu-count", &count_origin);
-                    ReservedCpus::Count(count)
-                }
+        // A count always has a default; the set wins when given where the count was not.
+        let (count, count_origin) = r.peek(&RESERVED_CPU_COUNT)?;
+        let reserved_cpus = match r.lookup(&RESERVED_CPUS)? {
+            Some((_, set_origin)) if set_origin.rank() == count_origin.rank() => {
+                anyhow::bail!(
+                    "{} and {}: both are set; reserved-cpus names the CPUs, \
+                     reserved-cpu-count picks that many: set one of them",
+                    set_origin.describe(),
+                    count_origin.describe()
+                )
+            }
+            Some((given, set_origin)) if set_origin.rank() > count_origin.rank() => {
+                let set = Resolver::parse(&RESERVED_CPUS, &given, &set_origin)?;
+                r.record(&RESERVED_CPUS, &set, Some(&set_origin));
+                r.unset(&RESERVED_CPU_COUNT);
+                ReservedCpus::Set(set.0)
+            }
+            _ => {
+                r.record(&RESERVED_CPU_COUNT, &count, Some(&count_origin));
+                r.unset(&RESERVED_CPUS);
+                ReservedCpus::Count(count.0)
             }
         };
-
-        let (reserved_namespaces, origin) = src.list("reserved-namespaces")?;
-        for ns in &reserved_namespaces {
-            if dns_label(ns).is_err() {
-                return Err(refuse(
-                    &origin,
-                    ns,
-                    "expected namespace names (lower-case letters, digits and `-`, at most 63 characters)",
-                ));
-            }
-        }
-        note("reserved-namespaces", &origin);
+        let reserved_namespaces = r.take(&RESERVED_NAMESPACES)?.0;
 
         // The policy's settings are checked together; without DRA, nothing is published and
         // Guaranteed pods get exclusive CPUs unless told otherwise.
-        let mut given = Vec::new();
-        for key in [
-            "cpu-exclusivity",
-            "claim-cpus",
-            "device-mode",
-            "group-by",
-            "claim-granularity",
-        ] {
-            given.push((key, src.one(key)?));
-        }
-        let value = |key: &str| {
-            given
-                .iter()
-                .find(|(k, _)| *k == key)
-                .and_then(|(_, v)| v.as_ref())
-                .map(|(v, _)| v.as_str())
+        let exclusivity = match r.lookup(&CPU_EXCLUSIVITY)? {
+            Some((given, origin)) => {
+                Some((Resolver::parse(&CPU_EXCLUSIVITY, &given, &origin)?, origin))
+            }
+            None => None,
         };
-        let policy = values::policy_settings(&values::PolicyValues {
-            cpu_exclusivity: value("cpu-exclusivity").or((!dra).then_some("pods")),
-            claim_cpus: value("claim-cpus"),
-            device_mode: value("device-mode"),
-            group_by: value("group-by"),
-            claim_granularity: value("claim-granularity"),
-        })
-        .map_err(|e| {
-            let origin = given
-                .iter()
-                .find(|(k, _)| *k == e.key)
-                .and_then(|(_, v)| v.as_ref())
-                .map_or_else(|| format!("--{}", e.key), |(_, o)| o.describe());
+        let claim_cpus = match r.lookup(&CLAIM_CPUS)? {
+            Some((given, origin)) => Some((Resolver::parse(&CLAIM_CPUS, &given, &origin)?, origin)),
+            None => None,
+        };
+        let (device_mode, device_mode_origin) = r.peek(&DEVICE_MODE)?;
+        let (group_by, group_by_origin) = r.peek(&GROUP_BY)?;
+        let (claim_granularity, granularity_origin) = r.peek(&CLAIM_GRANULARITY)?;
+        let choice = values::PolicyChoice {
+            cpu_exclusivity: exclusivity.as_ref().map_or(
+                if dra {
+                    ExclusivityMode::Claims
+                } else {
+                    ExclusivityMode::Pods
+                },
+                |(mode, _)| *mode,
+            ),
+            claim_cpus: claim_cpus.as_ref().map(|(cpus, _)| cpus.clone()),
+            device_mode,
+            group_by,
+            claim_granularity,
+        };
+        let policy = values::combine_policy(&choice).map_err(|e| {
+            let origin = match e.key {
+                "claim-cpus" => claim_cpus.as_ref().map(|(_, o)| o),
+                "group-by" => Some(&group_by_origin),
+                _ => None,
+            };
+            let origin = origin.map_or_else(|| format!("--{}", e.key), Origin::describe);
             anyhow::anyhow!("{origin}: {}", e.reason)
         })?;
-        for (key, v) in &given {
-            if let Some((_, origin)) = v {
-                note(key, origin);
-            }
+        r.record(
+            &CPU_EXCLUSIVITY,
+            &choice.cpu_exclusivity,
+            exclusivity.as_ref().map(|(_, o)| o),
+        );
+        match &claim_cpus {
+            Some((cpus, origin)) => r.record(&CLAIM_CPUS, cpus, Some(origin)),
+            None => r.unset(&CLAIM_CPUS),
         }
+        r.record(&DEVICE_MODE, &device_mode, Some(&device_mode_origin));
+        r.record(&GROUP_BY, &group_by, Some(&group_by_origin));
+        r.record(
+            &CLAIM_GRANULARITY,
+            &claim_granularity,
+            Some(&granularity_origin),
+        );
 
-        let (value, origin) = src.required("unconfirmed-claim-grace")?;
-        let unconfirmed_claim_grace =
-            values::duration(&value).map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
-        note("unconfirmed-claim-grace", &origin);
-
-        let reserved = match src.one("reserved-memory")? {
-            Some((value, origin)) => {
-                let reserved = values::reserved_memory(&value)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
-                note("reserved-memory", &origin);
-                reserved
-            }
-            None => BTreeMap::new(),
-        };
-        let (value, origin) = src.required("claim-memory")?;
-        let claim_percent = values::claim_memory(&value)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", origin.describe()))?;
-        note("claim-memory", &origin);
-        let (claim_hugepages, origin) = boolean("claim-hugepages")?;
-        note("claim-hugepages", &origin);
+        let unconfirmed_claim_grace = r.take(&UNCONFIRMED_CLAIM_GRACE)?;
         let memory = MemoryConfig {
-            reserved,
-            claim_percent,
-            claim_hugepages,
+            reserved: r.optional(&RESERVED_MEMORY)?.unwrap_or_default().0,
+            claim_percent: r.take(&CLAIM_MEMORY)?.0,
+            claim_hugepages: r.take(&CLAIM_HUGEPAGES)?,
         };
+        let metrics_addr = r.take(&METRICS_ADDR)?;
+        let debug_addr = r.take(&DEBUG_ADDR)?.0;
+        let log_format = r.take(&LOG_FORMAT)?;
+        let log_level = r.take(&LOG_LEVEL)?.0;
 
-        let (value, origin) = src.required("metrics-addr")?;
-        let metrics_addr: SocketAddr = value.parse().map_err(|_| {
-            refuse(
-                &origin,
-                &value,
-                "expected an IP address and port such as `127.0.0.1:8891` or `[::]:8891` (port 0 picks a free one)",
-            )
-        })?;
-        note("metrics-addr", &origin);
-
-        let (value, origin) = src.required("debug-addr")?;
-        let debug_addr = match value.as_str() {
-            "off" => None,
-            _ => Some(value.parse::<SocketAddr>().map_err(|_| {
-                refuse(
-                    &origin,
-                    &value,
-                    "expected `off` or an IP address and port such as `127.0.0.1:8892` (port 0 picks a free one)",
-                )
-            })?),
-        };
-        note("debug-addr", &origin);
-
-        let (value, origin) = src.required("log-format")?;
-        let log_format: Format = value
-            .parse()
-            .map_err(|_| refuse(&origin, &value, "expected `text` or `json`"))?;
-        note("log-format", &origin);
-
-        let (log_level, origin) = src.required("log-level")?;
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
-            return Err(refuse(
-                &origin,
-                &log_level,
-                &format!(
-                    "expected a level (`error`, `warn`, `info`, `debug`, `trace`) or a filter such as `info,resmgr=debug` ({e})"
-                ),
-            ));
+        if let Some(missed) = SETTINGS.iter().find(|s| !r.shown.contains_key(s.key)) {
+            anyhow::bail!("internal: setting {:?} was not resolved", missed.key);
         }
-        note("log-level", &origin);
-
         let config = RunConfig {
             node_name,
             dra,
             driver_name,
             nri_socket,
-            nri_plugin_index: index,
+            nri_plugin_index,
             kubelet_plugins_dir,
             kubelet_registry_dir,
             cdi_dir,
@@ -928,7 +762,8 @@ impl RunFlags {
             debug_addr,
             log_format,
             log_level,
-            origins: origins.into_inner(),
+            origins: r.origins,
+            shown: r.shown,
         };
         config.check_parts()?;
         Ok(config)
@@ -1052,11 +887,11 @@ mod tests {
         let f = file(&text).unwrap();
         assert_eq!(
             f.values["nri-plugin-index"],
-            (Raw::One("10".into()), Some(4))
+            (Given::One("10".into()), Some(4))
         );
         assert_eq!(
             f.values["reserved-namespaces"].0,
-            Raw::List(vec!["a".into(), "b".into()])
+            Given::List(vec!["a".into(), "b".into()])
         );
         let e = file(&format!("{HEADER}log-format: json\nbogus: 1\n"))
             .unwrap_err()
@@ -1187,6 +1022,27 @@ mod tests {
         .resolve(None)
         .unwrap();
         assert_eq!(again.values(), c.values());
+    }
+
+    #[test]
+    fn a_claim_cpuset_of_one_cpu_prints_as_a_cpuset_not_a_count() {
+        let c = flags()
+            .with("cpu-exclusivity", "partition")
+            .with("claim-cpus", "cpuset:3")
+            .resolve(None)
+            .unwrap();
+        let shown: BTreeMap<_, _> = c.values().into_iter().collect();
+        assert_eq!(shown["claim-cpus"], "cpuset:3");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, c.to_file()).unwrap();
+        let again = RunFlags {
+            config: Some(path),
+            ..RunFlags::default()
+        }
+        .resolve(None)
+        .unwrap();
+        assert_eq!(again.policy, c.policy);
     }
 
     #[test]

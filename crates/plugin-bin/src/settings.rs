@@ -1,15 +1,30 @@
 //! Every setting of `resmgr run`, described once.
 //!
 //! [`SETTINGS`] is the one list: each setting's key (the config file's key and, with `--`, the
-//! flag), its default as it is written in the file, and its documentation. From it come the
-//! flags and their `--help` ([`crate::config::RunFlags`]), the keys the config file accepts, the
-//! defaults the resolver falls back to, `resmgr config --print-defaults` ([`default_file`]) and
-//! docs/configuration.md ([`markdown`], checked by `cargo xtask docs --check`), so none of them
-//! can drift from the others. What a value means and how it is checked is in
-//! [`crate::config`], which refuses to resolve a setting that is not listed here (and a test
-//! checks that every listed setting is resolved).
+//! flag), the type of its value ([`Typed`], [`types`]), its default as it is written in the file,
+//! and its documentation. From it come the flags and their `--help`
+//! ([`crate::config::RunFlags`]), the keys the config file accepts, the defaults the resolver
+//! falls back to, `resmgr config --print-defaults` ([`default_file`]) and docs/configuration.md
+//! ([`markdown`], checked by `cargo xtask docs --check`), so none of them can drift from the
+//! others. A value is read and written back by its setting's type only: resolving it
+//! ([`crate::config`]) and printing what it resolved to (`--print-config`, the start-up log)
+//! cannot differ, the resolver refuses to finish with a setting it did not resolve, and a test
+//! checks that every documented default reads as its type and writes back as documented.
 
-use std::fmt::Write as _;
+pub mod types;
+
+use std::{fmt::Write as _, marker::PhantomData, net::SocketAddr, time::Duration};
+
+use policy::{
+    TopologySource,
+    topology_aware::{ClaimCpus, DeviceMode, Granularity, GroupBy},
+};
+
+use self::types::{
+    ClaimMemory, DebugAddr, DriverName, Given, Kubeconfig, LogFilter, Namespaces, NodeName, Path,
+    PluginIndex, ReservedCount, ReservedMemory, ReservedSet, SettingType,
+};
+use crate::values::{ExclusivityMode, Format};
 
 /// The config file's `apiVersion`.
 pub const API_VERSION: &str = "resmgr.io/v1alpha1";
@@ -80,318 +95,438 @@ pub struct Setting {
     pub details: &'static str,
 }
 
+/// A setting, with the type of its value ([`types`]): what resolving it reads and printing it
+/// writes.
+pub struct Typed<T> {
+    pub setting: Setting,
+    ty: PhantomData<fn() -> T>,
+}
+
+impl<T> Typed<T> {
+    const fn new(setting: Setting) -> Self {
+        Self {
+            setting,
+            ty: PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Typed<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Typed").field(&self.setting).finish()
+    }
+}
+
+impl<T> std::ops::Deref for Typed<T> {
+    type Target = Setting;
+
+    fn deref(&self) -> &Setting {
+        &self.setting
+    }
+}
+
+/// A setting, whatever the type of its value.
+pub trait AnySetting: std::fmt::Debug + Sync {
+    fn setting(&self) -> &Setting;
+
+    /// Reads `given` as this setting's value and writes it back, as `resmgr run --print-config`
+    /// prints it (for the test that every documented default reads back as written).
+    #[cfg(test)]
+    fn canonical(&self, given: &Given) -> Result<serde_json::Value, String>;
+}
+
+impl<T: SettingType> AnySetting for Typed<T> {
+    fn setting(&self) -> &Setting {
+        &self.setting
+    }
+
+    #[cfg(test)]
+    fn canonical(&self, given: &Given) -> Result<serde_json::Value, String> {
+        T::parse(given).map(|v| v.show())
+    }
+}
+
+impl std::ops::Deref for dyn AnySetting {
+    type Target = Setting;
+
+    fn deref(&self) -> &Setting {
+        self.setting()
+    }
+}
+
 /// Every setting, in documentation order.
-pub const SETTINGS: &[Setting] = &[
-    // === The node and the driver ===
-    Setting {
-        key: "node-name",
-        section: Section::Node,
-        value_name: "NAME",
-        shape: Shape::Scalar,
-        default: DefaultValue::Unset(
-            "`$NODE_NAME` (the DaemonSet sets it from the downward API); required with `dra: true`",
-        ),
-        summary: "This node's name, as the API server knows it.",
-        details: "The agent publishes its devices for this node and names it in events. \
-                  A DNS subdomain such as `worker-1`.",
-    },
-    Setting {
-        key: "dra",
-        section: Section::Node,
-        value_name: "BOOL",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("true"),
-        summary: "Serve DRA claims: register with the kubelet and publish devices.",
-        details: "`false` runs the agent as an NRI plugin only, the way nri-plugins' \
-                  topology-aware policy runs: it needs no API server, no kubeconfig and no \
-                  kubelet registration, publishes nothing and posts no events, and is ready \
-                  once it has synchronized with the runtime. Guaranteed pods then get \
-                  exclusive CPUs by default. Claims prepared while it was `true` stay \
-                  accounted for until it is `true` again.",
-    },
-    Setting {
-        key: "driver-name",
-        section: Section::Node,
-        value_name: "NAME",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("topology-aware.resmgr.io"),
-        summary: "The DRA driver name, also the vendor of the CDI specs the agent writes.",
-        details: "A DNS subdomain with at least one dot, at most 63 characters. DeviceClasses \
-                  select this driver's devices by it.",
-    },
-    // === The container runtime ===
-    Setting {
-        key: "nri-socket",
-        section: Section::Runtime,
-        value_name: "PATH",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("/var/run/nri/nri.sock"),
-        summary: "The runtime's NRI socket.",
-        details: "The agent waits for it, retrying with backoff, while the runtime is not up.",
-    },
-    Setting {
-        key: "nri-plugin-index",
-        section: Section::Runtime,
-        value_name: "NN",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("\"90\""),
-        summary: "Our NRI plugin index, two digits; the runtime calls plugins in index order.",
-        details: "90 runs after most other plugins, so the cpusets the agent sets are the ones \
-                  that stay.",
-    },
-    // === The kubelet and the API ===
-    Setting {
-        key: "kubelet-plugins-dir",
-        section: Section::Kubernetes,
-        value_name: "DIR",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("/var/lib/kubelet/plugins"),
-        summary: "The kubelet's plugin directory, where the agent's DRA socket goes.",
-        details: "",
-    },
-    Setting {
-        key: "kubelet-registry-dir",
-        section: Section::Kubernetes,
-        value_name: "DIR",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("/var/lib/kubelet/plugins_registry"),
-        summary: "The kubelet's plugin registry, where the agent's registration socket goes.",
-        details: "",
-    },
-    Setting {
-        key: "cdi-dir",
-        section: Section::Kubernetes,
-        value_name: "DIR",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("/var/run/cdi"),
-        summary: "Where the agent writes one CDI spec per prepared claim.",
-        details: "A directory the runtime reads CDI specs from.",
-    },
-    Setting {
-        key: "kubeconfig",
-        section: Section::Kubernetes,
-        value_name: "FILE",
-        shape: Shape::Scalar,
-        default: DefaultValue::Unset("the pod's service account (in-cluster configuration)"),
-        summary: "A kubeconfig file to reach the API server with.",
-        details: "",
-    },
-    Setting {
-        key: "node-allocatable-cpu",
-        section: Section::Kubernetes,
-        value_name: "BOOL",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("false"),
-        summary: "Map each published device's `cpu` capacity to the node's allocatable cpu.",
-        details: "The scheduler then charges claimed CPUs against the node. Needs Kubernetes \
-                  1.36 with the DRANodeAllocatableResources feature gate; without it, pods \
-                  repeat their claimed CPUs in `resources.requests`.",
-    },
-    // === The policy ===
-    Setting {
-        key: "topology",
-        section: Section::Policy,
-        value_name: "SOURCE",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("live"),
-        summary: "The machine: `live`, `synthetic:<hwloc description>` or `xml:<file>`.",
-        details: "Anything but `live` is for tests and demonstrations.",
-    },
-    Setting {
-        key: "reserved-cpus",
-        section: Section::Policy,
-        value_name: "CPUSET",
-        shape: Shape::Scalar,
-        default: DefaultValue::Unset("`reserved-cpu-count` CPUs"),
-        summary: "CPUs for system pods, as a cpuset in the kubelet's `reservedSystemCPUs` syntax.",
-        details: "`\"0\"` is CPU 0, `\"0,32\"` CPUs 0 and 32, `\"0-1\"` CPUs 0 and 1 (a \
-                  `cpuset:` prefix, as nri-plugins writes it, is accepted too). Copy the \
-                  kubelet's `reservedSystemCPUs` here. A number is always a CPU, never a \
-                  count: the count is `reserved-cpu-count`, so a value means the same \
-                  whichever tool it was copied from. Reserved CPUs are never granted \
-                  exclusively nor shared with other pods.",
-    },
-    Setting {
-        key: "reserved-cpu-count",
-        section: Section::Policy,
-        value_name: "COUNT",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("1"),
-        summary: "How many CPUs to reserve for system pods, when `reserved-cpus` is not set.",
-        details: "They are picked like an exclusive grant, whole cores from the lowest-numbered. \
-                  Setting both this and `reserved-cpus` is refused.",
-    },
-    Setting {
-        key: "reserved-namespaces",
-        section: Section::Policy,
-        value_name: "NS,...",
-        shape: Shape::List,
-        default: DefaultValue::Value("[kube-system]"),
-        summary: "Namespaces whose pods run on the reserved CPUs.",
-        details: "A pod's `reserved-cpus` annotation overrides this for the pod. An empty list \
-                  (`[]`) puts no namespace there.",
-    },
-    Setting {
-        key: "cpu-exclusivity",
-        section: Section::Policy,
-        value_name: "MODE",
-        shape: Shape::Scalar,
-        default: DefaultValue::Unset("`claims`; `pods` with `dra: false`"),
-        summary: "Who gets CPUs of their own: `claims`, `partition` or `pods`.",
-        details: "`claims`: only DRA claims; Guaranteed pods without one run on shared CPUs. \
-                  `partition`: claims get the `claim-cpus`, Guaranteed pods exclusive CPUs from \
-                  the rest. `pods`: Guaranteed pods with whole CPUs get exclusive CPUs and no \
-                  devices are published, as nri-plugins does. docs/kubernetes.md says which \
-                  for which cluster.",
-    },
-    Setting {
-        key: "claim-cpus",
-        section: Section::Policy,
-        value_name: "COUNT|CPUSET",
-        shape: Shape::Scalar,
-        default: DefaultValue::Unset("none; required with `cpu-exclusivity: partition`"),
-        summary: "With `cpu-exclusivity: partition`: the CPUs published for claims.",
-        details: "A count (`8`) or a cpuset (`8-15`, `0,8`; `cpuset:3` for the single CPU 3). \
-                  Set with any other `cpu-exclusivity`, it is refused.",
-    },
-    Setting {
-        key: "device-mode",
-        section: Section::Policy,
-        value_name: "MODE",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("grouped"),
-        summary: "How CPUs are published: `grouped` or `individual`.",
-        details: "`grouped`: one device per NUMA node (or socket) with consumable capacity `cpu`; \
-                  needs the DRAConsumableCapacity feature gate. `individual`: one device per CPU \
-                  (or core); any cluster with DRA.",
-    },
-    Setting {
-        key: "group-by",
-        section: Section::Policy,
-        value_name: "GROUP",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("numa"),
-        summary: "What a grouped device stands for: `numa` or `socket`.",
-        details: "`socket` only with `device-mode: grouped`.",
-    },
-    Setting {
-        key: "claim-granularity",
-        section: Section::Policy,
-        value_name: "UNIT",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("cpu"),
-        summary: "The smallest amount a claim gets: `cpu` (a hardware thread) or `core`.",
-        details: "`core` publishes whole cores only, which the scheduler then accounts for.",
-    },
-    Setting {
-        key: "reserved-memory",
-        section: Section::Policy,
-        value_name: "N:memory=Q,...;...",
-        shape: Shape::Scalar,
-        default: DefaultValue::Unset("nothing reserved"),
-        summary: "Memory and hugepages reserved for the system per NUMA node, as the kubelet's \
-                  `--reserved-memory` says.",
-        details: "`0:memory=1Gi,hugepages-1Gi=2Gi;1:memory=2Gi`: nodes separated by `;`. Give \
-                  the kubelet's value: what is reserved is never published for claims nor \
-                  charged to containers. Hugepages are rounded up to whole pages.",
-    },
-    Setting {
-        key: "claim-memory",
-        section: Section::Policy,
-        value_name: "PERCENT",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("0%"),
-        summary: "The share of each NUMA node's memory, less the reserved, set aside for claims \
-                  and published as the `memory` capacity of its device.",
-        details: "`0%` publishes no memory. Containers placed through NRI are pinned to the \
-                  rest of a node's memory (widened to other nodes, else unpinned, when it is \
-                  short); claims get what they consumed of their node's share. Published on \
-                  grouped NUMA devices (`device-mode: grouped`, `group-by: numa`).",
-    },
-    Setting {
-        key: "claim-hugepages",
-        section: Section::Policy,
-        value_name: "BOOL",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("false"),
-        summary: "Publish each NUMA node's hugepages, less the reserved, for claims \
-                  (`hugepages2Mi`, `hugepages1Gi`).",
-        details: "Pods then ask claims for hugepages; the hugetlb limits of their containers \
-                  are set from what the claim got. Leave it off on nodes whose pods request \
-                  hugepages through `resources` without claims: the kubelet hands those out \
-                  from the same pages.",
-    },
-    // === The agent ===
-    Setting {
-        key: "state-dir",
-        section: Section::Agent,
-        value_name: "DIR",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("/var/lib/resmgr"),
-        summary: "Where the durable state lives (claims and their CPUs).",
-        details: "Keep it across upgrades and restarts: it is how prepared claims survive them.",
-    },
-    Setting {
-        key: "unconfirmed-claim-grace",
-        section: Section::Agent,
-        value_name: "DURATION",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("2m"),
-        summary: "How long a claim the kubelet has not prepared since the agent took it back is \
-                  kept once nothing uses it and the API server no longer allocates it here.",
-        details: "Such claims come from CDI specs the state did not account for (a lost state \
-                  directory) or a state that holds a claim without its spec. The kubelet \
-                  unprepares the claims of pods that went about a minute after it starts; this \
-                  is the backstop for claims it no longer knows. `90s`, `2m`, `500ms`.",
-    },
-    Setting {
-        key: "metrics-addr",
-        section: Section::Agent,
-        value_name: "ADDR:PORT",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("\"127.0.0.1:8891\""),
-        summary: "Where `/metrics`, `/healthz` and `/readyz` are served.",
-        details: "An IP address and a port, such as `0.0.0.0:8891` or `[::]:8891`; port 0 \
-                  picks a free one. `[::]` listens on IPv4 and IPv6 whatever the host's \
-                  `net.ipv6.bindv6only` (and on `0.0.0.0` when the kernel has no IPv6), so \
-                  the kubelet's probes reach it on IPv4-only, IPv6-only and dual-stack pods.",
-    },
-    Setting {
-        key: "debug-addr",
-        section: Section::Agent,
-        value_name: "ADDR:PORT|off",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("\"127.0.0.1:8892\""),
-        summary: "Where `/debug/state` is served, or `off`.",
-        details: "`/debug/state` names every claim and container of the node and has no \
-                  authentication, so it has an address of its own, loopback by default: \
-                  reach it with `kubectl port-forward` or `kubectl debug` (docs/deploy.md). \
-                  An IP address and a port as for `metrics-addr`, or `off`.",
-    },
-    Setting {
-        key: "log-format",
-        section: Section::Agent,
-        value_name: "FORMAT",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("text"),
-        summary: "`text` for people, `json` for log collectors.",
-        details: "",
-    },
-    Setting {
-        key: "log-level",
-        section: Section::Agent,
-        value_name: "FILTER",
-        shape: Shape::Scalar,
-        default: DefaultValue::Value("info"),
-        summary: "What to log: a level or a filter such as `info,resmgr=debug`.",
-        details: "`RUST_LOG`, when set, wins over this setting (it is the usual way to turn \
-                  debugging on for one run).",
-    },
+pub const SETTINGS: &[&dyn AnySetting] = &[
+    &NODE_NAME,
+    &DRA,
+    &DRIVER_NAME,
+    &NRI_SOCKET,
+    &NRI_PLUGIN_INDEX,
+    &KUBELET_PLUGINS_DIR,
+    &KUBELET_REGISTRY_DIR,
+    &CDI_DIR,
+    &KUBECONFIG,
+    &NODE_ALLOCATABLE_CPU,
+    &TOPOLOGY,
+    &RESERVED_CPUS,
+    &RESERVED_CPU_COUNT,
+    &RESERVED_NAMESPACES,
+    &CPU_EXCLUSIVITY,
+    &CLAIM_CPUS,
+    &DEVICE_MODE,
+    &GROUP_BY,
+    &CLAIM_GRANULARITY,
+    &RESERVED_MEMORY,
+    &CLAIM_MEMORY,
+    &CLAIM_HUGEPAGES,
+    &STATE_DIR,
+    &UNCONFIRMED_CLAIM_GRACE,
+    &METRICS_ADDR,
+    &DEBUG_ADDR,
+    &LOG_FORMAT,
+    &LOG_LEVEL,
 ];
 
+// === The node and the driver ===
+
+pub const NODE_NAME: Typed<NodeName> = Typed::new(Setting {
+    key: "node-name",
+    section: Section::Node,
+    value_name: "NAME",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset(
+        "`$NODE_NAME` (the DaemonSet sets it from the downward API); required with `dra: true`",
+    ),
+    summary: "This node's name, as the API server knows it.",
+    details: "The agent publishes its devices for this node and names it in events. \
+              A DNS subdomain such as `worker-1`.",
+});
+
+pub const DRA: Typed<bool> = Typed::new(Setting {
+    key: "dra",
+    section: Section::Node,
+    value_name: "BOOL",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("true"),
+    summary: "Serve DRA claims: register with the kubelet and publish devices.",
+    details: "`false` runs the agent as an NRI plugin only, the way nri-plugins' \
+              topology-aware policy runs: it needs no API server, no kubeconfig and no \
+              kubelet registration, publishes nothing and posts no events, and is ready \
+              once it has synchronized with the runtime. Guaranteed pods then get \
+              exclusive CPUs by default. Claims prepared while it was `true` stay \
+              accounted for until it is `true` again.",
+});
+
+pub const DRIVER_NAME: Typed<DriverName> = Typed::new(Setting {
+    key: "driver-name",
+    section: Section::Node,
+    value_name: "NAME",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("topology-aware.resmgr.io"),
+    summary: "The DRA driver name, also the vendor of the CDI specs the agent writes.",
+    details: "A DNS subdomain with at least one dot, at most 63 characters. DeviceClasses \
+              select this driver's devices by it.",
+});
+
+// === The container runtime ===
+
+pub const NRI_SOCKET: Typed<Path> = Typed::new(Setting {
+    key: "nri-socket",
+    section: Section::Runtime,
+    value_name: "PATH",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("/var/run/nri/nri.sock"),
+    summary: "The runtime's NRI socket.",
+    details: "The agent waits for it, retrying with backoff, while the runtime is not up.",
+});
+
+pub const NRI_PLUGIN_INDEX: Typed<PluginIndex> = Typed::new(Setting {
+    key: "nri-plugin-index",
+    section: Section::Runtime,
+    value_name: "NN",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("\"90\""),
+    summary: "Our NRI plugin index, two digits; the runtime calls plugins in index order.",
+    details: "90 runs after most other plugins, so the cpusets the agent sets are the ones \
+              that stay.",
+});
+
+// === The kubelet and the API ===
+
+pub const KUBELET_PLUGINS_DIR: Typed<Path> = Typed::new(Setting {
+    key: "kubelet-plugins-dir",
+    section: Section::Kubernetes,
+    value_name: "DIR",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("/var/lib/kubelet/plugins"),
+    summary: "The kubelet's plugin directory, where the agent's DRA socket goes.",
+    details: "",
+});
+
+pub const KUBELET_REGISTRY_DIR: Typed<Path> = Typed::new(Setting {
+    key: "kubelet-registry-dir",
+    section: Section::Kubernetes,
+    value_name: "DIR",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("/var/lib/kubelet/plugins_registry"),
+    summary: "The kubelet's plugin registry, where the agent's registration socket goes.",
+    details: "",
+});
+
+pub const CDI_DIR: Typed<Path> = Typed::new(Setting {
+    key: "cdi-dir",
+    section: Section::Kubernetes,
+    value_name: "DIR",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("/var/run/cdi"),
+    summary: "Where the agent writes one CDI spec per prepared claim.",
+    details: "A directory the runtime reads CDI specs from.",
+});
+
+pub const KUBECONFIG: Typed<Kubeconfig> = Typed::new(Setting {
+    key: "kubeconfig",
+    section: Section::Kubernetes,
+    value_name: "FILE",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset("the pod's service account (in-cluster configuration)"),
+    summary: "A kubeconfig file to reach the API server with.",
+    details: "",
+});
+
+pub const NODE_ALLOCATABLE_CPU: Typed<bool> = Typed::new(Setting {
+    key: "node-allocatable-cpu",
+    section: Section::Kubernetes,
+    value_name: "BOOL",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("false"),
+    summary: "Map each published device's `cpu` capacity to the node's allocatable cpu.",
+    details: "The scheduler then charges claimed CPUs against the node. Needs Kubernetes \
+              1.36 with the DRANodeAllocatableResources feature gate; without it, pods \
+              repeat their claimed CPUs in `resources.requests`.",
+});
+
+// === The policy ===
+
+pub const TOPOLOGY: Typed<TopologySource> = Typed::new(Setting {
+    key: "topology",
+    section: Section::Policy,
+    value_name: "SOURCE",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("live"),
+    summary: "The machine: `live`, `synthetic:<hwloc description>` or `xml:<file>`.",
+    details: "Anything but `live` is for tests and demonstrations.",
+});
+
+pub const RESERVED_CPUS: Typed<ReservedSet> = Typed::new(Setting {
+    key: "reserved-cpus",
+    section: Section::Policy,
+    value_name: "CPUSET",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset("`reserved-cpu-count` CPUs"),
+    summary: "CPUs for system pods, as a cpuset in the kubelet's `reservedSystemCPUs` syntax.",
+    details: "`\"0\"` is CPU 0, `\"0,32\"` CPUs 0 and 32, `\"0-1\"` CPUs 0 and 1 (a \
+              `cpuset:` prefix, as nri-plugins writes it, is accepted too). Copy the \
+              kubelet's `reservedSystemCPUs` here. A number is always a CPU, never a \
+              count: the count is `reserved-cpu-count`, so a value means the same \
+              whichever tool it was copied from. Reserved CPUs are never granted \
+              exclusively nor shared with other pods.",
+});
+
+pub const RESERVED_CPU_COUNT: Typed<ReservedCount> = Typed::new(Setting {
+    key: "reserved-cpu-count",
+    section: Section::Policy,
+    value_name: "COUNT",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("1"),
+    summary: "How many CPUs to reserve for system pods, when `reserved-cpus` is not set.",
+    details: "They are picked like an exclusive grant, whole cores from the lowest-numbered. \
+              Setting both this and `reserved-cpus` is refused.",
+});
+
+pub const RESERVED_NAMESPACES: Typed<Namespaces> = Typed::new(Setting {
+    key: "reserved-namespaces",
+    section: Section::Policy,
+    value_name: "NS,...",
+    shape: Shape::List,
+    default: DefaultValue::Value("[kube-system]"),
+    summary: "Namespaces whose pods run on the reserved CPUs.",
+    details: "A pod's `reserved-cpus` annotation overrides this for the pod. An empty list \
+              (`[]`) puts no namespace there.",
+});
+
+pub const CPU_EXCLUSIVITY: Typed<ExclusivityMode> = Typed::new(Setting {
+    key: "cpu-exclusivity",
+    section: Section::Policy,
+    value_name: "MODE",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset("`claims`; `pods` with `dra: false`"),
+    summary: "Who gets CPUs of their own: `claims`, `partition` or `pods`.",
+    details: "`claims`: only DRA claims; Guaranteed pods without one run on shared CPUs. \
+              `partition`: claims get the `claim-cpus`, Guaranteed pods exclusive CPUs from \
+              the rest. `pods`: Guaranteed pods with whole CPUs get exclusive CPUs and no \
+              devices are published, as nri-plugins does. docs/kubernetes.md says which \
+              for which cluster.",
+});
+
+pub const CLAIM_CPUS: Typed<ClaimCpus> = Typed::new(Setting {
+    key: "claim-cpus",
+    section: Section::Policy,
+    value_name: "COUNT|CPUSET",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset("none; required with `cpu-exclusivity: partition`"),
+    summary: "With `cpu-exclusivity: partition`: the CPUs published for claims.",
+    details: "A count (`8`) or a cpuset (`8-15`, `0,8`; `cpuset:3` for the single CPU 3). \
+              Set with any other `cpu-exclusivity`, it is refused.",
+});
+
+pub const DEVICE_MODE: Typed<DeviceMode> = Typed::new(Setting {
+    key: "device-mode",
+    section: Section::Policy,
+    value_name: "MODE",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("grouped"),
+    summary: "How CPUs are published: `grouped` or `individual`.",
+    details: "`grouped`: one device per NUMA node (or socket) with consumable capacity `cpu`; \
+              needs the DRAConsumableCapacity feature gate. `individual`: one device per CPU \
+              (or core); any cluster with DRA.",
+});
+
+pub const GROUP_BY: Typed<GroupBy> = Typed::new(Setting {
+    key: "group-by",
+    section: Section::Policy,
+    value_name: "GROUP",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("numa"),
+    summary: "What a grouped device stands for: `numa` or `socket`.",
+    details: "`socket` only with `device-mode: grouped`.",
+});
+
+pub const CLAIM_GRANULARITY: Typed<Granularity> = Typed::new(Setting {
+    key: "claim-granularity",
+    section: Section::Policy,
+    value_name: "UNIT",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("cpu"),
+    summary: "The smallest amount a claim gets: `cpu` (a hardware thread) or `core`.",
+    details: "`core` publishes whole cores only, which the scheduler then accounts for.",
+});
+
+pub const RESERVED_MEMORY: Typed<ReservedMemory> = Typed::new(Setting {
+    key: "reserved-memory",
+    section: Section::Policy,
+    value_name: "N:memory=Q,...;...",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset("nothing reserved"),
+    summary: "Memory and hugepages reserved for the system per NUMA node, as the kubelet's \
+              `--reserved-memory` says.",
+    details: "`0:memory=1Gi,hugepages-1Gi=2Gi;1:memory=2Gi`: nodes separated by `;`. Give \
+              the kubelet's value: what is reserved is never published for claims nor \
+              charged to containers. Hugepages are rounded up to whole pages.",
+});
+
+pub const CLAIM_MEMORY: Typed<ClaimMemory> = Typed::new(Setting {
+    key: "claim-memory",
+    section: Section::Policy,
+    value_name: "PERCENT",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("0%"),
+    summary: "The share of each NUMA node's memory, less the reserved, set aside for claims \
+              and published as the `memory` capacity of its device.",
+    details: "`0%` publishes no memory. Containers placed through NRI are pinned to the \
+              rest of a node's memory (widened to other nodes, else unpinned, when it is \
+              short); claims get what they consumed of their node's share. Published on \
+              grouped NUMA devices (`device-mode: grouped`, `group-by: numa`).",
+});
+
+pub const CLAIM_HUGEPAGES: Typed<bool> = Typed::new(Setting {
+    key: "claim-hugepages",
+    section: Section::Policy,
+    value_name: "BOOL",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("false"),
+    summary: "Publish each NUMA node's hugepages, less the reserved, for claims \
+              (`hugepages2Mi`, `hugepages1Gi`).",
+    details: "Pods then ask claims for hugepages; the hugetlb limits of their containers \
+              are set from what the claim got. Leave it off on nodes whose pods request \
+              hugepages through `resources` without claims: the kubelet hands those out \
+              from the same pages.",
+});
+
+// === The agent ===
+
+pub const STATE_DIR: Typed<Path> = Typed::new(Setting {
+    key: "state-dir",
+    section: Section::Agent,
+    value_name: "DIR",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("/var/lib/resmgr"),
+    summary: "Where the durable state lives (claims and their CPUs).",
+    details: "Keep it across upgrades and restarts: it is how prepared claims survive them.",
+});
+
+pub const UNCONFIRMED_CLAIM_GRACE: Typed<Duration> = Typed::new(Setting {
+    key: "unconfirmed-claim-grace",
+    section: Section::Agent,
+    value_name: "DURATION",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("2m"),
+    summary: "How long a claim the kubelet has not prepared since the agent took it back is \
+              kept once nothing uses it and the API server no longer allocates it here.",
+    details: "Such claims come from CDI specs the state did not account for (a lost state \
+              directory) or a state that holds a claim without its spec. The kubelet \
+              unprepares the claims of pods that went about a minute after it starts; this \
+              is the backstop for claims it no longer knows. `90s`, `2m`, `500ms`.",
+});
+
+pub const METRICS_ADDR: Typed<SocketAddr> = Typed::new(Setting {
+    key: "metrics-addr",
+    section: Section::Agent,
+    value_name: "ADDR:PORT",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("\"127.0.0.1:8891\""),
+    summary: "Where `/metrics`, `/healthz` and `/readyz` are served.",
+    details: "An IP address and a port, such as `0.0.0.0:8891` or `[::]:8891`; port 0 \
+              picks a free one. `[::]` listens on IPv4 and IPv6 whatever the host's \
+              `net.ipv6.bindv6only` (and on `0.0.0.0` when the kernel has no IPv6), so \
+              the kubelet's probes reach it on IPv4-only, IPv6-only and dual-stack pods.",
+});
+
+pub const DEBUG_ADDR: Typed<DebugAddr> = Typed::new(Setting {
+    key: "debug-addr",
+    section: Section::Agent,
+    value_name: "ADDR:PORT|off",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("\"127.0.0.1:8892\""),
+    summary: "Where `/debug/state` is served, or `off`.",
+    details: "`/debug/state` names every claim and container of the node and has no \
+              authentication, so it has an address of its own, loopback by default: \
+              reach it with `kubectl port-forward` or `kubectl debug` (docs/deploy.md). \
+              An IP address and a port as for `metrics-addr`, or `off`.",
+});
+
+pub const LOG_FORMAT: Typed<Format> = Typed::new(Setting {
+    key: "log-format",
+    section: Section::Agent,
+    value_name: "FORMAT",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("text"),
+    summary: "`text` for people, `json` for log collectors.",
+    details: "",
+});
+
+pub const LOG_LEVEL: Typed<LogFilter> = Typed::new(Setting {
+    key: "log-level",
+    section: Section::Agent,
+    value_name: "FILTER",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("info"),
+    summary: "What to log: a level or a filter such as `info,resmgr=debug`.",
+    details: "`RUST_LOG`, when set, wins over this setting (it is the usual way to turn \
+              debugging on for one run).",
+});
+
 /// The setting with this key.
-pub fn find(key: &str) -> Option<&'static Setting> {
-    SETTINGS.iter().find(|s| s.key == key)
+pub fn find(key: &str) -> Option<&'static dyn AnySetting> {
+    SETTINGS.iter().copied().find(|s| s.key == key)
 }
 
 /// The keys, for messages.
@@ -400,6 +535,32 @@ pub fn keys() -> Vec<&'static str> {
 }
 
 impl Setting {
+    /// The default, as a value given; `None` when there is none. Fails only on a default that is
+    /// not YAML of a single value or a list of them (a test checks every one).
+    pub fn default_given(&self) -> Result<Option<Given>, String> {
+        use serde_yaml_ng::Value;
+        let DefaultValue::Value(yaml) = self.default else {
+            return Ok(None);
+        };
+        let scalar = |v: &Value| match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Bool(b) => Some(b.to_string()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        };
+        let value: Value = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
+        match &value {
+            Value::Sequence(items) => items
+                .iter()
+                .map(|v| scalar(v).ok_or_else(|| format!("{yaml}: not a list of single values")))
+                .collect::<Result<_, _>>()
+                .map(|list| Some(Given::List(list))),
+            other => scalar(other)
+                .map(|v| Some(Given::One(v)))
+                .ok_or_else(|| format!("{yaml}: not a single value")),
+        }
+    }
+
     /// The `--help` line: the summary and the default.
     pub fn help(&self) -> String {
         match self.default {
@@ -550,6 +711,21 @@ mod tests {
             );
         }
         assert!(!seen.contains("config") && !seen.contains("print-config"));
+    }
+
+    #[test]
+    fn every_default_reads_as_its_type_and_writes_back_as_documented() {
+        for s in SETTINGS {
+            let DefaultValue::Value(yaml) = s.default else {
+                continue;
+            };
+            let given = s.default_given().unwrap().unwrap();
+            let shown = s
+                .canonical(&given)
+                .unwrap_or_else(|e| panic!("{}: the default {yaml} is refused: {e}", s.key));
+            let documented: serde_json::Value = serde_yaml_ng::from_str(yaml).unwrap();
+            assert_eq!(shown, documented, "{}", s.key);
+        }
     }
 
     #[test]

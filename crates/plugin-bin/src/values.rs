@@ -205,32 +205,108 @@ pub struct PolicyValueError {
     pub reason: String,
 }
 
-/// Checks the policy's settings together: each value, `claim-cpus` exactly with `partition`,
-/// `group-by: socket` only with `grouped` devices.
-pub fn policy_settings(
-    v: &PolicyValues<'_>,
+/// `cpu-exclusivity` as written; [`combine_policy`] completes it with `claim-cpus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExclusivityMode {
+    #[default]
+    Claims,
+    Partition,
+    Pods,
+}
+
+/// The value of `allowed` named `value`, or why not (listing the names).
+fn pick<T: Copy>(value: &str, allowed: &[(&'static str, T)]) -> Result<T, String> {
+    let value = value.trim();
+    allowed
+        .iter()
+        .find(|(name, _)| *name == value)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let list: Vec<String> = allowed.iter().map(|(a, _)| format!("`{a}`")).collect();
+            format!("{value:?} is not allowed: expected {}", list.join(", "))
+        })
+}
+
+/// The name of `value` in `allowed`.
+fn name_of<T: PartialEq>(value: &T, allowed: &[(&'static str, T)]) -> &'static str {
+    allowed
+        .iter()
+        .find(|(_, v)| v == value)
+        .map_or("", |(name, _)| name)
+}
+
+const EXCLUSIVITY_MODES: [(&str, ExclusivityMode); 3] = [
+    ("claims", ExclusivityMode::Claims),
+    ("partition", ExclusivityMode::Partition),
+    ("pods", ExclusivityMode::Pods),
+];
+const DEVICE_MODES: [(&str, DeviceMode); 2] = [
+    ("grouped", DeviceMode::Grouped),
+    ("individual", DeviceMode::Individual),
+];
+const GROUP_BYS: [(&str, GroupBy); 2] = [("numa", GroupBy::Numa), ("socket", GroupBy::Socket)];
+const GRANULARITIES: [(&str, Granularity); 2] =
+    [("cpu", Granularity::Cpu), ("core", Granularity::Core)];
+
+/// `cpu-exclusivity`: `claims`, `partition` or `pods`.
+pub fn exclusivity_mode(value: &str) -> Result<ExclusivityMode, String> {
+    pick(value, &EXCLUSIVITY_MODES)
+}
+
+/// [`exclusivity_mode`] written back.
+pub fn show_exclusivity_mode(mode: ExclusivityMode) -> &'static str {
+    name_of(&mode, &EXCLUSIVITY_MODES)
+}
+
+/// `device-mode`: `grouped` or `individual`.
+pub fn device_mode(value: &str) -> Result<DeviceMode, String> {
+    pick(value, &DEVICE_MODES)
+}
+
+/// [`device_mode`] written back.
+pub fn show_device_mode(mode: DeviceMode) -> &'static str {
+    name_of(&mode, &DEVICE_MODES)
+}
+
+/// `group-by`: `numa` or `socket`.
+pub fn group_by(value: &str) -> Result<GroupBy, String> {
+    pick(value, &GROUP_BYS)
+}
+
+/// [`group_by`] written back.
+pub fn show_group_by(group_by: GroupBy) -> &'static str {
+    name_of(&group_by, &GROUP_BYS)
+}
+
+/// `claim-granularity`: `cpu` or `core`.
+pub fn granularity(value: &str) -> Result<Granularity, String> {
+    pick(value, &GRANULARITIES)
+}
+
+/// [`granularity`] written back.
+pub fn show_granularity(granularity: Granularity) -> &'static str {
+    name_of(&granularity, &GRANULARITIES)
+}
+
+/// The policy's settings, each read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PolicyChoice {
+    pub cpu_exclusivity: ExclusivityMode,
+    pub claim_cpus: Option<ClaimCpus>,
+    pub device_mode: DeviceMode,
+    pub group_by: GroupBy,
+    pub claim_granularity: Granularity,
+}
+
+/// Checks the policy's settings together: `claim-cpus` exactly with `partition`, `group-by:
+/// socket` only with `grouped` devices.
+pub fn combine_policy(
+    choice: &PolicyChoice,
 ) -> Result<(Exclusivity, DeviceModel), PolicyValueError> {
     let fail = |key, reason: String| PolicyValueError { key, reason };
-    let pick = |key: &'static str, value: Option<&str>, allowed: &[&'static str]| {
-        let value = value.map(str::trim).unwrap_or(allowed[0]);
-        allowed.iter().position(|a| *a == value).ok_or_else(|| {
-            let list: Vec<String> = allowed.iter().map(|a| format!("`{a}`")).collect();
-            fail(
-                key,
-                format!("{value:?} is not allowed: expected {}", list.join(", ")),
-            )
-        })
-    };
-    let exclusivity = pick(
-        "cpu-exclusivity",
-        v.cpu_exclusivity,
-        &["claims", "partition", "pods"],
-    )?;
-    let exclusivity = match (exclusivity, v.claim_cpus) {
-        (1, Some(cpus)) => {
-            Exclusivity::Partition(claim_cpus(cpus).map_err(|e| fail("claim-cpus", e))?)
-        }
-        (1, None) => {
+    let exclusivity = match (choice.cpu_exclusivity, &choice.claim_cpus) {
+        (ExclusivityMode::Partition, Some(cpus)) => Exclusivity::Partition(cpus.clone()),
+        (ExclusivityMode::Partition, None) => {
             return Err(fail(
                 "claim-cpus",
                 "is not set: cpu-exclusivity partition publishes these cpus for claims (a count such as `8`, or a cpuset such as `8-15`)".into(),
@@ -239,42 +315,63 @@ pub fn policy_settings(
         (_, Some(cpus)) => {
             return Err(fail(
                 "claim-cpus",
-                format!("{cpus:?} is set, but only cpu-exclusivity partition uses it"),
+                format!(
+                    "{:?} is set, but only cpu-exclusivity partition uses it",
+                    show_claim_cpus(cpus)
+                ),
             ));
         }
-        (0, None) => Exclusivity::Claims,
-        (_, None) => Exclusivity::Pods,
+        (ExclusivityMode::Claims, None) => Exclusivity::Claims,
+        (ExclusivityMode::Pods, None) => Exclusivity::Pods,
     };
-    let mode = match pick("device-mode", v.device_mode, &["grouped", "individual"])? {
-        0 => DeviceMode::Grouped,
-        _ => DeviceMode::Individual,
-    };
-    let group_by = match pick("group-by", v.group_by, &["numa", "socket"])? {
-        0 => GroupBy::Numa,
-        _ => GroupBy::Socket,
-    };
-    if mode == DeviceMode::Individual && group_by == GroupBy::Socket {
+    if choice.device_mode == DeviceMode::Individual && choice.group_by == GroupBy::Socket {
         return Err(fail(
             "group-by",
             "\"socket\" groups grouped devices only: individual devices carry their socket as an attribute (use matchAttribute on it)".into(),
         ));
     }
-    let granularity = match pick("claim-granularity", v.claim_granularity, &["cpu", "core"])? {
-        0 => Granularity::Cpu,
-        _ => Granularity::Core,
-    };
     Ok((
         exclusivity,
         DeviceModel {
-            mode,
-            group_by,
-            granularity,
+            mode: choice.device_mode,
+            group_by: choice.group_by,
+            granularity: choice.claim_granularity,
         },
     ))
 }
 
+/// Reads the policy's settings as written (each unset one at its default) and checks them
+/// together ([`combine_policy`]).
+pub fn policy_settings(
+    v: &PolicyValues<'_>,
+) -> Result<(Exclusivity, DeviceModel), PolicyValueError> {
+    fn read<T: Default>(
+        key: &'static str,
+        value: Option<&str>,
+        parse: fn(&str) -> Result<T, String>,
+    ) -> Result<T, PolicyValueError> {
+        value
+            .map_or_else(|| Ok(T::default()), parse)
+            .map_err(|reason| PolicyValueError { key, reason })
+    }
+    let choice = PolicyChoice {
+        cpu_exclusivity: read("cpu-exclusivity", v.cpu_exclusivity, exclusivity_mode)?,
+        claim_cpus: match v.claim_cpus {
+            Some(cpus) => Some(claim_cpus(cpus).map_err(|reason| PolicyValueError {
+                key: "claim-cpus",
+                reason,
+            })?),
+            None => None,
+        },
+        device_mode: read("device-mode", v.device_mode, device_mode)?,
+        group_by: read("group-by", v.group_by, group_by)?,
+        claim_granularity: read("claim-granularity", v.claim_granularity, granularity)?,
+    };
+    combine_policy(&choice)
+}
+
 /// `claim-cpus`: a count (`8`) or a cpuset (`8-15`, `0,8`; `cpuset:3` for the single CPU 3).
-fn claim_cpus(value: &str) -> Result<ClaimCpus, String> {
+pub fn claim_cpus(value: &str) -> Result<ClaimCpus, String> {
     let bad = |why: String| {
         format!(
             "{value:?} is not a claim-cpus value ({why}): expected a count of CPUs such as `8`, or a cpuset such as `8-15` or `0,8` (`cpuset:3` for the single CPU 3)"
@@ -294,41 +391,27 @@ fn claim_cpus(value: &str) -> Result<ClaimCpus, String> {
     nonempty_cpuset(text).map(ClaimCpus::Set).map_err(bad)
 }
 
+/// [`claim_cpus`] written back: a set of one CPU is `cpuset:N`, since `N` is a count.
+pub fn show_claim_cpus(cpus: &ClaimCpus) -> String {
+    match cpus {
+        ClaimCpus::Count(n) => n.to_string(),
+        ClaimCpus::Set(set) => {
+            let text = set.to_string();
+            if text.bytes().all(|b| b.is_ascii_digit()) {
+                format!("cpuset:{text}")
+            } else {
+                text
+            }
+        }
+    }
+}
+
 fn nonempty_cpuset(text: &str) -> Result<CpuSet, String> {
     let set = CpuSet::from_str(text).map_err(|e| e.to_string())?;
     if set.is_empty() {
         return Err("the cpuset is empty".into());
     }
     Ok(set)
-}
-
-/// The policy's settings the way they are written, in [`PolicyValues`] order.
-pub fn show_policy_settings(exclusivity: &Exclusivity, devices: &DeviceModel) -> [String; 5] {
-    let (name, cpus) = match exclusivity {
-        Exclusivity::Claims => ("claims", None),
-        Exclusivity::Partition(ClaimCpus::Count(n)) => ("partition", Some(n.to_string())),
-        Exclusivity::Partition(ClaimCpus::Set(set)) => ("partition", Some(set.to_string())),
-        Exclusivity::Pods => ("pods", None),
-    };
-    [
-        name.to_owned(),
-        cpus.unwrap_or_default(),
-        match devices.mode {
-            DeviceMode::Grouped => "grouped",
-            DeviceMode::Individual => "individual",
-        }
-        .to_owned(),
-        match devices.group_by {
-            GroupBy::Numa => "numa",
-            GroupBy::Socket => "socket",
-        }
-        .to_owned(),
-        match devices.granularity {
-            Granularity::Cpu => "cpu",
-            Granularity::Core => "core",
-        }
-        .to_owned(),
-    ]
 }
 
 /// A number of CPUs to reserve, at least 1.
