@@ -81,7 +81,7 @@ fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
 }
 
 /// Crates whose ARCHITECTURE.md section must have a module table, by directory under `crates/`.
-const MODULE_TABLES: &[&str] = &["kubelet-plugin", "resmgr"];
+const MODULE_TABLES: &[&str] = &["kubelet-plugin", "plugin-bin", "policy", "resmgr"];
 
 /// The module names in the tables of `krate`'s section of ARCHITECTURE.md (`### `crates/<krate>``
 /// up to the next heading): every backticked name in the first column of a table row. `None`
