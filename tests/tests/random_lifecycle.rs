@@ -23,7 +23,9 @@
 //!    prepare is refused with `AdmitError::Contested` and the claim gate is closed;
 //! 3. every claim whose prepare answered OK is held, with the same CPUs and a spec, until the
 //!    kubelet unprepares it (or, deleted in the API server, reconciliation releases it), and no
-//!    container of another pod runs on its CPUs;
+//!    container of another pod runs on its CPUs; unless an older state restored gives its CPUs
+//!    to a claim released since: then its spec is reported contested, and the operator's
+//!    recovery (the stale claim released after the grace, a restart) takes it back;
 //! 4. every few steps, and at the end: once faults clear, every pending update is delivered and
 //!    every running container runs where the policy placed it;
 //! 5. at the end, once every pod is gone and every claim unprepared: nothing is held, no spec is
@@ -694,26 +696,6 @@ impl World {
         } else if !self.older_states.is_empty() && self.rng.chance(2) {
             self.graceful_stop().await?;
             let older = self.rng.pick(&self.older_states).unwrap().clone();
-            let restored = state_claims(&older)?;
-            let now = saved_state(&self.state_dir())?;
-            // The CPUs of claims the backup holds that were released since.
-            let released = restored
-                .iter()
-                .filter(|(uid, _)| !now.contains_key(*uid))
-                .fold(CpuSet::new(), |all, (_, cpus)| all.union(cpus));
-            if let Some((uid, _)) = now
-                .iter()
-                .find(|(uid, cpus)| !restored.contains_key(*uid) && cpus.intersects(&released))
-            {
-                // Left out for now: the restored state gives this claim's CPUs to a claim
-                // released since, so its spec is contested (claims refused until the stale
-                // claim goes after the grace and the agent restarts), which this model does not
-                // yet follow through.
-                self.log.push(format!(
-                    "  no older state restored: claim {uid} has cpus its claims released since"
-                ));
-                return Ok(());
-            }
             self.log
                 .push("  restart with an older state file restored".into());
             self.stats.restored_states += 1;
@@ -1008,6 +990,9 @@ impl World {
             let outcome = task.await.map_err(|e| e.to_string())?;
             self.apply(outcome);
         }
+        // A stale claim of a restored state that holds a prepared claim's CPUs goes after the
+        // grace.
+        self.reconcile_past_grace().await?;
         self.graceful_stop().await?;
         self.restart(false).await?;
         self.check_disk()
@@ -1656,9 +1641,18 @@ impl World {
             if model.state != ClaimState::Prepared {
                 continue;
             }
-            if model.deleted && !state.contains_key(uid) {
+            if report.contested.contains_key(uid) && !state.contains_key(uid) {
+                // An older state restored gives its CPUs to a claim released since: its spec
+                // is contested, and claims are refused until the operator's recovery.
+                continue;
+            }
+            if model.deleted
+                && (!state.contains_key(uid)
+                    || (report.unconfirmed.contains(uid) && !specs.contains(uid)))
+            {
                 // Released by reconciliation once nothing used it: the kubelet's unprepare
-                // will find nothing to do.
+                // will find nothing to do. (An older state restored since may hold it again,
+                // without its spec: unconfirmed, released again after the grace.)
                 continue;
             }
             let Some(cpus) = state.get(uid) else {
@@ -1766,9 +1760,9 @@ impl World {
             self.apply(outcome);
         }
         if self.m().contested().is_some() {
-            // The operator's recovery: the strays' pods are gone, the agent restarts.
-            self.graceful_stop().await?;
-            self.restart(false).await?;
+            // The operator's recovery: the strays' pods are gone (as every pod is), the stale
+            // claim goes after the grace, the agent restarts.
+            self.recover_contested().await?;
         }
         // What no kubelet knows of (adopted strays, claims of a restored older state) goes
         // after the grace.
