@@ -37,14 +37,16 @@ use std::{
 };
 
 use anyhow::Context as _;
+use policy::topology_aware::DeviceMode;
 use resmgr::{
     ClaimReader, Manager,
     dra_handler::LifecycleHandler,
+    health::{HealthConfig, HealthMonitor},
     kube::{
         self, EventRecorder, EventsConfig, KubeEvents, NoEvents, ResourceApiVersions, RetryPolicy,
         SlicePublisher,
     },
-    kubelet_plugin::{KubeletPlugin, RegistrationState},
+    kubelet_plugin::{KubeletConfig, KubeletPlugin, RegistrationState},
     nri,
     nri_plugin::{self, NriRuntime, ResmgrPlugin},
     state::StateFile,
@@ -132,6 +134,8 @@ struct Agent {
 
 /// What serving DRA claims needs besides the manager: the kubelet and the API server.
 struct Dra {
+    kubelet: KubeletConfig,
+    health: HealthConfig,
     events: Arc<dyn EventRecorder>,
     /// The Events poster, run until the exit: the runtime's events are answered (and containers
     /// refused) until then.
@@ -228,8 +232,10 @@ impl Agent {
             servers.push(server);
         }
 
-        let dra = match (versions, kube_events, config.publisher()) {
-            (Some(versions), Some((_, poster)), Some(publisher)) => Some(Dra {
+        let dra = match (versions, kube_events, config.publisher(), config.health()) {
+            (Some(versions), Some((_, poster)), Some(publisher), Some(health)) => Some(Dra {
+                kubelet: config.kubelet(),
+                health,
                 events: events.clone(),
                 poster: Box::pin(poster),
                 publisher: SlicePublisher::new(publisher, versions)
@@ -278,7 +284,13 @@ impl Agent {
         );
         tasks.spawn_graceful(
             "claims",
-            serve_claims(config, manager.clone(), metrics, dra, tasks.clone()),
+            serve_claims(
+                config.policy.1.mode,
+                manager.clone(),
+                metrics,
+                dra,
+                tasks.clone(),
+            ),
         );
         Drain { manager }
     }
@@ -334,7 +346,7 @@ async fn connect_runtime(
 /// memory Synchronize left free and, with DRA, serves the kubelet and publishes our devices
 /// until the agent stops, then deregisters and answers the calls in flight.
 async fn serve_claims(
-    config: RunConfig,
+    mode: DeviceMode,
     manager: Arc<Manager>,
     metrics: Arc<Metrics>,
     dra: Option<Dra>,
@@ -345,13 +357,15 @@ async fn serve_claims(
         () = manager.gate().opened() => memory::return_freed_memory(),
         () = tasks.stopping() => return Ok(()),
     }
-    let (Some(dra), Some(health)) = (dra, config.health()) else {
+    let Some(dra) = dra else {
         info!(
             "DRA is off: serving the runtime only (no kubelet registration, no devices published)"
         );
         return Ok(());
     };
     let Dra {
+        kubelet,
+        health,
         events,
         poster,
         publisher,
@@ -364,7 +378,7 @@ async fn serve_claims(
     });
     // The health poll runs here, not in a task of its own: the kubelet's health streams read
     // it until the plugin has shut down.
-    let (reports, poll) = resmgr::health::HealthMonitor::new(health, {
+    let (reports, poll) = HealthMonitor::new(health, {
         let manager = manager.clone();
         move || manager.snapshot().device_cpus.clone()
     })
@@ -375,7 +389,7 @@ async fn serve_claims(
         metrics: metrics.clone(),
         manager: manager.clone(),
     });
-    let plugin = KubeletPlugin::start_with_health(&config.kubelet(), handler, reports)
+    let plugin = KubeletPlugin::start_with_health(&kubelet, handler, reports)
         .await
         .context("starting the kubelet plugin")
         .map_err(|e| Stop::failed("kubelet plugin", e))?;
@@ -384,7 +398,7 @@ async fn serve_claims(
     let _ = publishing.set(publisher.clone());
     tasks.spawn(
         "dropped slice fields",
-        watch_dropped(publisher.clone(), config.policy.1.mode, metrics),
+        watch_dropped(publisher.clone(), mode, metrics),
     );
     tasks.spawn("slice publisher", {
         let publisher = publisher.clone();
@@ -413,7 +427,7 @@ async fn serve_claims(
 /// [`publish::watch_dropped_fields`] as a task.
 async fn watch_dropped(
     publisher: SlicePublisher,
-    mode: policy::topology_aware::DeviceMode,
+    mode: DeviceMode,
     metrics: Arc<Metrics>,
 ) -> Result<(), Stop> {
     publish::watch_dropped_fields(publisher.dropped_fields(), mode, metrics).await;
