@@ -419,7 +419,7 @@ pub fn claim_ref(uid: &str) -> ClaimRef {
 pub async fn prepare_error(m: &Manager, uid: &str) -> String {
     match m.prepare(&[claim_ref(uid)]).await {
         Ok(mut answers) => match answers.remove(uid) {
-            Some(Err(e)) => e.to_string(),
+            Some(Err(e)) => resmgr::errors::chain(&e),
             other => panic!("claim {uid}: expected its prepare to fail, got {other:?}"),
         },
         Err(e) => panic!("claim {uid}: the request was not admitted: {e}"),

@@ -14,15 +14,15 @@ use std::{
 
 use integration_tests::fakes::{FileRuntime, RuntimeFile, saved_claims};
 use policy::CpuSet;
-use resmgr::crash::{CRASH_AT_ENV, CRASH_POINTS};
+use resmgr::{crash::CRASH_AT_ENV, points::Point};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_crash-child");
 
-fn child(dir: &Path, op: &str, crash_at: Option<&str>) -> Output {
+fn child(dir: &Path, op: &str, crash_at: Option<Point>) -> Output {
     let mut cmd = Command::new(CHILD);
     cmd.arg(dir).arg(op).env_remove(CRASH_AT_ENV);
     if let Some(point) = crash_at {
-        cmd.env(CRASH_AT_ENV, point);
+        cmd.env(CRASH_AT_ENV, point.name());
     }
     cmd.output().unwrap()
 }
@@ -105,7 +105,7 @@ fn assert_cpus_accounted(dir: &Path, runtime: &FileRuntime, prepared: bool, cont
 #[test]
 fn every_crash_point_leaves_a_recoverable_state() {
     let mut reached = 0;
-    for &point in CRASH_POINTS {
+    for &point in Point::STEPS {
         for op in ["prepare", "unprepare"] {
             let context = format!("{op}, crash at {point}");
             let dir = tempfile::tempdir().unwrap();
@@ -144,5 +144,5 @@ fn every_crash_point_leaves_a_recoverable_state() {
     }
     // Every point is reached by at least one of the two operations; the shared commit point by
     // both.
-    assert_eq!(reached, CRASH_POINTS.len() + 1, "crash points reached");
+    assert_eq!(reached, Point::STEPS.len() + 1, "crash points reached");
 }

@@ -431,7 +431,7 @@ async fn the_claim_lifecycle_tells_the_recorder_which_claims_failed_and_why() {
         .prepare(&[claim_ref("good"), claim_ref("missing")])
         .await
         .unwrap();
-    let error = answers["missing"].as_ref().unwrap_err().to_string();
+    let error = resmgr::errors::chain(answers["missing"].as_ref().unwrap_err());
     assert!(answers["good"].is_ok());
     assert_eq!(
         recorded.notices(),

@@ -10,7 +10,7 @@ use integration_tests::fakes::{
 };
 use resmgr::{
     AdmitError,
-    faults::{Fault, points},
+    faults::{Fault, Point},
     state::StateFile,
 };
 
@@ -129,12 +129,12 @@ async fn each_claim_of_a_batch_is_answered_on_its_own() {
         .await
         .unwrap();
     assert!(answers["good"].is_ok());
-    let missing = answers["missing"].as_ref().unwrap_err().to_string();
+    let missing = resmgr::errors::chain(answers["missing"].as_ref().unwrap_err());
     assert!(
         missing.starts_with("claim default/claim-missing (uid missing): reading the claim: resource claim default/claim-missing (uid missing) not found"),
         "{missing}"
     );
-    let huge = answers["huge"].as_ref().unwrap_err().to_string();
+    let huge = resmgr::errors::chain(answers["huge"].as_ref().unwrap_err());
     assert!(
         huge.contains("(uid huge): allocating: claim huge does not fit: needs 100 CPUs"),
         "{huge}"
@@ -151,8 +151,10 @@ async fn a_claim_without_our_results_is_an_empty_success() {
     h.claims.insert(c);
     let m = h.ready(TestPolicy::new(8), &[]).await;
     assert_eq!(
-        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"],
-        Ok(vec![])
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &vec![]
     );
     assert!(h.specs().is_empty() && h.saved_claims().is_empty());
 }
@@ -183,11 +185,10 @@ async fn a_failed_update_rolls_a_new_claim_back_and_keeps_the_updates_pending() 
     let err = prepare_error(&m, "c1").await;
     assert!(
         err.contains(
-            "updating containers: 1 container update(s) not delivered: the runtime refused"
+            "updating containers (the allocation was rolled back): 1 container update(s) not delivered: the runtime refused"
         ),
         "{err}"
     );
-    assert!(err.ends_with("the allocation was rolled back"), "{err}");
     assert!(h.specs().is_empty() && h.saved_claims().is_empty());
     assert_eq!(
         m.pending_updates().await,
@@ -225,9 +226,10 @@ async fn a_failed_state_save_rolls_a_new_claim_back() {
     h.break_state_saves();
     let err = prepare_error(&m, "c1").await;
     h.mend_state_saves();
-    assert!(err.contains("saving the state: saving state file"), "{err}");
     assert!(
-        err.ends_with("rolled back in memory; saving that failed"),
+        err.contains(
+            "saving the state (the allocation was rolled back in memory; saving that failed): saving state file"
+        ),
         "{err}"
     );
     assert!(h.specs().is_empty() && h.saved_claims().is_empty());
@@ -252,10 +254,11 @@ async fn a_failed_spec_write_rolls_a_new_claim_back() {
         .await;
     let err = prepare_error(&m, "bad1").await;
     assert!(
-        err.contains("writing the CDI spec: the cdi spec for claim bad1 would be invalid"),
+        err.contains(
+            "writing the CDI spec (the allocation was rolled back): the cdi spec for claim bad1 would be invalid"
+        ),
         "{err}"
     );
-    assert!(err.ends_with("the allocation was rolled back"), "{err}");
     assert!(h.saved_claims().is_empty() && h.specs().is_empty());
     let calls = h.runtime.state.lock().unwrap().calls.clone();
     let a: Vec<String> = calls
@@ -278,23 +281,26 @@ async fn a_failed_re_prepare_keeps_the_allocation() {
         .ready(TestPolicy::new(8), &[container("a", "pod-web")])
         .await;
     let first = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap();
+        .as_ref()
+        .unwrap()
+        .clone();
 
     // A re-prepare changes nothing durable: a state directory that takes no writes does not
     // fail it.
     h.break_state_saves();
     assert_eq!(
-        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"],
-        Ok(first.clone())
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &first.clone()
     );
     h.mend_state_saves();
 
-    h.faults.arm(points::SPEC_WRITE, Fault::Fail, Some(1));
+    h.faults.arm(Point::SpecWrite, Fault::Fail, Some(1));
     let err = prepare_error(&m, "c1").await;
     assert!(err.contains("writing the CDI spec"), "{err}");
     assert!(
-        err.ends_with("the claim stays allocated: it was prepared before"),
+        err.contains("(the claim stays allocated: it was prepared before)"),
         "{err}"
     );
     assert_eq!(h.specs(), ["c1"]);
@@ -306,8 +312,10 @@ async fn a_failed_re_prepare_keeps_the_allocation() {
     );
 
     assert_eq!(
-        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"],
-        Ok(first)
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &first
     );
 }
 
@@ -341,7 +349,12 @@ async fn unprepare_removes_the_spec_releases_and_commits() {
     m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
         .as_ref()
         .unwrap();
-    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     assert!(h.specs().is_empty() && h.saved_claims().is_empty());
     assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-7"));
     assert_eq!(m.claim_record("c1").await, None);
@@ -364,7 +377,12 @@ async fn an_unprepare_whose_updates_fail_succeeds_and_leaves_them_pending() {
         .as_ref()
         .unwrap();
     h.runtime.state.lock().unwrap().fail_calls = 1;
-    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     assert!(h.saved_claims().is_empty(), "the release is committed");
     assert_eq!(m.pending_updates().await, 1);
     assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-5"));
@@ -411,7 +429,12 @@ async fn a_delivery_fails_naming_exactly_the_containers_the_runtime_refused() {
     let calls = || h.runtime.state.lock().unwrap().calls.len();
     // The release's growth back onto the claim's CPUs: the runtime refuses a's and b's.
     refuse(&["a", "b"]);
-    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     assert_eq!(m.pending_updates().await, 2, "a and b");
 
     // The batch is refused, and so is each update on its own.
@@ -445,9 +468,9 @@ async fn an_in_process_crash_at_a_crash_point_freezes_the_manager_there() {
     let web = [container("a", "pod-web")];
     let m = h.ready(TestPolicy::new(8), &web).await;
     let calls = h.runtime.state.lock().unwrap().calls.len();
-    h.faults.arm("prepare.saved", Fault::Crash, Some(1));
+    h.faults.arm(Point::PrepareSaved, Fault::Crash, Some(1));
     assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_err());
-    assert_eq!(h.faults.crashed_at().as_deref(), Some("prepare.saved"));
+    assert_eq!(h.faults.crashed_at(), Some(Point::PrepareSaved));
     // The claim was saved; after the crash nothing reached the runtime or the spec directory.
     assert_eq!(h.saved_claims(), ["c1"]);
     assert!(h.specs().is_empty());
@@ -492,7 +515,12 @@ async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() 
         Some("0-5"),
         "the restored claim keeps its CPUs"
     );
-    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     assert!(h.saved_claims().is_empty());
     assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-7"));
 }
@@ -674,7 +702,12 @@ async fn the_claim_records_list_every_prepared_claim_as_it_was_answered() {
         );
         assert_eq!(m.claim_record(uid).await.as_ref(), Some(record));
     }
-    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     assert_eq!(m.claim_records().await.keys().collect::<Vec<_>>(), ["c2"]);
 }
 
@@ -746,9 +779,9 @@ async fn a_failed_runtime_event_names_the_container_as_namespace_pod_container()
         .create_container(&container("a", "pod-web"))
         .await
         .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "container default/pod-web/a: saving the state"
+    assert!(
+        resmgr::errors::chain(&err).starts_with("container default/pod-web/a: saving the state: "),
+        "{err:?}"
     );
 }
 
@@ -794,7 +827,12 @@ async fn the_background_retry_delivers_what_a_commit_could_not_with_doubling_bac
     // The release's delivery and the next two retries fail; the third retry gets through.
     h.runtime.state.lock().unwrap().fail_calls = 3;
     let calls_before = h.runtime.state.lock().unwrap().calls.len();
-    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     assert_eq!(m.pending_updates().await, 1);
 
     let retries = tokio::spawn({
@@ -965,7 +1003,7 @@ async fn a_claim_whose_configuration_the_policy_refuses_fails_alone_and_leaves_n
         .prepare(&[claim_ref("refused"), claim_ref("unpinned")])
         .await
         .unwrap();
-    let error = answers["refused"].as_ref().unwrap_err().to_string();
+    let error = resmgr::errors::chain(answers["refused"].as_ref().unwrap_err());
     assert!(
         error.contains(
             "claim default/claim-refused (refused): configuration for request cpus (from the claim): memoryPinning: invalid type"
@@ -1004,8 +1042,9 @@ async fn a_re_prepare_with_other_allocation_results_is_refused_by_name_and_keeps
     h.claims.insert(claim_on("c1", "pod-db", "numa0", 2));
     let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
     let first = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap();
+        .as_ref()
+        .unwrap()
+        .clone();
     let spec = fs::read_to_string(spec_path(&h, "c1")).unwrap();
 
     // The claim was deallocated and allocated again elsewhere while we still hold it.
@@ -1028,10 +1067,16 @@ async fn a_re_prepare_with_other_allocation_results_is_refused_by_name_and_keeps
     assert_eq!(m.claim_record("c1").await.unwrap().devices, first);
 
     // Once unprepared, the new results are prepared.
-    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     let now = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap();
+        .as_ref()
+        .unwrap()
+        .clone();
     assert_eq!(now[0].device, "numa1");
     let spec = fs::read_to_string(spec_path(&h, "c1")).unwrap();
     assert!(spec.contains("DRA_CPUSET_c1=8\""), "{spec}");
@@ -1050,20 +1095,28 @@ async fn unprepare_of_a_claim_already_gone_succeeds_without_saving() {
 
     // Gone already (never prepared, or purged by an earlier unprepare): nothing to save.
     assert_eq!(
-        m.unprepare(&[claim_ref("never-seen")]).await.unwrap()["never-seen"],
-        Ok(())
+        m.unprepare(&[claim_ref("never-seen")]).await.unwrap()["never-seen"]
+            .as_ref()
+            .unwrap(),
+        &()
     );
     // A real release must be saved, so it fails; and its retry saves what is still unsaved
     // even though the claim is gone from memory by then.
-    let err = m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap_err()
-        .to_string();
+    let err = resmgr::errors::chain(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap_err(),
+    );
     assert!(err.contains("saving the state"), "{err}");
     assert!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_err());
     h.mend_state_saves();
     assert_eq!(h.saved_claims(), ["c1"], "the release is not on disk yet");
-    assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     assert!(h.saved_claims().is_empty());
 }
 
@@ -1173,10 +1226,16 @@ async fn a_lost_state_directory_adopts_the_claims_from_their_specs() {
 
     // The kubelet's re-prepare finds the claim as it was, and its unprepare releases it.
     let again = m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
-        .clone()
-        .unwrap();
+        .as_ref()
+        .unwrap()
+        .clone();
     assert_eq!(again[0].device, "numa0");
     assert_eq!(fs::read(spec_path(&h, "c1")).unwrap(), specs_before[0]);
-    assert_eq!(m.unprepare(&[claim_ref("c2")]).await.unwrap()["c2"], Ok(()));
+    assert_eq!(
+        m.unprepare(&[claim_ref("c2")]).await.unwrap()["c2"]
+            .as_ref()
+            .unwrap(),
+        &()
+    );
     assert_eq!(h.saved_claims(), ["c1", "c3"]);
 }

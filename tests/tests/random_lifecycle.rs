@@ -58,8 +58,7 @@ use policy::{
 use resmgr::{
     AdmitError, BoxFuture, ClaimReadError, ClaimReader, Manager, ManagerConfig, Outcome as Done,
     ReconcileConfig, ReconcileReport, Runtime, RuntimeError,
-    crash::CRASH_POINTS,
-    faults::{DISK_POINTS, Fault, Faults},
+    faults::{Fault, Faults, Point},
     kube::fake::StaticClaims,
     kubelet_plugin::ClaimRef,
     state::StateFile,
@@ -1016,7 +1015,7 @@ impl World {
             return;
         }
         if self.rng.chance(12) {
-            let point = *self.rng.pick(DISK_POINTS).unwrap();
+            let point = *self.rng.pick(Point::DISK).unwrap();
             let fault = if self.rng.chance(50) {
                 Fault::Fail
             } else {
@@ -1052,9 +1051,9 @@ impl World {
         }
         if self.rng.chance(4) {
             let point = if self.rng.chance(70) {
-                *self.rng.pick(CRASH_POINTS).unwrap()
+                *self.rng.pick(Point::STEPS).unwrap()
             } else {
-                *self.rng.pick(DISK_POINTS).unwrap()
+                *self.rng.pick(Point::DISK).unwrap()
             };
             let skip = self.rng.index(2);
             self.faults.arm_after(point, skip, Fault::Crash, Some(1));

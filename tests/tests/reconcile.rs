@@ -258,7 +258,12 @@ async fn a_restored_older_state_releases_the_claim_it_holds_without_a_spec_once_
     let older = fs::read(h.state_dir().join("state.json")).unwrap();
     {
         let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
-        assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+        assert_eq!(
+            m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+                .as_ref()
+                .unwrap(),
+            &()
+        );
     }
     h.claims.remove("default", "claim-c1");
     // The operator restores a backup that still holds c1; the kubelet unprepared it long ago.
@@ -280,7 +285,12 @@ async fn a_stray_allocated_here_whose_cpus_a_restored_claim_holds_is_contested_n
     {
         // c1 goes; c2 is prepared on the same CPUs, its pod not started yet.
         let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
-        assert_eq!(m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"], Ok(()));
+        assert_eq!(
+            m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+                .as_ref()
+                .unwrap(),
+            &()
+        );
         h.claims.remove("default", "claim-c1");
         let got = claim_numa0(&h, &m, "c2", 7).await.unwrap();
         assert!(got.is_superset(&c1));

@@ -53,16 +53,19 @@ use std::{
     sync::{Arc, Weak},
 };
 
-use cdi::ClaimUid;
+use cdi::{ClaimUid, ContainerEdits, StoreError};
 use kubelet_plugin::ClaimRef;
-use policy::Claim;
+use policy::{Claim, PolicyError};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tracing::{info, warn};
 
 use crate::{
+    commit::{Change, CommitError, DeliveryError},
     errors::chain,
+    faults::Point,
+    kube::ClaimReadError,
     manager::Manager,
-    state::{ClaimRecord, DeviceRecord},
+    state::{ClaimRecord, DeviceRecord, StateError},
 };
 
 /// One lock per claim UID in use, so that the prepares and unprepares of a claim run one at a
@@ -104,16 +107,117 @@ pub enum AdmitError {
     InvalidArgument(String),
 }
 
-/// Why one claim failed: the claim, the step, the cause.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("claim {claim}: {step}: {cause}")]
+/// Why one claim failed: the claim, the step, the cause (in [`std::error::Error::source`]), and
+/// for a failed prepare what became of its allocation.
+#[derive(Debug, thiserror::Error)]
+#[error("claim {claim}: {step}{}", undo.as_ref().map(|u| format!(" ({u})")).unwrap_or_default())]
 pub struct LifecycleError {
     /// The claim.
     pub claim: ClaimRef,
     /// The step that failed.
-    pub step: &'static str,
-    /// The cause, with its chain.
-    pub cause: String,
+    pub step: Step,
+    /// What the failed prepare did with the allocation; `None` for an unprepare, or when
+    /// nothing was allocated.
+    pub undo: Option<Undo>,
+    /// The cause.
+    #[source]
+    pub cause: Cause,
+}
+
+/// A step of prepare or unprepare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Step {
+    /// Reading the ResourceClaim from the API server.
+    #[error("reading the claim")]
+    ReadingClaim,
+    /// The policy allocating the claim.
+    #[error("allocating")]
+    Allocating,
+    /// Naming the claim's CDI devices.
+    #[error("naming CDI devices")]
+    NamingDevices,
+    /// Commit step 1: saving the state.
+    #[error("saving the state")]
+    SavingState,
+    /// Commit step 2: delivering the updates that move containers off the claim's CPUs.
+    #[error("updating containers")]
+    UpdatingContainers,
+    /// Writing the claim's CDI spec.
+    #[error("writing the CDI spec")]
+    WritingSpec,
+    /// Removing the claim's CDI spec.
+    #[error("removing the CDI spec")]
+    RemovingSpec,
+    /// The policy releasing the claim.
+    #[error("releasing")]
+    Releasing,
+}
+
+/// What failed underneath a step.
+#[derive(Debug, thiserror::Error)]
+pub enum Cause {
+    /// The API server.
+    #[error(transparent)]
+    Claim(#[from] ClaimReadError),
+    /// The policy.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The policy's allocation does not fit the claim.
+    #[error("the policy returned {edits} edits for {results} allocation results")]
+    Edits {
+        /// Edits returned.
+        edits: usize,
+        /// Allocation results of the claim.
+        results: usize,
+    },
+    /// A CDI name.
+    #[error(transparent)]
+    Name(#[from] cdi::NameError),
+    /// A claim UID.
+    #[error(transparent)]
+    Uid(#[from] cdi::UidError),
+    /// The state file.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The runtime.
+    #[error(transparent)]
+    Delivery(#[from] DeliveryError),
+    /// The CDI spec store.
+    #[error(transparent)]
+    Spec(#[from] StoreError),
+}
+
+impl From<CommitError> for (Step, Cause) {
+    fn from(e: CommitError) -> Self {
+        match e {
+            CommitError::Save(e) => (Step::SavingState, e.into()),
+            CommitError::Deliver(e) => (Step::UpdatingContainers, e.into()),
+        }
+    }
+}
+
+/// What a failed prepare did with the claim's allocation.
+#[derive(Debug, thiserror::Error)]
+pub enum Undo {
+    /// The claim was held before this call: a pod may be using its CPUs.
+    #[error("the claim stays allocated: it was prepared before")]
+    PreparedBefore,
+    /// A spec of it is on disk, and a spec on disk must stay accounted for.
+    #[error("the claim stays allocated: a spec of it is on disk")]
+    SpecOnDisk,
+    /// Whether a spec of it is on disk cannot be told.
+    #[error("the claim stays allocated: its spec may be on disk ({})", chain(.0))]
+    SpecMayBeOnDisk(StoreError),
+    /// Rolled back and saved.
+    #[error("the allocation was rolled back")]
+    RolledBack,
+    /// Rolled back in memory; the save failed, so the claim stays on disk without a spec until
+    /// the next save or the kubelet's retry.
+    #[error("the allocation was rolled back in memory; saving that failed")]
+    RolledBackNotSaved,
+    /// The policy could not release it.
+    #[error("rolling the allocation back failed too: {0}")]
+    Failed(PolicyError),
 }
 
 /// Per-claim answers, keyed by claim UID.
@@ -133,7 +237,7 @@ impl Manager {
                 Ok(devices) => {
                     info!(claim = %claim, devices = ?devices.iter().map(|d| &d.device).collect::<Vec<_>>(), "claim prepared")
                 }
-                Err(e) => warn!(error = %e, "claim not prepared"),
+                Err(e) => warn!(error = %chain(e), "claim not prepared"),
             }
             answers.insert(claim.uid.clone(), answer);
         }
@@ -148,7 +252,7 @@ impl Manager {
             let answer = self.unprepare_one(claim).await;
             match &answer {
                 Ok(()) => info!(claim = %claim, "claim released"),
-                Err(e) => warn!(error = %e, "claim not released"),
+                Err(e) => warn!(error = %chain(e), "claim not released"),
             }
             answers.insert(claim.uid.clone(), answer);
         }
@@ -163,7 +267,7 @@ impl Manager {
                 .map_err(|e| AdmitError::InvalidArgument(format!("claim {claim}: {e}")))?;
         }
         if !self.gate.is_open() {
-            return Err(match crate::sync::lock(&self.contested).clone() {
+            return Err(match self.gate.refusal() {
                 Some(why) => AdmitError::Contested(why),
                 None => AdmitError::NotSynchronized,
             });
@@ -171,10 +275,13 @@ impl Manager {
         Ok(())
     }
 
+    /// Prepare's steps: allocate, commit, write the spec; on a failure after the allocation,
+    /// one rollback path.
     async fn prepare_one(&self, claim_ref: &ClaimRef) -> Result<Vec<DeviceRecord>, LifecycleError> {
-        let fail = |step: &'static str, cause: String| LifecycleError {
+        let fail = |step: Step, cause: Cause, undo: Option<Undo>| LifecycleError {
             claim: claim_ref.clone(),
             step,
+            undo,
             cause,
         };
         let uid = claim_ref.uid.as_str();
@@ -182,107 +289,105 @@ impl Manager {
             .claim_reader
             .get_claim(claim_ref)
             .await
-            .map_err(|e| fail("reading the claim", chain(&e)))?;
+            .map_err(|e| fail(Step::ReadingClaim, e.into(), None))?;
         if claim.results.is_empty() {
             info!(claim = %claim_ref, "no allocation results for this driver: nothing to prepare");
             return Ok(Vec::new());
         }
         let _turn = self.claim_locks.lock(uid).await;
+        let Allocated { created, outcome } = self
+            .allocate(claim_ref, &claim)
+            .await
+            .map_err(|e| fail(Step::Allocating, e.into(), None))?;
+        let mut spec_attempted = false;
+        let done = async {
+            let (edits, devices, change) = outcome?;
+            self.commit(change.at(Point::PrepareSaved, Point::PrepareDelivered))
+                .await
+                .map_err(<(Step, Cause)>::from)?;
+            spec_attempted = true;
+            self.write_spec(uid, edits)
+                .await
+                .map_err(|e| (Step::WritingSpec, e.into()))?;
+            self.faults().crash_point(Point::PrepareSpecWritten);
+            Ok::<_, (Step, Cause)>(devices)
+        }
+        .await;
+        match done {
+            Ok(devices) => Ok(devices),
+            Err((step, cause)) => {
+                let undo = self.roll_back(claim_ref, created, spec_attempted).await;
+                Err(fail(step, cause, Some(undo)))
+            }
+        }
+    }
 
-        // Allocate, in memory, under the lock.
-        let (edits, devices, created, ticket, version) = {
-            let mut inner = self.lock().await;
-            let created = !inner.records.contains_key(uid);
-            let allocation = inner
-                .policy
-                .allocate_claim(&claim)
-                .map_err(|e| fail("allocating", e.to_string()))?;
-            self.faults().crash_point("prepare.allocated");
-            for warning in &allocation.warnings {
-                warn!(claim = %claim_ref, "{warning}");
-            }
-            let mut ticket = self.record_pending(&mut inner, allocation.updates);
-            if created {
-                // Also every container that may still run on the claim's CPUs, moved away or not
-                // by this allocation (see crate::pending).
-                let at_risk = match inner.policy.claim_cpus(uid) {
-                    Some(cpus) => inner.pending.at_risk(&cpus),
-                    None => inner.pending.displaced(),
-                };
-                ticket.extend(at_risk);
-            }
-            let devices = if allocation.edits.len() == claim.results.len() {
-                self.devices(&claim)
-                    .map_err(|cause| ("naming CDI devices", cause))
-            } else {
-                Err((
-                    "allocating",
-                    format!(
-                        "the policy returned {} edits for {} allocation results",
-                        allocation.edits.len(),
-                        claim.results.len()
-                    ),
-                ))
+    /// Allocates claim `claim` in memory, under the lock, and records it: the change to commit,
+    /// or why what the policy allocated cannot be answered (rolled back by the caller). Fails
+    /// only if the policy allocated nothing.
+    async fn allocate(
+        &self,
+        claim_ref: &ClaimRef,
+        claim: &Claim,
+    ) -> Result<Allocated, PolicyError> {
+        let uid = claim_ref.uid.as_str();
+        let mut inner = self.lock().await;
+        let created = !inner.records.contains_key(uid);
+        let allocation = inner.policy.allocate_claim(claim)?;
+        self.faults().crash_point(Point::PrepareAllocated);
+        for warning in &allocation.warnings {
+            warn!(claim = %claim_ref, "{warning}");
+        }
+        let mut ticket = self.record_pending(&mut inner, allocation.updates);
+        if created {
+            // Also every container that may still run on the claim's CPUs, moved away or not by
+            // this allocation (see crate::pending).
+            let at_risk = match inner.policy.claim_cpus(uid) {
+                Some(cpus) => inner.pending.at_risk(&cpus),
+                None => inner.pending.displaced(),
             };
-            match devices {
-                Ok(devices) => {
-                    inner.records.insert(
-                        uid.to_owned(),
-                        ClaimRecord {
-                            namespace: claim.namespace.clone(),
-                            name: claim.name.clone(),
-                            devices: devices.clone(),
-                            adopted: false,
-                        },
-                    );
-                    inner.reconcile.confirm(uid);
-                    let version = inner.current_version();
-                    (allocation.edits, devices, created, ticket, version)
-                }
-                Err((step, cause)) => {
-                    drop(inner);
-                    let undo = self.roll_back(claim_ref, created, false).await;
-                    return Err(fail(step, format!("{cause}; {undo}")));
-                }
-            }
+            ticket.extend(at_risk);
+        }
+        let devices = if allocation.edits.len() == claim.results.len() {
+            self.devices(claim)
+                .map_err(|cause| (Step::NamingDevices, cause))
+        } else {
+            Err((
+                Step::Allocating,
+                Cause::Edits {
+                    edits: allocation.edits.len(),
+                    results: claim.results.len(),
+                },
+            ))
         };
-
-        // Commit step 1: the claim is on disk before anything grants it.
-        if let Err(e) = self.persist(version).await {
-            let undo = self.roll_back(claim_ref, created, false).await;
-            return Err(fail("saving the state", format!("{}; {undo}", chain(&e))));
-        }
-        self.faults().crash_point("prepare.saved");
-
-        // Commit step 2: the containers the allocation moved off the claim's CPUs have moved.
-        if let Err(e) = self.deliver_ticket(&ticket).await {
-            let undo = self.roll_back(claim_ref, created, false).await;
-            return Err(fail("updating containers", format!("{e}; {undo}")));
-        }
-        self.faults().crash_point("prepare.delivered");
-
-        // The spec, last.
-        if let Err(e) = self.disk.write_spec(uid, edits).await {
-            let undo = self.roll_back(claim_ref, created, true).await;
-            return Err(fail(
-                "writing the CDI spec",
-                format!("{}; {undo}", chain(&e)),
-            ));
-        }
-        self.faults().crash_point("prepare.spec-written");
-        Ok(devices)
+        let outcome = match devices {
+            Ok(devices) => {
+                inner.records.insert(
+                    uid.to_owned(),
+                    ClaimRecord {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                        devices: devices.clone(),
+                        adopted: false,
+                    },
+                );
+                inner.reconcile.confirm(uid);
+                Ok((allocation.edits, devices, inner.change_all(ticket)))
+            }
+            Err(e) => Err(e),
+        };
+        Ok(Allocated { created, outcome })
     }
 
     /// The devices to answer, in allocation-result order.
-    fn devices(&self, claim: &Claim) -> Result<Vec<DeviceRecord>, String> {
-        let uid = ClaimUid::new(&claim.uid).map_err(|e| e.to_string())?;
+    fn devices(&self, claim: &Claim) -> Result<Vec<DeviceRecord>, Cause> {
+        let uid = ClaimUid::new(&claim.uid)?;
         claim
             .results
             .iter()
             .enumerate()
             .map(|(i, result)| {
-                let id = cdi::claim::qualified_device_name(&self.config.driver, &uid, i)
-                    .map_err(|e| chain(&e))?;
+                let id = cdi::claim::qualified_device_name(&self.config.driver, &uid, i)?;
                 Ok(DeviceRecord {
                     request_names: vec![base_request_name(&result.request).to_owned()],
                     pool: result.pool.clone(),
@@ -295,52 +400,47 @@ impl Manager {
     }
 
     /// Undoes a failed prepare, with the claim's lock held, if this call created the
-    /// allocation and no spec of it is on disk (`spec_written`: a spec write was attempted, so
-    /// the file may be there and is removed first); says what it did.
-    async fn roll_back(&self, claim: &ClaimRef, created: bool, spec_written: bool) -> String {
+    /// allocation and no spec of it is on disk (`spec_attempted`: a spec write was attempted, so
+    /// the file may be there and is removed first).
+    async fn roll_back(&self, claim: &ClaimRef, created: bool, spec_attempted: bool) -> Undo {
         let uid = claim.uid.as_str();
         if !created {
-            return "the claim stays allocated: it was prepared before".into();
+            return Undo::PreparedBefore;
         }
-        let spec = if spec_written {
-            self.disk.remove_spec(uid).await.map(|_| false)
+        let spec = if spec_attempted {
+            self.remove_spec(uid).await.map(|_| false)
         } else {
-            self.disk.has_spec(uid).await
+            self.has_spec(uid).await
         };
         match spec {
             Ok(false) => {}
-            Ok(true) => return "the claim stays allocated: a spec of it is on disk".into(),
-            Err(e) => {
-                return format!(
-                    "the claim stays allocated: its spec may be on disk ({})",
-                    chain(&e)
-                );
-            }
+            Ok(true) => return Undo::SpecOnDisk,
+            Err(e) => return Undo::SpecMayBeOnDisk(e),
         }
-        let (ticket, version) = {
+        let change = {
             let mut inner = self.lock().await;
             match inner.policy.release_claim(uid) {
                 Ok(updates) => {
                     inner.records.remove(uid);
                     let ticket = self.record_pending(&mut inner, updates);
-                    (ticket, inner.current_version())
+                    inner.change_all(ticket)
                 }
-                Err(e) => return format!("rolling the allocation back failed too: {e}"),
+                Err(e) => return Undo::Failed(e),
             }
         };
-        let said = match self.persist(version).await {
-            Ok(()) => "the allocation was rolled back".into(),
-            Err(e) => {
+        match self.commit(change).await {
+            Ok(()) => Undo::RolledBack,
+            Err(CommitError::Deliver(e)) => {
+                // Retried in the background.
+                warn!(claim = %claim, error = %chain(&e), "updates after a rollback are pending");
+                Undo::RolledBack
+            }
+            Err(CommitError::Save(e)) => {
                 // The claim stays on disk without a spec: the retry resolves it.
                 warn!(claim = %claim, error = %chain(&e), "saving the rollback failed");
-                "the allocation was rolled back in memory; saving that failed".into()
+                Undo::RolledBackNotSaved
             }
-        };
-        // What is not delivered now is retried in the background.
-        if let Err(e) = self.deliver_ticket(&ticket).await {
-            warn!(claim = %claim, error = %e, "updates after a rollback are pending");
         }
-        said
     }
 
     async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), LifecycleError> {
@@ -350,43 +450,45 @@ impl Manager {
 
     /// Unprepare's steps, with the claim's lock held: remove the spec, release, commit.
     pub(crate) async fn unprepare_steps(&self, claim: &ClaimRef) -> Result<(), LifecycleError> {
-        let fail = |step: &'static str, cause: String| LifecycleError {
+        let fail = |step: Step, cause: Cause| LifecycleError {
             claim: claim.clone(),
             step,
+            undo: None,
             cause,
         };
         let uid = claim.uid.as_str();
-        self.disk
-            .remove_spec(uid)
+        self.remove_spec(uid)
             .await
-            .map_err(|e| fail("removing the CDI spec", chain(&e)))?;
-        self.faults().crash_point("unprepare.spec-removed");
-        let (ticket, version) = {
+            .map_err(|e| fail(Step::RemovingSpec, e.into()))?;
+        self.faults().crash_point(Point::UnprepareSpecRemoved);
+        let change = {
             let mut inner = self.lock().await;
             let updates = inner
                 .policy
                 .release_claim(uid)
-                .map_err(|e| fail("releasing", e.to_string()))?;
-            self.faults().crash_point("unprepare.released");
+                .map_err(|e| fail(Step::Releasing, e.into()))?;
+            self.faults().crash_point(Point::UnprepareReleased);
             inner.records.remove(uid);
             inner.reconcile.forget(uid);
             let ticket = self.record_pending(&mut inner, updates);
-            (ticket, inner.current_version())
+            inner.change_all(ticket)
         };
         // A claim already gone changed nothing: nothing is written, so a read-only or full
         // state directory does not fail it. A release not saved yet (an earlier attempt failed)
-        // is saved now.
-        self.persist(version)
+        // is saved now. Containers growing back onto its CPUs is not urgent: what is not
+        // delivered now is retried in the background.
+        match self
+            .commit(change.at(Point::UnprepareSaved, Point::UnprepareDelivered))
             .await
-            .map_err(|e| fail("saving the state", chain(&e)))?;
-        self.faults().crash_point("unprepare.saved");
-        // The release is committed; containers growing back onto its CPUs is not urgent, and
-        // what is not delivered now is retried in the background.
-        if let Err(e) = self.deliver_ticket(&ticket).await {
-            warn!(claim = %claim, error = %e, "updates after releasing a claim are pending");
+        {
+            Ok(()) => Ok(()),
+            Err(CommitError::Save(e)) => Err(fail(Step::SavingState, e.into())),
+            Err(CommitError::Deliver(e)) => {
+                warn!(claim = %claim, error = %chain(&e), "updates after releasing a claim are pending");
+                self.faults().crash_point(Point::UnprepareDelivered);
+                Ok(())
+            }
         }
-        self.faults().crash_point("unprepare.delivered");
-        Ok(())
     }
 
     /// What was answered for a prepared claim, if it is prepared.
@@ -394,6 +496,16 @@ impl Manager {
         self.lock().await.records.get(uid).cloned()
     }
 }
+
+/// What [`Manager::allocate`] did: whether this call created the allocation, and the change to
+/// commit with the spec's edits and the devices to answer, or why they cannot be answered.
+struct Allocated {
+    created: bool,
+    outcome: Result<Recorded, (Step, Cause)>,
+}
+
+/// A claim allocated and recorded: the spec's edits, the devices to answer, the change to commit.
+type Recorded = (Vec<ContainerEdits>, Vec<DeviceRecord>, Change);
 
 /// `request/subrequest` → `request`: the kubelet matches devices to containers by base name.
 fn base_request_name(request: &str) -> &str {

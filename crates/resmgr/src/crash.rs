@@ -1,23 +1,13 @@
 //! Named crash points in the claim lifecycle and the commit, for crash-consistency tests.
 //!
-//! Every step of prepare, unprepare and commit calls [`crash_point`] with its name. In builds with
+//! Every step of prepare, unprepare and commit calls [`crash_point`] with its point
+//! ([`Point::STEPS`]). In builds with
 //! the `crash-points` feature (enabled only by the test packages, never in a release build), the
 //! process aborts on the spot when the environment variable `RESMGR_CRASH_AT` names that point:
 //! no unwinding, no destructors, no flushing, as close to a power cut as a test can get. Without
 //! the feature the calls compile to nothing.
 
-/// Every crash point, in the order a prepare and then an unprepare reach them.
-pub const CRASH_POINTS: &[&str] = &[
-    "prepare.allocated",
-    "prepare.saved",
-    "prepare.delivered",
-    "prepare.spec-written",
-    "unprepare.spec-removed",
-    "unprepare.released",
-    "unprepare.saved",
-    "unprepare.delivered",
-    "commit.state-written",
-];
+use crate::points::Point;
 
 /// The environment variable naming the crash point to abort at.
 pub const CRASH_AT_ENV: &str = "RESMGR_CRASH_AT";
@@ -25,13 +15,9 @@ pub const CRASH_AT_ENV: &str = "RESMGR_CRASH_AT";
 /// Aborts the process if `RESMGR_CRASH_AT` names this point (only with the `crash-points`
 /// feature).
 #[cfg(feature = "crash-points")]
-pub fn crash_point(name: &'static str) {
-    debug_assert!(
-        CRASH_POINTS.contains(&name),
-        "crash point {name} is not listed"
-    );
-    if std::env::var_os(CRASH_AT_ENV).is_some_and(|v| v == name) {
-        eprintln!("crash point {name}: aborting");
+pub fn crash_point(point: Point) {
+    if std::env::var_os(CRASH_AT_ENV).is_some_and(|v| v == point.name()) {
+        eprintln!("crash point {point}: aborting");
         std::process::abort();
     }
 }
@@ -39,4 +25,4 @@ pub fn crash_point(name: &'static str) {
 /// Does nothing: this build has no crash points.
 #[cfg(not(feature = "crash-points"))]
 #[inline(always)]
-pub fn crash_point(_name: &'static str) {}
+pub fn crash_point(_point: Point) {}

@@ -8,13 +8,39 @@
 //! anything is served, reads and writes directly.
 //!
 //! Each operation passes its fault point first ([`crate::faults`]).
+//!
+//! Only the commit module ([`crate::commit`]) holds a [`Disk`]: the rest of the manager reaches the
+//! disk through it, never with the manager lock held.
+
+use std::io;
 
 use cdi::{ContainerEdits, SpecStore, StoreError};
 
 use crate::{
-    faults::{Faults, points},
+    faults::{Faults, Point},
     state::{State, StateError, StateFile},
 };
+
+/// Runs blocking disk work for `point` on tokio's blocking pool, off the async runtime's
+/// threads (or inline on the calling task, when a test asks: [`Faults::run_inline`]).
+pub(crate) async fn off_thread<T: Send + 'static>(
+    faults: &Faults,
+    point: Point,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, io::Error> {
+    let inline = faults.inline();
+    let faults = faults.clone();
+    let work = move || {
+        faults.block_if_armed(point);
+        work()
+    };
+    if inline {
+        return Ok(work());
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| io::Error::other(format!("the disk task failed: {e}")))
+}
 
 /// The state file and the spec store, off the runtime threads.
 #[derive(Debug, Clone)]
@@ -36,24 +62,28 @@ impl Disk {
             },
         };
         self.faults
-            .disk(points::STATE_SAVE)
+            .disk(Point::StateSave)
             .await
             .map_err(|e| failed("passing", e))?;
         let file = self.state_file.clone();
-        self.faults
-            .blocking(points::STATE_SAVE, move || file.save(&state))
+        off_thread(&self.faults, Point::StateSave, move || file.save(&state))
             .await
             .map_err(|e| failed("running the write of", e))?
     }
 
     /// Whether claim `uid` has a spec on disk.
     pub(crate) async fn has_spec(&self, uid: &str) -> Result<bool, StoreError> {
+        self.faults
+            .disk(Point::SpecCheck)
+            .await
+            .map_err(|e| self.io("checking for a cdi spec in", e))?;
         let specs = self.specs.clone();
         let uid = uid.to_owned();
-        self.faults
-            .blocking("disk.spec-check", move || specs.has_claim(&uid))
-            .await
-            .map_err(|e| self.io("checking for a cdi spec in", e))?
+        off_thread(&self.faults, Point::SpecCheck, move || {
+            specs.has_claim(&uid)
+        })
+        .await
+        .map_err(|e| self.io("checking for a cdi spec in", e))?
     }
 
     /// Writes claim `uid`'s spec, one device per edit, durably.
@@ -63,19 +93,18 @@ impl Disk {
         edits: Vec<ContainerEdits>,
     ) -> Result<(), StoreError> {
         self.faults
-            .disk(points::SPEC_WRITE)
+            .disk(Point::SpecWrite)
             .await
             .map_err(|e| self.io("writing a cdi spec in", e))?;
         let specs = self.specs.clone();
         let owned = uid.to_owned();
+        off_thread(&self.faults, Point::SpecWrite, move || {
+            specs.write_claim(&owned, &edits)
+        })
+        .await
+        .map_err(|e| self.io("writing a cdi spec in", e))??;
         self.faults
-            .blocking(points::SPEC_WRITE, move || {
-                specs.write_claim(&owned, &edits)
-            })
-            .await
-            .map_err(|e| self.io("writing a cdi spec in", e))??;
-        self.faults
-            .disk(points::SPEC_WRITTEN)
+            .disk(Point::SpecWritten)
             .await
             .map_err(|e| self.io("syncing directory", e))
     }
@@ -83,15 +112,16 @@ impl Disk {
     /// Removes claim `uid`'s spec durably; whether there was one.
     pub(crate) async fn remove_spec(&self, uid: &str) -> Result<bool, StoreError> {
         self.faults
-            .disk(points::SPEC_REMOVE)
+            .disk(Point::SpecRemove)
             .await
             .map_err(|e| self.io("removing cdi spec in", e))?;
         let specs = self.specs.clone();
         let uid = uid.to_owned();
-        self.faults
-            .blocking(points::SPEC_REMOVE, move || specs.remove_claim(&uid))
-            .await
-            .map_err(|e| self.io("removing cdi spec in", e))?
+        off_thread(&self.faults, Point::SpecRemove, move || {
+            specs.remove_claim(&uid)
+        })
+        .await
+        .map_err(|e| self.io("removing cdi spec in", e))?
     }
 
     /// Moves claim `uid`'s spec aside ([`SpecStore::set_aside`]); where to, if it was there.
@@ -99,12 +129,17 @@ impl Disk {
         &self,
         uid: &str,
     ) -> Result<Option<std::path::PathBuf>, StoreError> {
+        self.faults
+            .disk(Point::SpecSetAside)
+            .await
+            .map_err(|e| self.io("setting aside cdi spec in", e))?;
         let specs = self.specs.clone();
         let uid = uid.to_owned();
-        self.faults
-            .blocking(points::SPEC_REMOVE, move || specs.set_aside(&uid))
-            .await
-            .map_err(|e| self.io("setting aside cdi spec in", e))?
+        off_thread(&self.faults, Point::SpecSetAside, move || {
+            specs.set_aside(&uid)
+        })
+        .await
+        .map_err(|e| self.io("setting aside cdi spec in", e))?
     }
 
     fn io(&self, op: &'static str, source: std::io::Error) -> StoreError {

@@ -18,6 +18,7 @@ use kubelet_plugin::{
 
 use crate::{
     claims::AdmitError,
+    errors::chain,
     kube::events::{EventRecorder, NoEvents, Notice},
     manager::Manager,
 };
@@ -71,7 +72,7 @@ impl ClaimHandler for LifecycleHandler {
         for e in answers.values().filter_map(|a| a.as_ref().err()) {
             self.events.record(Notice::ClaimNotPrepared {
                 claim: e.claim.clone(),
-                message: e.to_string(),
+                message: chain(e),
             });
         }
         Ok(answers
@@ -90,7 +91,7 @@ impl ClaimHandler for LifecycleHandler {
                             })
                             .collect()
                     })
-                    .map_err(|e| ClaimError::new(e.to_string()));
+                    .map_err(|e| ClaimError::new(chain(&e)));
                 (uid, answer)
             })
             .collect())
@@ -105,7 +106,7 @@ impl ClaimHandler for LifecycleHandler {
             .map_err(refusal)?;
         Ok(answers
             .into_iter()
-            .map(|(uid, answer)| (uid, answer.map_err(|e| ClaimError::new(e.to_string()))))
+            .map(|(uid, answer)| (uid, answer.map_err(|e| ClaimError::new(chain(&e)))))
             .collect())
     }
 }

@@ -1,9 +1,9 @@
 //! Runtime events, in domain terms: what the resource manager does for each NRI event.
 //!
-//! Each handler takes the manager lock, asks the policy, lets go, saves the state if the
-//! policy's durable state changed (outside the lock: see [`crate::manager`]; with the
-//! topology-aware policy container events change nothing durable and never wait for the disk),
-//! and returns the updates the policy made so the NRI reply can carry them.
+//! Each handler takes the manager lock, asks the policy, turns the lock into a change and commits
+//! it ([`crate::commit`]): the state is saved only if the policy's durable state changed (with
+//! the topology-aware policy container events change nothing durable and never wait for the
+//! disk). It returns the updates the policy made so the NRI reply can carry them.
 //! Updates carried by a reply are delivered by it; the few events whose reply cannot carry
 //! updates (those that arrive as StateChange) leave them pending for the background delivery,
 //! because calling the runtime from inside its own event would deadlock (see [`crate::manager`]).
@@ -14,9 +14,10 @@ use policy::{Allocation, Container, ContainerUpdate, PolicyError, Resources};
 use tracing::{error, info, warn};
 
 use crate::{
+    commit::CommitError,
     errors::chain,
     manager::{Inner, Manager},
-    state::StateError,
+    pending::Ticket,
 };
 
 /// Why an event handler failed; the runtime fails the CRI operation with this message.
@@ -31,14 +32,14 @@ pub enum EventError {
         #[source]
         source: PolicyError,
     },
-    /// The state could not be saved.
-    #[error("container {container}: saving the state")]
-    State {
+    /// The change could not be committed (its state saved).
+    #[error("container {container}")]
+    Commit {
         /// `namespace/pod/container`.
         container: String,
         /// The cause.
         #[source]
-        source: StateError,
+        source: CommitError,
     },
 }
 
@@ -47,15 +48,6 @@ fn describe(c: &Container) -> String {
 }
 
 impl Manager {
-    /// Makes an event's change durable, if it made one: an event that changed nothing durable
-    /// does not wait for anyone else's save.
-    async fn persist_change(&self, version: Option<u64>) -> Result<(), StateError> {
-        match version {
-            Some(version) => self.persist(version).await,
-            None => Ok(()),
-        }
-    }
-
     /// The runtime's Synchronize: rebuilds placement from the running containers. The returned
     /// updates go out in the Synchronize reply; once it has been written, call
     /// [`Manager::synchronized`].
@@ -63,7 +55,7 @@ impl Manager {
         &self,
         containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, EventError> {
-        let (updates, version) = {
+        let (updates, change) = {
             let mut inner = self.lock().await;
             // Strays are judged by who runs before the policy places anyone (crate::reconcile).
             let Inner {
@@ -89,11 +81,11 @@ impl Manager {
                 inner.pending.placed(&c.id, c.cpus.as_ref());
             }
             inner.pending.delivered_in_reply(&updates);
-            (updates, inner.note_changes())
+            (updates, inner.change(Ticket::default()))
         };
-        self.persist_change(version)
+        self.commit(change)
             .await
-            .map_err(|source| EventError::State {
+            .map_err(|source| EventError::Commit {
                 container: "(synchronizing)".into(),
                 source,
             })?;
@@ -118,7 +110,7 @@ impl Manager {
             warn!(error = %e, "updates pending when the claim gate opens");
         }
         if let Some(why) = self.lock().await.reconcile.contested() {
-            *crate::sync::lock(&self.contested) = Some(why.clone());
+            self.gate.refuse(why.clone());
             error!("runtime synchronized, but claims stay refused and the agent unready: {why}");
             return;
         }
@@ -128,7 +120,7 @@ impl Manager {
 
     /// A container is being created: where does it go.
     pub async fn create_container(&self, container: &Container) -> Result<Allocation, EventError> {
-        let (allocation, version) = {
+        let (allocation, change) = {
             let mut inner = self.lock().await;
             inner
                 .reconcile
@@ -141,9 +133,9 @@ impl Manager {
                         container: describe(container),
                         source,
                     })?;
-            (allocation, inner.note_changes())
+            (allocation, inner.change(Ticket::default()))
         };
-        if let Err(source) = self.persist_change(version).await {
+        if let Err(source) = self.commit(change).await {
             // The runtime fails the container; what placing it changed for others is undone,
             // and asserted again in case any of it reached them.
             let mut inner = self.lock().await;
@@ -155,8 +147,9 @@ impl Manager {
                     warn!(container = %describe(container), error = %e, "releasing a container that could not be saved")
                 }
             }
-            let _ = inner.note_changes();
-            return Err(EventError::State {
+            // Saved by the next commit.
+            let _ = inner.change(Ticket::default());
+            return Err(EventError::Commit {
                 container: describe(container),
                 source,
             });
@@ -191,7 +184,7 @@ impl Manager {
         container: &Container,
         resources: &Resources,
     ) -> Result<Vec<ContainerUpdate>, EventError> {
-        let (updates, version) = {
+        let (updates, change) = {
             let mut inner = self.lock().await;
             let updates = inner
                 .policy
@@ -201,11 +194,11 @@ impl Manager {
                     source,
                 })?;
             inner.pending.delivered_in_reply(&updates);
-            (updates, inner.note_changes())
+            (updates, inner.change(Ticket::default()))
         };
-        self.persist_change(version)
+        self.commit(change)
             .await
-            .map_err(|source| EventError::State {
+            .map_err(|source| EventError::Commit {
                 container: describe(container),
                 source,
             })?;
@@ -214,7 +207,7 @@ impl Manager {
 
     /// A container stopped: release what it held. The updates go in the StopContainer reply.
     pub async fn stop_container(&self, container: &Container) -> Vec<ContainerUpdate> {
-        let (updates, version) = {
+        let (updates, change) = {
             let mut inner = self.lock().await;
             inner.pending.forget(&container.id);
             inner.reconcile.container_gone(&container.id);
@@ -226,10 +219,10 @@ impl Manager {
                 }
             };
             inner.pending.delivered_in_reply(&updates);
-            (updates, inner.note_changes())
+            (updates, inner.change(Ticket::default()))
         };
-        if let Err(e) = self.persist_change(version).await {
-            warn!(container = %describe(container), error = %chain(&e), "saving the state");
+        if let Err(e) = self.commit(change).await {
+            warn!(container = %describe(container), error = %chain(&e), "committing a stopped container");
         }
         updates
     }
@@ -237,22 +230,23 @@ impl Manager {
     /// A container was removed (or stopped without a StopContainer event reaching us). Its reply
     /// carries no updates, so what releasing it changes is delivered in the background.
     pub async fn remove_container(&self, container: &Container) {
-        let version = {
+        let change = {
             let mut inner = self.lock().await;
             inner.pending.forget(&container.id);
             inner.reconcile.container_gone(&container.id);
             match inner.policy.release(&container.id) {
                 Ok(updates) => {
+                    // Delivered in the background: nothing here waits for them.
                     self.record_pending(&mut inner, updates);
                 }
                 Err(e) => {
                     warn!(container = %describe(container), error = %e, "releasing a removed container");
                 }
             }
-            inner.note_changes()
+            inner.change(Ticket::default())
         };
-        if let Err(e) = self.persist_change(version).await {
-            warn!(container = %describe(container), error = %chain(&e), "saving the state");
+        if let Err(e) = self.commit(change).await {
+            warn!(container = %describe(container), error = %chain(&e), "committing a removed container");
         }
     }
 }

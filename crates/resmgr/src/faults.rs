@@ -7,46 +7,29 @@
 //! and every check compiles to nothing but the work itself. With the feature, a test arms faults
 //! on a handle it shares with the manager:
 //!
-//! - [`Fault::Fail`] at a disk point ([`DISK_POINTS`]) makes that operation fail with an IO error,
-//!   as a full or broken disk would; at [`points::SPEC_WRITTEN`] the spec is already in place when
+//! - [`Fault::Fail`] at a disk point ([`Point::DISK`]) makes that operation fail with an IO error,
+//!   as a full or broken disk would; at [`Point::SpecWritten`] the spec is already in place when
 //!   it fails, as when the directory's fsync fails after the rename.
 //! - [`Fault::Delay`] makes it wait first (on the runtime's clock, so paused-time tests see
 //!   virtual time), as a slow fsync would.
 //! - [`Fault::Block`] blocks the disk work itself, on the thread that does it, until the test
 //!   calls [`Faults::unblock`]: a stalled disk, as the threads of the process see it.
-//! - [`Fault::Crash`] at a crash point ([`crate::crash::CRASH_POINTS`]) or a disk point freezes
+//! - [`Fault::Crash`] at a step ([`Point::STEPS`]) or a disk point freezes
 //!   the manager there: from that instant nothing it does reaches the disk or the runtime (disk
 //!   operations fail, [`crate::Runtime`] calls are not made), which is what the world sees of a
 //!   process that died at that point. The test then starts a new manager over the same
 //!   directories, as the agent restarts after a crash. Unlike the crash test's real aborts
 //!   ([`crate::crash`]), this runs thousands of crashes in one process.
 //!
-//! A handle can also run the manager's blocking disk work inline instead of on tokio's blocking
-//! pool ([`Faults::run_inline`]), so that a test on a current-thread runtime with paused time
-//! interleaves tasks the same way on every run of a seed.
+//! A handle can also have the manager's blocking disk work run inline instead of on tokio's
+//! blocking pool ([`Faults::run_inline`]), so that a test on a current-thread runtime with paused
+//! time interleaves tasks the same way on every run of a seed.
+//!
+//! The points are one enum, [`Point`], shared with the crash test's aborts ([`crate::crash`]).
 
 use std::{io, time::Duration};
 
-/// Names of the disk points.
-pub mod points {
-    /// Saving the state file: fails before anything is written.
-    pub const STATE_SAVE: &str = "disk.state-save";
-    /// Writing a claim's CDI spec: fails before anything is written.
-    pub const SPEC_WRITE: &str = "disk.spec-write";
-    /// After a claim's CDI spec is in place: fails as a failed directory fsync would, the spec
-    /// being on disk.
-    pub const SPEC_WRITTEN: &str = "disk.spec-written";
-    /// Removing a claim's CDI spec: fails before anything is removed.
-    pub const SPEC_REMOVE: &str = "disk.spec-remove";
-}
-
-/// Every disk point.
-pub const DISK_POINTS: &[&str] = &[
-    points::STATE_SAVE,
-    points::SPEC_WRITE,
-    points::SPEC_WRITTEN,
-    points::SPEC_REMOVE,
-];
+pub use crate::points::Point;
 
 /// What happens at an armed point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +51,7 @@ mod armed {
         sync::{Arc, Condvar, Mutex, MutexGuard},
     };
 
-    use super::Fault;
+    use super::{Fault, Point};
 
     #[derive(Debug)]
     pub(super) struct Armed {
@@ -82,9 +65,9 @@ mod armed {
     #[derive(Debug, Default)]
     pub(super) struct Table {
         /// Point → what fires there.
-        pub(super) armed: BTreeMap<String, Armed>,
+        pub(super) armed: BTreeMap<Point, Armed>,
         /// Where the manager crashed, once it has.
-        pub(super) crashed: Option<String>,
+        pub(super) crashed: Option<Point>,
         pub(super) inline: bool,
         /// Disk operations blocked now, and whether they may go on.
         pub(super) blocked: usize,
@@ -113,12 +96,12 @@ mod armed {
 
     /// The fault to apply at `point` now, counting it; a [`Fault::Block`] only if `block` (it is
     /// taken on the thread doing the work, the others before it).
-    pub(super) fn take(shared: &Shared, point: &str, block: bool) -> Option<Fault> {
+    pub(super) fn take(shared: &Shared, point: Point, block: bool) -> Option<Fault> {
         let mut table = table(shared)?;
         if table.crashed.is_some() {
             return (!block).then_some(Fault::Crash);
         }
-        let armed = table.armed.get_mut(point)?;
+        let armed = table.armed.get_mut(&point)?;
         if (armed.fault == Fault::Block) != block {
             return None;
         }
@@ -133,7 +116,7 @@ mod armed {
         }
         let fault = armed.fault;
         if fault == Fault::Crash {
-            table.crashed = Some(point.to_owned());
+            table.crashed = Some(point);
         }
         Some(fault)
     }
@@ -156,16 +139,15 @@ impl Faults {
     }
 
     /// Arms `fault` at `point` for its next `times` passes (`None`: until disarmed).
-    pub fn arm(&self, point: &str, fault: Fault, times: Option<usize>) {
+    pub fn arm(&self, point: Point, fault: Fault, times: Option<usize>) {
         self.arm_after(point, 0, fault, times);
     }
 
     /// Arms `fault` at `point` for `times` passes (`None`: until disarmed) after letting the
     /// next `skip` passes through.
-    pub fn arm_after(&self, point: &str, skip: usize, fault: Fault, times: Option<usize>) {
+    pub fn arm_after(&self, point: Point, skip: usize, fault: Fault, times: Option<usize>) {
         if let Some(mut t) = armed::table(&self.shared) {
-            t.armed
-                .insert(point.to_owned(), armed::Armed { fault, skip, times });
+            t.armed.insert(point, armed::Armed { fault, skip, times });
         }
     }
 
@@ -177,8 +159,8 @@ impl Faults {
     }
 
     /// Where the manager crashed, if it did.
-    pub fn crashed_at(&self) -> Option<String> {
-        armed::table(&self.shared).and_then(|t| t.crashed.clone())
+    pub fn crashed_at(&self) -> Option<Point> {
+        armed::table(&self.shared).and_then(|t| t.crashed)
     }
 
     /// Runs the manager's blocking disk work inline, on the calling task, instead of on tokio's
@@ -207,7 +189,7 @@ impl Faults {
     /// Passes a disk point: fails if a failure or a crash is armed there or the manager crashed,
     /// waits if a delay is.
     #[allow(clippy::unused_async)] // async for the delay, which only the feature compiles in
-    pub(crate) async fn disk(&self, point: &'static str) -> Result<(), io::Error> {
+    pub(crate) async fn disk(&self, point: Point) -> Result<(), io::Error> {
         #[cfg(feature = "faults")]
         match armed::take(&self.shared, point, false) {
             None | Some(Fault::Block) => {}
@@ -236,93 +218,82 @@ impl Faults {
 
     /// A named crash point: aborts the process if the environment asks for it
     /// ([`crate::crash::crash_point`]), and freezes this manager if a crash is armed here.
-    pub(crate) fn crash_point(&self, name: &'static str) {
-        crate::crash::crash_point(name);
+    pub(crate) fn crash_point(&self, point: Point) {
+        crate::crash::crash_point(point);
         #[cfg(feature = "faults")]
-        let _ = armed::take(&self.shared, name, false);
+        let _ = armed::take(&self.shared, point, false);
     }
 
-    /// Runs blocking disk work for `point` off the async runtime's threads (or inline, see
-    /// [`Faults::run_inline`]).
-    pub(crate) async fn blocking<T: Send + 'static>(
-        &self,
-        point: &'static str,
-        work: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, io::Error> {
+    /// Whether blocking disk work runs inline ([`Faults::run_inline`]).
+    pub(crate) fn inline(&self) -> bool {
         #[cfg(feature = "faults")]
-        let work = {
-            let shared = self.shared.clone();
-            move || {
-                block_if_armed(&shared, point);
-                work()
+        if let Some(t) = armed::table(&self.shared) {
+            return t.inline;
+        }
+        false
+    }
+
+    /// Called first on the thread that does the disk work for `point`: blocks it while a
+    /// [`Fault::Block`] armed there holds it.
+    pub(crate) fn block_if_armed(&self, point: Point) {
+        #[cfg(feature = "faults")]
+        {
+            let Some(inner) = &self.shared else { return };
+            if armed::take(&self.shared, point, true).is_none() {
+                return;
             }
-        };
-        #[cfg(feature = "faults")]
-        if armed::table(&self.shared).is_some_and(|t| t.inline) {
-            return Ok(work());
+            let mut table = armed::lock(inner);
+            table.blocked += 1;
+            while !table.unblocked {
+                table = inner
+                    .changed
+                    .wait(table)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            table.blocked -= 1;
         }
         let _ = point;
-        tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|e| io::Error::other(format!("the disk task failed: {e}")))
     }
-}
-
-/// Blocks the calling thread while a [`Fault::Block`] armed at `point` holds it.
-#[cfg(feature = "faults")]
-fn block_if_armed(shared: &armed::Shared, point: &str) {
-    let Some(inner) = shared else { return };
-    if armed::take(shared, point, true).is_none() {
-        return;
-    }
-    let mut table = armed::lock(inner);
-    table.blocked += 1;
-    while !table.unblocked {
-        table = inner
-            .changed
-            .wait(table)
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-    }
-    table.blocked -= 1;
 }
 
 #[cfg(all(test, feature = "faults"))]
 mod tests {
     use super::*;
+    use crate::disk::off_thread;
 
     #[tokio::test]
     async fn armed_faults_fire_as_often_as_asked_and_a_crash_freezes_everything() {
         let f = Faults::armable();
-        assert!(f.disk(points::STATE_SAVE).await.is_ok(), "nothing armed");
-        f.arm(points::STATE_SAVE, Fault::Fail, Some(1));
-        assert!(f.disk(points::STATE_SAVE).await.is_err());
-        assert!(f.disk(points::STATE_SAVE).await.is_ok(), "fired once");
-        f.arm_after(points::SPEC_WRITE, 1, Fault::Fail, None);
-        assert!(f.disk(points::SPEC_WRITE).await.is_ok(), "skipped");
-        assert!(f.disk(points::SPEC_WRITE).await.is_err());
-        assert!(f.disk(points::SPEC_WRITE).await.is_err(), "until disarmed");
+        assert!(f.disk(Point::StateSave).await.is_ok(), "nothing armed");
+        f.arm(Point::StateSave, Fault::Fail, Some(1));
+        assert!(f.disk(Point::StateSave).await.is_err());
+        assert!(f.disk(Point::StateSave).await.is_ok(), "fired once");
+        f.arm_after(Point::SpecWrite, 1, Fault::Fail, None);
+        assert!(f.disk(Point::SpecWrite).await.is_ok(), "skipped");
+        assert!(f.disk(Point::SpecWrite).await.is_err());
+        assert!(f.disk(Point::SpecWrite).await.is_err(), "until disarmed");
         assert!(!f.crashed());
-        f.arm("prepare.saved", Fault::Crash, None);
-        f.crash_point("prepare.allocated");
+        f.arm(Point::PrepareSaved, Fault::Crash, None);
+        f.crash_point(Point::PrepareAllocated);
         assert!(!f.crashed());
-        f.crash_point("prepare.saved");
-        assert_eq!(f.crashed_at().as_deref(), Some("prepare.saved"));
+        f.crash_point(Point::PrepareSaved);
+        assert_eq!(f.crashed_at(), Some(Point::PrepareSaved));
         f.disarm_all();
-        let err = f.disk(points::SPEC_REMOVE).await.unwrap_err();
+        let err = f.disk(Point::SpecRemove).await.unwrap_err();
         assert!(err.to_string().contains("crashed"), "{err}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_blocked_disk_operation_holds_its_thread_until_unblocked() {
         let f = Faults::armable();
-        f.arm(points::SPEC_WRITE, Fault::Block, Some(1));
+        f.arm(Point::SpecWrite, Fault::Block, Some(1));
         assert!(
-            f.disk(points::SPEC_WRITE).await.is_ok(),
+            f.disk(Point::SpecWrite).await.is_ok(),
             "not taken before the work"
         );
         let work = tokio::spawn({
             let f = f.clone();
-            async move { f.blocking(points::SPEC_WRITE, || 7).await.unwrap() }
+            async move { off_thread(&f, Point::SpecWrite, || 7).await.unwrap() }
         });
         while f.blocked() == 0 {
             tokio::task::yield_now().await;
@@ -332,7 +303,7 @@ mod tests {
         assert_eq!(work.await.unwrap(), 7);
         assert_eq!(f.blocked(), 0);
         assert_eq!(
-            f.blocking(points::SPEC_WRITE, || 8).await.unwrap(),
+            off_thread(&f, Point::SpecWrite, || 8).await.unwrap(),
             8,
             "fired once"
         );
@@ -341,8 +312,8 @@ mod tests {
     #[tokio::test]
     async fn an_unarmed_handle_never_interferes() {
         let f = Faults::default();
-        f.arm(points::STATE_SAVE, Fault::Fail, None);
-        assert!(f.disk(points::STATE_SAVE).await.is_ok());
-        assert_eq!(f.blocking(points::STATE_SAVE, || 7).await.unwrap(), 7);
+        f.arm(Point::StateSave, Fault::Fail, None);
+        assert!(f.disk(Point::StateSave).await.is_ok());
+        assert_eq!(off_thread(&f, Point::StateSave, || 7).await.unwrap(), 7);
     }
 }

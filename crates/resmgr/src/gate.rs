@@ -6,19 +6,30 @@
 //! whole, until the gate opens. It opens once, after the Synchronize reply (carrying the
 //! synchronized updates) has been written to the runtime and the updates still pending have been
 //! delivered, and never closes: losing the runtime connection ends the process.
+//!
+//! Instead of opening, the Synchronize may find that serving claims could grant the same CPUs
+//! twice (a contested claim, [`crate::reconcile`]): then the gate stays shut for good, and says
+//! why, until an operator restarts the agent.
 
 use tokio::sync::watch;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Synchronizing,
+    Open,
+    Refusing(String),
+}
 
 /// A one-way latch shared by the NRI side (which opens it) and the kubelet side (which asks).
 #[derive(Debug, Clone)]
 pub struct Gate {
-    open: watch::Sender<bool>,
+    state: watch::Sender<State>,
 }
 
 impl Default for Gate {
     fn default() -> Self {
         Self {
-            open: watch::Sender::new(false),
+            state: watch::Sender::new(State::Synchronizing),
         }
     }
 }
@@ -26,19 +37,44 @@ impl Default for Gate {
 impl Gate {
     /// Whether claims may be served.
     pub fn is_open(&self) -> bool {
-        *self.open.borrow()
+        *self.state.borrow() == State::Open
     }
 
-    /// Opens the gate for good. Opening an open gate does nothing.
+    /// Why claims are refused although the runtime synchronized, if they are.
+    pub fn refusal(&self) -> Option<String> {
+        match &*self.state.borrow() {
+            State::Refusing(why) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Opens the gate for good. Opening an open gate does nothing; a refusing gate stays shut.
     pub fn open(&self) {
-        self.open.send_replace(true);
+        self.state.send_if_modified(|s| {
+            let opens = *s == State::Synchronizing;
+            if opens {
+                *s = State::Open;
+            }
+            opens
+        });
+    }
+
+    /// Keeps the gate shut for good, saying why, instead of opening it.
+    pub fn refuse(&self, why: String) {
+        self.state.send_if_modified(|s| {
+            let refuses = *s == State::Synchronizing;
+            if refuses {
+                *s = State::Refusing(why);
+            }
+            refuses
+        });
     }
 
     /// Waits until the gate is open.
     pub async fn opened(&self) {
-        let mut rx = self.open.subscribe();
+        let mut rx = self.state.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
-        let _ = rx.wait_for(|open| *open).await;
+        let _ = rx.wait_for(|s| *s == State::Open).await;
     }
 }
 
@@ -62,5 +98,20 @@ mod tests {
         assert!(gate.is_open());
         gate.open();
         assert!(gate.is_open());
+        gate.refuse("too late".into());
+        assert!(
+            gate.is_open() && gate.refusal().is_none(),
+            "an open gate stays open"
+        );
+    }
+
+    #[test]
+    fn a_refusing_gate_says_why_and_never_opens() {
+        let gate = Gate::default();
+        assert_eq!(gate.refusal(), None, "synchronizing is no refusal");
+        gate.refuse("claim c1 is contested".into());
+        gate.open();
+        assert!(!gate.is_open());
+        assert_eq!(gate.refusal().as_deref(), Some("claim c1 is contested"));
     }
 }

@@ -3,12 +3,13 @@
 //! NRI events from the runtime and claim requests from the kubelet meet here, under one lock, with
 //! durable state and the claim lifecycle (prepare = allocate, commit, write the CDI spec; unprepare
 //! = remove the spec, release, commit). See ARCHITECTURE.md for the invariants this crate keeps,
-//! and [`manager`] for the lock and the commit.
+//! [`manager`] for the lock and [`commit`] for the commit.
 //!
 //! It re-exports the crates whose types appear in its API (`kubelet_plugin`, `nri`, `policy`), so
 //! the binary uses exactly the versions resmgr was built against without depending on them.
 
 pub mod claims;
+pub mod commit;
 pub mod crash;
 pub(crate) mod disk;
 pub mod dra_handler;
@@ -21,16 +22,18 @@ pub mod kube;
 pub mod manager;
 pub mod nri_plugin;
 pub mod pending;
+pub mod points;
 pub mod published;
 pub mod reconcile;
 pub mod runtime;
 pub mod state;
 pub mod sync;
 
-pub use claims::{AdmitError, ClaimAnswers, LifecycleError};
+pub use claims::{AdmitError, Cause, ClaimAnswers, LifecycleError, Step, Undo};
+pub use commit::{CommitError, DeliveryCause, DeliveryError};
 pub use kube::{ClaimReadError, ClaimReader};
 pub use kubelet_plugin;
-pub use manager::{DeliveryError, Manager, ManagerConfig, StartError};
+pub use manager::{Manager, ManagerConfig, StartError};
 pub use nri;
 pub use policy;
 pub use published::Published;

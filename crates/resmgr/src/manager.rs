@@ -23,20 +23,17 @@
 //!
 //! Saves and spec writes fsync, and a slow disk must not delay the answers to NRI events (the
 //! runtime drops a plugin that misses its timeout, which ends the agent). So every change of
-//! the durable state bumps a version under the lock, and is made durable afterwards, outside it,
-//! by [`Manager::persist`]: saves are serialized by a lock of their own, each writes the newest
-//! state (taken under the manager lock, briefly), and a caller whose version a later save
-//! already covered does not write at all. Disk IO runs on the blocking pool ([`crate::disk`]).
-//! Events that change nothing durable (with the topology-aware policy: every container event)
-//! never wait for the disk.
+//! the durable state bumps a version under the lock, and is made durable afterwards, outside it:
+//! saves are serialized by a lock of their own, each writes the newest state (taken under the
+//! manager lock, briefly), and a caller whose version a later save already covered does not
+//! write at all. Disk IO runs on the blocking pool ([`crate::disk`]). Events that change nothing
+//! durable (with the topology-aware policy: every container event) never wait for the disk.
 //!
 //! # Commit
 //!
-//! A commit is (1) making the durable state that includes a change durable (atomically, with
-//! fsyncs), and (2) delivering the container updates the change made. Updates stay pending
-//! ([`crate::pending`]) until the runtime confirms them; a claim's commit waits for the updates
-//! its own allocation made, and what it could not deliver goes out from the background retry
-//! ([`Manager::run_retries`]).
+//! A commit makes a change durable and delivers the container updates it made; both rules above
+//! are enforced by [`crate::commit`], which alone holds the disk and the runtime, and which takes
+//! a change only once the lock is let go.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -44,20 +41,21 @@ use std::{
     time::Duration,
 };
 
-use policy::{ContainerUpdate, Policy};
-use tokio::sync::{Mutex, Notify, watch};
-use tracing::{debug, info, warn};
+use policy::Policy;
+use tokio::sync::{Mutex, watch};
+use tracing::{info, warn};
 
 use crate::{
     claims::ClaimLocks,
+    commit::Io,
     disk::Disk,
     faults::Faults,
     gate::Gate,
     kube::{ClaimReader, EventRecorder, NoEvents},
-    pending::{PendingUpdates, Ticket, Versioned},
+    pending::PendingUpdates,
     published::{Guard, Published},
     reconcile::{ReconcileConfig, Reconciliation, Stray, Unconfirmed},
-    runtime::{Runtime, RuntimeError},
+    runtime::Runtime,
     state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
 };
 
@@ -109,7 +107,7 @@ pub(crate) struct Inner {
 impl Inner {
     /// Takes note of what the calls since the last note changed: if the policy's snapshot or the
     /// records differ from the durable state noted, that is a new version, returned for
-    /// [`Manager::persist`]; `None` if nothing durable changed.
+    /// [`crate::commit::Change`]; `None` if nothing durable changed.
     pub(crate) fn note_changes(&mut self) -> Option<u64> {
         let snapshot = self.policy.snapshot();
         if snapshot == self.durable.0 && self.records == self.durable.1 {
@@ -121,15 +119,14 @@ impl Inner {
     }
 
     /// Notes changes ([`Inner::note_changes`]) and returns the version that includes every
-    /// change so far, whoever made it: what a claim's commit persists, so that it also finishes
-    /// what an earlier failed save left unsaved.
+    /// change so far, whoever made it.
     pub(crate) fn current_version(&mut self) -> u64 {
         self.note_changes();
         self.version
     }
 
     /// The newest durable state and its version.
-    fn durable_state(&self) -> (u64, State) {
+    pub(crate) fn durable_state(&self) -> (u64, State) {
         let state = State {
             version: STATE_VERSION,
             policy: self.policy.name().to_owned(),
@@ -160,37 +157,20 @@ pub enum StartError {
     Specs(#[from] cdi::StoreError),
 }
 
-/// Undelivered updates after a delivery.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{} container update(s) not delivered: {cause}", containers.len())]
-pub struct DeliveryError {
-    /// The containers whose updates are still pending.
-    pub containers: BTreeSet<String>,
-    /// Why.
-    pub cause: String,
-}
-
 /// The resource manager.
 #[derive(Debug)]
 pub struct Manager {
     pub(crate) inner: Mutex<Inner>,
     /// What readers see ([`crate::published`]).
     published: watch::Sender<Arc<Published>>,
-    /// Serializes deliveries, so they reach the runtime in the order they were begun.
-    delivery: Mutex<()>,
-    /// Serializes saves; holds the version on disk.
-    saved: Mutex<u64>,
-    pub(crate) disk: Disk,
+    /// The disk and the runtime, reached only through [`crate::commit`].
+    pub(crate) io: Io,
     /// One prepare or unprepare of a claim at a time.
     pub(crate) claim_locks: ClaimLocks,
-    runtime: Arc<dyn Runtime>,
     pub(crate) claim_reader: Arc<dyn ClaimReader>,
     /// Where reconciliation tells users what it did (an Event on the Node).
     pub(crate) events: Arc<dyn EventRecorder>,
     pub(crate) gate: Gate,
-    /// Why claims are refused after the Synchronize, when a claim is contested.
-    pub(crate) contested: std::sync::Mutex<Option<String>>,
-    pending_changed: Notify,
     pub(crate) config: ManagerConfig,
     /// This manager's hold on the state directory.
     _lock: StateLock,
@@ -294,20 +274,19 @@ impl Manager {
                 version: 0,
                 durable,
             }),
-            delivery: Mutex::new(()),
-            saved: Mutex::new(0),
-            disk: Disk {
-                state_file,
-                specs,
-                faults: config.faults.clone(),
-            },
+            io: Io::new(
+                Disk {
+                    state_file,
+                    specs,
+                    faults: config.faults.clone(),
+                },
+                runtime,
+                config.update_timeout,
+            ),
             claim_locks: ClaimLocks::default(),
-            runtime,
             claim_reader,
             events: Arc::new(NoEvents),
             gate: Gate::default(),
-            contested: std::sync::Mutex::new(None),
-            pending_changed: Notify::new(),
             config,
             _lock: lock,
         })
@@ -323,7 +302,7 @@ impl Manager {
     /// Why claims are refused although the runtime synchronized, if they are: a claim is
     /// contested ([`crate::reconcile`]).
     pub fn contested(&self) -> Option<String> {
-        crate::sync::lock(&self.contested).clone()
+        self.gate.refusal()
     }
 
     /// The claim gate.
@@ -359,166 +338,6 @@ impl Manager {
     pub(crate) fn faults(&self) -> &Faults {
         &self.config.faults
     }
-
-    /// Records updates as pending and wakes the background retry; returns their versions.
-    pub(crate) fn record_pending(
-        &self,
-        inner: &mut Inner,
-        updates: Vec<ContainerUpdate>,
-    ) -> Ticket {
-        if updates.is_empty() {
-            return Ticket::default();
-        }
-        let ticket = inner.pending.record(updates);
-        self.pending_changed.notify_one();
-        ticket
-    }
-
-    /// Makes the durable state durable up to `version` (from [`Inner::note_changes`]): commit
-    /// step 1. Takes the manager lock only to copy the newest state; writes it outside. A save
-    /// since `version` already covers it; a failed save leaves the disk where it was, and the
-    /// next persist writes the newest state.
-    pub(crate) async fn persist(&self, version: u64) -> Result<(), StateError> {
-        let mut saved = self.saved.lock().await;
-        if *saved >= version {
-            return Ok(());
-        }
-        self.write_state(&mut saved).await
-    }
-
-    async fn write_state(&self, saved: &mut u64) -> Result<(), StateError> {
-        let (version, state) = self.lock().await.durable_state();
-        self.disk.save_state(state).await?;
-        self.faults().crash_point("commit.state-written");
-        *saved = version;
-        Ok(())
-    }
-
-    /// Delivers everything pending to the runtime: commit step 2. Takes the manager lock only
-    /// briefly, never across the runtime call. Fails naming the containers whose updates the
-    /// runtime did not confirm, which stay pending.
-    ///
-    /// A batch the runtime refuses is sent again one update at a time, so that one container the
-    /// runtime cannot update (it may be gone) does not hold back everyone else's updates.
-    pub async fn deliver(&self) -> Result<(), DeliveryError> {
-        self.deliver_only(None).await
-    }
-
-    /// Delivers the updates of `ticket` (and whatever newer versions of its containers are
-    /// pending by then); fails naming the containers whose recorded version is not settled
-    /// afterwards (see [`crate::pending`]): what other commits recorded since, or the runtime
-    /// confirmed in the meantime, does not count against it.
-    pub(crate) async fn deliver_ticket(&self, ticket: &Ticket) -> Result<(), DeliveryError> {
-        if ticket.is_empty() {
-            return Ok(());
-        }
-        let cause = match self.deliver_only(Some(&ticket.containers())).await {
-            Ok(()) => String::new(),
-            Err(e) => e.cause,
-        };
-        let unsettled = self.lock().await.pending.unsettled(ticket);
-        if unsettled.is_empty() {
-            return Ok(());
-        }
-        Err(DeliveryError {
-            containers: unsettled,
-            cause,
-        })
-    }
-
-    async fn deliver_only(&self, only: Option<&BTreeSet<String>>) -> Result<(), DeliveryError> {
-        let _serial = self.delivery.lock().await;
-        let batch = self.lock().await.pending.begin(only);
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let result = self
-            .send(batch.iter().map(|v| v.update.clone()).collect())
-            .await;
-        let (failed, cause) = match result {
-            Ok(failed) => {
-                let failed: BTreeSet<String> = failed.into_iter().collect();
-                self.lock()
-                    .await
-                    .pending
-                    .finish(&batch, |id| !failed.contains(id));
-                let cause = format!("the runtime failed updates of {failed:?}");
-                (failed, cause)
-            }
-            Err(e) => {
-                self.lock().await.pending.finish(&batch, |_| false);
-                let mut failed = BTreeSet::new();
-                if batch.len() > 1 {
-                    debug!(error = %e, updates = batch.len(), "batch refused; sending updates one by one");
-                    for single in &batch {
-                        if !self.send_one(single).await {
-                            failed.insert(single.update.container_id.clone());
-                        }
-                    }
-                } else {
-                    failed.extend(batch.iter().map(|v| v.update.container_id.clone()));
-                }
-                (failed, e.to_string())
-            }
-        };
-        if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(DeliveryError {
-                containers: failed,
-                cause,
-            })
-        }
-    }
-
-    /// Sends one container's pending update on its own; whether the runtime confirmed it (or
-    /// nothing was pending for it any more).
-    async fn send_one(&self, single: &Versioned) -> bool {
-        let id = &single.update.container_id;
-        let Some(one) = self.lock().await.pending.begin_one(id) else {
-            return true;
-        };
-        let ok = matches!(self.send(vec![one.update.clone()]).await, Ok(f) if f.is_empty());
-        self.lock()
-            .await
-            .pending
-            .finish(std::slice::from_ref(&one), |_| ok);
-        ok
-    }
-
-    async fn send(&self, updates: Vec<ContainerUpdate>) -> Result<Vec<String>, RuntimeError> {
-        if self.faults().crashed() {
-            // Nothing of a crashed manager reaches the runtime.
-            return Err(RuntimeError::Disconnected);
-        }
-        let timeout = self.config.update_timeout;
-        match tokio::time::timeout(timeout, self.runtime.update_containers(updates)).await {
-            Ok(result) => result,
-            Err(_) => Err(RuntimeError::Timeout(timeout)),
-        }
-    }
-
-    /// Retries undelivered updates in the background, with exponential backoff, for as long as
-    /// the manager lives. Started once the gate is open.
-    pub async fn run_retries(&self) {
-        let mut backoff = self.config.retry_backoff;
-        loop {
-            let notified = self.pending_changed.notified();
-            if self.lock().await.pending.is_empty() {
-                notified.await;
-                continue;
-            }
-            match self.deliver().await {
-                Ok(()) => backoff = self.config.retry_backoff,
-                Err(e) => {
-                    warn!(error = %e, retry_in = ?backoff, "container updates still pending");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(self.config.max_retry_backoff);
-                }
-            }
-        }
-    }
-
     /// How many containers have updates pending.
     pub async fn pending_updates(&self) -> usize {
         self.lock().await.pending.len()
@@ -527,13 +346,5 @@ impl Manager {
     /// Every prepared claim's record, by UID: what `/debug/state` shows.
     pub async fn claim_records(&self) -> std::collections::BTreeMap<String, ClaimRecord> {
         self.lock().await.records.clone()
-    }
-
-    /// Saves the durable state once more: the last step of a graceful shutdown. Every commit
-    /// has saved already; this makes the file exist, and current, even when nothing was ever
-    /// committed.
-    pub async fn save_state(&self) -> Result<(), StateError> {
-        let mut saved = self.saved.lock().await;
-        self.write_state(&mut saved).await
     }
 }

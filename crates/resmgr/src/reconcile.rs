@@ -508,68 +508,75 @@ impl Manager {
     pub(crate) async fn do_reconcile_chores(&self) {
         let chores = std::mem::take(&mut self.lock().await.reconcile.chores);
         for chore in chores {
-            let standing = match &chore {
-                Chore::Sweep(uid) if self.config.reconcile.pool.is_some() => {
-                    self.standing(&ClaimRef::new("", "", uid), false).await
-                }
-                _ => Standing::Unwanted(String::new()),
+            let done = match chore {
+                Chore::Sweep(uid) => self.sweep_refused(uid).await,
+                Chore::SetAside(uid) => self.set_aside_unused(uid).await,
             };
-            if let (Chore::Sweep(uid), Standing::Unknown(why)) = (&chore, &standing) {
-                // An API server that cannot be asked sweeps nothing; the next start judges it.
-                warn!(claim = %uid, reason = %why, "a stray cdi spec whose cpus another claim holds stays until the next start: the api server cannot say whether it is allocated here");
-                continue;
+            if let Some(done) = done {
+                self.tell(&done);
             }
-            if let (Chore::Sweep(uid), Standing::Wanted(why)) = (&chore, standing) {
-                // The claim is wanted here, but the policy gave its CPUs to another claim of
-                // the state (an older state restored): sweeping would strand its pod, granting
-                // would grant the same CPUs twice.
-                let detail = format!(
-                    "its CDI spec, which the state does not account for, grants cpus another claim of the state holds, \
-                     and {why}: claims are refused so that no cpu is granted twice. The other claim, if nothing wants it, \
-                     is released after unconfirmed-claim-grace; then restart the agent (delete its pod) to take this one back"
-                );
-                let done = {
+        }
+    }
+
+    /// A readable stray that nothing uses, whose CPUs another claim of the state holds: swept,
+    /// unless the API server says it is allocated here (then contested: sweeping would strand
+    /// its pod, granting would grant the same CPUs twice) or cannot say (then it stays until the
+    /// next start).
+    async fn sweep_refused(&self, uid: String) -> Option<Reconciled> {
+        if self.config.reconcile.pool.is_some() {
+            match self.standing(&ClaimRef::new("", "", &uid), false).await {
+                Standing::Unwanted(_) => {}
+                Standing::Unknown(why) => {
+                    warn!(claim = %uid, reason = %why, "a stray cdi spec whose cpus another claim holds stays until the next start: the api server cannot say whether it is allocated here");
+                    return None;
+                }
+                Standing::Wanted(why) => {
+                    // The claim is wanted here, but the policy gave its CPUs to another claim of
+                    // the state (an older state restored).
+                    let detail = format!(
+                        "its CDI spec, which the state does not account for, grants cpus another claim of the state holds, \
+                         and {why}: claims are refused so that no cpu is granted twice. The other claim, if nothing wants it, \
+                         is released after unconfirmed-claim-grace; then restart the agent (delete its pod) to take this one back"
+                    );
                     let mut inner = self.lock().await;
                     inner
                         .reconcile
                         .report
                         .contested
                         .insert(uid.clone(), detail.clone());
-                    inner.reconcile.note(uid, Outcome::Contested, detail)
-                };
-                self.tell(&done);
-                continue;
-            }
-            let (uid, result) = match &chore {
-                Chore::Sweep(uid) => (
-                    uid,
-                    self.disk.remove_spec(uid).await.map(|_| {
-                        (
-                            Outcome::Swept,
-                            "its CDI spec, which the state did not account for and whose cpus another claim holds, is used by no container: removed".to_owned(),
-                        )
-                    }),
-                ),
-                Chore::SetAside(uid) => (
-                    uid,
-                    self.disk.set_aside(uid).await.map(|path| {
-                        let path = path.map(|p| p.display().to_string()).unwrap_or_default();
-                        (
-                            Outcome::SetAside,
-                            format!("its CDI spec cannot be read and no container uses it: moved aside to {path}"),
-                        )
-                    }),
-                ),
-            };
-            let done = match result {
-                Ok((outcome, detail)) => self.lock().await.reconcile.note(uid, outcome, detail),
-                Err(e) => {
-                    // The spec stays; the next start judges it again.
-                    warn!(claim = %uid, error = %chain(&e), "reconciling a stray cdi spec failed; it stays until the next start");
-                    continue;
+                    return Some(inner.reconcile.note(&uid, Outcome::Contested, detail));
                 }
-            };
-            self.tell(&done);
+            }
+        }
+        match self.remove_spec(&uid).await {
+            Ok(_) => Some(self.lock().await.reconcile.note(
+                &uid,
+                Outcome::Swept,
+                "its CDI spec, which the state did not account for and whose cpus another claim holds, is used by no container: removed",
+            )),
+            Err(e) => {
+                // The spec stays; the next start judges it again.
+                warn!(claim = %uid, error = %chain(&e), "sweeping a stray cdi spec failed; it stays until the next start");
+                None
+            }
+        }
+    }
+
+    /// An unreadable stray that nothing uses: moved aside, never deleted.
+    async fn set_aside_unused(&self, uid: String) -> Option<Reconciled> {
+        match self.set_aside(&uid).await {
+            Ok(path) => {
+                let path = path.map(|p| p.display().to_string()).unwrap_or_default();
+                Some(self.lock().await.reconcile.note(
+                    &uid,
+                    Outcome::SetAside,
+                    format!("its CDI spec cannot be read and no container uses it: moved aside to {path}"),
+                ))
+            }
+            Err(e) => {
+                warn!(claim = %uid, error = %chain(&e), "setting aside an unreadable cdi spec failed; it stays until the next start");
+                None
+            }
         }
     }
 

@@ -623,13 +623,7 @@ impl Sim {
             .await
             .map_err(|e| e.to_string())?
             .remove(&uid)
-            .unwrap_or_else(|| {
-                Err(resmgr::LifecycleError {
-                    claim: reference.clone(),
-                    step: "answering",
-                    cause: "no answer".into(),
-                })
-            });
+            .ok_or_else(|| format!("claim {reference}: the manager gave no answer"))?;
         let mut sim_claim = SimClaim {
             reference,
             cdi_devices: None,
@@ -655,7 +649,10 @@ impl Sim {
             }
             Err(e) => {
                 self.claims.insert(name, sim_claim);
-                Err(format!("the kubelet could not prepare it: {e}"))
+                Err(format!(
+                    "the kubelet could not prepare it: {}",
+                    resmgr::errors::chain(&e)
+                ))
             }
         }
     }

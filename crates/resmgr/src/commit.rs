@@ -1,0 +1,369 @@
+//! Commit: the one path from a change made under the manager lock to the disk and the runtime.
+//!
+//! # A change is a value
+//!
+//! Every mutation under the manager lock ends by turning the lock's guard into a [`Change`]
+//! ([`Guard::change`], [`Guard::change_all`]): the version of the durable state that includes it
+//! and the ticket of the container updates it must wait for. Turning the guard into a change lets
+//! go of the lock, and a change is `#[must_use]`, so it is committed after the lock is released or
+//! dropped on purpose. [`Manager::commit`] then (1) makes the durable state up to its version
+//! durable (atomically, with fsyncs), and (2) delivers its updates and waits for the runtime to
+//! confirm them ([`crate::pending`]); what it could not deliver goes out from the background
+//! retry ([`Manager::run_retries`]).
+//!
+//! # The lock is never held across IO, by construction
+//!
+//! The disk ([`crate::disk::Disk`]) and the runtime ([`crate::Runtime`]) are fields of [`Io`],
+//! private to this module: nothing else can reach them. Every function here that does IO takes
+//! `&Manager`, never a guard, and takes the manager lock itself only for in-memory work (copying
+//! the newest state, beginning and finishing a batch of updates), so no caller can hold it across
+//! a save, a spec write or an `UpdateContainers` call. Why that matters is in [`crate::manager`].
+//!
+//! # Lock order
+//!
+//! claim lock ([`crate::claims`]) → save lock or delivery lock → manager lock. The manager lock
+//! is innermost and never held while another lock is awaited; the save lock and the delivery lock
+//! are never held together.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use cdi::{ContainerEdits, StoreError};
+use policy::ContainerUpdate;
+use tokio::sync::{Mutex, Notify};
+use tracing::{debug, warn};
+
+use crate::{
+    disk::Disk,
+    errors::chain,
+    faults::{Faults, Point},
+    manager::{Inner, Manager},
+    pending::{Ticket, Versioned},
+    published::Guard,
+    runtime::{Runtime, RuntimeError},
+    state::StateError,
+};
+
+/// What one mutation under the manager lock changed, to commit once the lock is released.
+#[must_use = "a change is committed with Manager::commit once the lock is released"]
+#[derive(Debug, Default)]
+pub(crate) struct Change {
+    /// The version of the durable state that includes it; `None`: nothing durable changed.
+    version: Option<u64>,
+    /// The updates to deliver and wait for.
+    ticket: Ticket,
+    /// The points passed once it is saved and once it is delivered.
+    points: Option<(Point, Point)>,
+}
+
+impl Change {
+    /// Passes `saved` once the change is on disk and `delivered` once its updates are.
+    pub(crate) fn at(mut self, saved: Point, delivered: Point) -> Self {
+        self.points = Some((saved, delivered));
+        self
+    }
+}
+
+impl Guard<'_> {
+    /// Ends this use of the lock: what the calls since the last change made durable (nothing, if
+    /// they changed nothing durable), and the updates to wait for. An event that changed nothing
+    /// durable does not wait for anyone else's save.
+    pub(crate) fn change(mut self, ticket: Ticket) -> Change {
+        Change {
+            version: self.note_changes(),
+            ticket,
+            points: None,
+        }
+    }
+
+    /// Ends this use of the lock with everything changed so far, whoever changed it: what a
+    /// claim's commit persists, so that it also finishes what an earlier failed save left
+    /// unsaved.
+    pub(crate) fn change_all(mut self, ticket: Ticket) -> Change {
+        Change {
+            version: Some(self.current_version()),
+            ticket,
+            points: None,
+        }
+    }
+}
+
+/// Why a commit did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The state could not be saved; the disk is where it was, and the next commit writes the
+    /// newest state. The change's updates stay pending.
+    #[error("saving the state")]
+    Save(#[source] StateError),
+    /// The state is saved, but the runtime did not confirm every update the change waits for.
+    #[error("updating containers")]
+    Deliver(#[source] DeliveryError),
+}
+
+/// Undelivered updates after a delivery.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} container update(s) not delivered", containers.len())]
+pub struct DeliveryError {
+    /// The containers whose updates are still pending.
+    pub containers: BTreeSet<String>,
+    /// Why.
+    #[source]
+    pub cause: DeliveryCause,
+}
+
+/// Why updates were not delivered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryCause {
+    /// The runtime took the call and reported these containers' updates as failed.
+    #[error("the runtime failed updates of {0:?}")]
+    Failed(BTreeSet<String>),
+    /// The call itself failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A delivery begun earlier still carries them.
+    #[error("a delivery begun earlier has not settled them yet")]
+    InFlight,
+}
+
+/// What reaches the disk and the runtime, and the locks that serialize it: private to this
+/// module (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Io {
+    disk: Disk,
+    runtime: Arc<dyn Runtime>,
+    update_timeout: Duration,
+    /// Serializes deliveries, so they reach the runtime in the order they were begun.
+    delivery: Mutex<()>,
+    /// Serializes saves; holds the version on disk.
+    saved: Mutex<u64>,
+    /// Wakes the background retry when updates become pending.
+    pending_changed: Notify,
+}
+
+impl Io {
+    pub(crate) fn new(disk: Disk, runtime: Arc<dyn Runtime>, update_timeout: Duration) -> Self {
+        Self {
+            disk,
+            runtime,
+            update_timeout,
+            delivery: Mutex::new(()),
+            saved: Mutex::new(0),
+            pending_changed: Notify::new(),
+        }
+    }
+
+    fn faults(&self) -> &Faults {
+        &self.disk.faults
+    }
+}
+
+impl Manager {
+    /// Commits a change: saves the durable state up to its version, then delivers its updates.
+    /// A failed save delivers nothing (the updates stay pending, retried in the background).
+    pub(crate) async fn commit(&self, change: Change) -> Result<(), CommitError> {
+        if let Some(version) = change.version {
+            self.persist(version).await.map_err(CommitError::Save)?;
+        }
+        if let Some((saved, _)) = change.points {
+            self.io.faults().crash_point(saved);
+        }
+        self.deliver_ticket(&change.ticket)
+            .await
+            .map_err(CommitError::Deliver)?;
+        if let Some((_, delivered)) = change.points {
+            self.io.faults().crash_point(delivered);
+        }
+        Ok(())
+    }
+
+    /// Records updates as pending and wakes the background retry; returns their versions.
+    pub(crate) fn record_pending(
+        &self,
+        inner: &mut Inner,
+        updates: Vec<ContainerUpdate>,
+    ) -> Ticket {
+        if updates.is_empty() {
+            return Ticket::default();
+        }
+        let ticket = inner.pending.record(updates);
+        self.io.pending_changed.notify_one();
+        ticket
+    }
+
+    /// Makes the durable state durable up to `version`. Takes the manager lock only to copy the
+    /// newest state; writes it outside. A save since `version` already covers it.
+    async fn persist(&self, version: u64) -> Result<(), StateError> {
+        let mut saved = self.io.saved.lock().await;
+        if *saved >= version {
+            return Ok(());
+        }
+        self.write_state(&mut saved).await
+    }
+
+    async fn write_state(&self, saved: &mut u64) -> Result<(), StateError> {
+        let (version, state) = self.lock().await.durable_state();
+        self.io.disk.save_state(state).await?;
+        self.io.faults().crash_point(Point::CommitStateWritten);
+        *saved = version;
+        Ok(())
+    }
+
+    /// Saves the durable state once more: the last step of a graceful shutdown. Every commit
+    /// has saved already; this makes the file exist, and current, even when nothing was ever
+    /// committed.
+    pub async fn save_state(&self) -> Result<(), StateError> {
+        let mut saved = self.io.saved.lock().await;
+        self.write_state(&mut saved).await
+    }
+
+    /// Writes claim `uid`'s CDI spec durably: the last step of a prepare, after its commit.
+    pub(crate) async fn write_spec(
+        &self,
+        uid: &str,
+        edits: Vec<ContainerEdits>,
+    ) -> Result<(), StoreError> {
+        self.io.disk.write_spec(uid, edits).await
+    }
+
+    /// Removes claim `uid`'s CDI spec durably: the first step of a release; whether there was
+    /// one.
+    pub(crate) async fn remove_spec(&self, uid: &str) -> Result<bool, StoreError> {
+        self.io.disk.remove_spec(uid).await
+    }
+
+    /// Whether claim `uid` has a CDI spec on disk.
+    pub(crate) async fn has_spec(&self, uid: &str) -> Result<bool, StoreError> {
+        self.io.disk.has_spec(uid).await
+    }
+
+    /// Moves claim `uid`'s unreadable CDI spec aside; where to, if it was there.
+    pub(crate) async fn set_aside(
+        &self,
+        uid: &str,
+    ) -> Result<Option<std::path::PathBuf>, StoreError> {
+        self.io.disk.set_aside(uid).await
+    }
+
+    /// Delivers everything pending to the runtime. Takes the manager lock only briefly, never
+    /// across the runtime call. Fails naming the containers whose updates the runtime did not
+    /// confirm, which stay pending.
+    ///
+    /// A batch the runtime refuses is sent again one update at a time, so that one container the
+    /// runtime cannot update (it may be gone) does not hold back everyone else's updates.
+    pub async fn deliver(&self) -> Result<(), DeliveryError> {
+        self.deliver_only(None).await
+    }
+
+    /// Delivers the updates of `ticket` (and whatever newer versions of its containers are
+    /// pending by then); fails naming the containers whose recorded version is not settled
+    /// afterwards (see [`crate::pending`]): what other commits recorded since, or the runtime
+    /// confirmed in the meantime, does not count against it.
+    async fn deliver_ticket(&self, ticket: &Ticket) -> Result<(), DeliveryError> {
+        if ticket.is_empty() {
+            return Ok(());
+        }
+        let cause = match self.deliver_only(Some(&ticket.containers())).await {
+            Ok(()) => DeliveryCause::InFlight,
+            Err(e) => e.cause,
+        };
+        let unsettled = self.lock().await.pending.unsettled(ticket);
+        if unsettled.is_empty() {
+            return Ok(());
+        }
+        Err(DeliveryError {
+            containers: unsettled,
+            cause,
+        })
+    }
+
+    async fn deliver_only(&self, only: Option<&BTreeSet<String>>) -> Result<(), DeliveryError> {
+        let _serial = self.io.delivery.lock().await;
+        let batch = self.lock().await.pending.begin(only);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let result = self
+            .send(batch.iter().map(|v| v.update.clone()).collect())
+            .await;
+        let (failed, cause) = match result {
+            Ok(failed) => {
+                let failed: BTreeSet<String> = failed.into_iter().collect();
+                self.lock()
+                    .await
+                    .pending
+                    .finish(&batch, |id| !failed.contains(id));
+                (failed.clone(), DeliveryCause::Failed(failed))
+            }
+            Err(e) => {
+                self.lock().await.pending.finish(&batch, |_| false);
+                let mut failed = BTreeSet::new();
+                if batch.len() > 1 {
+                    debug!(error = %e, updates = batch.len(), "batch refused; sending updates one by one");
+                    for single in &batch {
+                        if !self.send_one(single).await {
+                            failed.insert(single.update.container_id.clone());
+                        }
+                    }
+                } else {
+                    failed.extend(batch.iter().map(|v| v.update.container_id.clone()));
+                }
+                (failed, DeliveryCause::Runtime(e))
+            }
+        };
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(DeliveryError {
+                containers: failed,
+                cause,
+            })
+        }
+    }
+
+    /// Sends one container's pending update on its own; whether the runtime confirmed it (or
+    /// nothing was pending for it any more).
+    async fn send_one(&self, single: &Versioned) -> bool {
+        let id = &single.update.container_id;
+        let Some(one) = self.lock().await.pending.begin_one(id) else {
+            return true;
+        };
+        let ok = matches!(self.send(vec![one.update.clone()]).await, Ok(f) if f.is_empty());
+        self.lock()
+            .await
+            .pending
+            .finish(std::slice::from_ref(&one), |_| ok);
+        ok
+    }
+
+    async fn send(&self, updates: Vec<ContainerUpdate>) -> Result<Vec<String>, RuntimeError> {
+        if self.io.faults().crashed() {
+            // Nothing of a crashed manager reaches the runtime.
+            return Err(RuntimeError::Disconnected);
+        }
+        let timeout = self.io.update_timeout;
+        match tokio::time::timeout(timeout, self.io.runtime.update_containers(updates)).await {
+            Ok(result) => result,
+            Err(_) => Err(RuntimeError::Timeout(timeout)),
+        }
+    }
+
+    /// Retries undelivered updates in the background, with exponential backoff, for as long as
+    /// the manager lives. Started once the gate is open.
+    pub async fn run_retries(&self) {
+        let mut backoff = self.config.retry_backoff;
+        loop {
+            let notified = self.io.pending_changed.notified();
+            if self.lock().await.pending.is_empty() {
+                notified.await;
+                continue;
+            }
+            match self.deliver().await {
+                Ok(()) => backoff = self.config.retry_backoff,
+                Err(e) => {
+                    warn!(error = %chain(&e), retry_in = ?backoff, "container updates still pending");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.max_retry_backoff);
+                }
+            }
+        }
+    }
+}

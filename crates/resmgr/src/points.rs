@@ -1,0 +1,160 @@
+//! The named points of the claim lifecycle, the commit and the manager's disk: one list, checked
+//! by the compiler, for both kinds of failure test.
+//!
+//! A crash test aborts the process at a point ([`crate::crash`]); a fault test makes the
+//! operation at a point fail, wait, block or freeze the manager in-process ([`crate::faults`]).
+//! Every step of prepare, unprepare and commit ([`Point::STEPS`]) and every disk operation
+//! ([`Point::DISK`]) is a point, so a new operation cannot be left out of either test by
+//! forgetting a string.
+
+use std::{fmt, str::FromStr};
+
+/// A named point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Point {
+    /// Prepare: the policy allocated the claim, in memory.
+    PrepareAllocated,
+    /// Prepare: the state that holds the claim is on disk.
+    PrepareSaved,
+    /// Prepare: the containers moved off the claim's CPUs have moved.
+    PrepareDelivered,
+    /// Prepare: the claim's CDI spec is on disk.
+    PrepareSpecWritten,
+    /// Unprepare: the claim's CDI spec is gone.
+    UnprepareSpecRemoved,
+    /// Unprepare: the policy released the claim, in memory.
+    UnprepareReleased,
+    /// Unprepare: the state without the claim is on disk.
+    UnprepareSaved,
+    /// Unprepare: the containers growing back onto its CPUs were told.
+    UnprepareDelivered,
+    /// A commit wrote the state file.
+    CommitStateWritten,
+    /// Disk: saving the state file; fails before anything is written.
+    StateSave,
+    /// Disk: writing a claim's CDI spec; fails before anything is written.
+    SpecWrite,
+    /// Disk: after a claim's CDI spec is in place; fails as a failed directory fsync would,
+    /// the spec being on disk.
+    SpecWritten,
+    /// Disk: removing a claim's CDI spec; fails before anything is removed.
+    SpecRemove,
+    /// Disk: checking whether a claim's CDI spec is on disk.
+    SpecCheck,
+    /// Disk: moving an unreadable CDI spec aside.
+    SpecSetAside,
+}
+
+impl Point {
+    /// The steps of prepare, unprepare and commit, in the order a prepare and then an unprepare
+    /// reach them.
+    pub const STEPS: &[Point] = &[
+        Point::PrepareAllocated,
+        Point::PrepareSaved,
+        Point::PrepareDelivered,
+        Point::PrepareSpecWritten,
+        Point::UnprepareSpecRemoved,
+        Point::UnprepareReleased,
+        Point::UnprepareSaved,
+        Point::UnprepareDelivered,
+        Point::CommitStateWritten,
+    ];
+
+    /// The disk operations.
+    pub const DISK: &[Point] = &[
+        Point::StateSave,
+        Point::SpecWrite,
+        Point::SpecWritten,
+        Point::SpecRemove,
+        Point::SpecCheck,
+        Point::SpecSetAside,
+    ];
+
+    /// Its name, as `RESMGR_CRASH_AT` and the failure reports spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Point::PrepareAllocated => "prepare.allocated",
+            Point::PrepareSaved => "prepare.saved",
+            Point::PrepareDelivered => "prepare.delivered",
+            Point::PrepareSpecWritten => "prepare.spec-written",
+            Point::UnprepareSpecRemoved => "unprepare.spec-removed",
+            Point::UnprepareReleased => "unprepare.released",
+            Point::UnprepareSaved => "unprepare.saved",
+            Point::UnprepareDelivered => "unprepare.delivered",
+            Point::CommitStateWritten => "commit.state-written",
+            Point::StateSave => "disk.state-save",
+            Point::SpecWrite => "disk.spec-write",
+            Point::SpecWritten => "disk.spec-written",
+            Point::SpecRemove => "disk.spec-remove",
+            Point::SpecCheck => "disk.spec-check",
+            Point::SpecSetAside => "disk.spec-set-aside",
+        }
+    }
+}
+
+impl fmt::Display for Point {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no point.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a crash or fault point (one of {names})", names = all_names())]
+pub struct UnknownPoint(pub String);
+
+fn all_names() -> String {
+    Point::STEPS
+        .iter()
+        .chain(Point::DISK)
+        .map(|p| p.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl FromStr for Point {
+    type Err = UnknownPoint;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Point::STEPS
+            .iter()
+            .chain(Point::DISK)
+            .copied()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| UnknownPoint(s.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_point_is_listed_once_and_its_name_parses_back() {
+        let all: Vec<Point> = Point::STEPS.iter().chain(Point::DISK).copied().collect();
+        let unique: std::collections::BTreeSet<Point> = all.iter().copied().collect();
+        assert_eq!(unique.len(), all.len(), "a point is listed twice");
+        // Exhaustive: a new variant fails to compile here until it is placed in a list.
+        for p in &all {
+            match p {
+                Point::PrepareAllocated
+                | Point::PrepareSaved
+                | Point::PrepareDelivered
+                | Point::PrepareSpecWritten
+                | Point::UnprepareSpecRemoved
+                | Point::UnprepareReleased
+                | Point::UnprepareSaved
+                | Point::UnprepareDelivered
+                | Point::CommitStateWritten
+                | Point::StateSave
+                | Point::SpecWrite
+                | Point::SpecWritten
+                | Point::SpecRemove
+                | Point::SpecCheck
+                | Point::SpecSetAside => {}
+            }
+            assert_eq!(p.name().parse::<Point>(), Ok(*p));
+        }
+        assert_eq!(all.len(), 15, "every variant is in STEPS or DISK");
+        assert!("disk.nowhere".parse::<Point>().is_err());
+    }
+}
