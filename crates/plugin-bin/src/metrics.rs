@@ -23,7 +23,7 @@ use prometheus_client::{
     registry::{Metric, Registry},
 };
 
-use crate::view::Inventory;
+use crate::view::InventoryRows;
 
 /// One metric, as documented.
 #[derive(Debug, Clone, Copy)]
@@ -293,7 +293,7 @@ struct VersionLabel {
 /// What the scrape-time gauges are set from.
 #[derive(Debug)]
 pub struct Snapshot<'a> {
-    pub inventory: &'a Inventory,
+    pub inventory: &'a InventoryRows,
     pub pending_updates: usize,
     pub synchronized: bool,
     pub ready: bool,
@@ -595,8 +595,8 @@ mod tests {
     use super::*;
     use crate::view::PoolCounts;
 
-    fn inventory() -> Inventory {
-        Inventory {
+    fn inventory() -> InventoryRows {
+        InventoryRows {
             reserved: "0".into(),
             shared: "1-3".into(),
             pools: vec![PoolCounts {

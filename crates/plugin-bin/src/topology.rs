@@ -59,7 +59,7 @@ pub fn main(
         .iter()
         .map(|p| (p.name.clone(), p.depth))
         .collect();
-    let inventory = view::Inventory::from(report);
+    let inventory = view::InventoryRows::from(report);
     match format {
         Format::Json => {
             let out = Out {

@@ -55,7 +55,7 @@ pub struct PoolCounts {
 /// Everything placed, copied out of the policy at one instant, in the form the binary prints
 /// (`/debug/state`'s `allocation`, the simulator's report): sets as cpu lists, pools as counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Inventory {
+pub struct InventoryRows {
     pub reserved: String,
     /// CPUs not reserved, isolated, or taken.
     pub shared: String,
@@ -69,7 +69,7 @@ pub struct Inventory {
     pub source: policy::Inventory,
 }
 
-impl From<policy::Inventory> for Inventory {
+impl From<policy::Inventory> for InventoryRows {
     fn from(inv: policy::Inventory) -> Self {
         let pools = inv
             .pools
@@ -132,11 +132,11 @@ pub fn devices_to_show(policy: &dyn Policy) -> Result<Vec<Device>, PolicyError> 
 pub type Snapshots = tokio::sync::watch::Receiver<std::sync::Arc<resmgr::Published>>;
 
 /// What the manager has placed where, as of its last change, in printed form.
-pub fn inventory(manager: &resmgr::Manager) -> Inventory {
-    Inventory::from(manager.snapshot().inventory.clone())
+pub fn inventory(manager: &resmgr::Manager) -> InventoryRows {
+    InventoryRows::from(manager.snapshot().inventory.clone())
 }
 
 /// The inventory of the last snapshot `snapshots` saw, in printed form.
-pub fn snapshot_inventory(snapshots: &Snapshots) -> Inventory {
-    Inventory::from(snapshots.borrow().inventory.clone())
+pub fn snapshot_inventory(snapshots: &Snapshots) -> InventoryRows {
+    InventoryRows::from(snapshots.borrow().inventory.clone())
 }

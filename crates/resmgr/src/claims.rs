@@ -65,7 +65,7 @@ use crate::{
     faults::Point,
     kube::ClaimReadError,
     manager::Manager,
-    state::{ClaimRecord, DeviceRecord, StateError},
+    state::{DeviceRecord, PreparedClaim, StateError},
 };
 
 /// One lock per claim UID in use, so that the prepares and unprepares of a claim run one at a
@@ -364,7 +364,7 @@ impl Manager {
             Ok(devices) => {
                 inner.records.insert(
                     uid.to_owned(),
-                    ClaimRecord {
+                    PreparedClaim {
                         namespace: claim.namespace.clone(),
                         name: claim.name.clone(),
                         devices: devices.clone(),
@@ -492,7 +492,7 @@ impl Manager {
     }
 
     /// What was answered for a prepared claim, if it is prepared.
-    pub async fn claim_record(&self, uid: &str) -> Option<ClaimRecord> {
+    pub async fn claim_record(&self, uid: &str) -> Option<PreparedClaim> {
         self.lock().await.records.get(uid).cloned()
     }
 }

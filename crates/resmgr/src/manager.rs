@@ -56,7 +56,7 @@ use crate::{
     published::{Guard, Published},
     reconcile::{ReconcileConfig, Reconciliation, Stray, Unconfirmed},
     runtime::Runtime,
-    state::{ClaimRecord, STATE_VERSION, State, StateError, StateFile, StateLock},
+    state::{PreparedClaim, STATE_VERSION, State, StateError, StateFile, StateLock},
 };
 
 /// Settings of the resource manager.
@@ -95,13 +95,13 @@ impl ManagerConfig {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) policy: Box<dyn Policy>,
-    pub(crate) records: BTreeMap<String, ClaimRecord>,
+    pub(crate) records: BTreeMap<String, PreparedClaim>,
     pub(crate) pending: PendingUpdates,
     pub(crate) reconcile: Reconciliation,
     /// Counts changes of the durable state.
     version: u64,
     /// The durable state as of `version`: the policy's snapshot and the claim records.
-    durable: (serde_json::Value, BTreeMap<String, ClaimRecord>),
+    durable: (serde_json::Value, BTreeMap<String, PreparedClaim>),
 }
 
 impl Inner {
@@ -344,7 +344,7 @@ impl Manager {
     }
 
     /// Every prepared claim's record, by UID: what `/debug/state` shows.
-    pub async fn claim_records(&self) -> std::collections::BTreeMap<String, ClaimRecord> {
+    pub async fn claim_records(&self) -> std::collections::BTreeMap<String, PreparedClaim> {
         self.lock().await.records.clone()
     }
 }

@@ -14,7 +14,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use policy::{CpuSet, Device, Inventory, Policy, PolicyError};
 use tokio::sync::{MutexGuard, watch};
 
-use crate::{manager::Inner, state::ClaimRecord};
+use crate::{manager::Inner, state::PreparedClaim};
 
 /// What readers see, as of the last change.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,12 +28,12 @@ pub struct Published {
     /// device's health depends on.
     pub device_cpus: BTreeMap<String, CpuSet>,
     /// Every prepared (or adopted) claim's record, by UID.
-    pub claims: BTreeMap<String, ClaimRecord>,
+    pub claims: BTreeMap<String, PreparedClaim>,
 }
 
 impl Published {
     /// The snapshot of a policy and its records.
-    pub(crate) fn of(policy: &dyn Policy, claims: &BTreeMap<String, ClaimRecord>) -> Self {
+    pub(crate) fn of(policy: &dyn Policy, claims: &BTreeMap<String, PreparedClaim>) -> Self {
         Self {
             inventory: policy.inventory(),
             devices: policy.devices(),

@@ -69,7 +69,7 @@ use crate::{
     errors::chain,
     kube::Notice,
     manager::Manager,
-    state::{ClaimRecord, DeviceRecord},
+    state::{DeviceRecord, PreparedClaim},
 };
 
 /// How long an unconfirmed claim that nothing wants is kept, by default: twice the kubelet's
@@ -236,7 +236,7 @@ pub(crate) struct Reconciliation {
 }
 
 /// The record of a claim taken back from disk: only its CDI device IDs are known.
-pub(crate) fn adopted_record(driver: &str, uid: &cdi::ClaimUid, devices: usize) -> ClaimRecord {
+pub(crate) fn adopted_record(driver: &str, uid: &cdi::ClaimUid, devices: usize) -> PreparedClaim {
     let devices = (0..devices)
         .filter_map(|i| cdi::claim::qualified_device_name(driver, uid, i).ok())
         .map(|id| DeviceRecord {
@@ -247,7 +247,7 @@ pub(crate) fn adopted_record(driver: &str, uid: &cdi::ClaimUid, devices: usize) 
             share_id: None,
         })
         .collect();
-    ClaimRecord {
+    PreparedClaim {
         namespace: String::new(),
         name: String::new(),
         devices,
@@ -256,7 +256,7 @@ pub(crate) fn adopted_record(driver: &str, uid: &cdi::ClaimUid, devices: usize) 
 }
 
 /// The reference used to name an unconfirmed claim: its record's namespace and name when known.
-pub(crate) fn claim_ref(uid: &str, record: Option<&ClaimRecord>) -> ClaimRef {
+pub(crate) fn claim_ref(uid: &str, record: Option<&PreparedClaim>) -> ClaimRef {
     match record {
         Some(r) if !r.name.is_empty() => ClaimRef::new(&r.namespace, &r.name, uid),
         _ => ClaimRef::new("", "", uid),
@@ -329,7 +329,7 @@ impl Reconciliation {
         &mut self,
         driver: &str,
         policy: &mut dyn Policy,
-        records: &mut BTreeMap<String, ClaimRecord>,
+        records: &mut BTreeMap<String, PreparedClaim>,
         containers: &[Container],
     ) -> Vec<Reconciled> {
         let mut done = Vec::new();

@@ -45,14 +45,14 @@ pub struct State {
     /// The policy's snapshot.
     pub policy_state: serde_json::Value,
     /// The claims prepared (or being prepared), by UID.
-    pub claims: BTreeMap<String, ClaimRecord>,
+    pub claims: BTreeMap<String, PreparedClaim>,
 }
 
 /// What we answered the kubelet for a claim, kept to serve unprepare and to show in
 /// `/debug/state` without asking the API server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ClaimRecord {
+pub struct PreparedClaim {
     /// Namespace of the claim (empty when adopted).
     pub namespace: String,
     /// Name of the claim (empty when adopted).
@@ -288,7 +288,7 @@ mod tests {
         let mut claims = BTreeMap::new();
         claims.insert(
             "uid-1".into(),
-            ClaimRecord {
+            PreparedClaim {
                 namespace: "ns".into(),
                 name: "c".into(),
                 devices: vec![DeviceRecord {

@@ -37,7 +37,7 @@ use self::{
 };
 use crate::{
     policy_choice,
-    view::{self, Inventory, Snapshots},
+    view::{self, InventoryRows, Snapshots},
 };
 
 /// Where the simulation writes.
@@ -63,7 +63,7 @@ impl Dirs {
 pub struct Outcome {
     pub report: Report,
     pub topology: Topology,
-    pub inventory: Inventory,
+    pub inventory: InventoryRows,
 }
 
 /// A pod on the simulated node.
@@ -290,7 +290,7 @@ pub(crate) fn start_manager(
 #[derive(Debug, Clone)]
 struct Observed {
     applied: BTreeMap<String, Applied>,
-    inventory: Inventory,
+    inventory: InventoryRows,
     /// The devices published (empty when the policy cannot say).
     devices: Vec<DeviceSummary>,
 }
@@ -328,7 +328,7 @@ impl Sim {
     }
 
     /// The inventory with container names filled in.
-    fn named_inventory(&self) -> Inventory {
+    fn named_inventory(&self) -> InventoryRows {
         let mut inv = view::snapshot_inventory(&self.view);
         for c in &mut inv.containers {
             c.name = self.container_name(&c.id);

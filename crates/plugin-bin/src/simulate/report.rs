@@ -11,7 +11,7 @@ use policy::{AttributeValue, Device, Topology, ValidValues};
 use serde::Serialize;
 
 use super::scenario::Scenario;
-use crate::view::Inventory;
+use crate::view::InventoryRows;
 
 /// A device the policy publishes, in short.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -199,7 +199,7 @@ pub struct Report {
     pub feature_gates: BTreeMap<String, bool>,
     pub devices: Vec<DeviceSummary>,
     pub steps: Vec<StepReport>,
-    pub allocation: Inventory,
+    pub allocation: InventoryRows,
     /// Scheduled claims the node refused or granted differently.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<Problem>,
@@ -212,7 +212,7 @@ impl Report {
         topology: &Topology,
         devices: Vec<DeviceSummary>,
         steps: Vec<StepReport>,
-        inventory: &Inventory,
+        inventory: &InventoryRows,
     ) -> Self {
         let summary = topology.to_string();
         Self {
@@ -489,7 +489,7 @@ fn change_line(c: &Change) -> String {
 }
 
 /// The final allocation as an aligned table.
-pub fn table(inv: &Inventory) -> String {
+pub fn table(inv: &InventoryRows) -> String {
     let mut rows: Vec<[String; 5]> = vec![
         ["OWNER", "KIND", "POOL", "CPUS", "MEMS"].map(String::from),
         [

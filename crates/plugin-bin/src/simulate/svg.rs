@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use policy::{CpuSet, GrantKind, Topology};
 
-use crate::view::Inventory;
+use crate::view::InventoryRows;
 
 const THREAD: u32 = 24;
 const GAP: u32 = 4;
@@ -30,7 +30,7 @@ struct Owners {
     legend: Vec<(String, String)>,
 }
 
-fn owners(topo: &Topology, inv: &Inventory) -> Owners {
+fn owners(topo: &Topology, inv: &InventoryRows) -> Owners {
     let mut legend = vec![
         (
             format!("reserved ({})", or_none(&inv.reserved)),
@@ -119,7 +119,7 @@ fn esc(s: &str) -> String {
 }
 
 /// The drawing.
-pub fn render(topo: &Topology, inv: &Inventory, title: &str) -> String {
+pub fn render(topo: &Topology, inv: &InventoryRows, title: &str) -> String {
     let owners = owners(topo, inv);
     let mut body = String::new();
     let mut x = GAP * 2;

@@ -31,8 +31,8 @@
 //! A claim whose spec is on disk but that the saved state does not account for is taken back
 //! from the spec ([`granted`], [`super::TopologyAware`]'s `adopt_claim`): the spec says each
 //! request's CPUs and memory nodes, not the request names, the pods or which of a request's
-//! results holds which CPU. Until the kubelet prepares it again ([`ClaimRecord::learn`]) such a
-//! claim is [`ClaimRecord::adopted`]: its requests are named `adopted-<k>`, and a container
+//! results holds which CPU. Until the kubelet prepares it again ([`HeldClaim::learn`]) such a
+//! claim is [`HeldClaim::adopted`]: its requests are named `adopted-<k>`, and a container
 //! proves its use by its CDI device or by carrying exactly the environment the spec gave, from
 //! any pod.
 
@@ -115,7 +115,7 @@ fn is_pinned(pinning: &bool) -> bool {
 
 /// A claim the policy holds: the durable DRA truth.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClaimRecord {
+pub struct HeldClaim {
     /// UID.
     pub uid: String,
     /// Namespace.
@@ -133,7 +133,7 @@ pub struct ClaimRecord {
     pub adopted: bool,
 }
 
-impl ClaimRecord {
+impl HeldClaim {
     /// Every CPU the claim holds.
     pub fn cpus(&self) -> CpuSet {
         self.results
@@ -286,7 +286,7 @@ impl ClaimRecord {
     }
 }
 
-/// What claim `uid`'s CDI edits (one per result, as [`ClaimRecord::edits`] writes them) grant:
+/// What claim `uid`'s CDI edits (one per result, as [`HeldClaim::edits`] writes them) grant:
 /// per result, the CPUs of its request and, when it pins memory, the memory nodes. Reads the
 /// names under the exact UID, which every spec carries.
 pub fn granted(
@@ -374,14 +374,14 @@ pub struct Snapshot {
     /// Format version, 1.
     pub version: u32,
     /// Every claim held.
-    pub claims: Vec<ClaimRecord>,
+    pub claims: Vec<HeldClaim>,
 }
 
 /// The claims and result indexes `container` uses among `claims`, whose devices are CDI devices
 /// of vendor `driver`: see the module docs.
 pub fn used_by(
     container: &Container,
-    claims: &BTreeMap<String, ClaimRecord>,
+    claims: &BTreeMap<String, HeldClaim>,
     driver: &str,
 ) -> BTreeMap<String, Vec<usize>> {
     let mut used: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -456,7 +456,7 @@ fn dedup(mut used: BTreeMap<String, Vec<usize>>) -> BTreeMap<String, Vec<usize>>
 mod tests {
     use super::*;
 
-    fn held(uid: &str, pods: &[&str]) -> ClaimRecord {
+    fn held(uid: &str, pods: &[&str]) -> HeldClaim {
         let result = |request: &str, cpus: &str| ResultRecord {
             request: request.into(),
             device: "numa0".into(),
@@ -465,7 +465,7 @@ mod tests {
             memory_pinning: true,
             ..ResultRecord::default()
         };
-        ClaimRecord {
+        HeldClaim {
             uid: uid.into(),
             namespace: "ns".into(),
             name: "c".into(),

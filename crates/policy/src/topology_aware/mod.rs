@@ -90,7 +90,7 @@ pub mod pools;
 
 use std::collections::BTreeMap;
 
-use claims::{ClaimRecord, Snapshot};
+use claims::{HeldClaim, Snapshot};
 use cpus::CpuIndex;
 pub use devices::{DeviceMode, DeviceModel, DeviceTable, Granularity, GroupBy};
 use memory::Ledger;
@@ -319,7 +319,7 @@ pub struct TopologyAware {
     runs_on: Vec<CpuSet>,
     load: Vec<PoolLoad>,
     containers: BTreeMap<String, Placed>,
-    claims: BTreeMap<String, ClaimRecord>,
+    claims: BTreeMap<String, HeldClaim>,
     ledger: Ledger,
 }
 
@@ -470,7 +470,7 @@ impl TopologyAware {
 
     /// The CPUs a claim holds.
     pub fn claim_cpus(&self, uid: &str) -> Option<CpuSet> {
-        self.claims.get(uid).map(ClaimRecord::cpus)
+        self.claims.get(uid).map(HeldClaim::cpus)
     }
 
     /// Bytes of memory requests of containers charged to NUMA node `node`.
@@ -490,7 +490,7 @@ impl TopologyAware {
 
     /// Charges (or with `charge` false takes back) what a claim's results hold of the memory
     /// account.
-    fn account_claim(&mut self, record: &ClaimRecord, charge: bool) {
+    fn account_claim(&mut self, record: &HeldClaim, charge: bool) {
         for r in &record.results {
             if let Some(node) = r.memory_node {
                 if charge {
@@ -1179,7 +1179,7 @@ impl Policy for TopologyAware {
         }
         let changed = taken.difference(&self.taken);
         self.taken = taken;
-        let record = ClaimRecord {
+        let record = HeldClaim {
             uid: uid.to_owned(),
             namespace: String::new(),
             name: String::new(),

@@ -9,7 +9,7 @@ use super::{
     Exclusivity, Grant, Limits, Placed, TopologyAware, Updates,
     annotations::{self, Options, describe},
     claim_config,
-    claims::{self, ClaimRecord, ResultRecord},
+    claims::{self, HeldClaim, ResultRecord},
     cpus::{self, Spare},
     devices::{self, CPU_CAPACITY, Share},
     memory, to_i64,
@@ -606,7 +606,7 @@ impl TopologyAware {
     pub(super) fn plan_claim(
         &self,
         claim: &Claim,
-    ) -> Result<(ClaimRecord, Vec<String>), PolicyError> {
+    ) -> Result<(HeldClaim, Vec<String>), PolicyError> {
         let subject = format!("claim {}/{} ({})", claim.namespace, claim.name, claim.uid);
         let settings = claim_config::settings(claim)?;
         let mut tentative = CpuSet::new();
@@ -719,7 +719,7 @@ impl TopologyAware {
             }
         }
         Ok((
-            ClaimRecord {
+            HeldClaim {
                 uid: claim.uid.clone(),
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
