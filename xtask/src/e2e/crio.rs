@@ -47,8 +47,15 @@ const PINNS_SOURCES: &[&str] = &["pinns/src/pinns.c", "pinns/src/sysctl.c"];
 const PINNS_CFLAGS: &[&str] = &["-std=c99", "-Os", "-Wall", "-Werror", "-Wextra", "-static"];
 
 /// Debian packages the stage uses: CRI-O's monitor and OCI runtime, libseccomp's headers for
-/// the build, and the test image's only program.
-const PACKAGES: &[&str] = &["conmon", "runc", "libseccomp-dev", "busybox-static"];
+/// the build, the test image's only program, and iptables (CRI-O will not start without it: its
+/// HostPortManager needs iptables or nft, which a fresh machine may not have).
+const PACKAGES: &[&str] = &[
+    "conmon",
+    "runc",
+    "libseccomp-dev",
+    "busybox-static",
+    "iptables",
+];
 
 /// The binaries a build holds.
 pub const BINARIES: [&str; 2] = ["crio", "pinns"];
