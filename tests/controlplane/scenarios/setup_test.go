@@ -1,8 +1,20 @@
-// Package scenarios runs resmgr's agent against a real kube-apiserver and kube-scheduler: the
-// agent publishes its devices with its own RBAC and admission policy from our chart, the real
-// scheduler allocates claims for pods the tests create from those slices alone, and the tests
-// prepare what it allocated through the agent's real DRA socket and run the pods' containers
-// through the runtime's NRI side. Each test has a control plane of its own.
+// Package scenarios runs resmgr's agent against a real kube-apiserver, kube-scheduler and
+// kube-controller-manager: the agent publishes its devices with its own RBAC and admission
+// policy from our manifests, with a token bound to the pod the DaemonSet controller made for its
+// node; the real scheduler allocates claims for pods the tests create from those slices alone;
+// the tests prepare what it allocated through the agent's real DRA socket and run the pods'
+// containers through the runtime's NRI side; the real resource claim controller releases the
+// claims when the pods go. Each test has a control plane of its own.
+//
+// The kubelet is played here (package node), and stays so: every scenario needs a node that is
+// not the machine running the tests (16 CPUs in two NUMA nodes of cores with two threads, or a
+// 2-CPU node on any machine), a device model, agent flags or API server feature gates of its own,
+// switched in seconds, and checks what the scheduler allocated against what the agent granted. A
+// real kubelet runs real containers on the machine's own CPUs and cannot stand for such a node.
+// What a real kubelet and controller-manager can show, the cluster stage shows with nothing
+// played (package clusterscenarios: claims from templates pinned in the kernel, unprepare when a
+// pod goes, the kubelet's slice wipe at its start, the admission policy against the agent's
+// token, restarts), and the scenarios it covers are not repeated here.
 package scenarios
 
 import (
@@ -53,7 +65,7 @@ type env struct {
 	t    *testing.T
 	cp   *cluster.Cluster
 	node *node.Node
-	// agentPod is the pod the agent's token is bound to, made from the chart's DaemonSet.
+	// agentPod is the pod the agent's token is bound to, made by the DaemonSet controller.
 	agentPod *corev1.Pod
 	// lastSlices are our node's slices as last read, shown when the test fails.
 	lastSlices []resourcev1.ResourceSlice
@@ -85,29 +97,26 @@ func install(t *testing.T, gates cluster.Gates) *cluster.Cluster {
 	cp := cluster.Start(t, gates)
 	cp.Kubectl("apply", "-f", filepath.Join(repoRoot(t), "deploy", "manifests", "resmgr.yaml"))
 	cp.Namespace(workloads)
-	cp.ServiceAccount(agentNamespace, "default")
 	return cp
 }
 
-// agentPodOn makes the pod the DaemonSet controller would make for node: the chart's pod
-// template, bound to the node.
+// agentPodOn waits for the pod the DaemonSet controller makes for node from the chart's
+// DaemonSet, once the scheduler has bound it there. No kubelet runs it: the agent runs as a
+// process with a token bound to it.
 func agentPodOn(t *testing.T, cp *cluster.Cluster, node string) *corev1.Pod {
 	t.Helper()
-	cx, cancel := context.WithTimeout(context.Background(), cluster.WaitLimit)
-	defer cancel()
-	ds, err := cp.Admin.AppsV1().DaemonSets(agentNamespace).Get(cx, "resmgr", metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("the chart's DaemonSet: %v", err)
-	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "resmgr-" + node, Namespace: agentNamespace, Labels: ds.Spec.Template.Labels},
-		Spec:       *ds.Spec.Template.Spec.DeepCopy(),
-	}
-	pod.Spec.NodeName = node
-	pod, err = cp.Admin.CoreV1().Pods(agentNamespace).Create(cx, pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("creating the agent's pod from the DaemonSet's template: %v", err)
-	}
+	var pod *corev1.Pod
+	cp.Poll("the DaemonSet's pod on node "+node, func(cx context.Context) (bool, error) {
+		pods, err := cp.Admin.CoreV1().Pods(agentNamespace).List(cx, metav1.ListOptions{
+			LabelSelector: "app.kubernetes.io/name=resmgr", FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			return false, err
+		}
+		if len(pods.Items) == 1 {
+			pod = &pods.Items[0]
+		}
+		return pod != nil, nil
+	})
 	return pod
 }
 
@@ -311,8 +320,8 @@ func preparedText(devs []node.PreparedDevice) string {
 	return strings.Join(parts, ", ")
 }
 
-// remove plays the kubelet and the controller-manager when a pod goes: containers removed,
-// claims unprepared, the pod deleted and its claims deallocated.
+// remove plays the kubelet when a pod goes (containers removed, claims unprepared) and deletes
+// the pod; the resource claim controller deallocates its claims.
 func (e *env) remove(w *workload) {
 	e.t.Helper()
 	e.node.Unprepare(e.cp.Admin, w.pod)

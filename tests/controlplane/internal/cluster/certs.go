@@ -17,6 +17,9 @@ type pki struct {
 	Admin, AdminKey string
 	// Scheduler is the client system:kube-scheduler, bound by the bootstrap RBAC policy.
 	Scheduler, SchedulerKey string
+	// ControllerManager is the client system:kube-controller-manager, which the bootstrap
+	// policy lets make each controller's service account credentials.
+	ControllerManager, ControllerManagerKey string
 	// ServiceAccountKey signs service account tokens; ServiceAccountPub verifies them.
 	ServiceAccountKey, ServiceAccountPub string
 }
@@ -28,6 +31,7 @@ func makePKI(dir string) (*pki, error) {
 	p.Serving, p.ServingKey = f("apiserver.crt"), f("apiserver.key")
 	p.Admin, p.AdminKey = f("admin.crt"), f("admin.key")
 	p.Scheduler, p.SchedulerKey = f("scheduler.crt"), f("scheduler.key")
+	p.ControllerManager, p.ControllerManagerKey = f("controller-manager.crt"), f("controller-manager.key")
 	p.ServiceAccountKey, p.ServiceAccountPub = f("sa.key"), f("sa.pub")
 
 	newKey := []string{"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"}
@@ -38,6 +42,7 @@ func makePKI(dir string) (*pki, error) {
 			"-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
 		p.leaf(newKey, p.Admin, p.AdminKey, "/O=system:masters/CN=resmgr-e2e-admin", "clientAuth"),
 		p.leaf(newKey, p.Scheduler, p.SchedulerKey, "/CN=system:kube-scheduler", "clientAuth"),
+		p.leaf(newKey, p.ControllerManager, p.ControllerManagerKey, "/CN=system:kube-controller-manager", "clientAuth"),
 		{"genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", p.ServiceAccountKey},
 		{"pkey", "-in", p.ServiceAccountKey, "-pubout", "-out", p.ServiceAccountPub},
 	}

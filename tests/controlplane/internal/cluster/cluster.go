@@ -1,9 +1,15 @@
 // Package cluster runs a real Kubernetes control plane on loopback for one test: etcd,
-// kube-apiserver and kube-scheduler, built from the pinned module in tests/controlplane/build,
-// with certificates made by openssl for this run only. There is no kubelet and no
-// controller-manager, so the package also does their chores that our tests need: the `default`
-// ServiceAccount of a namespace, a Ready Node without the not-ready taint, and releasing a pod's
-// claims when the pod goes.
+// kube-apiserver, kube-scheduler and kube-controller-manager, built from the pinned module in
+// tests/controlplane/build, with certificates made by openssl for this run only.
+//
+// There is no kubelet: the tests' nodes are Node objects (Node registers one as a kubelet
+// would), so that a scenario can have any machine and any number of nodes, whatever machine
+// runs it. The controller-manager runs only the controllers that work without a kubelet (the
+// caller names them: Scenarios, or fewer): the service account controller makes each
+// namespace's `default` ServiceAccount, the DaemonSet controller makes the agent's pod for a
+// node, and the resource claim controller releases a pod's claims when the pod goes. The node
+// lifecycle controller stays off: without a kubelet's heartbeats it would mark every node
+// unreachable and evict its pods, so Node clears the not-ready taint itself.
 //
 // Every run has its own directory, ports and processes; processes are stopped by PID when the
 // test ends (and die with the test binary), so runs of other engineers on the same machine never
@@ -30,7 +36,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// EnvBinDir names the directory holding etcd, kube-apiserver, kube-scheduler and kubectl.
+// EnvBinDir names the directory holding etcd, kube-apiserver, kube-scheduler,
+// kube-controller-manager and kubectl.
 const EnvBinDir = "RESMGR_CONTROLPLANE_BIN_DIR"
 
 // startLimit bounds the wait for each component to come up.
@@ -38,7 +45,7 @@ const startLimit = 90 * time.Second
 
 // Binaries are the control plane's programs.
 type Binaries struct {
-	Etcd, APIServer, Scheduler, Kubectl string
+	Etcd, APIServer, Scheduler, ControllerManager, Kubectl string
 }
 
 // BinariesFromEnv finds the programs in $RESMGR_CONTROLPLANE_BIN_DIR, failing with what to do
@@ -54,8 +61,10 @@ func BinariesFromEnv() (Binaries, error) {
 		APIServer: filepath.Join(dir, "kube-apiserver"),
 		Scheduler: filepath.Join(dir, "kube-scheduler"),
 		Kubectl:   filepath.Join(dir, "kubectl"),
+		// The controller-manager of the same build.
+		ControllerManager: filepath.Join(dir, "kube-controller-manager"),
 	}
-	for _, p := range []string{b.Etcd, b.APIServer, b.Scheduler, b.Kubectl} {
+	for _, p := range []string{b.Etcd, b.APIServer, b.Scheduler, b.ControllerManager, b.Kubectl} {
 		if _, err := os.Stat(p); err != nil {
 			return Binaries{}, fmt.Errorf("%s (from %s): %w", p, EnvBinDir, err)
 		}
@@ -66,7 +75,7 @@ func BinariesFromEnv() (Binaries, error) {
 	return b, nil
 }
 
-// Gates are feature gates given to both kube-apiserver and kube-scheduler.
+// Gates are feature gates given to kube-apiserver, kube-scheduler and kube-controller-manager.
 type Gates map[string]bool
 
 func (g Gates) flag() string {
@@ -86,11 +95,10 @@ type Cluster struct {
 	Dir string
 	pki *pki
 
-	etcd, apiserver, scheduler *Process
-	etcdURL                    string
-	port                       int
-	gates                      Gates
-	schedulerArgs              []string
+	etcd, apiserver, scheduler, controllerManager *Process
+	etcdURL                                       string
+	port                                          int
+	opts                                          Options
 
 	// Server is the API server's URL.
 	Server string
@@ -102,17 +110,45 @@ type Cluster struct {
 	AdminConfig *rest.Config
 }
 
-// Start brings up etcd, kube-apiserver (with gates) and kube-scheduler (with the same gates),
-// and waits until the API server is ready.
-func Start(t testing.TB, gates Gates) *Cluster {
-	t.Helper()
-	return StartWithScheduler(t, gates)
+// The controllers of kube-controller-manager the scenarios use.
+const (
+	// ServiceAccountController makes every namespace's `default` ServiceAccount, without which
+	// the ServiceAccount admission plugin refuses pods there.
+	ServiceAccountController = "serviceaccount-controller"
+	// DaemonSetController makes a DaemonSet's pod for each node.
+	DaemonSetController = "daemonset-controller"
+	// ResourceClaimController makes claims from templates, and takes a pod that has gone out
+	// of its claims' reservedFor, deallocating a claim no one reserves any more.
+	ResourceClaimController = "resourceclaim-controller"
+)
+
+// Scenarios are the controllers the scenarios need.
+var Scenarios = []string{ServiceAccountController, DaemonSetController, ResourceClaimController}
+
+// Options of a control plane.
+type Options struct {
+	// Gates are the feature gates of every component.
+	Gates Gates
+	// SchedulerArgs are more kube-scheduler flags (the scale benchmark lifts its client's rate
+	// limit).
+	SchedulerArgs []string
+	// Controllers are kube-controller-manager's controllers; at least one.
+	Controllers []string
 }
 
-// StartWithScheduler is Start with more kube-scheduler flags (the scale benchmark lifts its
-// client's rate limit).
-func StartWithScheduler(t testing.TB, gates Gates, schedulerArgs ...string) *Cluster {
+// Start brings up etcd, kube-apiserver, kube-scheduler and kube-controller-manager with the
+// scenarios' controllers, all with gates, and waits until the API server is ready.
+func Start(t testing.TB, gates Gates) *Cluster {
 	t.Helper()
+	return StartWith(t, Options{Gates: gates, Controllers: Scenarios})
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, o Options) *Cluster {
+	t.Helper()
+	if len(o.Controllers) == 0 {
+		t.Fatal("a control plane needs at least one controller of kube-controller-manager")
+	}
 	bins, err := BinariesFromEnv()
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +164,7 @@ func StartWithScheduler(t testing.TB, gates Gates, schedulerArgs ...string) *Clu
 		}
 		_ = os.RemoveAll(dir)
 	})
-	c := &Cluster{t: t, bins: bins, Dir: dir, gates: gates, schedulerArgs: schedulerArgs}
+	c := &Cluster{t: t, bins: bins, Dir: dir, opts: o}
 	if c.pki, err = makePKI(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -139,6 +175,8 @@ func StartWithScheduler(t testing.TB, gates Gates, schedulerArgs ...string) *Clu
 		ClientCertificate: c.pki.Admin, ClientKey: c.pki.AdminKey})
 	c.writeKubeconfig("scheduler.kubeconfig", &clientcmdapi.AuthInfo{
 		ClientCertificate: c.pki.Scheduler, ClientKey: c.pki.SchedulerKey})
+	c.writeKubeconfig("controller-manager.kubeconfig", &clientcmdapi.AuthInfo{
+		ClientCertificate: c.pki.ControllerManager, ClientKey: c.pki.ControllerManagerKey})
 	c.AdminConfig = &rest.Config{Host: c.Server, QPS: 200, Burst: 400, Timeout: 30 * time.Second,
 		TLSClientConfig: rest.TLSClientConfig{CAFile: c.pki.CA, CertFile: c.pki.Admin, KeyFile: c.pki.AdminKey}}
 	if c.Admin, err = kubernetes.NewForConfig(c.AdminConfig); err != nil {
@@ -146,6 +184,7 @@ func StartWithScheduler(t testing.TB, gates Gates, schedulerArgs ...string) *Clu
 	}
 	c.startAPIServer()
 	c.startScheduler()
+	c.startControllerManager()
 	return c
 }
 
@@ -194,8 +233,8 @@ func (c *Cluster) startAPIServer() {
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
 	}
-	if len(c.gates) > 0 {
-		args = append(args, "--feature-gates="+c.gates.flag())
+	if len(c.opts.Gates) > 0 {
+		args = append(args, "--feature-gates="+c.opts.Gates.flag())
 	}
 	c.apiserver = Spawn(c.t, c.Dir, "kube-apiserver", c.bins.APIServer, args...)
 	err := c.apiserver.waitReady(startLimit, func() error {
@@ -220,25 +259,46 @@ func (c *Cluster) startScheduler() {
 		// with other runs on the machine.
 		"--secure-port=0",
 	}
-	args = append(args, c.schedulerArgs...)
-	if len(c.gates) > 0 {
-		args = append(args, "--feature-gates="+c.gates.flag())
+	args = append(args, c.opts.SchedulerArgs...)
+	if len(c.opts.Gates) > 0 {
+		args = append(args, "--feature-gates="+c.opts.Gates.flag())
 	}
 	c.scheduler = Spawn(c.t, c.Dir, "kube-scheduler", c.bins.Scheduler, args...)
 }
 
-// Restart stops kube-scheduler and kube-apiserver and starts them again on the same port and
-// etcd with other feature gates, as an operator does who changes a gate.
+func (c *Cluster) startControllerManager() {
+	args := []string{
+		"--kubeconfig=" + c.path("controller-manager.kubeconfig"),
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--controllers=" + strings.Join(c.opts.Controllers, ","),
+		// Each controller acts as its own service account, with the bootstrap policy's role
+		// for it, as in a cluster kubeadm makes.
+		"--use-service-account-credentials=true",
+		// Under the run's directory: it would create /usr/libexec/kubernetes otherwise.
+		"--flex-volume-plugin-dir=" + c.path("flexvolume"),
+	}
+	if len(c.opts.Gates) > 0 {
+		args = append(args, "--feature-gates="+c.opts.Gates.flag())
+	}
+	c.controllerManager = Spawn(c.t, c.Dir, "kube-controller-manager", c.bins.ControllerManager, args...)
+}
+
+// Restart stops kube-controller-manager, kube-scheduler and kube-apiserver and starts them
+// again on the same port and etcd with other feature gates, as an operator does who changes a
+// gate.
 func (c *Cluster) Restart(gates Gates) {
 	c.t.Helper()
 	began := time.Now()
+	c.controllerManager.Stop()
 	c.scheduler.Stop()
 	// The API server drains its clients' watches for longer than a test wants to wait; what
 	// it holds is in etcd either way.
 	c.apiserver.StopWithin(2 * time.Second)
-	c.gates = gates
+	c.opts.Gates = gates
 	c.startAPIServer()
 	c.startScheduler()
+	c.startControllerManager()
 	c.t.Logf("control plane: restarted with gates %s in %s", gates.flag(), time.Since(began))
 }
 
@@ -253,7 +313,7 @@ func (c *Cluster) SchedulerLog() string { return c.scheduler.Tail(40) }
 // Alive fails the test if a control plane process has exited.
 func (c *Cluster) Alive() {
 	c.t.Helper()
-	for _, p := range []*Process{c.etcd, c.apiserver, c.scheduler} {
+	for _, p := range []*Process{c.etcd, c.apiserver, c.scheduler, c.controllerManager} {
 		if !p.Running() {
 			c.t.Fatalf("%s exited (%v); its log ends:\n%s", p.Name, p.ExitError(), p.Tail(30))
 		}

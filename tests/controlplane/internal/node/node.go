@@ -392,7 +392,7 @@ func podClaims(t testing.TB, client kubernetes.Interface, pod *corev1.Pod) []*re
 	var out []*resourcev1.ResourceClaim
 	for _, ref := range pod.Spec.ResourceClaims {
 		if ref.ResourceClaimName == nil {
-			t.Fatalf("pod %s: claim %s comes from a template, which needs the controller-manager", pod.Name, ref.Name)
+			t.Fatalf("pod %s: claim %s comes from a template; these scenarios name their claims (the cluster stage's use templates)", pod.Name, ref.Name)
 		}
 		claim, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *ref.ResourceClaimName, metav1.GetOptions{})
 		if err != nil {

@@ -17,42 +17,31 @@ import (
 // WaitLimit bounds every wait for the control plane or the agent to react.
 const WaitLimit = 60 * time.Second
 
-// deleteProtection is the finalizer the scheduler puts on a claim it allocates, so that it is
-// not deleted while allocated; the resource claim controller removes it on deallocation.
-const deleteProtection = "resource.kubernetes.io/delete-protection"
-
 func ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 30*time.Second)
 }
 
-// Namespace creates a namespace with its `default` ServiceAccount (the controller-manager's
-// job), which the ServiceAccount admission plugin needs before it admits a pod there.
+// Namespace creates a namespace and waits for the service account controller to make its
+// `default` ServiceAccount, which the ServiceAccount admission plugin needs before it admits a
+// pod there.
 func (c *Cluster) Namespace(name string) {
 	c.t.Helper()
 	cx, cancel := ctx()
-	defer cancel()
 	_, err := c.Admin.CoreV1().Namespaces().Create(cx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	cancel()
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		c.t.Fatalf("creating namespace %s: %v", name, err)
 	}
-	c.ServiceAccount(name, "default")
-}
-
-// ServiceAccount creates a ServiceAccount unless it exists.
-func (c *Cluster) ServiceAccount(namespace, name string) {
-	c.t.Helper()
-	cx, cancel := ctx()
-	defer cancel()
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
-	_, err := c.Admin.CoreV1().ServiceAccounts(namespace).Create(cx, sa, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		c.t.Fatalf("creating service account %s/%s: %v", namespace, name, err)
-	}
+	c.Poll("the default ServiceAccount of namespace "+name, func(cx context.Context) (bool, error) {
+		_, err := c.Admin.CoreV1().ServiceAccounts(name).Get(cx, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
 }
 
 // Node registers a Node as the kubelet would, with allocatable cpu, memory and pods, marks it
 // Ready through the status subresource, and removes the not-ready taint that the API server's
-// TaintNodesByCondition admission put on it (the node lifecycle controller's job).
+// TaintNodesByCondition admission put on it. That is the node lifecycle controller's job, which
+// does not run here: it would take a node without a kubelet's heartbeats for unreachable.
 func (c *Cluster) Node(name string, cpu, memory string) *corev1.Node {
 	c.t.Helper()
 	cx, cancel := ctx()
@@ -155,57 +144,53 @@ func (c *Cluster) Claim(namespace, name string) *resourcev1.ResourceClaim {
 	return claim
 }
 
-// DeletePod removes a pod at once (the kubelet would confirm its containers are gone) and
-// releases its claims as the resource claim controller does: the pod leaves each claim's
-// reservedFor, and a claim no one reserves any more is deallocated and loses its finalizer.
+// DeletePod removes a pod at once (the kubelet would confirm its containers are gone) and waits
+// for the resource claim controller to release its claims: the pod leaves each claim's
+// reservedFor, and a claim no one reserves any more is deallocated.
 func (c *Cluster) DeletePod(pod *corev1.Pod) {
 	c.t.Helper()
 	cx, cancel := ctx()
-	defer cancel()
 	zero := int64(0)
 	err := c.Admin.CoreV1().Pods(pod.Namespace).Delete(cx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	cancel()
 	if err != nil && !apierrors.IsNotFound(err) {
 		c.t.Fatalf("deleting pod %s/%s: %v", pod.Namespace, pod.Name, err)
 	}
-	claims := c.Admin.ResourceV1().ResourceClaims(pod.Namespace)
+	for _, name := range podClaimNames(pod) {
+		c.Poll("the resource claim controller to release claim "+pod.Namespace+"/"+name+" of pod "+pod.Name,
+			func(cx context.Context) (bool, error) {
+				claim, err := c.Admin.ResourceV1().ResourceClaims(pod.Namespace).Get(cx, name, metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					return true, nil
+				}
+				if err != nil {
+					return false, err
+				}
+				for _, r := range claim.Status.ReservedFor {
+					if r.UID == pod.UID {
+						return false, nil
+					}
+				}
+				return len(claim.Status.ReservedFor) > 0 || claim.Status.Allocation == nil, nil
+			})
+	}
+}
+
+// podClaimNames are the names of a pod's ResourceClaims: those it names, and those the resource
+// claim controller made for it from templates.
+func podClaimNames(pod *corev1.Pod) []string {
+	var names []string
 	for _, ref := range pod.Spec.ResourceClaims {
-		if ref.ResourceClaimName == nil {
-			continue
-		}
-		name := *ref.ResourceClaimName
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			claim, err := claims.Get(cx, name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			var keep []resourcev1.ResourceClaimConsumerReference
-			for _, r := range claim.Status.ReservedFor {
-				if r.UID != pod.UID {
-					keep = append(keep, r)
-				}
-			}
-			claim.Status.ReservedFor = keep
-			if len(keep) == 0 {
-				claim.Status.Allocation = nil
-			}
-			claim, err = claims.UpdateStatus(cx, claim, metav1.UpdateOptions{})
-			if err != nil || len(keep) > 0 {
-				return err
-			}
-			var finalizers []string
-			for _, f := range claim.Finalizers {
-				if f != deleteProtection {
-					finalizers = append(finalizers, f)
-				}
-			}
-			claim.Finalizers = finalizers
-			_, err = claims.Update(cx, claim, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
-			c.t.Fatalf("releasing claim %s/%s of pod %s: %v", pod.Namespace, name, pod.Name, err)
+		if ref.ResourceClaimName != nil {
+			names = append(names, *ref.ResourceClaimName)
 		}
 	}
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			names = append(names, *s.ResourceClaimName)
+		}
+	}
+	return names
 }
 
 // poll runs cond every 100 ms until it is true or fails, or WaitLimit passes; a timeout names
