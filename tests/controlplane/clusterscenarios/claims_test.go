@@ -28,7 +28,7 @@ func TestATemplateClaimPinsItsPodAndDeletingItGivesTheCPUsBack(t *testing.T) {
 	pinned := running(t, ns, "pinned")
 	claim := podClaim(t, pinned)
 	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 ||
-		claim.Status.Allocation.Devices.Results[0].Driver != "topology-aware.resmgr.io" {
+		claim.Status.Allocation.Devices.Results[0].Driver != driver {
 		t.Fatalf("claim %s is not allocated from the agent's devices: %+v", claim.Name, claim.Status.Allocation)
 	}
 	p := placement(t, pinned, "app")

@@ -19,8 +19,12 @@ import (
 	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
 )
 
-// deviceClass is the chart's DeviceClass.
-const deviceClass = "cpu.resmgr.io"
+const (
+	// deviceClass is the chart's DeviceClass.
+	deviceClass = "cpu.resmgr.io"
+	// driver is the chart's DRA driver name.
+	driver = "topology-aware.resmgr.io"
+)
 
 // limit bounds each wait for the cluster to react. A prepare the kubelet retries waits for its
 // pod resync, seen at 70-75 s here, so this leaves room for that on a loaded machine.

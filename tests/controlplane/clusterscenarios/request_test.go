@@ -8,8 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
 )
 
 // A pod that claims every CPU the node publishes and, as docs/deploy.md asks, states them again
@@ -41,22 +39,7 @@ func TestTheAgentsCPURequestCountsAgainstAClaimOfEveryCPU(t *testing.T) {
 	})
 	t.Logf("with the chart's default request the scheduler says: %s", reason)
 
-	values, err := node.ValuesFile("values-no-cpu-request.json", map[string]any{"resources": map[string]any{"requests": map[string]any{"cpu": "0"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.Helm("upgrade", onenode.Release, node.Chart(), "-n", onenode.Namespace, "-f", values, "--wait", "--timeout", "3m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		values, err := node.ValuesFile("values.json", nil)
-		if err == nil {
-			_, err = node.Helm("upgrade", onenode.Release, node.Chart(), "-n", onenode.Namespace, "-f", values, "--wait", "--timeout", "3m")
-		}
-		if err != nil {
-			t.Errorf("restoring the chart's values: %v", err)
-		}
-	})
+	upgradeAgent(t, "values-no-cpu-request.json", map[string]any{"resources": map[string]any{"requests": map[string]any{"cpu": "0"}}})
 	pod := running(t, ns, "everything")
 	p := placement(t, pod, "app")
 	if granted := grantedCPUs(t, p, podClaim(t, pod)); p.CgroupCPUs != granted || !same(t, granted, sharedCPUs(t)) {

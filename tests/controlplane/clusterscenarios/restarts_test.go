@@ -1,12 +1,18 @@
 package clusterscenarios
 
 import (
+	"encoding/json"
+	"fmt"
+	"sort"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
 )
 
 // pinnedPod runs a pod with a one-CPU claim from a template and returns it with its granted
@@ -24,8 +30,9 @@ func pinnedPod(t testing.TB, ns, name string) (*corev1.Pod, string) {
 	return pod, granted
 }
 
-// keeps checks that a pod still runs the same container (not restarted) on the same CPUs.
-func keeps(t testing.TB, pod *corev1.Pod, granted string) {
+// keepsContainer checks that a pod still runs the same container, not restarted, and returns
+// the pod as it is now.
+func keepsContainer(t testing.TB, pod *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	c, cancel := cx()
 	defer cancel()
@@ -36,33 +43,69 @@ func keeps(t testing.TB, pod *corev1.Pod, granted string) {
 	if containerID(t, now, "app") != containerID(t, pod, "app") || now.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Fatalf("pod %s's container was replaced: %+v", pod.Name, now.Status.ContainerStatuses)
 	}
+	return now
+}
+
+// keeps checks that a pod still runs the same container (not restarted) on the same CPUs.
+func keeps(t testing.TB, pod *corev1.Pod, granted string) {
+	t.Helper()
+	now := keepsContainer(t, pod)
 	if got := placement(t, now, "app").CgroupCPUs; got != granted {
 		t.Fatalf("pod %s runs on %q now, its claim holds %q", pod.Name, got, granted)
 	}
 }
 
-// sliceUIDs are the UIDs of the node's ResourceSlices.
-func sliceUIDs(t testing.TB) map[types.UID]bool {
+// slicesWhere are the cluster's ResourceSlices that match a field selector ("" for all).
+func slicesWhere(t testing.TB, fields string) []resourcev1.ResourceSlice {
 	t.Helper()
 	c, cancel := cx()
 	defer cancel()
-	slices, err := node.Client.ResourceV1().ResourceSlices().List(c, metav1.ListOptions{})
+	slices, err := node.Client.ResourceV1().ResourceSlices().List(c, metav1.ListOptions{FieldSelector: fields})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return slices.Items
+}
+
+// nodeSlices are the agent's ResourceSlices of the node.
+func nodeSlices(t testing.TB) []resourcev1.ResourceSlice {
+	t.Helper()
+	return slicesWhere(t, "spec.nodeName="+onenode.NodeName+",spec.driver="+driver)
+}
+
+// sliceUIDs are the UIDs of the cluster's ResourceSlices.
+func sliceUIDs(t testing.TB) map[types.UID]bool {
+	t.Helper()
 	out := map[types.UID]bool{}
-	for _, s := range slices.Items {
+	for _, s := range slicesWhere(t, "") {
 		out[s.UID] = true
 	}
 	return out
 }
 
+// publishedDevices are the devices of the slices, as JSON sorted by name, to compare.
+func publishedDevices(t testing.TB, slices []resourcev1.ResourceSlice) string {
+	t.Helper()
+	var devs []resourcev1.Device
+	for _, s := range slices {
+		devs = append(devs, s.Spec.Devices...)
+	}
+	sort.Slice(devs, func(i, j int) bool { return devs[i].Name < devs[j].Name })
+	data, err := json.Marshal(devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
 // A kubelet restart with a claim pod running: the kubelet wipes the driver's ResourceSlices when
-// it starts and the agent publishes them again (new objects); the pod is not prepared again and
-// keeps its container and its CPUs; a new claim after the restart is prepared.
+// it starts and the agent publishes them again (new objects, the same devices); the pod is not
+// prepared again and keeps its container and its CPUs; a new claim after the restart is
+// allocated from the new slices and prepared.
 func TestAKubeletRestartWipesAndRepublishesTheSlicesAndPodsKeepTheirCPUs(t *testing.T) {
 	ns := namespace(t)
 	pod, granted := pinnedPod(t, ns, "before")
+	before := nodeSlices(t)
 	old := sliceUIDs(t)
 	if err := node.Stop("kubelet"); err != nil {
 		t.Fatal(err)
@@ -71,14 +114,18 @@ func TestAKubeletRestartWipesAndRepublishesTheSlicesAndPodsKeepTheirCPUs(t *test
 	if err := node.Start("kubelet"); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "the slices to be wiped and published again", limit, func() (bool, error) {
-		now := sliceUIDs(t)
-		for uid := range now {
-			if old[uid] {
+	was := publishedDevices(t, before)
+	poll(t, "the slices to be wiped and the same devices published again", limit, func() (bool, error) {
+		now := nodeSlices(t)
+		for _, s := range now {
+			if old[s.UID] {
 				return false, nil
 			}
 		}
-		return len(now) > 0, nil
+		if devs := publishedDevices(t, now); len(now) == 0 || devs != was {
+			return false, fmt.Errorf("devices before the restart %s, now %s", was, devs)
+		}
+		return true, nil
 	})
 	t.Logf("slices republished %s after the kubelet started again", time.Since(began).Round(time.Millisecond))
 	keeps(t, pod, granted)

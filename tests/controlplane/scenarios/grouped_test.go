@@ -1,15 +1,10 @@
 package scenarios
 
 import (
-	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 
 	resourcev1 "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/resmgr/resmgr/tests/controlplane/internal/cluster"
 )
 
 // numaCPUs are the CPUs of each NUMA node of twoNUMA, by device name.
@@ -103,40 +98,4 @@ func TestGroupedDevicesWithConsumableCapacity(t *testing.T) {
 	if n := len(state["prepared_claims"].(map[string]any)); n != 2 {
 		t.Fatalf("the agent holds %d prepared claims, want 2: %v", n, state["prepared_claims"])
 	}
-}
-
-// Slices the kubelet (or anyone) deletes come back: the agent watches its pool and re-creates
-// them, and the scheduler allocates from the re-created ones.
-func TestSlicesAreRepublishedAfterTheyAreDeleted(t *testing.T) {
-	e := start(t, options{})
-	before := e.slices(func(s []resourcev1.ResourceSlice) bool { return len(devices(s)) == 2 })
-	names := map[string]bool{}
-	for _, s := range before {
-		names[s.Name] = true
-	}
-
-	// What the kubelet does at its start: delete every slice of the node.
-	cx, cancel := context.WithTimeout(context.Background(), cluster.WaitLimit)
-	defer cancel()
-	err := e.cp.Admin.ResourceV1().ResourceSlices().DeleteCollection(cx, metav1.DeleteOptions{},
-		metav1.ListOptions{FieldSelector: "spec.nodeName=" + nodeName})
-	if err != nil {
-		t.Fatal(err)
-	}
-	after := e.slices(func(s []resourcev1.ResourceSlice) bool {
-		for _, x := range s {
-			if names[x.Name] {
-				return false
-			}
-		}
-		return len(devices(s)) == 2
-	})
-	was, _ := json.Marshal(devices(before))
-	now, _ := json.Marshal(devices(after))
-	if string(was) != string(now) {
-		t.Fatalf("republished devices differ:\nbefore %s\nafter  %s", was, now)
-	}
-
-	w := e.run("after-wipe", &claimSpec{cpu: "2"}, "2")
-	checkGranted(t, w, 2)
 }

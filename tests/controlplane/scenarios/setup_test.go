@@ -60,13 +60,11 @@ type options struct {
 	containerd *node.Containerd
 }
 
-// env is one scenario's cluster: the control plane, the agent's node and the agent's identity.
+// env is one scenario's cluster: the control plane and the agent's node.
 type env struct {
 	t    *testing.T
 	cp   *cluster.Cluster
 	node *node.Node
-	// agentPod is the pod the agent's token is bound to, made by the DaemonSet controller.
-	agentPod *corev1.Pod
 	// lastSlices are our node's slices as last read, shown when the test fails.
 	lastSlices []resourcev1.ResourceSlice
 }
@@ -146,7 +144,7 @@ func start(t *testing.T, o options) *env {
 	kubeconfig := cp.TokenKubeconfig("agent.kubeconfig", agentToken(cp, pod.Name))
 	n := node.Start(t, node.Config{Name: nodeName, Kubeconfig: kubeconfig, Topology: o.topology,
 		Reserved: o.reserved, Args: o.args, Containerd: o.containerd})
-	e := &env{t: t, cp: cp, node: n, agentPod: pod}
+	e := &env{t: t, cp: cp, node: n}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("our node's slices as last read: %s", sliceText(e.lastSlices))

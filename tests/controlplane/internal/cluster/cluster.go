@@ -342,12 +342,6 @@ func (c *Cluster) TokenKubeconfig(name, token string) string {
 	return c.writeKubeconfig(name, &clientcmdapi.AuthInfo{Token: token})
 }
 
-// TokenConfig is a client configuration that authenticates with a bearer token.
-func (c *Cluster) TokenConfig(token string) *rest.Config {
-	return &rest.Config{Host: c.Server, BearerToken: token, Timeout: 30 * time.Second,
-		TLSClientConfig: rest.TLSClientConfig{CAFile: c.pki.CA}}
-}
-
 // Kubectl runs the built kubectl as the admin and returns its standard output.
 func (c *Cluster) Kubectl(args ...string) string {
 	c.t.Helper()
