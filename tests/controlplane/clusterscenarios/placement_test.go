@@ -1,6 +1,7 @@
 package clusterscenarios
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -130,4 +131,50 @@ func TestASharedClaimPinsBothContainersToTheSameCPUs(t *testing.T) {
 	}
 	t.Logf("kernel: both containers run on the claim's %q", granted)
 	deletePod(t, ns, "two")
+}
+
+// The kubelet resizes a running container in place (`kubectl patch --subresource resize`): it
+// updates the container's resources through containerd, which hands the update to the agent over
+// NRI first. The new CPU limit reaches the container's cgroup, the container is not restarted,
+// and it stays on the shared CPUs the agent gave it.
+func TestAnInPlaceResizeChangesTheCPULimitAndKeepsTheSharedCPUs(t *testing.T) {
+	ns := namespace(t)
+	create(t, ns, podSpec{name: "resized",
+		requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+		limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m"), corev1.ResourceMemory: resource.MustParse("64Mi")}})
+	pod := running(t, ns, "resized")
+	id := containerID(t, pod, "app")
+	if got, err := node.CPULimit(id); err != nil || got != "20000 100000" {
+		t.Fatalf("before the resize the container's CPU limit is %q (%v), want 200m: \"20000 100000\"", got, err)
+	}
+	patch := `{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m"}}}]}}`
+	if _, err := node.Kubectl("-n", ns, "patch", "pod", "resized", "--subresource", "resize", "-p", patch); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the kubelet to apply the resize", limit, func() (bool, error) {
+		got, err := node.CPULimit(id)
+		if err != nil {
+			return false, err
+		}
+		if got != "30000 100000" {
+			return false, fmt.Errorf("the container's CPU limit is %q", got)
+		}
+		c, cancel := cx()
+		defer cancel()
+		now, err := node.Client.CoreV1().Pods(ns).Get(c, "resized", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		s := now.Status.ContainerStatuses[0]
+		if s.Resources == nil || !s.Resources.Limits.Cpu().Equal(resource.MustParse("300m")) {
+			return false, fmt.Errorf("the pod's status says %+v", s.Resources)
+		}
+		return true, nil
+	})
+	keepsContainer(t, pod)
+	shared := sharedCPUs(t)
+	poll(t, "the resized container to run on the shared CPUs "+shared, limit, func() (bool, error) {
+		return same(t, placement(t, pod, "app").CgroupCPUs, shared), nil
+	})
+	t.Logf("kernel: after the resize the container's CPU limit is 300m and it runs on %q", placement(t, pod, "app").CgroupCPUs)
 }

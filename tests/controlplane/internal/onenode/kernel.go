@@ -2,7 +2,6 @@ package onenode
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -30,26 +29,9 @@ type Process struct {
 // Placement reads a container's placement (containerID without the runtime's prefix) from its
 // cgroup, found under the run's cgroup root where the kubelet's cgroupfs driver puts it.
 func (n *Node) Placement(containerID string) (Placement, error) {
-	var base hierarchy
-	found := false
-	for _, h := range n.st.Hierarchies {
-		if (!h.V2 && h.has("cpuset")) || (h.V2 && onlyUnified(n.st.Hierarchies)) {
-			base, found = h, true
-		}
-	}
-	if !found {
-		return Placement{}, errors.New("no cpuset hierarchy")
-	}
-	var dir string
-	_ = filepath.WalkDir(filepath.Join(base.Mount, n.st.CgroupRoot), func(path string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() && d.Name() == containerID {
-			dir = path
-			return filepath.SkipAll
-		}
-		return nil
-	})
-	if dir == "" {
-		return Placement{}, fmt.Errorf("no cgroup of container %s under %s", containerID, filepath.Join(base.Mount, n.st.CgroupRoot))
+	base, dir, err := n.containerCgroup("cpuset", containerID)
+	if err != nil {
+		return Placement{}, err
 	}
 	p := Placement{Cgroup: dir}
 	prefix := "cpuset."
@@ -85,6 +67,63 @@ func (n *Node) Placement(containerID string) (Placement, error) {
 		return p, fmt.Errorf("container %s has no process in %s", containerID, dir)
 	}
 	return p, nil
+}
+
+// containerCgroup is the hierarchy of a controller (the unified one on cgroup v2) and a
+// container's cgroup in it, under the run's cgroup root where the kubelet's cgroupfs driver
+// puts it.
+func (n *Node) containerCgroup(controller, containerID string) (hierarchy, string, error) {
+	var base hierarchy
+	found := false
+	for _, h := range n.st.Hierarchies {
+		if (!h.V2 && h.has(controller)) || (h.V2 && onlyUnified(n.st.Hierarchies)) {
+			base, found = h, true
+		}
+	}
+	if !found {
+		return base, "", fmt.Errorf("no %s hierarchy", controller)
+	}
+	var dir string
+	_ = filepath.WalkDir(filepath.Join(base.Mount, n.st.CgroupRoot), func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && d.Name() == containerID {
+			dir = path
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	if dir == "" {
+		return base, "", fmt.Errorf("no %s cgroup of container %s under %s", controller, containerID, filepath.Join(base.Mount, n.st.CgroupRoot))
+	}
+	return base, dir, nil
+}
+
+// CPULimit is a container's CPU bandwidth limit in the kernel, "<quota> <period>" in
+// microseconds as cgroup v2's cpu.max says it ("max <period>" without a limit), read from v1's
+// cpu.cfs_quota_us and cpu.cfs_period_us where that is the hierarchy.
+func (n *Node) CPULimit(containerID string) (string, error) {
+	base, dir, err := n.containerCgroup("cpu", containerID)
+	if err != nil {
+		return "", err
+	}
+	read := func(file string) (string, error) {
+		data, err := os.ReadFile(filepath.Join(dir, file))
+		return strings.TrimSpace(string(data)), err
+	}
+	if base.V2 {
+		return read("cpu.max")
+	}
+	quota, err := read("cpu.cfs_quota_us")
+	if err != nil {
+		return "", err
+	}
+	period, err := read("cpu.cfs_period_us")
+	if err != nil {
+		return "", err
+	}
+	if quota == "-1" {
+		quota = "max"
+	}
+	return quota + " " + period, nil
 }
 
 func readProcess(pid int) (Process, error) {
