@@ -1,5 +1,5 @@
-//! The control-plane stage of the end-to-end tests: `resmgr run` against a real kube-apiserver
-//! and kube-scheduler (`tests/controlplane`).
+//! The control-plane stage of the end-to-end tests: `resmgr run` against a real kube-apiserver,
+//! kube-scheduler and kube-controller-manager, on nodes without a kubelet (`tests/controlplane`).
 //!
 //! 1. Build, or take from the cache, the control plane: kube-apiserver, kube-scheduler,
 //!    kube-controller-manager, kubelet and kubectl at the Kubernetes version
@@ -11,11 +11,11 @@
 //!    `cargo xtask test` (about ten minutes on two cores, almost all kube-apiserver); warm, it
 //!    costs nothing.
 //! 2. `go test` the scenarios, with the workspace's binaries (`RESMGR_BIN_DIR`) and the control
-//!    plane's (`RESMGR_CONTROLPLANE_BIN_DIR`): first every scenario but the `OnContainerd`
-//!    ones, on containerd's NRI library; then the `OnContainerd` ones on the real containerd of
-//!    the containerd stage (`e2e -- COMMAND`), and again on the CRI-O stage's CRI-O, which need
-//!    what those stages need (root, the cpuset controller, a C compiler for CRI-O): without it,
-//!    they fail the stage under `CI=true` and are reported as not run elsewhere.
+//!    plane's (`RESMGR_CONTROLPLANE_BIN_DIR`): first every scenario but the `OnCRIO` ones, on
+//!    containerd's NRI library; then the `OnCRIO` ones on the CRI-O stage's CRI-O (`e2e --
+//!    COMMAND`), which need what that stage needs (root, the cpuset controller, a C compiler):
+//!    without it, they fail the stage under `CI=true` and are reported as not run elsewhere. (On
+//!    containerd the cluster stage runs the same with the real kubelet.)
 //!
 //! It is the `controlplane` stage of `cargo xtask e2e` ([`crate::e2e`]), which checks its
 //! [`prerequisites`] (Go and openssl; no root) and runs it from `cargo xtask test`; there the
@@ -113,22 +113,10 @@ pub fn run(root: &Path, bin_dir: &Path, prefetched: Option<Prefetch>) -> anyhow:
             .env("RESMGR_CONTROLPLANE_BIN_DIR", &control_plane)
             .env("GOFLAGS", test::go_flags())
             .args(["test", "-count=1", "-v", "-timeout=20m"])
-            .args(["-skip", ON_CONTAINERD, "./internal/...", "./scenarios/"]),
+            .args(["-skip", ON_CRIO, "./internal/...", "./scenarios/"]),
     )?;
-    let missing = e2e::prerequisites();
-    if !missing.is_empty() {
-        let what = format!(
-            "the control plane scenarios on containerd ({ON_CONTAINERD}) need what the containerd stage needs; this machine lacks:\n{}",
-            e2e::list(&missing)
-        );
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            bail!("CI=true and {what}");
-        }
-        eprintln!("NOT RUN: {what}\n(under CI=true this is a failure)");
-        return Ok(());
-    }
-    // The containerd stage brings up its containerd and runs this against it; `env` carries our
-    // variables through it.
+    // The CRI-O stage brings up its CRI-O and runs this against it; `env` carries our variables
+    // through it.
     let mut command = vec!["env".to_owned()];
     for (name, value) in [
         ("RESMGR_BIN_DIR", bin_dir.as_os_str()),
@@ -146,24 +134,15 @@ pub fn run(root: &Path, bin_dir: &Path, prefetched: Option<Prefetch>) -> anyhow:
             "-v",
             "-timeout=10m",
             "-run",
-            ON_CONTAINERD,
+            ON_CRIO,
             "./scenarios/",
         ]
         .map(str::to_owned),
     );
-    e2e::containerd(
-        root,
-        &e2e::E2eArgs {
-            command: command.clone(),
-            ..e2e::E2eArgs::default()
-        },
-        None,
-    )?;
-    // The same scenarios on the CRI-O stage's CRI-O, whose CDI injection and NRI are its own.
     let missing = e2e::crio::prerequisites();
     if !missing.is_empty() {
         let what = format!(
-            "the control plane scenarios on CRI-O ({ON_CONTAINERD}) need what the CRI-O stage needs; this machine lacks:\n{}",
+            "the control plane scenarios on CRI-O ({ON_CRIO}) need what the CRI-O stage needs; this machine lacks:\n{}",
             e2e::list(&missing)
         );
         if std::env::var("CI").is_ok_and(|v| v == "true") {
@@ -182,8 +161,8 @@ pub fn run(root: &Path, bin_dir: &Path, prefetched: Option<Prefetch>) -> anyhow:
     )
 }
 
-/// The scenarios that run on the containerd stage's real containerd.
-const ON_CONTAINERD: &str = "OnContainerd";
+/// The scenarios that run on the CRI-O stage's real CRI-O.
+const ON_CRIO: &str = "OnCRIO";
 
 /// What the machine lacks for the stage; empty when it can run.
 pub fn prerequisites() -> Vec<Missing> {

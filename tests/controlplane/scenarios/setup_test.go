@@ -56,8 +56,8 @@ type options struct {
 	// nodeCPU is the Node's allocatable cpu, as the kubelet would report it.
 	nodeCPU string
 	args    []string
-	// containerd runs the pods' containers for real (nil: containerd's NRI library).
-	containerd *node.Containerd
+	// runtime runs the pods' containers for real (nil: containerd's NRI library).
+	runtime *node.RealRuntime
 }
 
 // env is one scenario's cluster: the control plane and the agent's node.
@@ -143,7 +143,7 @@ func start(t *testing.T, o options) *env {
 	pod := agentPodOn(t, cp, nodeName)
 	kubeconfig := cp.TokenKubeconfig("agent.kubeconfig", agentToken(cp, pod.Name))
 	n := node.Start(t, node.Config{Name: nodeName, Kubeconfig: kubeconfig, Topology: o.topology,
-		Reserved: o.reserved, Args: o.args, Containerd: o.containerd})
+		Reserved: o.reserved, Args: o.args, Runtime: o.runtime})
 	e := &env{t: t, cp: cp, node: n}
 	t.Cleanup(func() {
 		if t.Failed() {

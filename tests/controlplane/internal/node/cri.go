@@ -15,41 +15,41 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Containerd is the real containerd the e2e's containerd stage brings up and hands to a command
-// (`cargo xtask e2e -- COMMAND`) in RESMGR_E2E_* variables: its CRI endpoint with crictl and a
-// configuration for it, the NRI socket the agent plugs into, the CDI directory containerd reads,
-// the test image, and the run's cgroup root.
-type Containerd struct {
+// RealRuntime is the real runtime (CRI-O, or containerd) that an e2e runtime stage brings up
+// and hands to a command (`e2e ... -- COMMAND`) in RESMGR_E2E_* variables: its CRI endpoint
+// with crictl and a configuration for it, the NRI socket the agent plugs into, the CDI
+// directory the runtime reads, the test image, and the run's cgroup root.
+type RealRuntime struct {
 	Crictl, CrictlConfig string
 	NRISocket, CDIDir    string
 	Image, CgroupRoot    string
 }
 
-// ContainerdFromEnv reads the node the e2e's containerd stage describes, failing the test with
-// what to do when the variables are missing.
-func ContainerdFromEnv(t testing.TB) *Containerd {
+// RealRuntimeFromEnv reads the node an e2e runtime stage describes, failing the test with what
+// to do when the variables are missing.
+func RealRuntimeFromEnv(t testing.TB) *RealRuntime {
 	t.Helper()
 	get := func(name string) string {
 		v := os.Getenv(name)
 		if v == "" {
-			t.Fatalf("%s is not set: this test runs on the e2e's containerd, through "+
-				"`cargo xtask e2e --stage controlplane` as root (or `cargo xtask e2e -- go test ...`)", name)
+			t.Fatalf("%s is not set: this test runs on the e2e's CRI-O, through "+
+				"`cargo xtask e2e --stage controlplane` as root", name)
 		}
 		return v
 	}
-	return &Containerd{
+	return &RealRuntime{
 		Crictl: get("RESMGR_E2E_CRICTL"), CrictlConfig: get("RESMGR_E2E_CRICTL_CONFIG"),
 		NRISocket: get("RESMGR_E2E_NRI_SOCKET"), CDIDir: get("RESMGR_E2E_CDI_DIR"),
 		Image: get("RESMGR_E2E_IMAGE"), CgroupRoot: get("RESMGR_E2E_CGROUP_ROOT"),
 	}
 }
 
-// criRuntime is the kubelet's CRI side against containerd, through crictl: pod sandboxes with
+// criRuntime is the kubelet's CRI side against a real runtime, through crictl: pod sandboxes with
 // the kubelet's cgroup parents (cgroupfs driver), containers with the kubelet's resources and
 // the claims' CDI devices, which containerd itself injects. Containers are read back from the
 // kernel.
 type criRuntime struct {
-	c   *Containerd
+	c   *RealRuntime
 	dir string
 
 	mu sync.Mutex
@@ -59,7 +59,7 @@ type criRuntime struct {
 	pids, owners map[string]string
 }
 
-func newCRIRuntime(t testing.TB, c *Containerd, dir string) *criRuntime {
+func newCRIRuntime(t testing.TB, c *RealRuntime, dir string) *criRuntime {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Join(dir, "cri"), 0o755); err != nil {
 		t.Fatal(err)

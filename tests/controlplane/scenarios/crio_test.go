@@ -11,16 +11,21 @@ import (
 	"github.com/resmgr/resmgr/tests/controlplane/internal/node"
 )
 
-// On the e2e's real containerd, and again on its CRI-O (the `OnContainerd` tests run only
-// there, through `cargo xtask e2e`): the agent plugs into the runtime's NRI and publishes this
-// machine's CPUs (all but the first, reserved); the real scheduler allocates a claim for half
-// of the largest device (at least one CPU); the agent prepares it; the runtime injects the
-// claim's CDI device into a real container, which the kernel then runs on exactly the claim's
-// CPUs, with both names of the cpuset variable in its environment. A BestEffort container the
-// scheduler puts next to it runs on other CPUs, and gets the claim's CPUs back when the claim's
-// pod goes.
-func TestOnContainerdTheScheduledClaimPinsARealContainer(t *testing.T) {
-	ctrd := node.ContainerdFromEnv(t)
+// On the CRI-O stage's CRI-O (the `OnCRIO` tests run only there, through `cargo xtask e2e`):
+// the agent plugs into CRI-O's NRI and publishes this machine's CPUs (all but the first,
+// reserved); the real scheduler allocates a claim for half of the largest device (at least one
+// CPU); the agent prepares it; CRI-O injects the claim's CDI device into a real container,
+// which the kernel then runs on exactly the claim's CPUs, with both names of the cpuset variable
+// in its environment. A BestEffort container the scheduler puts next to it runs on other CPUs,
+// and gets the claim's CPUs back when the claim's pod goes.
+//
+// Why the kubelet is played here: the cluster stage runs the real kubelet on containerd only,
+// where TestATemplateClaimPinsItsPodAndDeletingItGivesTheCPUsBack checks the same with nothing
+// played. On CRI-O, until a cluster runs on it, this is the one claim that the real scheduler
+// allocates and a real container uses, so the kubelet's part (registration, prepare and
+// unprepare over the DRA socket, the pod's sandbox and container over CRI) is ours.
+func TestOnCRIOTheScheduledClaimPinsARealContainer(t *testing.T) {
+	crio := node.RealRuntimeFromEnv(t)
 	online, err := node.OnlineCPUs()
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +38,7 @@ func TestOnContainerdTheScheduledClaimPinsARealContainer(t *testing.T) {
 		}
 	}
 	e := start(t, options{topology: "live", reserved: "cpuset:" + strconv.Itoa(first),
-		nodeCPU: strconv.Itoa(len(all) - 1), containerd: ctrd})
+		nodeCPU: strconv.Itoa(len(all) - 1), runtime: crio})
 	caps := advertised(e.slices(func(s []resourcev1.ResourceSlice) bool { return len(devices(s)) > 0 }))
 	var largest int64
 	for _, n := range caps {
