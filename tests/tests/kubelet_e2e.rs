@@ -1,6 +1,13 @@
 //! The claim lifecycle end to end through the kubelet's front door: the real DRA and registration
 //! servers on unix sockets, the real topology-aware policy on a synthetic machine, and the
 //! generated DRA clients (v1 and v1beta1) as the kubelet.
+//!
+//! The clients play the kubelet here because these are calls a real kubelet does not make on
+//! cue, checked in milliseconds: a prepare that arrives before the runtime's Synchronize (with a
+//! real kubelet that is a race), the v1beta1 service (only 1.32 and 1.33 kubelets use it; the
+//! cluster stage's 1.36 kubelet uses v1), and a claim UID that tries path traversal (the API
+//! server never hands one out). The real kubelet's calls are the cluster stage's
+//! (`tests/controlplane/clusterscenarios`).
 
 use dra_proto::{v1, v1beta1};
 use integration_tests::{

@@ -2,7 +2,8 @@
 //!
 //! - `containerd`: on a real runtime, below;
 //! - `crio`: the same scenarios on CRI-O, runc and conmon ([`crio`]), through the same runner;
-//! - `controlplane`: against a real kube-apiserver and kube-scheduler ([`crate::controlplane`]);
+//! - `controlplane`: against a real kube-apiserver, kube-scheduler and kube-controller-manager,
+//!   on nodes without a kubelet ([`crate::controlplane`]);
 //! - `cluster`: in a real one-node cluster, kubelet and controller-manager included, the agent
 //!   installed with Helm ([`crate::cluster`]).
 //!
@@ -48,7 +49,7 @@ pub enum Stage {
     Containerd,
     /// The containerd stage's scenarios on CRI-O, runc and conmon.
     Crio,
-    /// resmgr against a real kube-apiserver and kube-scheduler.
+    /// resmgr against a real kube-apiserver, kube-scheduler and kube-controller-manager.
     Controlplane,
     /// resmgr installed with Helm in a real one-node cluster (kubelet, controller-manager).
     Cluster,

@@ -5,6 +5,15 @@
 //! our kubelet client on its DRA socket and resmgr's fake API server; every scenario is checked
 //! in the kernel's view of each container. `cargo xtask e2e` builds the pieces and runs this.
 //!
+//! It plays the kubelet (registration, prepare and unprepare over the DRA socket, pods and
+//! containers over CRI) where a real one cannot serve: it is the one stage on CRI-O, for which
+//! there is no cluster stage yet, and its scenarios act at exact instants a kubelet gives no hold
+//! on (the agent killed with SIGKILL or the runtime stopped between two given steps, a stray CDI
+//! spec planted while the agent is down) and compare the runtime's own CRI reports with the
+//! kernel around them. On containerd, what a real kubelet does (claims from templates, unprepare
+//! when a pod goes, an in-place resize, its own restart and the agent pod's) is the cluster
+//! stage's, with nothing played (`tests/controlplane/clusterscenarios`).
+//!
 //! Each run lives in a directory of its own (sockets, the runtime's root and state, runc's state,
 //! the agent's state, CDI specs, logs) and a cgroup root of its own
 //! (`/resmgr-e2e-<id>-kubepods/{burstable,besteffort}/pod<uid>`, named like the kubelet's so
