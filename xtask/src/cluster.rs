@@ -5,8 +5,9 @@
 //! runc, the agent installed with Helm from the chart.
 //!
 //! This module gathers what the cluster runs and passes it in the environment:
-//! - the control plane's binaries, kubelet and kube-controller-manager included
-//!   ([`controlplane::binaries`]);
+//! - the control plane's binaries of one Kubernetes release, kubelet and
+//!   kube-controller-manager included ([`controlplane::binaries`]; the stage runs once per
+//!   release, `cluster up` starts the primary one unless `--kubernetes` names another);
 //! - containerd, its shim and `ctr` from the containerd stage's build ([`e2e::tools`]) and
 //!   Debian's runc and CNI plugins (`containernetworking-plugins`), installed with apt;
 //! - the `helm` command, built once from the Go module proxy at the Helm version xtask's chart
@@ -89,7 +90,7 @@ pub(crate) fn environment(
     root: &Path,
     profile: &str,
     prefetched: Option<Prefetch>,
-    control_plane: Option<controlplane::Prefetch>,
+    control_plane: &Path,
     containerd: Option<e2e::Prefetch>,
 ) -> anyhow::Result<Vec<(&'static str, String)>> {
     let missing = prerequisites();
@@ -100,10 +101,6 @@ pub(crate) fn environment(
     let tools = match containerd {
         Some(p) => p.join()?,
         None => e2e::tools::ensure(None)?,
-    };
-    let control_plane = match control_plane {
-        Some(p) => p.join()?,
-        None => controlplane::binaries(root, None)?,
     };
     let helm = match prefetched {
         Some(p) => p
@@ -122,7 +119,7 @@ pub(crate) fn environment(
         .context("runc is not installed (apt-get install runc)")?;
     let s = |p: &Path| p.to_string_lossy().into_owned();
     Ok(vec![
-        ("RESMGR_CONTROLPLANE_BIN_DIR", s(&control_plane)),
+        ("RESMGR_CONTROLPLANE_BIN_DIR", s(control_plane)),
         ("RESMGR_CLUSTER_CONTAINERD_DIR", s(&tools)),
         ("RESMGR_CLUSTER_RUNC", runc.to_owned()),
         ("RESMGR_CLUSTER_CNI_DIR", CNI_DIR.to_owned()),
@@ -141,15 +138,18 @@ pub(crate) fn environment(
     ])
 }
 
-/// The `cluster` stage: the scenarios against a fresh cluster.
+/// The `cluster` stage: the scenarios against a fresh cluster of `release`, whose binaries are
+/// in `control_plane`.
 pub fn run(
     root: &Path,
     only: &[String],
+    release: &controlplane::Release,
+    control_plane: &Path,
     prefetched: Option<Prefetch>,
-    control_plane: Option<controlplane::Prefetch>,
     containerd: Option<e2e::Prefetch>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
+    eprintln!("cluster stage on Kubernetes {}", release.version());
     test::build_test_binaries(root)?;
     let env = environment(root, "debug", prefetched, control_plane, containerd)?;
     let mut go = Command::new("go");
@@ -162,16 +162,19 @@ pub fn run(
     }
     util::run(go.arg("./clusterscenarios/"))?;
     eprintln!(
-        "cluster e2e finished in {:.0} s",
+        "cluster stage on Kubernetes {} finished in {:.0} s",
+        release.version(),
         started.elapsed().as_secs_f64()
     );
     Ok(())
 }
 
-/// The benchmarks of the cluster (pod start-up with and without a claim), with the agent's
-/// image from the release binary, which `cargo xtask bench` has built; their output.
+/// The benchmarks of the cluster (pod start-up with and without a claim) on the primary
+/// Kubernetes release, with the agent's image from the release binary, which `cargo xtask
+/// bench` has built; their output.
 pub fn bench(root: &Path) -> anyhow::Result<String> {
-    let env = environment(root, "release", None, None, None)?;
+    let control_plane = controlplane::binaries(&controlplane::release(root, None)?, None)?;
+    let env = environment(root, "release", None, &control_plane, None)?;
     util::output(
         Command::new("go")
             .current_dir(root.join("tests/controlplane"))
@@ -199,8 +202,9 @@ pub enum Action {
     Down,
 }
 
-/// Runs `tests/controlplane/cmd/cluster` with what it needs.
-pub fn command(root: &Path, action: Action) -> anyhow::Result<()> {
+/// Runs `tests/controlplane/cmd/cluster` with what it needs; `up` starts the Kubernetes
+/// release `kubernetes` names (`1.37`), by default the primary one.
+pub fn command(root: &Path, action: Action, kubernetes: Option<&str>) -> anyhow::Result<()> {
     let mut program = Command::new("go");
     program
         .current_dir(root.join("tests/controlplane"))
@@ -212,9 +216,11 @@ pub fn command(root: &Path, action: Action) -> anyhow::Result<()> {
                     "the cluster needs root (namespaces, cgroups, containerd): run `cargo xtask cluster up` as root"
                 );
             }
+            let release = controlplane::release(root, kubernetes)?;
+            let control_plane = controlplane::binaries(&release, None)?;
             test::build_test_binaries(root)?;
             program
-                .envs(environment(root, "debug", None, None, None)?)
+                .envs(environment(root, "debug", None, &control_plane, None)?)
                 .args(["run", "./cmd/cluster", "up"])
         }
         Action::Down => program.args(["run", "./cmd/cluster", "down"]),

@@ -1,31 +1,43 @@
 //! The control-plane stage of the end-to-end tests: `resmgr run` against a real kube-apiserver,
-//! kube-scheduler and kube-controller-manager, on nodes without a kubelet (`tests/controlplane`).
+//! kube-scheduler and kube-controller-manager, on nodes without a kubelet (`tests/controlplane`),
+//! once per Kubernetes release the e2e covers.
 //!
-//! 1. Build, or take from the cache, the control plane: kube-apiserver, kube-scheduler,
-//!    kube-controller-manager, kubelet and kubectl at the Kubernetes version
-//!    `tests/controlplane/build/go.mod` pins, and etcd from the same module graph (the cluster
-//!    stage, [`crate::cluster`], runs the kubelet and the controller-manager). The binaries are kept outside the repository under
-//!    `${XDG_CACHE_HOME:-~/.cache}/resmgr/controlplane/<key>/`, where the key hashes everything
-//!    that goes into them (the build module's files, the Go version, the flags); the Go module
-//!    and build caches are the ordinary shared ones. Cold, this is the most expensive step of
-//!    `cargo xtask test` (about ten minutes on two cores, almost all kube-apiserver); warm, it
-//!    costs nothing.
-//! 2. `go test` the scenarios, with the workspace's binaries (`RESMGR_BIN_DIR`) and the control
+//! 1. Releases ([`Release`]): each is a build module under `tests/controlplane` that pins one
+//!    `k8s.io/kubernetes` version, `build` (the primary release, 1.36, which `cargo xtask bench`
+//!    and `cargo xtask cluster up` use unless told otherwise) and one `build-<minor>` per other
+//!    release (`build-1.37`). They are modules of their own because each pins a whole module graph
+//!    (etcd included); a new release is a new directory, found without a change here. Where a
+//!    release needs a newer Go than the machine's, its go.mod says so in a `toolchain` line, and
+//!    every go command that builds it is run with `GOTOOLCHAIN` set to that toolchain: machines
+//!    here run with `GOTOOLCHAIN=local`, which ignores the line.
+//! 2. Build, or take from the cache, a release's control plane: kube-apiserver, kube-scheduler,
+//!    kube-controller-manager, kubelet and kubectl, and etcd from the same module graph (the
+//!    cluster stage, [`crate::cluster`], runs the kubelet). The binaries are kept outside the
+//!    repository under `${XDG_CACHE_HOME:-~/.cache}/resmgr/controlplane/<version>-<key>/`, where
+//!    the key hashes everything that goes into them (the build module's files, the Go version,
+//!    the flags); the Go module and build caches are the ordinary shared ones. Cold, this is the
+//!    most expensive step of `cargo xtask test` (about fifteen minutes of two cores per release,
+//!    most of it kube-apiserver); warm, it costs nothing.
+//! 3. `go test` the scenarios, with the workspace's binaries (`RESMGR_BIN_DIR`) and the control
 //!    plane's (`RESMGR_CONTROLPLANE_BIN_DIR`): first every scenario but the `OnCRIO` ones, on
 //!    containerd's NRI library; then the `OnCRIO` ones on the CRI-O stage's CRI-O (`e2e --
 //!    COMMAND`), which need what that stage needs (root, the cpuset controller, a C compiler):
 //!    without it, they fail the stage under `CI=true` and are reported as not run elsewhere. (On
-//!    containerd the cluster stage runs the same with the real kubelet.)
+//!    containerd the cluster stage runs the same with the real kubelet.) The scenarios ask the
+//!    API server its version where what they expect differs between releases.
 //!
 //! It is the `controlplane` stage of `cargo xtask e2e` ([`crate::e2e`]), which checks its
 //! [`prerequisites`] (Go and openssl; no root) and runs it from `cargo xtask test`; there the
-//! build starts first, in the background and `nice`d ([`prefetch`]), so that on a fresh machine
-//! it overlaps the Rust build and tests instead of following them.
+//! builds of every release start first, one after the other in the background and `nice`d
+//! ([`prefetch`]), so that on a fresh machine they overlap the Rust build and tests and the
+//! stages of the releases built before them.
 
 use std::{
+    collections::HashMap,
     fs,
     path::{Path, PathBuf},
     process::Command,
+    sync::mpsc,
     time::Instant,
 };
 
@@ -57,60 +69,235 @@ const BINARIES: [&str; 6] = [
     "etcd",
 ];
 
-/// The control plane's build, started in the background.
-#[derive(Debug)]
-pub struct Prefetch {
-    build: std::thread::JoinHandle<anyhow::Result<PathBuf>>,
-    log: PathBuf,
+/// A Kubernetes release the control plane and cluster stages run against: one build module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// The build module (`tests/controlplane/build`, `tests/controlplane/build-1.37`).
+    module: PathBuf,
+    /// The `k8s.io/kubernetes` version it pins (`v1.36.3`).
+    version: String,
+    /// The Go toolchain its go.mod names in a `toolchain` line (`go1.27.3`).
+    toolchain: Option<String>,
 }
 
-/// Starts building the control plane in the background when the stage can run, its output in
-/// a log file that is removed once the build succeeds.
+impl Release {
+    /// The release of the build module `module`.
+    fn of(module: PathBuf) -> anyhow::Result<Self> {
+        let go_mod = module.join("go.mod");
+        let text =
+            fs::read_to_string(&go_mod).with_context(|| format!("reading {}", go_mod.display()))?;
+        let version = version_in(&text)
+            .with_context(|| format!("{} requires no k8s.io/kubernetes", go_mod.display()))?;
+        minor_of(&version).with_context(|| {
+            format!(
+                "{}: k8s.io/kubernetes {version} is not vMAJOR.MINOR.PATCH",
+                go_mod.display()
+            )
+        })?;
+        Ok(Self {
+            module,
+            version,
+            toolchain: toolchain_in(&text),
+        })
+    }
+
+    /// The version the release pins (`v1.36.3`).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Its minor version (`1.36`), by which `--kubernetes` picks it.
+    pub fn minor(&self) -> String {
+        minor_of(&self.version)
+            .map(|(major, minor)| format!("{major}.{minor}"))
+            .unwrap_or_default()
+    }
+
+    /// `go`, with the toolchain the module asks for.
+    fn go(&self) -> Command {
+        let mut go = Command::new("go");
+        if let Some(toolchain) = &self.toolchain {
+            go.env("GOTOOLCHAIN", toolchain);
+        }
+        go
+    }
+}
+
+/// The primary release's build module, relative to the repository.
+const PRIMARY: &str = "tests/controlplane/build";
+
+/// Every release, in the order the stages run them: the primary one, then the others
+/// (`tests/controlplane/build-*`) by version.
+pub fn releases(root: &Path) -> anyhow::Result<Vec<Release>> {
+    let mut others = Vec::new();
+    let dir = root.join("tests/controlplane");
+    for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let is_release = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("build-"));
+        if is_release && path.join("go.mod").is_file() {
+            others.push(Release::of(path)?);
+        }
+    }
+    others.sort_by_key(|r| version_key(&r.version));
+    let mut all = vec![Release::of(root.join(PRIMARY))?];
+    all.extend(others);
+    Ok(all)
+}
+
+/// The releases `wanted` names by minor version (`1.37`), in the order of [`releases`]; all of
+/// them when `wanted` is empty.
+pub fn select(root: &Path, wanted: &[String]) -> anyhow::Result<Vec<Release>> {
+    let all = releases(root)?;
+    if wanted.is_empty() {
+        return Ok(all);
+    }
+    for w in wanted {
+        if !all.iter().any(|r| r.minor() == *w) {
+            bail!(
+                "no build module pins Kubernetes {w}: the releases are {}",
+                all.iter()
+                    .map(Release::minor)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    Ok(all
+        .into_iter()
+        .filter(|r| wanted.contains(&r.minor()))
+        .collect())
+}
+
+/// The release `wanted` names, or the primary one.
+pub fn release(root: &Path, wanted: Option<&str>) -> anyhow::Result<Release> {
+    match wanted {
+        None => Release::of(root.join(PRIMARY)),
+        Some(w) => Ok(select(root, &[w.to_owned()])?.remove(0)),
+    }
+}
+
+/// The control planes' builds, started in the background: every release, one after the other.
+#[derive(Debug)]
+pub struct Prefetch {
+    built: mpsc::Receiver<(String, anyhow::Result<PathBuf>)>,
+    received: HashMap<String, anyhow::Result<PathBuf>>,
+    logs: HashMap<String, PathBuf>,
+}
+
+/// Starts building the control plane of every release in the background when the stage can
+/// run, in the order the stages use them, each build's output in a log file that is removed
+/// once it succeeds.
 pub fn prefetch(root: &Path) -> Option<Prefetch> {
     if !prerequisites().is_empty() {
         return None;
     }
-    let log = std::env::temp_dir().join(format!(
-        "resmgr-controlplane-build-{}.log",
-        std::process::id()
-    ));
-    let (root, build_log) = (root.to_owned(), log.clone());
-    let build = std::thread::spawn(move || binaries(&root, Some(&build_log)));
-    Some(Prefetch { build, log })
+    let releases = match releases(root) {
+        Ok(releases) => releases,
+        Err(error) => {
+            // The stage reports it when it asks for the binaries.
+            eprintln!("not building the control plane in the background: {error:#}");
+            return None;
+        }
+    };
+    let logs: HashMap<String, PathBuf> = releases
+        .iter()
+        .map(|r| {
+            let log = std::env::temp_dir().join(format!(
+                "resmgr-controlplane-build-{}-{}.log",
+                r.minor(),
+                std::process::id()
+            ));
+            (r.version.clone(), log)
+        })
+        .collect();
+    let (send, built) = mpsc::channel();
+    let build_logs = logs.clone();
+    std::thread::spawn(move || {
+        for release in releases {
+            let log = &build_logs[&release.version];
+            let result = binaries(&release, Some(log));
+            if result.is_ok() {
+                let _ = fs::remove_file(log);
+            }
+            if send.send((release.version, result)).is_err() {
+                return;
+            }
+        }
+    });
+    Some(Prefetch {
+        built,
+        received: HashMap::new(),
+        logs,
+    })
 }
 
 impl Prefetch {
-    pub(crate) fn join(self) -> anyhow::Result<PathBuf> {
-        if !self.build.is_finished() {
-            eprintln!(
-                "waiting for the control plane's build to finish (its output: {})",
-                self.log.display()
-            );
+    /// `release`'s binaries: from the background build, waiting for it, or from [`binaries`]
+    /// (the cache) when the background build has already handed them over or never built them.
+    pub(crate) fn take(&mut self, release: &Release) -> anyhow::Result<PathBuf> {
+        let Some(log) = self.logs.remove(&release.version) else {
+            return binaries(release, None);
+        };
+        let mut said = false;
+        loop {
+            if let Some(result) = self.received.remove(&release.version) {
+                return result;
+            }
+            let Ok((version, result)) = self.built.try_recv().or_else(|_| {
+                if !said {
+                    eprintln!(
+                        "waiting for the build of the control plane {} to finish (its output: {})",
+                        release.version,
+                        log.display()
+                    );
+                    said = true;
+                }
+                self.built.recv()
+            }) else {
+                bail!(
+                    "the control plane's background build ended before building {}",
+                    release.version
+                );
+            };
+            self.received.insert(version, result);
         }
-        let built = self
-            .build
-            .join()
-            .map_err(|_| anyhow::anyhow!("the control plane's build panicked"))?;
-        if built.is_ok() {
-            let _ = fs::remove_file(&self.log);
-        }
-        built
     }
 }
 
-/// Runs the stage: the control plane's binaries (from `prefetched` when it was started), then
-/// the scenarios against `bin_dir`'s `resmgr`.
-pub fn run(root: &Path, bin_dir: &Path, prefetched: Option<Prefetch>) -> anyhow::Result<()> {
-    let control_plane = match prefetched {
-        Some(p) => p.join()?,
-        None => binaries(root, None)?,
-    };
+/// Runs the stage on one release, whose binaries are in `control_plane`: the scenarios against
+/// `bin_dir`'s `resmgr`.
+pub fn run(
+    root: &Path,
+    bin_dir: &Path,
+    release: &Release,
+    control_plane: &Path,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    eprintln!(
+        "control plane stage on Kubernetes {} ({})",
+        release.version,
+        control_plane.display()
+    );
+    let result = scenarios(root, bin_dir, control_plane);
+    eprintln!(
+        "control plane stage on Kubernetes {}: {} in {:.0} s",
+        release.version,
+        if result.is_ok() { "done" } else { "failed" },
+        started.elapsed().as_secs_f64()
+    );
+    result
+}
+
+/// The stage's scenarios on the control plane in `control_plane`.
+fn scenarios(root: &Path, bin_dir: &Path, control_plane: &Path) -> anyhow::Result<()> {
     let dir = root.join("tests/controlplane");
     util::run(
         Command::new("go")
             .current_dir(&dir)
             .env("RESMGR_BIN_DIR", bin_dir)
-            .env("RESMGR_CONTROLPLANE_BIN_DIR", &control_plane)
+            .env("RESMGR_CONTROLPLANE_BIN_DIR", control_plane)
             .env("GOFLAGS", test::go_flags())
             .args(["test", "-count=1", "-v", "-timeout=20m"])
             .args(["-skip", ON_CRIO, "./internal/...", "./scenarios/"]),
@@ -182,14 +369,19 @@ pub fn prerequisites() -> Vec<Missing> {
     missing
 }
 
-/// The directory holding the control plane's binaries, built now (`nice`d, its output into
-/// `log` if given) if the cache has none for the current inputs.
-pub fn binaries(root: &Path, log: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let module = root.join("tests/controlplane/build");
-    let version = kubernetes_version(&module)?;
-    let ldflags = ldflags(&version)?;
-    let go_version = util::output(Command::new("go").args(["env", "GOVERSION", "GOOS", "GOARCH"]))?;
-    let key = cache_key(&module, &[&go_version, &ldflags, "CGO_ENABLED=0"])?;
+/// The directory holding `release`'s control plane binaries, built now (`nice`d, its output
+/// into `log` if given) if the cache has none for the current inputs.
+pub fn binaries(release: &Release, log: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let module = &release.module;
+    let version = &release.version;
+    let ldflags = ldflags(version)?;
+    let go_version = util::output(release.go().current_dir(module).args([
+        "env",
+        "GOVERSION",
+        "GOOS",
+        "GOARCH",
+    ]))?;
+    let key = cache_key(module, &[&go_version, &ldflags, "CGO_ENABLED=0"])?;
     let cache = cache_dir()?.join(format!("{version}-{key}"));
     if BINARIES.iter().all(|b| cache.join(b).is_file()) {
         eprintln!(
@@ -212,9 +404,12 @@ pub fn binaries(root: &Path, log: Option<&Path>) -> anyhow::Result<PathBuf> {
     );
     let started = Instant::now();
     let mut build = Command::new("nice");
+    if let Some(toolchain) = &release.toolchain {
+        build.env("GOTOOLCHAIN", toolchain);
+    }
     build
         .args(["-n", "10", "go"])
-        .current_dir(&module)
+        .current_dir(module)
         .env("CGO_ENABLED", "0")
         .env("GOFLAGS", "-mod=readonly -buildvcs=false")
         .args(["build", "-trimpath", "-ldflags", &ldflags, "-o"])
@@ -259,14 +454,6 @@ fn cache_dir() -> anyhow::Result<PathBuf> {
     Ok(base.join("resmgr").join("controlplane"))
 }
 
-/// The `k8s.io/kubernetes` version the build module requires (`v1.36.3`).
-fn kubernetes_version(module: &Path) -> anyhow::Result<String> {
-    let go_mod = module.join("go.mod");
-    let text =
-        fs::read_to_string(&go_mod).with_context(|| format!("reading {}", go_mod.display()))?;
-    version_in(&text).with_context(|| format!("{} requires no k8s.io/kubernetes", go_mod.display()))
-}
-
 fn version_in(go_mod: &str) -> Option<String> {
     go_mod.lines().find_map(|line| {
         // `require k8s.io/kubernetes vX` or, inside a `require (` block, `k8s.io/kubernetes vX`.
@@ -278,6 +465,37 @@ fn version_in(go_mod: &str) -> Option<String> {
             .next()?;
         version.starts_with('v').then(|| version.to_owned())
     })
+}
+
+/// The Go toolchain a go.mod names in its `toolchain` line (`go1.27.3`).
+fn toolchain_in(go_mod: &str) -> Option<String> {
+    go_mod.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next()? == "toolchain")
+            .then(|| words.next())
+            .flatten()
+            .filter(|t| t.starts_with("go"))
+            .map(str::to_owned)
+    })
+}
+
+/// `(major, minor)` of a `vMAJOR.MINOR.PATCH` version.
+fn minor_of(version: &str) -> Option<(u32, u32)> {
+    let (major, minor, _) = version_key(version)?;
+    Some((major, minor))
+}
+
+/// A `vMAJOR.MINOR.PATCH` version as numbers, so that 1.100 sorts after 1.99.
+fn version_key(version: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = version.strip_prefix('v')?.splitn(3, '.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    // A pre-release (`0-rc.1`) sorts with its patch.
+    let patch = parts.next()?;
+    let digits = patch
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(patch.len());
+    Some((major, minor, patch[..digits].parse().ok()?))
 }
 
 /// The linker flags that set the version the binaries report (as Kubernetes' own build does
@@ -353,6 +571,70 @@ mod tests {
         let block = "module x\n\nrequire (\n\tgo.etcd.io/etcd/server/v3 v3.6.8\n\tk8s.io/kubernetes v1.36.3\n)\n\nreplace k8s.io/api => k8s.io/api v0.36.3\n";
         assert_eq!(version_in(block).as_deref(), Some("v1.36.3"));
         assert_eq!(version_in("module x\nrequire k8s.io/api v0.36.3\n"), None);
+    }
+
+    #[test]
+    fn reads_the_toolchain_a_module_asks_for() {
+        let go_mod =
+            "module x\n\ngo 1.27.0\n\ntoolchain go1.27.3\n\nrequire k8s.io/kubernetes v1.38.0\n";
+        assert_eq!(toolchain_in(go_mod).as_deref(), Some("go1.27.3"));
+        assert_eq!(toolchain_in("module x\n\ngo 1.26.0\n"), None);
+    }
+
+    #[test]
+    fn releases_are_the_primary_module_then_the_others_by_version() {
+        let root = tempfile::tempdir().unwrap();
+        let module = |dir: &str, version: &str, toolchain: &str| {
+            let dir = root.path().join("tests/controlplane").join(dir);
+            fs::create_dir_all(&dir).unwrap();
+            let text = format!(
+                "module x\n\ngo 1.26.0\n{toolchain}\nrequire k8s.io/kubernetes {version}\n"
+            );
+            fs::write(dir.join("go.mod"), text).unwrap();
+        };
+        module("build", "v1.36.3", "");
+        module("build-1.100", "v1.100.0", "toolchain go1.99.1");
+        module("build-1.37", "v1.37.2", "");
+        // Not a release: no go.mod, or not named build-*.
+        fs::create_dir_all(root.path().join("tests/controlplane/build-notes")).unwrap();
+        module("scale", "v1.36.3", "");
+        let all = releases(root.path()).unwrap();
+        let shown: Vec<(String, String)> = all
+            .iter()
+            .map(|r| (r.minor(), r.version().to_owned()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("1.36".to_owned(), "v1.36.3".to_owned()),
+                ("1.37".to_owned(), "v1.37.2".to_owned()),
+                ("1.100".to_owned(), "v1.100.0".to_owned()),
+            ]
+        );
+        assert_eq!(all[0].module, root.path().join("tests/controlplane/build"));
+        assert_eq!(all[2].toolchain.as_deref(), Some("go1.99.1"));
+        assert_eq!(
+            all[2].go().get_envs().collect::<Vec<_>>(),
+            [(
+                std::ffi::OsStr::new("GOTOOLCHAIN"),
+                Some(std::ffi::OsStr::new("go1.99.1"))
+            )]
+        );
+        assert_eq!(all[0].go().get_envs().count(), 0);
+
+        let picked = select(root.path(), &["1.100".to_owned(), "1.36".to_owned()]).unwrap();
+        assert_eq!(
+            picked.iter().map(Release::minor).collect::<Vec<_>>(),
+            ["1.36", "1.100"]
+        );
+        assert_eq!(select(root.path(), &[]).unwrap(), all);
+        let error = select(root.path(), &["1.35".to_owned()]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "no build module pins Kubernetes 1.35: the releases are 1.36, 1.37, 1.100"
+        );
+        assert_eq!(release(root.path(), None).unwrap(), all[0]);
+        assert_eq!(release(root.path(), Some("1.37")).unwrap(), all[1]);
     }
 
     #[test]

@@ -99,6 +99,10 @@ enum Command {
     Cluster {
         #[arg(value_enum)]
         action: cluster::Action,
+        /// The Kubernetes release `up` starts (`1.36`, `1.37`: the minor version a build module
+        /// under tests/controlplane pins); default: the primary one, tests/controlplane/build.
+        #[arg(long, value_name = "MINOR")]
+        kubernetes: Option<String>,
     },
 }
 
@@ -123,6 +127,8 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(&root, &args),
         Command::E2e(args) => e2e::run(&root, &args),
         Command::Soak(args) => soak::run(&root, &args),
-        Command::Cluster { action } => cluster::command(&root, action),
+        Command::Cluster { action, kubernetes } => {
+            cluster::command(&root, action, kubernetes.as_deref())
+        }
     }
 }

@@ -62,7 +62,7 @@ pub fn run(root: &Path, args: &ScaleArgs) -> anyhow::Result<()> {
         "resmgr",
     ]))?;
     let bin_dir = test::target_dir(root)?.join("debug");
-    let control_plane = controlplane::binaries(root, None)?;
+    let control_plane = controlplane::binaries(&controlplane::release(root, None)?, None)?;
     let mut go = Command::new("go");
     go.current_dir(root.join("tests/controlplane"))
         .env("RESMGR_BIN_DIR", &bin_dir)

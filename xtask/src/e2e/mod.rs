@@ -7,6 +7,9 @@
 //! - `cluster`: in a real one-node cluster, kubelet and controller-manager included, the agent
 //!   installed with Helm ([`crate::cluster`]).
 //!
+//! The last two run once per Kubernetes release the repository has a build module for
+//! ([`controlplane::releases`]; `--kubernetes 1.37` picks one).
+//!
 //! The containerd stage sets up what the run needs and hands over to the runner
 //! (`tests/src/bin/e2e`, the binary `e2e`), which starts containerd, the fake API server and
 //! `resmgr run`, plays the kubelet, runs the scenarios and tears everything down:
@@ -64,6 +67,11 @@ pub struct E2eArgs {
     /// Keep the run's directory (logs, containerd's and the agent's state) afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// Run the control plane and cluster stages on this Kubernetes release only (`1.36`,
+    /// `1.37`: the minor version a build module under tests/controlplane pins; repeat); default:
+    /// every release.
+    #[arg(long, value_name = "MINOR")]
+    pub kubernetes: Vec<String>,
     /// Run only these scenarios (repeat); default: all. Most build on the ones before them.
     #[arg(long, value_name = "SCENARIO")]
     pub only: Vec<String>,
@@ -191,15 +199,23 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
     if all || args.stage.contains(&Stage::Crio) {
         crio::run(root, args, None)?;
     }
+    let releases = controlplane::select(root, &args.kubernetes)?;
     if all || args.stage.contains(&Stage::Controlplane) {
         let missing = controlplane::prerequisites();
         if !missing.is_empty() {
             bail!("the control plane e2e cannot run here:\n{}", list(&missing));
         }
-        controlplane::run(root, &test::build_test_binaries(root)?, None)?;
+        let bin_dir = test::build_test_binaries(root)?;
+        for release in &releases {
+            let binaries = controlplane::binaries(release, None)?;
+            controlplane::run(root, &bin_dir, release, &binaries)?;
+        }
     }
     if all || args.stage.contains(&Stage::Cluster) {
-        crate::cluster::run(root, &args.only, None, None, None)?;
+        for release in &releases {
+            let binaries = controlplane::binaries(release, None)?;
+            cluster::run(root, &args.only, release, &binaries, None, None)?;
+        }
     }
     Ok(())
 }
@@ -350,9 +366,15 @@ pub(crate) fn list(missing: &[Missing]) -> String {
 
 /// The e2e as a step of `cargo xtask test`: each stage runs when the machine can (the
 /// containerd stage with the runtime from [`prefetch`], the CRI-O stage with
-/// [`crio::prefetch`], the control plane stage with its [`controlplane::prefetch`], the cluster
-/// stage with its [`cluster::prefetch`] and the binaries those two built); when it cannot, fail
-/// under `CI=true` (CI machines are made for it) and otherwise say what is missing and go on.
+/// [`crio::prefetch`], the control plane and cluster stages with the binaries of
+/// [`controlplane::prefetch`] and the cluster stage with its [`cluster::prefetch`]); when it
+/// cannot, fail under `CI=true` (CI machines are made for it) and otherwise say what is
+/// missing and go on.
+///
+/// The control plane and cluster stages run once per Kubernetes release
+/// ([`controlplane::releases`]), the primary release's two first: the releases are built in the
+/// background in that order, so on a fresh machine the next release's build overlaps the stages
+/// of the one before it.
 pub fn in_test(
     root: &Path,
     mut prefetched: Option<Prefetch>,
@@ -362,37 +384,59 @@ pub fn in_test(
 ) -> anyhow::Result<()> {
     // CRI-O before the control plane, whose real-runtime scenarios also run on the CRI-O it
     // builds.
-    let stages = [
-        (Stage::Containerd, "the containerd e2e", prerequisites()),
-        (Stage::Crio, "the CRI-O e2e", crio::prerequisites()),
-        (
-            Stage::Controlplane,
-            "the control plane e2e",
-            controlplane::prerequisites(),
-        ),
-        (Stage::Cluster, "the cluster e2e", cluster::prerequisites()),
-    ];
-    for (stage, name, missing) in stages {
+    let mut stages = vec![(Stage::Containerd, None), (Stage::Crio, None)];
+    for release in controlplane::releases(root)? {
+        stages.push((Stage::Controlplane, Some(release.clone())));
+        stages.push((Stage::Cluster, Some(release)));
+    }
+    for (stage, release) in stages {
+        let (name, missing) = match stage {
+            Stage::Containerd => ("the containerd e2e", prerequisites()),
+            Stage::Crio => ("the CRI-O e2e", crio::prerequisites()),
+            Stage::Controlplane => ("the control plane e2e", controlplane::prerequisites()),
+            Stage::Cluster => ("the cluster e2e", cluster::prerequisites()),
+        };
         if missing.is_empty() {
             let args = E2eArgs {
                 stage: vec![stage],
                 ..E2eArgs::default()
             };
-            match stage {
-                Stage::Containerd => containerd(root, &args, prefetched.take())?,
-                Stage::Crio => crio::run(root, &args, cri_o.take())?,
-                Stage::Controlplane => controlplane::run(
-                    root,
-                    &test::build_test_binaries(root)?,
-                    control_plane.take(),
-                )?,
-                Stage::Cluster => cluster::run(root, &[], cluster.take(), None, None)?,
+            let mut binaries = |release: &controlplane::Release| match control_plane.as_mut() {
+                Some(p) => p.take(release),
+                None => controlplane::binaries(release, None),
+            };
+            match (stage, release) {
+                (Stage::Containerd, _) => containerd(root, &args, prefetched.take())?,
+                (Stage::Crio, _) => crio::run(root, &args, cri_o.take())?,
+                (Stage::Controlplane, Some(release)) => {
+                    let binaries = binaries(&release)?;
+                    let bin_dir = test::build_test_binaries(root)?;
+                    controlplane::run(root, &bin_dir, &release, &binaries)?;
+                }
+                (Stage::Cluster, Some(release)) => {
+                    let binaries = binaries(&release)?;
+                    cluster::run(root, &[], &release, &binaries, cluster.take(), None)?;
+                }
+                // The control plane and cluster stages are listed with their release.
+                (Stage::Controlplane | Stage::Cluster, None) => {}
             }
-        } else if std::env::var("CI").is_ok_and(|v| v == "true") {
-            bail!("CI=true and {name} cannot run here:\n{}", list(&missing));
         } else {
+            let on = release
+                .as_ref()
+                .map(|r| format!(" on Kubernetes {}", r.minor()))
+                .unwrap_or_default();
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                bail!(
+                    "CI=true and {name}{on} cannot run here:\n{}",
+                    list(&missing)
+                );
+            }
+            let release_arg = release
+                .as_ref()
+                .map(|r| format!(" --kubernetes {}", r.minor()))
+                .unwrap_or_default();
             eprintln!(
-                "NOT RUN: {name} (`cargo xtask e2e --stage {}`), because this machine lacks:\n{}\n\
+                "NOT RUN: {name}{on} (`cargo xtask e2e --stage {}{release_arg}`), because this machine lacks:\n{}\n\
                  (under CI=true this is a failure)",
                 clap::ValueEnum::to_possible_value(&stage)
                     .map(|v| v.get_name().to_owned())
