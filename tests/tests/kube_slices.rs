@@ -424,11 +424,73 @@ async fn node_allocatable_mapping_is_published_only_when_switched_on() {
     let (server, publisher) = start(&["v1"], on).await;
     publisher.publish(vec![device("numa-0", 8)]).await.unwrap();
     let slice = &server.slices()[0];
+    // Both forms: 1.36's, and 1.37's, which spells out the multiplier.
     assert_eq!(
         slice["spec"]["devices"][0]["nodeAllocatableResourceMappings"],
         json!({"cpu": {"capacityKey": "cpu"}})
     );
-    assert_fits_v1(slice);
+    assert_eq!(
+        slice["spec"]["devices"][0]["nodeAllocatableResources"],
+        json!({"cpu": {"mapping": {"capacityKey": "cpu", "capacityMultiplier": "1"}}})
+    );
+    // The rest is what k8s-openapi's v1 (1.36) types know.
+    let mut older = slice.clone();
+    older["spec"]["devices"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("nodeAllocatableResources");
+    assert_fits_v1(&older);
+}
+
+/// Each API server keeps the form of the node-allocatable mapping its release knows and drops
+/// the other: that is no gate being off, nothing is reported, and what it kept is not rewritten.
+/// With the gate off both go, and both are reported.
+#[tokio::test]
+async fn the_form_of_the_mapping_a_release_does_not_know_is_not_a_dropped_field() {
+    let on = || PublisherConfig {
+        node_allocatable_cpu: Some(NodeAllocatableCpu::default()),
+        ..config()
+    };
+    for (release, unknown) in [
+        ("1.36", "nodeAllocatableResources"),
+        ("1.37", "nodeAllocatableResourceMappings"),
+    ] {
+        let (server, publisher) = start(&["v1"], on()).await;
+        server.drop_device_fields(&[unknown]);
+        let first = publisher
+            .publish(vec![device("numa-0", 8), device("numa-1", 8)])
+            .await
+            .unwrap();
+        assert_eq!(first.created, 1, "{release}");
+        assert!(first.dropped_fields.is_empty(), "{release}: {first:?}");
+        assert!(publisher.dropped_fields().borrow().is_empty(), "{release}");
+        let kept = &server.slices()[0]["spec"]["devices"][1];
+        assert!(kept.get(unknown).is_none(), "{release}: {kept}");
+        assert!(kept.as_object().unwrap().len() > 1, "{release}: {kept}");
+        let again = publisher
+            .publish(vec![device("numa-0", 8), device("numa-1", 8)])
+            .await
+            .unwrap();
+        assert_eq!(
+            (again.created, again.updated, again.deleted),
+            (0, 0, 0),
+            "{release}: what the API server kept is what we want"
+        );
+    }
+
+    let (server, publisher) = start(&["v1"], on()).await;
+    server.drop_device_fields(&[
+        "nodeAllocatableResourceMappings",
+        "nodeAllocatableResources",
+    ]);
+    let gate_off = publisher.publish(vec![device("numa-0", 8)]).await.unwrap();
+    assert_eq!(
+        gate_off.dropped_fields,
+        [
+            "devices[].nodeAllocatableResourceMappings",
+            "devices[].nodeAllocatableResources"
+        ]
+    );
 }
 
 #[tokio::test]

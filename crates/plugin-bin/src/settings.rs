@@ -299,9 +299,11 @@ pub const NODE_ALLOCATABLE_CPU: Typed<bool> = Typed::new(Setting {
     shape: Shape::Scalar,
     default: DefaultValue::Value("false"),
     summary: "Map each published device's `cpu` capacity to the node's allocatable cpu.",
-    details: "The scheduler then charges claimed CPUs against the node. Needs Kubernetes \
-              1.36 with the DRANodeAllocatableResources feature gate; without it, pods \
-              repeat their claimed CPUs in `resources.requests`.",
+    details: "The scheduler then charges claimed CPUs against the node, and from 1.37 the \
+              kubelet adds them to the pod's cgroup limits. Needs Kubernetes 1.36 or later \
+              with the DRANodeAllocatableResources feature gate (the mapping is written in \
+              1.36's form and in 1.37's; the API server keeps the one it knows); without \
+              it, pods repeat their claimed CPUs in `resources.requests`.",
 });
 
 // === The policy ===

@@ -12,6 +12,7 @@
 //! - [`publisher`]: [`SlicePublisher`], which talks to the API server, and
 //!   [`first_publication`], the objects it creates for a new node (what `resmgr slices` prints).
 
+pub mod allocatable;
 pub mod build;
 pub mod publisher;
 pub mod validate;

@@ -18,7 +18,9 @@
 //!
 //! Fields the API server drops (a feature gate is off) are reported in each [`PublishReport`]
 //! and, for whoever wants to react whenever it happens (the binary logs which setting fits the
-//! cluster and exports a metric), through [`SlicePublisher::dropped_fields`].
+//! cluster and exports a metric), through [`SlicePublisher::dropped_fields`]; the form of the
+//! node-allocatable mapping the API server's release does not know is left out of both, as
+//! long as it keeps the other ([`allocatable::superseded`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
@@ -44,7 +46,7 @@ use tokio::{
 };
 
 use super::{
-    DevicePublisher, PublisherConfig, PublisherConfigError,
+    DevicePublisher, PublisherConfig, PublisherConfigError, allocatable,
     build::{self, MANAGED_BY, MANAGED_BY_LABEL},
     validate::{DeviceValidationError, validate_devices},
     wire::{FieldPath, comparable, dropped_fields, from_wire, to_wire},
@@ -675,8 +677,19 @@ impl Reconciliation<'_> {
             self.state.written.insert(rv);
         }
         let stored_spec = stored.data.get("spec").cloned().unwrap_or(Value::Null);
-        for field in dropped_fields(sent, &stored_spec) {
-            if self.state.dropped.insert(field.clone()) {
+        let dropped = dropped_fields(sent, &stored_spec);
+        let superseded = allocatable::superseded(&dropped);
+        for field in dropped {
+            if !self.state.dropped.insert(field.clone()) {
+                continue;
+            }
+            if superseded.contains(&field) {
+                tracing::debug!(
+                    field = %field,
+                    api_version = %self.version,
+                    "the api server keeps the other form of the node-allocatable mapping, the one its release knows"
+                );
+            } else {
                 tracing::warn!(
                     field = %field,
                     api_version = %self.version,

@@ -6,7 +6,8 @@
 //! `4k`) and silently drops fields whose feature gate is off (say `allowMultipleAllocations`
 //! without `DRAConsumableCapacity`), so "the slice is as we want it" means: equal after parsing
 //! quantities, ignoring the fields we have seen it drop. Without that, a cluster with a gate off
-//! would see us rewrite our slices forever.
+//! would see us rewrite our slices forever. The node-allocatable mapping goes out in both the
+//! forms Kubernetes has defined, of which the API server keeps one ([`allocatable`]).
 
 use std::{collections::BTreeSet, fmt};
 
@@ -15,12 +16,19 @@ use k8s_openapi::{
 };
 use serde_json::Value;
 
+use super::allocatable;
 use crate::kube::version::ResourceApiVersion;
 
-/// The spec as `version` writes it.
+/// The spec as `version` writes it, with the node-allocatable mapping in both of its forms
+/// ([`allocatable`]).
 pub fn to_wire(version: ResourceApiVersion, spec: &wire::ResourceSliceSpec) -> Value {
     // Serializing k8s-openapi types into a Value cannot fail: they are maps, strings and numbers.
     let mut value = serde_json::to_value(spec).unwrap_or(Value::Null);
+    for device in devices_mut(&mut value) {
+        if let Value::Object(fields) = device {
+            allocatable::add_newer_form(fields);
+        }
+    }
     if version == ResourceApiVersion::V1beta1 {
         for device in devices_mut(&mut value) {
             if let Value::Object(fields) = device {
@@ -36,18 +44,20 @@ pub fn to_wire(version: ResourceApiVersion, spec: &wire::ResourceSliceSpec) -> V
     value
 }
 
-/// The spec as v1, from `version`'s JSON.
+/// The spec as v1, from `version`'s JSON; a node-allocatable mapping stored in its 1.37 form
+/// only is read as the 1.36 form the typed spec holds.
 pub fn from_wire(
     version: ResourceApiVersion,
     mut value: Value,
 ) -> Result<wire::ResourceSliceSpec, serde_json::Error> {
-    if version == ResourceApiVersion::V1beta1 {
-        for device in devices_mut(&mut value) {
-            if let Value::Object(fields) = device
+    for device in devices_mut(&mut value) {
+        if let Value::Object(fields) = device {
+            if version == ResourceApiVersion::V1beta1
                 && let Some(Value::Object(basic)) = fields.remove("basic")
             {
                 fields.extend(basic);
             }
+            allocatable::add_older_form(fields);
         }
     }
     serde_json::from_value(value)
@@ -86,6 +96,12 @@ pub fn canonical(mut spec: wire::ResourceSliceSpec) -> wire::ResourceSliceSpec {
             .flat_map(|m| m.values_mut())
         {
             mapping.allocation_multiplier.iter_mut().for_each(canon);
+            // The API server fills in the default, 1, which we leave out.
+            if mapping.allocation_multiplier.as_ref().map(|q| q.0.as_str())
+                == Some(&policy::Quantity::from_units(1).to_string())
+            {
+                mapping.allocation_multiplier = None;
+            }
         }
     }
     spec
@@ -322,6 +338,28 @@ mod tests {
             comparable(ResourceApiVersion::V1, &stored_spec, &dropped),
             comparable(ResourceApiVersion::V1, &spec(), &dropped)
         );
+    }
+
+    #[test]
+    fn a_mapping_multiplier_of_one_compares_as_the_default() {
+        let mapping = |multiplier: Option<&str>| {
+            let mut spec = spec();
+            spec.devices.as_mut().unwrap()[0].node_allocatable_resource_mappings = Some(
+                [(
+                    "cpu".to_owned(),
+                    wire::NodeAllocatableResourceMapping {
+                        capacity_key: Some("cpu".to_owned()),
+                        allocation_multiplier: multiplier.map(|m| WireQuantity(m.to_owned())),
+                    },
+                )]
+                .into(),
+            );
+            comparable(ResourceApiVersion::V1, &spec, &BTreeSet::new())
+        };
+        // What we send, and what a 1.36 API server stores for it.
+        assert_eq!(mapping(None), mapping(Some("1")));
+        assert_eq!(mapping(None), mapping(Some("1000m")));
+        assert_ne!(mapping(None), mapping(Some("2")));
     }
 
     #[test]
