@@ -638,6 +638,17 @@ mod tests {
     }
 
     #[test]
+    fn the_repository_covers_kubernetes_1_36_and_1_37() {
+        let root = util::repo_root().unwrap();
+        let minors: Vec<String> = releases(&root)
+            .unwrap()
+            .iter()
+            .map(Release::minor)
+            .collect();
+        assert_eq!(minors, ["1.36", "1.37"]);
+    }
+
+    #[test]
     fn the_version_flags_name_major_and_minor() {
         let flags = ldflags("v1.36.3").unwrap();
         for want in [

@@ -23,7 +23,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	node, err = onenode.Up(cfg, onenode.Options{Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
+	// The node-allocatable mapping's gate, for its scenario (allocatable_test.go): it changes
+	// nothing while the agent maps nothing, as by default.
+	node, err = onenode.Up(cfg, onenode.Options{
+		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+		FeatureGates: map[string]bool{"DRANodeAllocatableResources": true},
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bringing up the cluster:", err)
 		os.Exit(1)

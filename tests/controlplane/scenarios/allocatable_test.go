@@ -1,15 +1,21 @@
 package scenarios
 
 import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
-	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resmgr/resmgr/tests/controlplane/internal/cluster"
+	"github.com/resmgr/resmgr/tests/controlplane/internal/node"
 )
 
-// The node-allocatable mapping (Kubernetes 1.36, alpha gate DRANodeAllocatableResources): with
+// The node-allocatable mapping (alpha gate DRANodeAllocatableResources, in 1.36's form or
+// 1.37's, whichever the API server knows): with
 // the agent's switch on, each device maps its cpu capacity to the Node's allocatable cpu, so the
 // scheduler charges claimed CPUs against the node and a plain pod cannot be placed on CPUs a
 // claim holds, although the claim's pod repeats none of them in its requests. Without the
@@ -30,17 +36,37 @@ func TestNodeAllocatableMappingStopsDoubleBooking(t *testing.T) {
 	e.cp.DeletePod(plain)
 	e.remove(claimed)
 
-	// With it: the agent republishes with the mapping, the API server keeps it (gate on), and
-	// the scheduler counts the claim against the node's cpu.
+	// With it: the agent republishes with the mapping, the API server keeps it (gate on) in the
+	// form its release knows, and the scheduler counts the claim against the node's cpu.
+	// The 1.36 API server fills in the default multiplier.
+	want := map[string]any{"nodeAllocatableResourceMappings": map[string]any{"cpu": map[string]any{"capacityKey": "cpu", "allocationMultiplier": "1"}}}
+	if serverMinor(t, e) >= 37 {
+		// 1.37 replaced the field (KEP-5517's second alpha) and spells the multiplier out. Its
+		// API server admits slices that map node resources only for a Node that declares the
+		// feature (NodeDeclaredFeatureValidator), as a 1.37 kubelet with the gate does.
+		want = map[string]any{"nodeAllocatableResources": map[string]any{
+			"cpu": map[string]any{"mapping": map[string]any{"capacityKey": "cpu", "capacityMultiplier": "1"}}}}
+		declareFeature(t, e, "DRANodeAllocatableResources")
+	}
 	e.node.RestartAgent("--node-allocatable-cpu=true")
-	devs := devices(e.slices(func(s []resourcev1.ResourceSlice) bool {
-		d := devices(s)
-		return len(d) == 2 && len(d["numa0"].NodeAllocatableResourceMappings) > 0 && len(d["numa1"].NodeAllocatableResourceMappings) > 0
-	}))
-	for name, d := range devs {
-		m := d.NodeAllocatableResourceMappings["cpu"]
-		if m.CapacityKey == nil || *m.CapacityKey != "cpu" {
-			t.Fatalf("device %s maps %+v, want cpu from its capacity cpu", name, d.NodeAllocatableResourceMappings)
+	var stored map[string]map[string]any
+	e.cp.Poll("both devices mapping cpu", func(cx context.Context) (bool, error) {
+		var err error
+		stored, err = rawDevices(cx, e)
+		if err != nil {
+			return false, err
+		}
+		return len(stored) == 2 && stored["numa0"][mappingField(want)] != nil && stored["numa1"][mappingField(want)] != nil, nil
+	})
+	for name, d := range stored {
+		got := map[string]any{}
+		for _, field := range []string{"nodeAllocatableResourceMappings", "nodeAllocatableResources"} {
+			if v, ok := d[field]; ok {
+				got[field] = v
+			}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("device %s maps %v, want %v (the one form this release knows)", name, got, want)
 		}
 	}
 	claimed = e.run("claimed-again", &claimSpec{cpu: "8"}, "")
@@ -53,4 +79,69 @@ func TestNodeAllocatableMappingStopsDoubleBooking(t *testing.T) {
 	if overlaps(fits.app.Cpus, claimCPUs(claimed)) {
 		t.Fatalf("the plain pod runs on %q, which overlaps the claim's %q", fits.app.Cpus, claimCPUs(claimed))
 	}
+}
+
+// serverMinor is the API server's minor version (36 for 1.36).
+func serverMinor(t *testing.T, e *env) int {
+	t.Helper()
+	v, err := e.cp.Admin.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatalf("the API server's version: %v", err)
+	}
+	minor, err := strconv.Atoi(strings.TrimSuffix(v.Minor, "+"))
+	if err != nil {
+		t.Fatalf("the API server's minor version %q: %v", v.Minor, err)
+	}
+	return minor
+}
+
+// mappingField is the one field of want.
+func mappingField(want map[string]any) string {
+	for field := range want {
+		return field
+	}
+	return ""
+}
+
+// rawDevices is our node's devices as the API server stores them, by name: JSON, because the
+// client's types know only one release's fields.
+func rawDevices(cx context.Context, e *env) (map[string]map[string]any, error) {
+	body, err := e.cp.Admin.ResourceV1().RESTClient().Get().AbsPath("/apis/resource.k8s.io/v1/resourceslices").
+		Param("fieldSelector", "spec.nodeName="+nodeName+",spec.driver="+node.Driver).DoRaw(cx)
+	if err != nil {
+		return nil, err
+	}
+	var list struct {
+		Items []struct {
+			Spec struct {
+				Devices []map[string]any `json:"devices"`
+			} `json:"spec"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]any{}
+	for _, s := range list.Items {
+		for _, d := range s.Spec.Devices {
+			name, _ := d["name"].(string)
+			out[name] = d
+		}
+	}
+	return out, nil
+}
+
+// declareFeature adds feature to the Node's status.declaredFeatures, as a kubelet that has it
+// declares it.
+func declareFeature(t *testing.T, e *env, feature string) {
+	t.Helper()
+	e.cp.Poll("the node declaring "+feature, func(cx context.Context) (bool, error) {
+		n, err := e.cp.Admin.CoreV1().Nodes().Get(cx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		n.Status.DeclaredFeatures = append(n.Status.DeclaredFeatures, feature)
+		_, err = e.cp.Admin.CoreV1().Nodes().UpdateStatus(cx, n, metav1.UpdateOptions{})
+		return err == nil, err
+	})
 }

@@ -121,7 +121,7 @@ func cniConfig(l layout) string {
 // kubeletConfig is the KubeletConfiguration of the run's kubelet: cgroupfs under the run's own
 // cgroup root, no CPU manager (the agent owns cpusets), every port on loopback or the node's
 // address, no host tuning the machine's root cannot do, and every directory under the run's.
-func kubeletConfig(l layout, nodeIP, cgroupRoot, reservedCPUs, ca string) string {
+func kubeletConfig(l layout, nodeIP, cgroupRoot, reservedCPUs, ca string, gates map[string]bool) string {
 	conf := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
@@ -159,6 +159,9 @@ func kubeletConfig(l layout, nodeIP, cgroupRoot, reservedCPUs, ca string) string
 			"imagefs.available": "1%",
 			"nodefs.inodesFree": "1%",
 		},
+	}
+	if len(gates) > 0 {
+		conf["featureGates"] = gates
 	}
 	b, _ := json.MarshalIndent(conf, "", "  ")
 	return string(b)

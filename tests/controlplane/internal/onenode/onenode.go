@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,6 +148,7 @@ type Node struct {
 	pki    *pki
 	detach bool
 	procs  string // the daemons' cgroup.procs
+	gates  map[string]bool
 
 	mu    sync.Mutex
 	st    state
@@ -174,6 +176,9 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// AgentValues are extra chart values, merged over the node's.
 	AgentValues map[string]any
+	// FeatureGates are given to kube-apiserver, kube-scheduler, kube-controller-manager and
+	// the kubelet.
+	FeatureGates map[string]bool
 }
 
 // Up starts the cluster and installs the agent. On failure everything started is taken down
@@ -198,7 +203,7 @@ func Up(cfg Config, o Options) (n *Node, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, l: layoutOf(dir), detach: o.Detach, cmds: map[string]*exec.Cmd{}, exits: map[string]chan error{}}
+	n = &Node{cfg: cfg, l: layoutOf(dir), detach: o.Detach, gates: o.FeatureGates, cmds: map[string]*exec.Cmd{}, exits: map[string]chan error{}}
 	n.st = state{Dir: dir, CgroupRoot: runPrefix + id, PIDs: map[string]int{}}
 	if !o.Detach {
 		n.st.Owner = os.Getpid()
@@ -524,7 +529,11 @@ func (n *Node) controlPlane() error {
 		return err
 	}
 	p := n.pki
-	if _, err := n.spawn("kube-apiserver", true, bin("kube-apiserver"),
+	var gates []string
+	if len(n.gates) > 0 {
+		gates = []string{"--feature-gates=" + gateFlag(n.gates)}
+	}
+	if _, err := n.spawn("kube-apiserver", true, bin("kube-apiserver"), append(gates,
 		"--etcd-servers="+etcdURL,
 		"--bind-address="+n.NodeIP, "--advertise-address="+n.NodeIP, "--secure-port="+strconv.Itoa(apiPort),
 		"--cert-dir="+n.l.at("pki/apiserver"),
@@ -539,7 +548,7 @@ func (n *Node) controlPlane() error {
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
 		"--allow-privileged=true",
-		"--profiling=false"); err != nil {
+		"--profiling=false")...); err != nil {
 		return err
 	}
 	err = n.waitFor("the API server to be ready", "kube-apiserver", WaitLimit, func() (bool, error) {
@@ -554,20 +563,30 @@ func (n *Node) controlPlane() error {
 	if err != nil {
 		return err
 	}
-	if _, err := n.spawn("kube-scheduler", true, bin("kube-scheduler"),
-		"--kubeconfig="+n.l.at("scheduler.kubeconfig"), "--leader-elect=false", "--secure-port=0"); err != nil {
+	if _, err := n.spawn("kube-scheduler", true, bin("kube-scheduler"), append(gates,
+		"--kubeconfig="+n.l.at("scheduler.kubeconfig"), "--leader-elect=false", "--secure-port=0")...); err != nil {
 		return err
 	}
 	// Every controller (the DRA ones: resourceclaim, garbage-collector, serviceaccount,
 	// root-ca-certificate-publisher, node-lifecycle, daemonset), the flex volume directory
 	// under the run's (it creates it otherwise under /usr/libexec).
-	_, err = n.spawn("kube-controller-manager", true, bin("kube-controller-manager"),
+	_, err = n.spawn("kube-controller-manager", true, bin("kube-controller-manager"), append(gates,
 		"--kubeconfig="+n.l.at("controller-manager.kubeconfig"), "--leader-elect=false", "--secure-port=0",
 		"--controllers=*", "--flex-volume-plugin-dir="+n.l.at("flexvolume"),
 		"--service-account-private-key-file="+p.ServiceAccountKey, "--root-ca-file="+p.CA,
 		"--cluster-signing-cert-file="+p.CA, "--cluster-signing-key-file="+p.CAKey,
-		"--use-service-account-credentials=true")
+		"--use-service-account-credentials=true")...)
 	return err
+}
+
+// gateFlag is the value of --feature-gates, in a stable order.
+func gateFlag(gates map[string]bool) string {
+	var parts []string
+	for name, on := range gates {
+		parts = append(parts, name+"="+strconv.FormatBool(on))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
 }
 
 func (n *Node) startContainerd() error {
@@ -596,7 +615,7 @@ func (n *Node) importImage(archive string) error {
 
 func (n *Node) startKubelet() error {
 	config := n.l.at("kubelet-config.json")
-	if err := os.WriteFile(config, []byte(kubeletConfig(n.l, n.NodeIP, n.st.CgroupRoot, ReservedCPUs, n.pki.CA)), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte(kubeletConfig(n.l, n.NodeIP, n.st.CgroupRoot, ReservedCPUs, n.pki.CA, n.gates)), 0o644); err != nil {
 		return err
 	}
 	_, err := n.spawn("kubelet", true, filepath.Join(n.cfg.ControlPlane, "kubelet"),
