@@ -1,5 +1,5 @@
-//! Kubelet-facing wire schemas: DRA `v1` and `v1beta1`, the DRA resource health stream
-//! (`v1alpha1`), and plugin registration.
+//! Kubelet-facing wire schemas: DRA `v1` and `v1beta1`, the DRA resource health stream (`v1`
+//! and `v1alpha1`), and plugin registration.
 //!
 //! The `.proto` files under `proto/` are ours, written from the published field tables; the Rust
 //! code under `src/generated/` is produced from them by `cargo xtask codegen` (protox, prost and
@@ -29,13 +29,22 @@ mod generated {
     pub mod dra_v1 {
         include!("generated/k8s.io.kubelet.pkg.apis.dra.v1.rs");
     }
+    pub mod dra_health_v1 {
+        include!("generated/v1.rs");
+    }
     pub mod dra_health_v1alpha1 {
         include!("generated/v1alpha1.rs");
     }
 }
 
-/// DRA resource health (`v1alpha1.DRAResourceHealth`): the device health stream kubelets open
-/// on the DRA socket (1.36 and later, and 1.34/1.35 with the `ResourceHealthStatus` gate on).
+/// DRA resource health (`v1.DRAResourceHealth`): the device health stream kubelets 1.37 and
+/// later open on the DRA socket when GetInfo lists it (preferred over `v1alpha1`). The messages
+/// are those of [`health_v1alpha1`], in package `v1`.
+pub use generated::dra_health_v1 as health_v1;
+
+/// DRA resource health (`v1alpha1.DRAResourceHealth`): the device health stream 1.36 kubelets
+/// open on the DRA socket (and 1.34/1.35 with the `ResourceHealthStatus` gate on); kubelets 1.37
+/// to 1.39 open it on drivers that list it and not `v1`.
 pub use generated::dra_health_v1alpha1 as health_v1alpha1;
 /// DRA `v1` (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`), served to kubelets 1.34 and later.
 pub use generated::dra_v1 as v1;

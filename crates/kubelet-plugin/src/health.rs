@@ -1,15 +1,19 @@
-//! The DRA resource health service (`v1alpha1.DRAResourceHealth`): the driver's device health,
-//! streamed to the kubelet.
+//! The DRA resource health stream: the driver's device health, streamed to the kubelet.
 //!
 //! The kubelet opens `NodeWatchResources` on the DRA socket of every plugin it registers, and
-//! opens it again 5 s after a stream ends (1.36 and later, where the `ResourceHealthStatus` gate
-//! is beta and on, whether GetInfo lists the service or not; 1.34 and 1.35 only with the alpha
-//! gate on). Each message is the complete list of our devices; the kubelet shows a device's
-//! health in `status.containerStatuses[].allocatedResourcesStatus` of the pods whose claims hold
-//! it, and turns it Unknown once its last report is older than the report's timeout.
+//! opens it again 5 s after a stream ends. Which service it opens depends on its release: 1.36
+//! opens `v1alpha1.DRAResourceHealth` whether GetInfo lists it or not (the `ResourceHealthStatus`
+//! gate is beta and on; 1.34 and 1.35 only with the alpha gate on); 1.37 and later open only a
+//! service GetInfo lists, `v1.DRAResourceHealth` before `v1alpha1`, and stop at an
+//! `Unimplemented` answer. We serve and list both. Each message is the complete list of our
+//! devices; the kubelet shows a device's health in
+//! `status.containerStatuses[].allocatedResourcesStatus` of the pods whose claims hold it, and
+//! turns it Unknown once its last report is older than the report's timeout.
 //!
-//! The driver keeps the current [`HealthReport`] in a `tokio::sync::watch` channel, and every
-//! stream sends:
+//! This module is the one source of every stream, whatever its version: the `health_wire`
+//! module adapts it to each version's messages ([`HealthMessage`]) and serves it under each
+//! version's service. The driver keeps the current [`HealthReport`] in a `tokio::sync::watch`
+//! channel, and every stream sends:
 //!
 //! - the current report when it opens;
 //! - each new report the driver publishes (`send`, `send_replace`; a change of health);
@@ -29,14 +33,13 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use dra_proto::health_v1alpha1 as wire;
 use tokio::{
     sync::{mpsc, watch},
     time::Instant,
 };
 use tokio_stream::{Stream, wrappers::ReceiverStream};
-use tonic::{Request, Response, Status};
-use tracing::debug;
+use tonic::Status;
+use tracing::{debug, info};
 
 /// The health of one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,34 +91,17 @@ impl HealthReport {
         }
     }
 
-    /// The report as the wire carries it.
-    fn to_wire(&self) -> wire::NodeWatchResourcesResponse {
-        let checked_at = self
-            .checked_at
+    /// [`Self::checked_at`] as the wire carries it: Unix seconds (0 before the epoch).
+    pub(crate) fn wire_checked_at(&self) -> i64 {
+        self.checked_at
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-        let timeout = i64::try_from(self.valid_for.as_secs().max(1)).unwrap_or(i64::MAX);
-        wire::NodeWatchResourcesResponse {
-            devices: self
-                .devices
-                .iter()
-                .map(|d| wire::DeviceHealth {
-                    device: Some(wire::DeviceIdentifier {
-                        pool_name: d.pool.clone(),
-                        device_name: d.device.clone(),
-                    }),
-                    health: match d.health {
-                        Health::Healthy => wire::HealthStatus::Healthy,
-                        Health::Unhealthy => wire::HealthStatus::Unhealthy,
-                        Health::Unknown => wire::HealthStatus::Unknown,
-                    }
-                    .into(),
-                    last_updated_time: checked_at,
-                    health_check_timeout_seconds: timeout,
-                    message: d.message.clone(),
-                })
-                .collect(),
-        }
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    }
+
+    /// [`Self::valid_for`] as the wire carries it: whole seconds, never zero (zero means the
+    /// kubelet's default).
+    pub(crate) fn wire_timeout(&self) -> i64 {
+        i64::try_from(self.valid_for.as_secs().max(1)).unwrap_or(i64::MAX)
     }
 
     /// When a stream that sent this report at `sent` sends it again.
@@ -124,7 +110,16 @@ impl HealthReport {
     }
 }
 
-/// Serves `NodeWatchResources` from the driver's reports.
+/// A health stream message of one wire version, made from a report. Implemented for each
+/// version's `NodeWatchResourcesResponse` by the `health_wire` module.
+pub(crate) trait HealthMessage: Send + 'static {
+    fn from_report(report: &HealthReport) -> Self;
+}
+
+/// The messages of one open stream.
+pub(crate) type Messages<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
+
+/// Serves `NodeWatchResources`, in every version, from the driver's reports.
 #[derive(Debug, Clone)]
 pub(crate) struct HealthService {
     reports: watch::Receiver<HealthReport>,
@@ -139,24 +134,19 @@ impl HealthService {
     ) -> Self {
         Self { reports, stopping }
     }
-}
 
-type Messages =
-    Pin<Box<dyn Stream<Item = Result<wire::NodeWatchResourcesResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl wire::dra_resource_health_server::DraResourceHealth for HealthService {
-    type NodeWatchResourcesStream = Messages;
-
-    async fn node_watch_resources(
-        &self,
-        _request: Request<wire::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Messages>, Status> {
-        debug!("NodeWatchResources: a health stream opened");
+    /// Opens a stream of `version`'s messages (see the module docs for what it sends).
+    pub(crate) fn open<M: HealthMessage>(&self, version: &'static str) -> Messages<M> {
+        info!(version, "the kubelet opened a resource health stream");
         // One message in flight: a slow reader holds its own stream back and nobody else.
         let (tx, rx) = mpsc::channel(1);
-        tokio::spawn(stream(self.reports.clone(), self.stopping.clone(), tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        tokio::spawn(stream(
+            self.reports.clone(),
+            self.stopping.clone(),
+            tx,
+            version,
+        ));
+        Box::pin(ReceiverStream::new(rx))
     }
 }
 
@@ -168,13 +158,14 @@ enum End {
 }
 
 /// Feeds one stream until its client goes or the plugin stops (see the module docs).
-async fn stream(
+async fn stream<M: HealthMessage>(
     mut reports: watch::Receiver<HealthReport>,
     mut stopping: watch::Receiver<bool>,
-    tx: mpsc::Sender<Result<wire::NodeWatchResourcesResponse, Status>>,
+    tx: mpsc::Sender<Result<M, Status>>,
+    version: &'static str,
 ) {
     let end = loop {
-        let message = reports.borrow_and_update().to_wire();
+        let message = M::from_report(&reports.borrow_and_update());
         if let Err(end) = send(&tx, &mut stopping, message).await {
             break end;
         }
@@ -195,14 +186,14 @@ async fn stream(
             () = stopped(&mut stopping) => break End::Stopping,
         }
     };
-    debug!(?end, "a health stream ended");
+    debug!(version, ?end, "a health stream ended");
 }
 
 /// Sends one message, unless the client goes or the plugin stops first.
-async fn send(
-    tx: &mpsc::Sender<Result<wire::NodeWatchResourcesResponse, Status>>,
+async fn send<M>(
+    tx: &mpsc::Sender<Result<M, Status>>,
     stopping: &mut watch::Receiver<bool>,
-    message: wire::NodeWatchResourcesResponse,
+    message: M,
 ) -> Result<(), End> {
     tokio::select! {
         sent = tx.send(Ok(message)) => sent.map_err(|_| End::ClientGone),
@@ -211,8 +202,8 @@ async fn send(
 }
 
 /// Holds a stream open, sending nothing, until its client goes or the plugin stops.
-async fn idle(
-    tx: &mpsc::Sender<Result<wire::NodeWatchResourcesResponse, Status>>,
+async fn idle<M>(
+    tx: &mpsc::Sender<Result<M, Status>>,
     stopping: &mut watch::Receiver<bool>,
 ) -> End {
     tokio::select! {
@@ -228,10 +219,14 @@ async fn stopped(stopping: &mut watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
+    //! The streams' behaviour, through the v1alpha1 messages; `health_wire` checks that every
+    //! version carries the same report.
+    use dra_proto::health_v1alpha1 as wire;
     use tokio_stream::StreamExt;
-    use wire::dra_resource_health_server::DraResourceHealth;
 
     use super::*;
+
+    type Stream = Messages<wire::NodeWatchResourcesResponse>;
 
     fn report(health: Health) -> HealthReport {
         HealthReport {
@@ -246,15 +241,11 @@ mod tests {
         }
     }
 
-    async fn open(service: &HealthService) -> Messages {
-        service
-            .node_watch_resources(Request::new(wire::NodeWatchResourcesRequest {}))
-            .await
-            .unwrap()
-            .into_inner()
+    fn open(service: &HealthService) -> Stream {
+        service.open("v1alpha1")
     }
 
-    async fn next(messages: &mut Messages) -> wire::NodeWatchResourcesResponse {
+    async fn next(messages: &mut Stream) -> wire::NodeWatchResourcesResponse {
         messages
             .next()
             .await
@@ -262,35 +253,12 @@ mod tests {
             .expect("not an error")
     }
 
-    #[test]
-    fn a_report_goes_on_the_wire_with_its_time_timeout_and_message() {
-        let mut r = report(Health::Unhealthy);
-        r.devices[0].message = "cpus 3 are offline".into();
-        let wire = r.to_wire();
-        let d = &wire.devices[0];
-        let id = d.device.as_ref().unwrap();
-        assert_eq!(
-            (id.pool_name.as_str(), id.device_name.as_str()),
-            ("node-a", "cpu3")
-        );
-        assert_eq!(d.health(), wire::HealthStatus::Unhealthy);
-        assert_eq!(d.last_updated_time, 1_700_000_000);
-        assert_eq!(d.health_check_timeout_seconds, 45);
-        assert_eq!(d.message, "cpus 3 are offline");
-        r.valid_for = Duration::from_millis(10);
-        assert_eq!(
-            r.to_wire().devices[0].health_check_timeout_seconds,
-            1,
-            "never zero: zero means the kubelet's default"
-        );
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_stream_sends_the_current_report_each_change_and_repeats_before_the_timeout() {
         let (reports, rx) = watch::channel(report(Health::Healthy));
         let (_stop, stopping) = watch::channel(false);
         let service = HealthService::new(rx, stopping);
-        let mut messages = open(&service).await;
+        let mut messages = open(&service);
         assert_eq!(
             next(&mut messages).await.devices[0].health(),
             wire::HealthStatus::Healthy
@@ -317,7 +285,7 @@ mod tests {
         let (reports, rx) = watch::channel(report(Health::Healthy));
         let (stop, stopping) = watch::channel(false);
         let service = HealthService::new(rx, stopping);
-        let mut messages = open(&service).await;
+        let mut messages = open(&service);
         next(&mut messages).await;
         drop(reports);
         // No repeats of a report nobody refreshes any more; the stream stays open.
@@ -335,8 +303,8 @@ mod tests {
         let (reports, rx) = watch::channel(report(Health::Healthy));
         let (_stop, stopping) = watch::channel(false);
         let service = HealthService::new(rx, stopping);
-        let mut gone = open(&service).await;
-        let mut stays = open(&service).await;
+        let mut gone = open(&service);
+        let mut stays = open(&service);
         next(&mut gone).await;
         next(&mut stays).await;
         drop(gone);
@@ -345,7 +313,7 @@ mod tests {
             next(&mut stays).await.devices[0].health(),
             wire::HealthStatus::Unhealthy
         );
-        let mut again = open(&service).await;
+        let mut again = open(&service);
         assert_eq!(
             next(&mut again).await.devices[0].health(),
             wire::HealthStatus::Unhealthy,

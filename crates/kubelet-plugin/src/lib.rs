@@ -12,7 +12,7 @@
 //!
 //! | socket | default path | services |
 //! |---|---|---|
-//! | DRA | `/var/lib/kubelet/plugins/<driver>/dra.sock` | `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`, `v1alpha1.DRAResourceHealth` |
+//! | DRA | `/var/lib/kubelet/plugins/<driver>/dra.sock` | `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`, `v1.DRAResourceHealth`, `v1alpha1.DRAResourceHealth` |
 //! | registration | `/var/lib/kubelet/plugins_registry/<driver>-reg.sock` | `pluginregistration.Registration` |
 //!
 //! Both directories are configurable ([`KubeletConfig`]), for kubelets with a relocated root
@@ -41,19 +41,24 @@
 //!
 //! # Device health
 //!
-//! The DRA socket also serves the resource health stream (`v1alpha1.DRAResourceHealth`,
-//! `NodeWatchResources`), and `GetInfo` lists it after the DRA versions (no kubelet chooses
-//! its DRA version by other entries). 1.36 kubelets open it whether it is listed or not (the
-//! `ResourceHealthStatus` gate is beta and on), 1.34 and 1.35 with that alpha gate on; each
-//! opens a stream on every registered plugin, reopens it 5 s after it ends, and logs an
-//! `Unimplemented` answer at error level. Later kubelets pick the health service from GetInfo's
-//! list, and keep consuming `v1alpha1` for a transition to a `dra-health` `v1`, which this crate
-//! does not serve yet. A driver hands its reports to
-//! [`KubeletPlugin::start_with_health`] as a `watch` channel of [`HealthReport`]s; every stream
-//! sends the current report when it opens, each new one, and the current one again before its
-//! timeout runs out. [`KubeletPlugin::start`] serves a stream that reports no devices. The
-//! kubelet shows a device's health in `allocatedResourcesStatus` of the containers whose
-//! claims hold it (the `message` from 1.36 on).
+//! The DRA socket also serves the resource health stream (`NodeWatchResources`) in both its
+//! versions, `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` (the same messages in two
+//! proto packages), from one source, and `GetInfo` lists both after the DRA versions (no kubelet
+//! chooses its DRA version by other entries):
+//!
+//! | kubelet | health service it opens |
+//! |---|---|
+//! | 1.34, 1.35 | `v1alpha1`, with the alpha `ResourceHealthStatus` gate on, listed or not |
+//! | 1.36 | `v1alpha1` (the gate is beta and on), listed or not |
+//! | 1.37 to 1.39 | the newest version GetInfo lists: `v1`; none if neither is listed |
+//!
+//! Each opens a stream on every registered plugin and reopens it 5 s after it ends; 1.34 to
+//! 1.36 log an `Unimplemented` answer at error level each time, 1.37 stops at it. A driver hands
+//! its reports to [`KubeletPlugin::start_with_health`] as a `watch` channel of
+//! [`HealthReport`]s; every stream sends the current report when it opens, each new one, and
+//! the current one again before its timeout runs out. [`KubeletPlugin::start`] serves a stream
+//! that reports no devices. The kubelet shows a device's health in `allocatedResourcesStatus`
+//! of the containers whose claims hold it (the `message` from 1.36 on).
 //!
 //! # Limits and errors
 //!
@@ -71,6 +76,7 @@
 //! - `registration`: `GetInfo` and the registration state;
 //! - `dra`, `wire`, `handler`: the DRA service over one handler, version conversion;
 //! - `health`: the resource health stream, fed by the driver's reports;
+//! - `health_wire`: that stream as `v1` and as `v1alpha1` messages and services;
 //! - `authority`: the `:authority` rewrite in front of both servers;
 //! - [`names`]: DNS label and subdomain rules, shared with the driver.
 
@@ -78,6 +84,7 @@ mod authority;
 mod dra;
 mod handler;
 mod health;
+mod health_wire;
 pub mod names;
 mod plugin;
 mod registration;

@@ -13,8 +13,8 @@ use std::{
 };
 
 use dra_proto::{
-    health_v1alpha1::dra_resource_health_server::DraResourceHealthServer,
-    pluginregistration::registration_server::RegistrationServer, v1, v1beta1,
+    health_v1, health_v1alpha1, pluginregistration::registration_server::RegistrationServer, v1,
+    v1beta1,
 };
 use tokio::{
     net::UnixListener,
@@ -157,6 +157,7 @@ impl KubeletPlugin {
             BoundSocket::bind(&dra_path).map_err(KubeletError::DraSocket)?;
         let service = DraService::new(handler);
         let (stopping, stopping_rx) = watch::channel(false);
+        let health = HealthService::new(reports, stopping_rx);
         let router = server()
             .add_service(
                 v1::dra_plugin_server::DraPluginServer::new(service.clone())
@@ -169,12 +170,20 @@ impl KubeletPlugin {
                     .max_encoding_message_size(MAX_DRA_RESPONSE),
             )
             .add_service(
-                DraResourceHealthServer::new(HealthService::new(reports, stopping_rx))
+                health_v1::dra_resource_health_server::DraResourceHealthServer::new(health.clone())
+                    .max_decoding_message_size(MAX_REGISTRATION_MESSAGE)
+                    .max_encoding_message_size(MAX_DRA_RESPONSE),
+            )
+            .add_service(
+                health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health)
                     .max_decoding_message_size(MAX_REGISTRATION_MESSAGE)
                     .max_encoding_message_size(MAX_DRA_RESPONSE),
             );
         let mut dra = ServerTask::spawn("DRA", dra_socket, listener, router);
-        info!(socket = %endpoint, "serving DRA v1 and v1beta1, and the resource health stream");
+        info!(
+            socket = %endpoint,
+            "serving DRA v1 and v1beta1, and the resource health stream v1 and v1alpha1"
+        );
 
         let (state_tx, state) = watch::channel(RegistrationState::Pending);
         let service = RegistrationService::new(&config.driver_name, &endpoint, state_tx);

@@ -19,13 +19,15 @@ use tracing::{error, info};
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 
 /// The services we serve on the DRA socket, as `<package version>.<service>`: the DRA versions
-/// most preferred first, then the resource health stream. 1.34+ kubelets take the first DRA
-/// version they know (v1); 1.32/1.33 kubelets know only v1beta1. No kubelet picks its DRA
-/// service by other entries; kubelets that look for the health service before opening its
-/// stream find it here (1.36 opens it either way).
-pub const SUPPORTED_VERSIONS: [&str; 3] = [
+/// most preferred first, then the resource health stream's. 1.34+ kubelets take the first DRA
+/// version of this list they know (v1); 1.32/1.33 kubelets know only v1beta1. No kubelet picks
+/// its DRA service by the health entries. 1.37+ kubelets open the health stream only if it is
+/// listed here, taking the newest version they know (v1, then v1alpha1, whatever our order);
+/// 1.36 opens v1alpha1 either way.
+pub const SUPPORTED_VERSIONS: [&str; 4] = [
     "v1.DRAPlugin",
     "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
     "v1alpha1.DRAResourceHealth",
 ];
 
@@ -108,7 +110,7 @@ impl Registration for RegistrationService {
 
 #[cfg(test)]
 mod tests {
-    use dra_proto::{health_v1alpha1, v1, v1beta1};
+    use dra_proto::{health_v1, health_v1alpha1, v1, v1beta1};
 
     use super::*;
 
@@ -127,6 +129,7 @@ mod tests {
             [
                 from_service(v1::dra_plugin_server::SERVICE_NAME).as_str(),
                 from_service(v1beta1::dra_plugin_server::SERVICE_NAME).as_str(),
+                health_v1::dra_resource_health_server::SERVICE_NAME,
                 health_v1alpha1::dra_resource_health_server::SERVICE_NAME,
             ]
         );
@@ -179,6 +182,7 @@ mod tests {
             [
                 "v1.DRAPlugin",
                 "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
                 "v1alpha1.DRAResourceHealth"
             ]
         );

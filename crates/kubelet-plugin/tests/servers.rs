@@ -548,17 +548,24 @@ async fn malformed_and_oversized_requests_are_refused_and_the_server_carries_on(
     let err = prepare(&socket, &many).await.unwrap_err();
     assert_eq!(err.code, OUT_OF_RANGE, "{err:?}");
 
-    // The health stream's request carries nothing; bytes that do not decode are refused too,
-    // and so is a request over its limit.
-    let watch = "/v1alpha1.DRAResourceHealth/NodeWatchResources";
-    let err = call_raw(&socket, watch, &[0x0a, 100, 1, 2])
-        .await
-        .unwrap_err();
-    assert_eq!(err.code, INVALID_ARGUMENT, "{err:?}");
-    assert!(err.message.contains("NodeWatchResourcesRequest"), "{err:?}");
-    let huge = vec![0u8; kubelet_plugin::MAX_REGISTRATION_MESSAGE + 1];
-    let err = call_raw(&socket, watch, &huge).await.unwrap_err();
-    assert_eq!(err.code, OUT_OF_RANGE, "{err:?}");
+    // The health stream's request carries nothing, in both versions; bytes that do not decode
+    // are refused too, and so is a request over its limit.
+    for watch in [
+        "/v1.DRAResourceHealth/NodeWatchResources",
+        "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+    ] {
+        let err = call_raw(&socket, watch, &[0x0a, 100, 1, 2])
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, INVALID_ARGUMENT, "{watch}: {err:?}");
+        assert!(
+            err.message.contains("NodeWatchResourcesRequest"),
+            "{watch}: {err:?}"
+        );
+        let huge = vec![0u8; kubelet_plugin::MAX_REGISTRATION_MESSAGE + 1];
+        let err = call_raw(&socket, watch, &huge).await.unwrap_err();
+        assert_eq!(err.code, OUT_OF_RANGE, "{watch}: {err:?}");
+    }
 
     // Still serving.
     assert!(prepare(&socket, &["u1"]).await.is_ok());

@@ -9,12 +9,15 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthapi "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+	healthapi "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	healthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 )
 
-// `resmgr run` serves the resource health stream a 1.36 kubelet opens on every DRA plugin, with
-// its published devices, each Healthy (the synthetic topology's CPUs count as online), in the
-// node's pool, with a fresh check time and a timeout the kubelet honours.
+// `resmgr run` serves the resource health stream in the version a 1.37 kubelet opens (v1) and
+// in the one a 1.36 kubelet opens on every DRA plugin (v1alpha1, read here through the 1.37
+// kubelet's wrapper), with its published devices, each Healthy (the synthetic topology's CPUs
+// count as online), in the node's pool, with a fresh check time and a timeout the kubelet
+// honours.
 func TestTheAgentReportsDeviceHealth(t *testing.T) {
 	c := start(t)
 	endpoint := c.ready()
@@ -25,13 +28,24 @@ func TestTheAgentReportsDeviceHealth(t *testing.T) {
 	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	stream, err := healthapi.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &healthapi.NodeWatchResourcesRequest{})
+	v1, err := healthapi.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &healthapi.NodeWatchResourcesRequest{})
 	if err != nil {
-		t.Fatalf("NodeWatchResources: %v", err)
+		t.Fatalf("NodeWatchResources (v1): %v", err)
 	}
+	v1alpha1, err := healthapi.V1Alpha1ClientWrapper{Client: healthv1alpha1.NewDRAResourceHealthClient(conn)}.
+		NodeWatchResources(ctx, &healthapi.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatalf("NodeWatchResources (v1alpha1): %v", err)
+	}
+	expectHealthyDevices(t, "v1", v1)
+	expectHealthyDevices(t, "v1alpha1", v1alpha1)
+}
+
+func expectHealthyDevices(t *testing.T, version string, stream healthapi.DRAResourceHealth_NodeWatchResourcesClient) {
+	t.Helper()
 	resp, err := stream.Recv()
 	if err != nil {
-		t.Fatalf("receiving the first health report: %v", err)
+		t.Fatalf("receiving the first health report (%s): %v", version, err)
 	}
 	var devices []string
 	for _, d := range resp.GetDevices() {
@@ -48,6 +62,6 @@ func TestTheAgentReportsDeviceHealth(t *testing.T) {
 	}
 	sort.Strings(devices)
 	if got := strings.Join(devices, ","); got != "numa0,numa1" {
-		t.Fatalf("health reported for devices %q, want the published numa0,numa1", got)
+		t.Fatalf("%s: health reported for devices %q, want the published numa0,numa1", version, got)
 	}
 }

@@ -1,5 +1,7 @@
-// The DRA resource health stream as the kubelet opens it (NodeWatchResources, with the
-// generated v1alpha1 client of the kubelet 1.36 API), over both ways the kubelet dials.
+// The DRA resource health stream as the kubelet opens it (NodeWatchResources), in both of its
+// versions, over both ways the kubelet dials, with the generated clients of the kubelet 1.37
+// API: v1, which 1.37 opens when a plugin lists it, and v1alpha1, which 1.36 opens (its
+// v1alpha1 proto is byte for byte 1.37's), read through the wrapper 1.37 reads it with.
 package kubelet
 
 import (
@@ -10,18 +12,39 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	healthapi "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+	healthapi "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	healthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 )
+
+// healthVersion is one version of the health service, opened as the kubelet opens it.
+type healthVersion struct {
+	name string
+	// method is the gRPC method path the kubelet calls.
+	method string
+	open   func(context.Context, *grpc.ClientConn) (healthapi.DRAResourceHealth_NodeWatchResourcesClient, error)
+}
+
+var healthVersions = []healthVersion{
+	{"v1", "/" + healthapi.DRAResourceHealthService + "/NodeWatchResources",
+		func(ctx context.Context, conn *grpc.ClientConn) (healthapi.DRAResourceHealth_NodeWatchResourcesClient, error) {
+			return healthapi.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &healthapi.NodeWatchResourcesRequest{})
+		}},
+	{"v1alpha1", "/" + healthv1alpha1.DRAResourceHealthService + "/NodeWatchResources",
+		func(ctx context.Context, conn *grpc.ClientConn) (healthapi.DRAResourceHealth_NodeWatchResourcesClient, error) {
+			client := healthv1alpha1.NewDRAResourceHealthClient(conn)
+			return healthapi.V1Alpha1ClientWrapper{Client: client}.NodeWatchResources(ctx, &healthapi.NodeWatchResourcesRequest{})
+		}},
+}
 
 // watchHealth opens a stream with its own context, which cancel ends (the kubelet's way of
 // going away).
-func watchHealth(t *testing.T, conn *grpc.ClientConn) (healthapi.DRAResourceHealth_NodeWatchResourcesClient, context.CancelFunc) {
+func watchHealth(t *testing.T, version healthVersion, conn *grpc.ClientConn) (healthapi.DRAResourceHealth_NodeWatchResourcesClient, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	t.Cleanup(cancel)
-	stream, err := healthapi.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &healthapi.NodeWatchResourcesRequest{})
+	stream, err := version.open(ctx, conn)
 	if err != nil {
-		t.Fatalf("NodeWatchResources: %v", err)
+		t.Fatalf("NodeWatchResources (%s): %v", version.name, err)
 	}
 	return stream, cancel
 }
@@ -68,48 +91,60 @@ func expectReport(t *testing.T, got []deviceHealth, want ...deviceHealth) {
 // A stream starts with the current report and carries each new one; one stream going away
 // mid-stream changes nothing for the others or for the next.
 func TestHealthStream(t *testing.T) {
-	for _, style := range dialStyles {
-		t.Run(style.name, func(t *testing.T) {
-			p := startPlugin(t)
-			conn := style.dial(t, p.draSocket())
-			first, _ := watchHealth(t, conn)
-			healthy := deviceHealth{"test-pool", "dev-a", "", healthapi.HealthStatus_HEALTHY}
-			expectReport(t, nextReport(t, first), healthy)
+	for _, version := range healthVersions {
+		for _, style := range dialStyles {
+			t.Run(version.name+"/"+style.name, func(t *testing.T) {
+				testHealthStream(t, version, style)
+			})
+		}
+	}
+}
 
-			p.command("health dev-a=unhealthy:cpus 3 are offline;dev-b=healthy")
-			unhealthy := deviceHealth{"test-pool", "dev-a", "cpus 3 are offline", healthapi.HealthStatus_UNHEALTHY}
-			healthyB := deviceHealth{"test-pool", "dev-b", "", healthapi.HealthStatus_HEALTHY}
-			expectReport(t, nextReport(t, first), unhealthy, healthyB)
+func testHealthStream(t *testing.T, version healthVersion, style dialStyle) {
+	p := startPlugin(t)
+	conn := style.dial(t, p.draSocket())
+	first, _ := watchHealth(t, version, conn)
+	healthy := deviceHealth{"test-pool", "dev-a", "", healthapi.HealthStatus_HEALTHY}
+	expectReport(t, nextReport(t, first), healthy)
 
-			// The kubelet goes away from one stream (its context ends) while another is open.
-			second, cancelSecond := watchHealth(t, conn)
-			expectReport(t, nextReport(t, second), unhealthy, healthyB)
-			cancelSecond()
-			if _, err := second.Recv(); status.Code(err) != codes.Canceled {
-				t.Fatalf("a cancelled stream received %v, want Canceled", err)
-			}
-			p.command("health dev-a=healthy;dev-b=healthy")
-			healthyA := healthy
-			expectReport(t, nextReport(t, first), healthyA, healthyB)
+	p.command("health dev-a=unhealthy:cpus 3 are offline;dev-b=healthy")
+	unhealthy := deviceHealth{"test-pool", "dev-a", "cpus 3 are offline", healthapi.HealthStatus_UNHEALTHY}
+	healthyB := deviceHealth{"test-pool", "dev-b", "", healthapi.HealthStatus_HEALTHY}
+	expectReport(t, nextReport(t, first), unhealthy, healthyB)
 
-			third, _ := watchHealth(t, conn)
-			expectReport(t, nextReport(t, third), healthyA, healthyB)
-			// The stream is open as the plugin stops: it ends, and the stop does not wait for it.
-			p.stop()
-			if _, err := first.Recv(); err == nil {
-				t.Fatal("the health stream carried on after the plugin stopped")
-			}
-		})
+	// The kubelet goes away from one stream (its context ends) while another is open.
+	second, cancelSecond := watchHealth(t, version, conn)
+	expectReport(t, nextReport(t, second), unhealthy, healthyB)
+	cancelSecond()
+	if _, err := second.Recv(); status.Code(err) != codes.Canceled {
+		t.Fatalf("a cancelled stream received %v, want Canceled", err)
+	}
+	p.command("health dev-a=healthy;dev-b=healthy")
+	healthyA := healthy
+	expectReport(t, nextReport(t, first), healthyA, healthyB)
+
+	third, _ := watchHealth(t, version, conn)
+	expectReport(t, nextReport(t, third), healthyA, healthyB)
+	// The stream is open as the plugin stops: it ends, and the stop does not wait for it.
+	p.stop()
+	if _, err := first.Recv(); err == nil {
+		t.Fatal("the health stream carried on after the plugin stopped")
 	}
 }
 
 // A request that does not decode is InvalidArgument, and the service carries on.
 func TestHealthRefusesWhatDoesNotDecode(t *testing.T) {
+	for _, version := range healthVersions {
+		t.Run(version.name, func(t *testing.T) { testHealthRefusesWhatDoesNotDecode(t, version) })
+	}
+}
+
+func testHealthRefusesWhatDoesNotDecode(t *testing.T, version healthVersion) {
 	p := startPlugin(t)
 	conn := dialStyles[0].dial(t, p.draSocket())
 	garbage := []byte{0xff, 0xff, 0xff}
 	desc := &grpc.StreamDesc{StreamName: "NodeWatchResources", ServerStreams: true}
-	stream, err := conn.NewStream(callContext(t), desc, "/v1alpha1.DRAResourceHealth/NodeWatchResources", grpc.ForceCodec(rawCodec{}))
+	stream, err := conn.NewStream(callContext(t), desc, version.method, grpc.ForceCodec(rawCodec{}))
 	if err != nil {
 		t.Fatalf("opening a raw stream: %v", err)
 	}
@@ -124,7 +159,7 @@ func TestHealthRefusesWhatDoesNotDecode(t *testing.T) {
 		t.Fatalf("NodeWatchResources with undecodable bytes: %v, want InvalidArgument", err)
 	}
 	healthy := deviceHealth{"test-pool", "dev-a", "", healthapi.HealthStatus_HEALTHY}
-	after, _ := watchHealth(t, conn)
+	after, _ := watchHealth(t, version, conn)
 	expectReport(t, nextReport(t, after), healthy)
 	p.stop()
 }

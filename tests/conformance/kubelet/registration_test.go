@@ -8,7 +8,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	healthapi "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+	healthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	healthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -57,10 +58,12 @@ func TestRegistration(t *testing.T) {
 				t.Fatalf("GetInfo answered type %q name %q endpoint %q; want DRAPlugin, %s, %s",
 					info.Type, info.Name, info.Endpoint, driverName, p.draSocket())
 			}
-			// The DRA versions most preferred first, then the health service under the name
-			// its upstream descriptor gives it.
+			// The DRA versions most preferred first, then both versions of the health service
+			// under the names their upstream descriptors give them (a 1.37 kubelet opens the
+			// newest one listed).
 			want := strings.Join([]string{drav1.DRAPluginService, drav1beta1.DRAPluginService,
-				healthapi.DRAResourceHealth_ServiceDesc.ServiceName}, ",")
+				healthv1.DRAResourceHealth_ServiceDesc.ServiceName,
+				healthv1alpha1.DRAResourceHealth_ServiceDesc.ServiceName}, ",")
 			if got := strings.Join(info.SupportedVersions, ","); got != want {
 				t.Fatalf("supported versions %q, want %q", got, want)
 			}
