@@ -32,7 +32,7 @@ use k8s_openapi::{
 };
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value as Json;
-use xtask::helm::{self, Helm, Release};
+use helm_chart::{self as helm, Helm, Release};
 
 fn repo_root() -> PathBuf {
     // tests/ is one level below the repository root.

@@ -15,7 +15,7 @@ use std::{path::Path, process::Command};
 
 use anyhow::Context;
 
-use crate::{cluster, e2e, scale, sysdeps, test, util};
+use crate::{e2e::cluster, missing, scale, sysdeps, util, workspace};
 
 #[derive(Debug)]
 struct Row {
@@ -75,13 +75,13 @@ pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
         "--release",
         "--locked",
     ]))?;
-    let bin_dir = test::target_dir(root)?.join("release");
-    for module in test::go_modules(&root.join("tests/conformance"))? {
+    let bin_dir = workspace::target_dir(root)?.join("release");
+    for module in workspace::go_modules(&root.join("tests/conformance"))? {
         let out = util::output(
             Command::new("go")
                 .current_dir(&module)
                 .env("RESMGR_BIN_DIR", &bin_dir)
-                .env("GOFLAGS", test::go_flags())
+                .env("GOFLAGS", workspace::go_flags())
                 .args(["test", "-run", "^$", "-bench", ".", "-count=1", "./..."]),
         )?;
         rows.extend(out.lines().flat_map(parse_go_bench));
@@ -93,7 +93,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     } else {
         eprintln!(
             "NOT RUN: the cluster benchmarks (pod start-up), because this machine lacks:\n{}",
-            e2e::list(&missing)
+            missing::list(&missing)
         );
     }
     print_table(&rows);

@@ -8,7 +8,7 @@ use std::{fs, path::Path};
 
 use anyhow::{Context, bail};
 
-use crate::{manifests::first_difference, util};
+use crate::util::{self, first_difference};
 
 /// (document, the argument of `resmgr docs` that prints it)
 const DOCS: [(&str, &str); 2] = [

@@ -3,16 +3,17 @@
 //! Every command a maintainer or CI runs is here, so that the README can promise exactly two
 //! commands (`cargo xtask demo`, `cargo xtask test`) and have them set up a fresh machine by
 //! themselves. Repository rules that need no compilation of the product (layering, module docs)
-//! are plain `#[test]`s in [`tidy`], run by `cargo test --workspace`.
+//! are plain `#[test]`s in `tidy`, run by `cargo test --workspace`. The modules are in layers that
+//! only point down (helpers, builds, stages, commands; ARCHITECTURE.md), which `tidy` checks.
 
 mod bench;
-mod cluster;
+mod build;
 mod codegen;
-mod controlplane;
 mod docs;
 mod e2e;
 mod image;
 mod manifests;
+mod missing;
 mod release;
 mod scale;
 mod soak;
@@ -21,6 +22,7 @@ mod test;
 #[cfg(test)]
 mod tidy;
 mod util;
+mod workspace;
 
 use std::path::PathBuf;
 
@@ -98,7 +100,7 @@ enum Command {
     /// `up` starts it and prints the KUBECONFIG to use, `down` leaves nothing of it behind.
     Cluster {
         #[arg(value_enum)]
-        action: cluster::Action,
+        action: e2e::cluster::Action,
         /// The Kubernetes release `up` starts (`1.36`, `1.37`: the minor version a build module
         /// under tests/controlplane pins); default: the primary one, tests/controlplane/build.
         #[arg(long, value_name = "MINOR")]
@@ -128,7 +130,7 @@ fn main() -> anyhow::Result<()> {
         Command::E2e(args) => e2e::run(&root, &args),
         Command::Soak(args) => soak::run(&root, &args),
         Command::Cluster { action, kubernetes } => {
-            cluster::command(&root, action, kubernetes.as_deref())
+            e2e::cluster::command(&root, action, kubernetes.as_deref())
         }
     }
 }

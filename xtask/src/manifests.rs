@@ -1,16 +1,16 @@
 //! `cargo xtask manifests`: renders the plain manifests (deploy/manifests/resmgr.yaml) from the
-//! Helm chart with Helm's own engine ([`xtask::helm`]), or with `--check` fails when the committed
+//! Helm chart with Helm's own engine ([`helm_chart`]), or with `--check` fails when the committed
 //! file differs from what the chart renders.
 
 use std::{fs, path::Path};
 
 use anyhow::{Context, bail};
-use xtask::helm::{self, Helm};
+use helm_chart as helm;
 
-use crate::test;
+use crate::{util::first_difference, workspace};
 
 pub fn run(root: &Path, check: bool) -> anyhow::Result<()> {
-    let rendered = helm::render_plain(&build_helm(root)?, root, None)?;
+    let rendered = helm::render_plain(&workspace::build_helm(root)?, root, None)?;
     let path = root.join(helm::PLAIN_MANIFESTS);
     if check {
         let committed =
@@ -27,35 +27,6 @@ pub fn run(root: &Path, check: bool) -> anyhow::Result<()> {
     fs::write(&path, rendered).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", helm::PLAIN_MANIFESTS);
     Ok(())
-}
-
-/// Builds the `helm-chart` program into the target directory.
-pub fn build_helm(root: &Path) -> anyhow::Result<Helm> {
-    let bin_dir = test::target_dir(root)?.join("helm-chart");
-    Ok(Helm::build(root, &bin_dir)?)
-}
-
-/// The first line where `have` and `want` differ, described for a human; None when equal.
-pub fn first_difference(have: &str, want: &str) -> Option<String> {
-    if have == want {
-        return None;
-    }
-    let mut have_lines = have.lines();
-    let mut want_lines = want.lines();
-    for n in 1.. {
-        match (have_lines.next(), want_lines.next()) {
-            (Some(h), Some(w)) if h == w => continue,
-            (None, None) => return Some("line endings differ".into()),
-            (h, w) => {
-                return Some(format!(
-                    "line {n}: file has {:?}, chart renders {:?}",
-                    h.unwrap_or("<end of file>"),
-                    w.unwrap_or("<end of file>")
-                ));
-            }
-        }
-    }
-    None
 }
 
 #[cfg(test)]

@@ -1,19 +1,14 @@
 //! `cargo xtask build`, `release` and `demo`: the release binary and what ships with it (the
 //! plain manifests and the packaged Helm chart, both made by Helm's own code, see
-//! [`xtask::helm`]).
+//! [`helm_chart`]).
 
-use std::{
-    fs,
-    io::Write,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{fs, io::Write, path::Path, process::Command};
 
 use anyhow::{Context, bail};
+use helm_chart::{self as helm, Helm};
 use sha2::{Digest, Sha256};
-use xtask::helm::{self, Helm};
 
-use crate::{image, manifests, sysdeps, test, util};
+use crate::{build::agent_image as image, sysdeps, util, workspace};
 
 /// The scenario `cargo xtask demo` runs (its expected output is checked in next to it, and the
 /// README shows it).
@@ -22,7 +17,7 @@ const DEMO_SCENARIO: &str = "examples/scenarios/web-and-db.yaml";
 /// `cargo xtask build`: release build of the `resmgr` binary.
 pub fn build(root: &Path) -> anyhow::Result<()> {
     sysdeps::ensure()?;
-    let bin = build_release(root, "release")?;
+    let bin = workspace::build_release(root, "release")?;
     eprintln!("built {}", bin.display());
     Ok(())
 }
@@ -40,16 +35,16 @@ pub fn release(
     with_image: bool,
 ) -> anyhow::Result<()> {
     let out = out.map_or_else(|| root.join("dist"), Path::to_path_buf);
-    let version = workspace_version(root)?;
+    let version = workspace::workspace_version(root)?;
     check_chart_version(root, &version)?;
     let bin = match binary {
         Some(path) => path.to_path_buf(),
         None => {
             sysdeps::ensure()?;
-            build_release(root, "dist")?
+            workspace::build_release(root, "dist")?
         }
     };
-    let helm = manifests::build_helm(root)?;
+    let helm = workspace::build_helm(root)?;
     let mut artefacts = assemble(&helm, root, &out, &version, &bin)?;
     if with_image {
         let name = image::archive_name(&version);
@@ -58,8 +53,8 @@ pub fn release(
                 binary: &bin,
                 name: &image::name(root, &version)?,
                 version: &version,
-                revision: image::revision(root).as_deref(),
-                compression: xtask::oci::Compression::Gzip,
+                revision: workspace::revision(root).as_deref(),
+                compression: oci_archive::Compression::Gzip,
             },
             &out.join(&name),
         )?;
@@ -169,7 +164,7 @@ fn check_chart_version(root: &Path, version: &str) -> anyhow::Result<()> {
 /// a simulated node) on a shipped scenario, prints what went where, and draws the machine.
 pub fn demo(root: &Path) -> anyhow::Result<()> {
     sysdeps::ensure()?;
-    let bin_dir = test::target_dir(root)?.join("debug");
+    let bin_dir = workspace::target_dir(root)?.join("debug");
     util::run(
         util::cargo()
             .current_dir(root)
@@ -187,28 +182,6 @@ pub fn demo(root: &Path) -> anyhow::Result<()> {
         svg.display()
     );
     Ok(())
-}
-
-pub(crate) fn build_release(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
-    util::run(util::cargo().current_dir(root).args([
-        "build",
-        "--locked",
-        "--profile",
-        profile,
-        "-p",
-        "plugin-bin",
-    ]))?;
-    Ok(test::target_dir(root)?.join(profile).join("resmgr"))
-}
-
-pub fn workspace_version(root: &Path) -> anyhow::Result<String> {
-    let meta = util::metadata(root)?;
-    meta["packages"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["name"] == "plugin-bin"))
-        .and_then(|p| p["version"].as_str())
-        .map(str::to_owned)
-        .context("plugin-bin has no version in cargo metadata")
 }
 
 /// Writes `SHA256SUMS` in the format `sha256sum -c` reads.
@@ -238,7 +211,7 @@ mod tests {
     #[test]
     fn the_chart_carries_the_workspace_version() {
         let root = util::repo_root().unwrap();
-        let version = workspace_version(&root).unwrap();
+        let version = crate::workspace::workspace_version(&root).unwrap();
         check_chart_version(&root, &version).unwrap();
         let err = check_chart_version(&root, "9.9.9").unwrap_err().to_string();
         assert!(
@@ -260,7 +233,7 @@ mod tests {
         fs::create_dir_all(&out).unwrap();
         fs::write(out.join("stale"), "left over from an earlier release").unwrap();
 
-        let helm = manifests::build_helm(&root).unwrap();
+        let helm = workspace::build_helm(&root).unwrap();
         let written = assemble(&helm, &root, &out, version, &bin).unwrap();
         assert_eq!(written, artefact_names(version));
         let mut on_disk: Vec<String> = fs::read_dir(&out)

@@ -1,7 +1,7 @@
 //! `cargo xtask bench --scale`: what each device model costs kube-scheduler and kube-apiserver at
 //! 100 and 500 nodes (`tests/controlplane/scale`), one table.
 //!
-//! It builds `resmgr` (whose `resmgr slices` the benchmark publishes for every node) and takes the control plane from [`controlplane::binaries`], then runs the Go benchmark
+//! It builds `resmgr` (whose `resmgr slices` the benchmark publishes for every node) and takes the control plane from [`kubernetes::binaries`], then runs the Go benchmark
 //! and prints its `scale: {json}` lines as a table, one row per phase. Not part of
 //! `cargo xtask test`: a run takes tens of minutes and its figures depend on the machine's load,
 //! which every row records.
@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{controlplane, sysdeps, test, util};
+use crate::{build::kubernetes, e2e::controlplane, missing, sysdeps, util, workspace};
 
 /// The scale benchmark's knobs (each a `RESMGR_SCALE_*` variable of the Go benchmark).
 #[derive(Debug, Clone, clap::Args)]
@@ -48,7 +48,7 @@ pub fn run(root: &Path, args: &ScaleArgs) -> anyhow::Result<()> {
     if !missing.is_empty() {
         bail!(
             "the scale benchmark runs the control plane, and this machine lacks:\n{}",
-            crate::e2e::list(&missing)
+            missing::list(&missing)
         );
     }
     // `resmgr slices` only prints objects: the debug build prints the same, and the benchmark
@@ -61,13 +61,13 @@ pub fn run(root: &Path, args: &ScaleArgs) -> anyhow::Result<()> {
         "--bin",
         "resmgr",
     ]))?;
-    let bin_dir = test::target_dir(root)?.join("debug");
-    let control_plane = controlplane::binaries(&controlplane::release(root, None)?, None)?;
+    let bin_dir = workspace::target_dir(root)?.join("debug");
+    let control_plane = kubernetes::binaries(&kubernetes::release(root, None)?, None)?;
     let mut go = Command::new("go");
     go.current_dir(root.join("tests/controlplane"))
         .env("RESMGR_BIN_DIR", &bin_dir)
         .env("RESMGR_CONTROLPLANE_BIN_DIR", &control_plane)
-        .env("GOFLAGS", test::go_flags())
+        .env("GOFLAGS", workspace::go_flags())
         .env("RESMGR_SCALE_NODES", &args.nodes)
         .env("RESMGR_SCALE_PODS", args.pods.to_string())
         .env("RESMGR_SCALE_ROUNDS", args.rounds.to_string())

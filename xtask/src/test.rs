@@ -7,27 +7,20 @@
 //! 5. `cargo test --workspace`, which includes the tidy tests;
 //! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
 //!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0;
-//!    and `go test` (which vets) of xtask's own Go program, the chart renderer in `xtask/helm`.
+//!    and `go test` (which vets) of the chart renderer's Go program, `tools/helm-chart/go`.
 //! 7. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane and cluster stages,
 //!    each when the machine can run it (under `CI=true` it must).
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
-use crate::{cluster, codegen, controlplane, docs, e2e, sysdeps, util};
+use crate::{codegen, docs, e2e, sysdeps, util, workspace};
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
     sysdeps::ensure()?;
-    // The e2e's containerd, control plane and CRI-O builds (Go, minutes on a fresh machine)
-    // overlap the steps below.
-    let e2e_runtime = e2e::prefetch();
-    let control_plane = controlplane::prefetch(root);
-    let cluster = cluster::prefetch(root);
-    let cri_o = e2e::crio::prefetch();
+    // The e2e's builds (Go, minutes on a fresh machine) overlap the steps below.
+    let builds = e2e::start_builds(root);
     util::run(
         util::cargo()
             .current_dir(root)
@@ -50,7 +43,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .args(["test", "--workspace", "--locked"]),
     )?;
     conformance(root)?;
-    e2e::in_test(root, e2e_runtime, control_plane, cluster, cri_o)?;
+    e2e::in_test(root, builds)?;
     eprintln!("all checks passed");
     Ok(())
 }
@@ -61,15 +54,15 @@ fn conformance(root: &Path) -> anyhow::Result<()> {
     if !util::have("go") {
         bail!("the conformance tests need Go (https://go.dev/dl/); `go` is not on PATH");
     }
-    let bin_dir = build_test_binaries(root)?;
-    let mut modules = go_modules(&root.join("tests/conformance"))?;
-    modules.push(root.join(xtask::helm::PROGRAM_DIR));
+    let bin_dir = workspace::build_test_binaries(root)?;
+    let mut modules = workspace::go_modules(&root.join("tests/conformance"))?;
+    modules.push(root.join(helm_chart::PROGRAM_DIR));
     for module in modules {
         util::run(
             Command::new("go")
                 .current_dir(&module)
                 .env("RESMGR_BIN_DIR", &bin_dir)
-                .env("GOFLAGS", go_flags())
+                .env("GOFLAGS", workspace::go_flags())
                 .args(["test", "-count=1", "./..."]),
         )?;
     }
@@ -79,7 +72,7 @@ fn conformance(root: &Path) -> anyhow::Result<()> {
         Command::new("go")
             .current_dir(root.join("tests/conformance"))
             .env("RESMGR_BIN_DIR", &bin_dir)
-            .env("GOFLAGS", go_flags())
+            .env("GOFLAGS", workspace::go_flags())
             .args(NRI_V080_TEST)
             .arg("./nri/..."),
     )?;
@@ -94,60 +87,3 @@ const NRI_V080_TEST: [&str; 4] = [
     "-modfile=nri/v080.mod",
     "-tags=nri_no_wasm,nri_v080",
 ];
-
-/// Builds every binary and example of the workspace (debug) and returns the directory they are in.
-pub fn build_test_binaries(root: &Path) -> anyhow::Result<PathBuf> {
-    util::run(util::cargo().current_dir(root).args([
-        "build",
-        "--workspace",
-        "--bins",
-        "--examples",
-        "--locked",
-    ]))?;
-    Ok(target_dir(root)?.join("debug"))
-}
-
-/// GOFLAGS for the conformance modules: the NRI adaptation is built without its WASM plugin
-/// support, which needs a WASM runtime we do not use.
-pub fn go_flags() -> String {
-    let mut flags = std::env::var("GOFLAGS").unwrap_or_default();
-    for flag in ["-tags=nri_no_wasm", "-buildvcs=false"] {
-        if !flags.split_whitespace().any(|f| f == flag) {
-            flags.push(' ');
-            flags.push_str(flag);
-        }
-    }
-    flags.trim().to_owned()
-}
-
-/// Every directory under `dir` that holds a go.mod, sorted.
-pub fn go_modules(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut modules = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        if d.join("go.mod").is_file() {
-            modules.push(d.clone());
-        }
-        for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
-            let path = entry?.path();
-            if path.is_dir()
-                && path
-                    .file_name()
-                    .is_some_and(|n| n != "testdata" && n != "bin")
-            {
-                stack.push(path);
-            }
-        }
-    }
-    modules.sort();
-    Ok(modules)
-}
-
-/// Cargo's target directory, honouring CARGO_TARGET_DIR and config.
-pub fn target_dir(root: &Path) -> anyhow::Result<PathBuf> {
-    let meta = util::metadata(root)?;
-    meta["target_directory"]
-        .as_str()
-        .map(PathBuf::from)
-        .context("cargo metadata has no target_directory")
-}

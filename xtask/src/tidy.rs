@@ -18,20 +18,35 @@ use std::{
 
 use crate::util;
 
-/// Allowed normal (non-dev, non-build) dependencies between the product crates, by directory name
-/// under `crates/`. The test and xtask packages may depend on anything.
+/// Allowed normal (non-dev, non-build) dependencies between the workspace's library crates, by
+/// directory: the product crates under `crates/` and the tooling crates under `tools/` (the
+/// build system's parts that the tests use too, which depend on no product crate and which no
+/// product crate depends on). The test and xtask packages may depend on anything.
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("dra-proto", &[]),
-    ("cdi", &[]),
-    ("nri", &[]),
-    ("policy", &["cdi"]),
-    ("kubelet-plugin", &["dra-proto"]),
-    ("resmgr", &["policy", "cdi", "nri", "kubelet-plugin"]),
-    ("plugin-bin", &["resmgr", "policy"]),
+    ("crates/dra-proto", &[]),
+    ("crates/cdi", &[]),
+    ("crates/nri", &[]),
+    ("crates/policy", &["crates/cdi"]),
+    ("crates/kubelet-plugin", &["crates/dra-proto"]),
+    (
+        "crates/resmgr",
+        &[
+            "crates/policy",
+            "crates/cdi",
+            "crates/nri",
+            "crates/kubelet-plugin",
+        ],
+    ),
+    ("crates/plugin-bin", &["crates/resmgr", "crates/policy"]),
+    ("tools/oci-archive", &[]),
+    ("tools/helm-chart", &[]),
 ];
 
+/// The directories that hold the workspace's library crates (see [`ALLOWED`]).
+const LAYERED_DIRS: [&str; 2] = ["crates", "tools"];
+
 /// Every internal edge of `metadata` (the JSON of `cargo metadata`) that [`ALLOWED`] does not
-/// list, as "crates/a -> crates/b", plus product crates missing from [`ALLOWED`].
+/// list, as "crates/a -> crates/b", plus layered crates missing from [`ALLOWED`].
 fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
     let allowed: BTreeMap<&str, BTreeSet<&str>> = ALLOWED
         .iter()
@@ -41,15 +56,18 @@ fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or_default();
-    // Package name -> directory under crates/, for product crates only.
-    let dir_of: BTreeMap<&str, &str> = packages
+    // Package name -> `crates/<dir>` or `tools/<dir>`, for the layered crates only.
+    let dir_of: BTreeMap<&str, String> = packages
         .iter()
         .filter_map(|p| {
             let name = p["name"].as_str()?;
             let manifest = Path::new(p["manifest_path"].as_str()?);
             let dir = manifest.parent()?;
             let parent = dir.parent()?.file_name()?.to_str()?;
-            (parent == "crates").then(|| Some((name, dir.file_name()?.to_str()?)))?
+            let dir = dir.file_name()?.to_str()?;
+            LAYERED_DIRS
+                .contains(&parent)
+                .then(|| (name, format!("{parent}/{dir}")))
         })
         .collect();
     let mut problems = Vec::new();
@@ -57,8 +75,8 @@ fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
         let Some(src) = p["name"].as_str().and_then(|n| dir_of.get(n)) else {
             continue;
         };
-        let Some(allowed_deps) = allowed.get(src) else {
-            problems.push(format!("crates/{src} is not in the layering table"));
+        let Some(allowed_deps) = allowed.get(src.as_str()) else {
+            problems.push(format!("{src} is not in the layering table"));
             continue;
         };
         for dep in p["dependencies"]
@@ -72,8 +90,8 @@ fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
             let Some(dst) = dep["name"].as_str().and_then(|n| dir_of.get(n)) else {
                 continue;
             };
-            if !allowed_deps.contains(dst) {
-                problems.push(format!("crates/{src} -> crates/{dst}"));
+            if !allowed_deps.contains(dst.as_str()) {
+                problems.push(format!("{src} -> {dst}"));
             }
         }
     }
@@ -185,7 +203,12 @@ fn module_table_problems(root: &Path, architecture: &str) -> Vec<String> {
 /// Rust files that must open with a `//!` module doc: everything we wrote, not generated code.
 fn rust_sources(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![root.join("crates"), root.join("xtask"), root.join("tests")];
+    let mut stack = vec![
+        root.join("crates"),
+        root.join("tools"),
+        root.join("xtask"),
+        root.join("tests"),
+    ];
     while let Some(dir) = stack.pop() {
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
@@ -232,13 +255,13 @@ fn internal_dependencies_only_point_down() {
         .filter(|p| {
             p["manifest_path"]
                 .as_str()
-                .is_some_and(|m| m.contains("/crates/"))
+                .is_some_and(|m| LAYERED_DIRS.iter().any(|d| m.contains(&format!("/{d}/"))))
         })
         .count();
     assert_eq!(
         crates,
         ALLOWED.len(),
-        "every product crate is in the layering table"
+        "every crate under crates/ and tools/ is in the layering table"
     );
     let problems = forbidden_edges(&meta);
     assert!(
@@ -262,13 +285,20 @@ fn layering_check_catches_a_forbidden_edge() {
             {"name": "nri", "manifest_path": "/r/crates/nri/Cargo.toml", "dependencies": []},
             {"name": "resmgr", "manifest_path": "/r/crates/resmgr/Cargo.toml", "dependencies": []},
             {"name": "rogue", "manifest_path": "/r/crates/rogue/Cargo.toml", "dependencies": []},
+            {"name": "oci-archive", "manifest_path": "/r/tools/oci-archive/Cargo.toml", "dependencies": [
+                {"name": "cdi", "kind": null},
+            ]},
+            {"name": "xtask", "manifest_path": "/r/xtask/Cargo.toml", "dependencies": [
+                {"name": "oci-archive", "kind": null},
+            ]},
         ]
     });
     assert_eq!(
         forbidden_edges(&meta),
         [
             "crates/policy -> crates/nri",
-            "crates/rogue is not in the layering table"
+            "crates/rogue is not in the layering table",
+            "tools/oci-archive -> crates/cdi",
         ]
     );
 }
@@ -348,4 +378,328 @@ Prose naming `x`.
         declared_modules(lib),
         names(&["one", "two", "three", "four"])
     );
+}
+
+/// xtask's own layers, lowest first. A module may use modules of its own layer or lower ones,
+/// never of a higher one, and the modules' uses (submodules included) form no cycle: the
+/// helpers know no command, a build knows nothing of the stage that runs it, and a stage no
+/// command. `main` (the CLI) and `tidy` (these tests) stand above them all.
+const XTASK_LAYERS: &[(&str, &[&str])] = &[
+    ("helpers", &["util", "sysdeps", "missing", "workspace"]),
+    ("builds", &["build"]),
+    ("stages", &["e2e"]),
+    (
+        "commands",
+        &[
+            "codegen",
+            "docs",
+            "manifests",
+            "image",
+            "release",
+            "scale",
+            "soak",
+        ],
+    ),
+    ("commands of commands", &["test", "bench"]),
+];
+
+/// xtask's modules (`e2e::cluster`, `e2e` for `e2e/mod.rs`) and their sources without the
+/// trailing `#[cfg(test)]` module.
+fn xtask_modules(src: &Path) -> BTreeMap<String, String> {
+    let mut modules = BTreeMap::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let Ok(relative) = path.strip_prefix(src) else {
+                continue;
+            };
+            let Some(name) = relative.to_str().and_then(|r| r.strip_suffix(".rs")) else {
+                continue;
+            };
+            let name = name.strip_suffix("/mod").unwrap_or(name).replace('/', "::");
+            let text = fs::read_to_string(&path).unwrap_or_default();
+            modules.insert(name, without_tests(&text));
+        }
+    }
+    modules
+}
+
+/// `text`'s code: without comments (prose may name any module) and without its trailing
+/// `#[cfg(test)] mod tests`, whose uses are the tests' own.
+fn without_tests(text: &str) -> String {
+    let code = text
+        .find("#[cfg(test)]\nmod tests")
+        .map_or(text, |at| &text[..at]);
+    code.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The paths `text` names after `prefix` (`crate::`, `super::`), with `use` groups expanded:
+/// `crate::{a, b::{c, d}}` names `a`, `b::c` and `b::d`. Only the lowercase segments a path
+/// starts with are kept (`build::kubernetes::Release` gives `build::kubernetes`).
+fn paths_after(text: &str, prefix: &str) -> Vec<String> {
+    fn group(rest: &str, base: &str, out: &mut Vec<String>) -> usize {
+        // `rest` starts after a `{`; returns the bytes consumed through the matching `}`.
+        let mut i = 0;
+        let mut item = String::new();
+        let bytes = rest.as_bytes();
+        while i < bytes.len() {
+            match bytes[i] {
+                b'{' => {
+                    let inner = format!("{base}{}", item.trim());
+                    i += 1 + group(&rest[i + 1..], &inner, out);
+                    item.clear();
+                }
+                b'}' => {
+                    push(&format!("{base}{}", item.trim()), out);
+                    return i + 1;
+                }
+                b',' => {
+                    push(&format!("{base}{}", item.trim()), out);
+                    item.clear();
+                    i += 1;
+                }
+                c => {
+                    item.push(char::from(c));
+                    i += 1;
+                }
+            }
+        }
+        i
+    }
+    fn push(path: &str, out: &mut Vec<String>) {
+        let path = path.split(" as ").next().unwrap_or_default();
+        let segments: Vec<&str> = path
+            .split("::")
+            .map(str::trim)
+            .take_while(|s| {
+                s.chars().next().is_some_and(|c| c.is_ascii_lowercase()) && *s != "self"
+            })
+            .collect();
+        if !segments.is_empty() {
+            out.push(segments.join("::"));
+        }
+    }
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(prefix) {
+        let preceded_by_ident = rest[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+        rest = &rest[at + prefix.len()..];
+        if preceded_by_ident {
+            continue;
+        }
+        if let Some(inner) = rest.strip_prefix('{') {
+            let used = group(inner, "", &mut out);
+            rest = &inner[used..];
+        } else {
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(rest.len());
+            push(rest[..end].trim_end_matches(':'), &mut out);
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// The module graph of `modules`: for each, the modules it uses (through `crate::` and
+/// `super::` paths, each path resolved to the longest module it starts with) and the
+/// submodules it declares.
+fn module_graph(modules: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>> {
+    let resolve = |path: &str| -> Option<String> {
+        let segments: Vec<&str> = path.split("::").collect();
+        (1..=segments.len())
+            .rev()
+            .map(|n| segments[..n].join("::"))
+            .find(|m| modules.contains_key(m))
+    };
+    let mut graph = BTreeMap::new();
+    for (name, text) in modules {
+        let mut uses = BTreeSet::new();
+        let parent = name.rsplit_once("::").map(|(p, _)| p);
+        for path in paths_after(text, "crate::") {
+            uses.extend(resolve(&path));
+        }
+        for path in paths_after(text, "super::") {
+            let full = match parent {
+                Some(p) => format!("{p}::{path}"),
+                None => path,
+            };
+            uses.extend(resolve(&full).or_else(|| parent.map(str::to_owned)));
+        }
+        for child in modules.keys() {
+            if child
+                .strip_prefix(name.as_str())
+                .and_then(|r| r.strip_prefix("::"))
+                .is_some_and(|r| !r.contains("::"))
+            {
+                uses.insert(child.clone());
+            }
+        }
+        uses.remove(name);
+        graph.insert(name.clone(), uses);
+    }
+    graph
+}
+
+/// The uses that break [`XTASK_LAYERS`], a module missing from it, and a cycle, as lines.
+fn xtask_layer_problems(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let layer_of = |module: &str| {
+        let top = module.split("::").next().unwrap_or_default();
+        XTASK_LAYERS
+            .iter()
+            .position(|(_, modules)| modules.contains(&top))
+    };
+    let mut problems = Vec::new();
+    for (module, uses) in graph {
+        if module == "main" || module == "tidy" {
+            continue;
+        }
+        let Some(layer) = layer_of(module) else {
+            if !module.contains("::") {
+                problems.push(format!("xtask module `{module}` is in no layer"));
+            }
+            continue;
+        };
+        for used in uses {
+            if layer_of(used).is_some_and(|l| l > layer) {
+                problems.push(format!(
+                    "`{module}` ({}) uses `{used}` ({})",
+                    XTASK_LAYERS[layer].0,
+                    XTASK_LAYERS[layer_of(used).unwrap_or(layer)].0
+                ));
+            }
+        }
+    }
+    if let Some(cycle) = find_cycle(graph) {
+        problems.push(format!("a cycle: {}", cycle.join(" -> ")));
+    }
+    problems
+}
+
+/// One cycle of `graph`, as the modules along it (the first repeated at the end).
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit<'a>(
+        node: &'a str,
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
+        done: &mut BTreeSet<&'a str>,
+        path: &mut Vec<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| *n == node) {
+            let mut cycle: Vec<String> = path[at..].iter().map(|n| (*n).to_owned()).collect();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if !done.insert(node) {
+            return None;
+        }
+        path.push(node);
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, done, path) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(n, graph, &mut done, &mut Vec::new()))
+}
+
+#[test]
+fn xtask_modules_use_only_lower_layers_and_form_no_cycle() {
+    let root = util::repo_root().unwrap();
+    let modules = xtask_modules(&root.join("xtask/src"));
+    let graph = module_graph(&modules);
+    assert!(
+        graph
+            .get("e2e::cluster")
+            .is_some_and(|uses| uses.contains("build::kubernetes")),
+        "the graph misses a use: {graph:?}"
+    );
+    let problems = xtask_layer_problems(&graph);
+    assert!(
+        problems.is_empty(),
+        "xtask's modules break their layering (see XTASK_LAYERS):\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn xtask_layer_check_catches_an_upward_use_and_a_cycle() {
+    let sources = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(m, t)| ((*m).to_owned(), without_tests(t)))
+            .collect()
+    };
+    let modules = sources(&[
+        (
+            "util",
+            "fn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::test;\n}\n",
+        ),
+        ("build", "pub mod kubernetes;\n"),
+        (
+            "build::kubernetes",
+            "use crate::{util, e2e::{self, cluster::Release}};\n",
+        ),
+        ("e2e", "pub mod cluster;\n"),
+        (
+            "e2e::cluster",
+            "use super::Stage;\nuse crate::build::kubernetes::Release;\n",
+        ),
+        ("test", "fn t() { crate::e2e::cluster::run(); }\n"),
+    ]);
+    let graph = module_graph(&modules);
+    assert_eq!(
+        graph["util"],
+        BTreeSet::new(),
+        "a comment or a test module counts as a use"
+    );
+    let problems = xtask_layer_problems(&graph);
+    assert_eq!(
+        problems,
+        [
+            "`build::kubernetes` (builds) uses `e2e` (stages)",
+            "`build::kubernetes` (builds) uses `e2e::cluster` (stages)",
+            "a cycle: build::kubernetes -> e2e -> e2e::cluster -> build::kubernetes",
+        ]
+    );
+}
+
+#[test]
+fn architecture_lists_xtasks_layers_as_the_check_has_them() {
+    let root = util::repo_root().unwrap();
+    let architecture = fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    for (layer, modules) in XTASK_LAYERS {
+        let row = architecture
+            .lines()
+            .find(|l| l.starts_with(&format!("| {layer} |")))
+            .unwrap_or_else(|| panic!("ARCHITECTURE.md has no row for xtask's layer {layer:?}"));
+        let listed: BTreeSet<&str> = row
+            .split('|')
+            .nth(2)
+            .unwrap_or_default()
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .collect();
+        let want: BTreeSet<&str> = modules.iter().copied().collect();
+        assert_eq!(listed, want, "ARCHITECTURE.md's row for xtask's {layer}");
+    }
 }

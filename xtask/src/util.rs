@@ -79,3 +79,26 @@ fn show(cmd: &Command) -> String {
     }
     s
 }
+
+/// The first line where `have` and `want` differ, described for a human; None when equal.
+pub fn first_difference(have: &str, want: &str) -> Option<String> {
+    if have == want {
+        return None;
+    }
+    let mut have_lines = have.lines();
+    let mut want_lines = want.lines();
+    for n in 1.. {
+        match (have_lines.next(), want_lines.next()) {
+            (Some(h), Some(w)) if h == w => continue,
+            (None, None) => return Some("line endings differ".into()),
+            (h, w) => {
+                return Some(format!(
+                    "line {n}: file has {:?}, chart renders {:?}",
+                    h.unwrap_or("<end of file>"),
+                    w.unwrap_or("<end of file>")
+                ));
+            }
+        }
+    }
+    None
+}

@@ -20,7 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/resmgr/resmgr/xtask/helm/chart"
+	"github.com/resmgr/resmgr/tools/helm-chart/go/chart"
 )
 
 // valuesSets are the values the chart is checked with: its defaults, the plain manifests', and

@@ -1,7 +1,7 @@
 // Package deploy checks resmgr's deployment objects against the upstream implementations that
 // consume them:
 //
-//   - the chart renderer `cargo xtask` runs (xtask/helm, Helm's own engine, imported here)
+//   - the chart renderer `cargo xtask` runs (tools/helm-chart/go, Helm's own engine, imported here)
 //     renders the chart in deploy/helm/resmgr for the values the tests choose;
 //   - kubeconform validates every object (chart output, plain manifests, examples) against JSON
 //     schemas made from the Kubernetes 1.34 OpenAPI document (api/openapi-spec/swagger.json of the

@@ -107,6 +107,6 @@ require (
 )
 
 // The chart rendering and packaging `cargo xtask` runs, so these tests check exactly its output.
-require github.com/resmgr/resmgr/xtask/helm v0.0.0
+require github.com/resmgr/resmgr/tools/helm-chart/go v0.0.0
 
-replace github.com/resmgr/resmgr/xtask/helm => ../../../xtask/helm
+replace github.com/resmgr/resmgr/tools/helm-chart/go => ../../../tools/helm-chart/go

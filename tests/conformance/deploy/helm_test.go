@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/resmgr/resmgr/xtask/helm/chart"
+	"github.com/resmgr/resmgr/tools/helm-chart/go/chart"
 )
 
-// helmRender renders a chart with the code `cargo xtask manifests` runs (xtask/helm: Helm's
+// helmRender renders a chart with the code `cargo xtask manifests` runs (tools/helm-chart/go: Helm's
 // loader, schema validation, strict engine and install-order sort), as `helm template
 // --namespace resmgr-system resmgr` with the given values files would, and returns its output.
 func helmRender(t *testing.T, c *chart.Chart, valueFiles ...string) string {

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/resmgr/resmgr/xtask/helm/chart"
+	"github.com/resmgr/resmgr/tools/helm-chart/go/chart"
 )
 
 // `cargo xtask release` (with the debug binary, to spare a release build) writes the binary,

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The release name and namespace the plain manifests are rendered as (xtask/src/helm.rs).
+// The release name and namespace the plain manifests are rendered as (tools/helm-chart/src/lib.rs).
 const (
 	plainReleaseName = "resmgr"
 	plainNamespace   = "resmgr-system"

@@ -1,9 +1,10 @@
 // Package build pins the Kubernetes control plane that the e2e scenarios in tests/controlplane
-// run against, and builds it from the Go module proxy: `cargo xtask e2e --stage controlplane` (and
-// `cargo xtask test`) run
+// run against, and builds it from the Go module proxy: `cargo xtask e2e --stage controlplane`
+// and `--stage cluster` (and `cargo xtask test`) run
 //
 //	go build -trimpath -o DIR k8s.io/kubernetes/cmd/kube-apiserver \
-//	    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl ./cmd/etcd
+//	    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager \
+//	    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl ./cmd/etcd
 //
 // here, with version linker flags, and cache the binaries by a hash of this directory.
 //

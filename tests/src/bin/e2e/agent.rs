@@ -50,7 +50,7 @@ pub struct ContainerLaunch {
     pub cri: Cri,
     /// The agent's image, imported into the run's runtime.
     pub image: String,
-    /// xtask's `helm-chart` program.
+    /// the chart renderer `helm-chart` (tools/helm-chart).
     pub helm: PathBuf,
     /// The chart's directory.
     pub chart: PathBuf,

@@ -127,7 +127,7 @@ impl NodeValues {
     }
 }
 
-/// Renders the chart at `chart` with `helm` (xtask's `helm-chart` program) and `values_file`.
+/// Renders the chart at `chart` with `helm` (the chart renderer `helm-chart` (tools/helm-chart)) and `values_file`.
 pub fn render(helm: &Path, chart: &Path, values_file: &Path) -> anyhow::Result<Vec<Value>> {
     let out = Command::new(helm)
         .args(["template", "--chart"])

@@ -128,7 +128,7 @@ struct Args {
     /// The agent image's name in the archive; the chart's values must name it.
     #[arg(long)]
     agent_image_name: Option<String>,
-    /// xtask's `helm-chart` program, which renders the chart (with `--agent-as container`).
+    /// the chart renderer `helm-chart` (tools/helm-chart), which renders the chart (with `--agent-as container`).
     #[arg(long, value_name = "FILE")]
     helm: Option<PathBuf>,
     /// The Helm chart's directory (with `--agent-as container`).

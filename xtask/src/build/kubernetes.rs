@@ -1,6 +1,4 @@
-//! The control-plane stage of the end-to-end tests: `resmgr run` against a real kube-apiserver,
-//! kube-scheduler and kube-controller-manager, on nodes without a kubelet (`tests/controlplane`),
-//! once per Kubernetes release the e2e covers.
+//! The Kubernetes releases the control plane and cluster stages run against, and their binaries.
 //!
 //! 1. Releases ([`Release`]): each is a build module under `tests/controlplane` that pins one
 //!    `k8s.io/kubernetes` version, `build` (the primary release, 1.36, which `cargo xtask bench`
@@ -10,27 +8,18 @@
 //!    release needs a newer Go than the machine's, its go.mod says so in a `toolchain` line, and
 //!    every go command that builds it is run with `GOTOOLCHAIN` set to that toolchain: machines
 //!    here run with `GOTOOLCHAIN=local`, which ignores the line.
-//! 2. Build, or take from the cache, a release's control plane: kube-apiserver, kube-scheduler,
-//!    kube-controller-manager, kubelet and kubectl, and etcd from the same module graph (the
-//!    cluster stage, [`crate::cluster`], runs the kubelet). The binaries are kept outside the
-//!    repository under `${XDG_CACHE_HOME:-~/.cache}/resmgr/controlplane/<version>-<key>/`, where
-//!    the key hashes everything that goes into them (the build module's files, the Go version,
-//!    the flags); the Go module and build caches are the ordinary shared ones. Cold, this is the
-//!    most expensive step of `cargo xtask test` (about fifteen minutes of two cores per release,
-//!    most of it kube-apiserver); warm, it costs nothing.
-//! 3. `go test` the scenarios, with the workspace's binaries (`RESMGR_BIN_DIR`) and the control
-//!    plane's (`RESMGR_CONTROLPLANE_BIN_DIR`): first every scenario but the `OnCRIO` ones, on
-//!    containerd's NRI library; then the `OnCRIO` ones on the CRI-O stage's CRI-O (`e2e --
-//!    COMMAND`), which need what that stage needs (root, the cpuset controller, a C compiler):
-//!    without it, they fail the stage under `CI=true` and are reported as not run elsewhere. (On
-//!    containerd the cluster stage runs the same with the real kubelet.) The scenarios ask the
-//!    API server its version where what they expect differs between releases.
+//! 2. Build, or take from the cache, a release's control plane ([`binaries`]): kube-apiserver,
+//!    kube-scheduler, kube-controller-manager, kubelet and kubectl, and etcd from the same module
+//!    graph. The binaries are kept outside the repository under
+//!    `${XDG_CACHE_HOME:-~/.cache}/resmgr/controlplane/<version>-<key>/`, where the key hashes
+//!    everything that goes into them (the build module's files, the Go version, the flags); the
+//!    Go module and build caches are the ordinary shared ones. Cold, this is the most expensive
+//!    step of `cargo xtask test` (about fifteen minutes of two cores per release, most of it
+//!    kube-apiserver); warm, it costs nothing.
 //!
-//! It is the `controlplane` stage of `cargo xtask e2e` ([`crate::e2e`]), which checks its
-//! [`prerequisites`] (Go and openssl; no root) and runs it from `cargo xtask test`; there the
-//! builds of every release start first, one after the other in the background and `nice`d
-//! ([`prefetch`]), so that on a fresh machine they overlap the Rust build and tests and the
-//! stages of the releases built before them.
+//! `cargo xtask test` starts the builds of every release first, one after the other in the
+//! background and `nice`d ([`in_background`]), so that on a fresh machine they overlap the Rust
+//! build and tests and the stages of the releases built before them.
 
 use std::{
     collections::HashMap,
@@ -44,10 +33,8 @@ use std::{
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
-use crate::{
-    e2e::{self, Missing},
-    test, util,
-};
+use super::cache;
+use crate::util;
 
 /// The commands built from the Kubernetes module, and our etcd main.
 const PACKAGES: [&str; 6] = [
@@ -186,13 +173,9 @@ pub struct Prefetch {
     logs: HashMap<String, PathBuf>,
 }
 
-/// Starts building the control plane of every release in the background when the stage can
-/// run, in the order the stages use them, each build's output in a log file that is removed
-/// once it succeeds.
-pub fn prefetch(root: &Path) -> Option<Prefetch> {
-    if !prerequisites().is_empty() {
-        return None;
-    }
+/// Starts building the control plane of every release in the background, in the order the
+/// stages use them, each build's output in a log file that is removed once it succeeds.
+pub fn in_background(root: &Path) -> Option<Prefetch> {
     let releases = match releases(root) {
         Ok(releases) => releases,
         Err(error) => {
@@ -266,109 +249,6 @@ impl Prefetch {
     }
 }
 
-/// Runs the stage on one release, whose binaries are in `control_plane`: the scenarios against
-/// `bin_dir`'s `resmgr`.
-pub fn run(
-    root: &Path,
-    bin_dir: &Path,
-    release: &Release,
-    control_plane: &Path,
-) -> anyhow::Result<()> {
-    let started = Instant::now();
-    eprintln!(
-        "control plane stage on Kubernetes {} ({})",
-        release.version,
-        control_plane.display()
-    );
-    let result = scenarios(root, bin_dir, control_plane);
-    eprintln!(
-        "control plane stage on Kubernetes {}: {} in {:.0} s",
-        release.version,
-        if result.is_ok() { "done" } else { "failed" },
-        started.elapsed().as_secs_f64()
-    );
-    result
-}
-
-/// The stage's scenarios on the control plane in `control_plane`.
-fn scenarios(root: &Path, bin_dir: &Path, control_plane: &Path) -> anyhow::Result<()> {
-    let dir = root.join("tests/controlplane");
-    util::run(
-        Command::new("go")
-            .current_dir(&dir)
-            .env("RESMGR_BIN_DIR", bin_dir)
-            .env("RESMGR_CONTROLPLANE_BIN_DIR", control_plane)
-            .env("GOFLAGS", test::go_flags())
-            .args(["test", "-count=1", "-v", "-timeout=20m"])
-            .args(["-skip", ON_CRIO, "./internal/...", "./scenarios/"]),
-    )?;
-    // The CRI-O stage brings up its CRI-O and runs this against it; `env` carries our variables
-    // through it.
-    let mut command = vec!["env".to_owned()];
-    for (name, value) in [
-        ("RESMGR_BIN_DIR", bin_dir.as_os_str()),
-        ("RESMGR_CONTROLPLANE_BIN_DIR", control_plane.as_os_str()),
-    ] {
-        command.push(format!("{name}={}", value.to_string_lossy()));
-    }
-    command.push(format!("GOFLAGS={}", test::go_flags()));
-    command.extend(["go".to_owned(), "-C".to_owned()]);
-    command.push(dir.to_string_lossy().into_owned());
-    command.extend(
-        [
-            "test",
-            "-count=1",
-            "-v",
-            "-timeout=10m",
-            "-run",
-            ON_CRIO,
-            "./scenarios/",
-        ]
-        .map(str::to_owned),
-    );
-    let missing = e2e::crio::prerequisites();
-    if !missing.is_empty() {
-        let what = format!(
-            "the control plane scenarios on CRI-O ({ON_CRIO}) need what the CRI-O stage needs; this machine lacks:\n{}",
-            e2e::list(&missing)
-        );
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            bail!("CI=true and {what}");
-        }
-        eprintln!("NOT RUN: {what}\n(under CI=true this is a failure)");
-        return Ok(());
-    }
-    e2e::crio::run(
-        root,
-        &e2e::E2eArgs {
-            command,
-            ..e2e::E2eArgs::default()
-        },
-        None,
-    )
-}
-
-/// The scenarios that run on the CRI-O stage's real CRI-O.
-const ON_CRIO: &str = "OnCRIO";
-
-/// What the machine lacks for the stage; empty when it can run.
-pub fn prerequisites() -> Vec<Missing> {
-    let mut missing = Vec::new();
-    if !util::have("go") {
-        missing.push(Missing {
-            what: "Go (builds the control plane and runs the scenarios)".into(),
-            how: "install Go 1.26 or later from https://go.dev/dl/ and put `go` on PATH".into(),
-        });
-    }
-    if !util::have("openssl") {
-        missing.push(Missing {
-            what: "openssl (makes the control plane's certificates)".into(),
-            how: "apt-get install openssl".into(),
-        });
-    }
-    missing
-}
-
 /// The directory holding `release`'s control plane binaries, built now (`nice`d, its output
 /// into `log` if given) if the cache has none for the current inputs.
 pub fn binaries(release: &Release, log: Option<&Path>) -> anyhow::Result<PathBuf> {
@@ -382,7 +262,9 @@ pub fn binaries(release: &Release, log: Option<&Path>) -> anyhow::Result<PathBuf
         "GOARCH",
     ]))?;
     let key = cache_key(module, &[&go_version, &ldflags, "CGO_ENABLED=0"])?;
-    let cache = cache_dir()?.join(format!("{version}-{key}"));
+    let cache = cache::cache_root()?
+        .join("controlplane")
+        .join(format!("{version}-{key}"));
     if BINARIES.iter().all(|b| cache.join(b).is_file()) {
         eprintln!(
             "control plane {version}: using the binaries in {}",
@@ -394,7 +276,7 @@ pub fn binaries(release: &Release, log: Option<&Path>) -> anyhow::Result<PathBuf
     // machine never sees half a set of binaries.
     let parent = cache.parent().context("cache directory has no parent")?;
     fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    e2e::tools::remove_abandoned(parent);
+    cache::remove_abandoned(parent);
     let staging = tempfile::Builder::new()
         .prefix(".building-")
         .tempdir_in(parent)
@@ -443,15 +325,6 @@ pub fn binaries(release: &Release, log: Option<&Path>) -> anyhow::Result<PathBuf
         }
     }
     Ok(cache)
-}
-
-/// `${XDG_CACHE_HOME:-$HOME/.cache}/resmgr/controlplane`.
-fn cache_dir() -> anyhow::Result<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cache"),
-    };
-    Ok(base.join("resmgr").join("controlplane"))
 }
 
 fn version_in(go_mod: &str) -> Option<String> {

@@ -1,7 +1,7 @@
 //! The Helm chart under deploy/helm/resmgr, rendered and packaged by Helm's own code.
 //!
 //! Helm is a Go library, so xtask does not imitate it: it builds `helm-chart`, a small Go program
-//! in xtask/helm that calls Helm's loader, values coalescing and values.schema.json validation,
+//! in tools/helm-chart/go that calls Helm's loader, values coalescing and values.schema.json validation,
 //! template engine and install-order sorting (`helm template`) and its chart packaging (`helm
 //! package`), and runs it. `go build` is incremental, so after the first build a render costs
 //! the program's start.
@@ -31,7 +31,7 @@ pub const PLAIN_RELEASE_NAME: &str = "resmgr";
 /// The namespace the plain manifests install into.
 pub const PLAIN_NAMESPACE: &str = "resmgr-system";
 /// The Go module of the `helm-chart` program, relative to the repository root.
-pub const PROGRAM_DIR: &str = "xtask/helm";
+pub const PROGRAM_DIR: &str = "tools/helm-chart/go";
 
 /// What went wrong building or running `helm-chart`, or reading the chart.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,4 @@
-module github.com/resmgr/resmgr/xtask/helm
+module github.com/resmgr/resmgr/tools/helm-chart/go
 
 go 1.26.0
 

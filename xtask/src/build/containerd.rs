@@ -17,6 +17,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use sha2::{Digest as _, Sha256};
 
+use super::{background::Background, cache};
 use crate::util;
 
 /// containerd's module version.
@@ -66,13 +67,11 @@ fn installs() -> Vec<Install> {
 /// The binaries a built toolset holds.
 pub const BINARIES: [&str; 4] = ["containerd", "containerd-shim-runc-v2", "crictl", "ctr"];
 
-/// `${XDG_CACHE_HOME:-$HOME/.cache}/resmgr`.
-pub fn cache_root() -> anyhow::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(dir).join("resmgr"));
-    }
-    let home = std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?;
-    Ok(PathBuf::from(home).join(".cache/resmgr"))
+/// Starts [`ensure`] in the background.
+pub fn in_background() -> Background<PathBuf> {
+    Background::start("the e2e's containerd build", "resmgr-e2e-tools", |log| {
+        ensure(Some(log))
+    })
 }
 
 /// The cache key: what the binaries are built from.
@@ -96,13 +95,15 @@ pub fn ensure(log: Option<&Path>) -> anyhow::Result<PathBuf> {
     let go_version = util::output(Command::new("go").args(["env", "GOVERSION"]))?
         .trim()
         .to_owned();
-    let dir = cache_root()?.join("containerd").join(key(&go_version));
+    let dir = cache::cache_root()?
+        .join("containerd")
+        .join(key(&go_version));
     let bin = dir.join("bin");
     if BINARIES.iter().all(|b| bin.join(b).is_file()) {
         return Ok(bin);
     }
     std::fs::create_dir_all(dir.parent().unwrap_or(&dir))?;
-    remove_abandoned(dir.parent().unwrap_or(&dir));
+    cache::remove_abandoned(dir.parent().unwrap_or(&dir));
     let tmp = tempfile::Builder::new()
         .prefix(".building-")
         .tempdir_in(dir.parent().unwrap_or(&dir))?;
@@ -126,31 +127,6 @@ pub fn ensure(log: Option<&Path>) -> anyhow::Result<PathBuf> {
         Err(e) => bail!("moving the built tools to {}: {e}", dir.display()),
     }
     Ok(bin)
-}
-
-/// Removes build directories a run left behind when it ended during a build (a failing
-/// `cargo xtask test` does not wait for its background build); an hour is far longer than a
-/// build takes, so a build in progress is never among them.
-pub(crate) fn remove_abandoned(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let old = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age.as_secs() > 3600);
-        if old
-            && entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with(".building-")
-        {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
 }
 
 fn build(gobin: &Path, log: Option<&Path>) -> anyhow::Result<()> {

@@ -15,7 +15,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/resmgr/resmgr/xtask/helm/chart"
+	"github.com/resmgr/resmgr/tools/helm-chart/go/chart"
 )
 
 // repeated is a flag that may be given several times.

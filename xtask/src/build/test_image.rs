@@ -1,12 +1,12 @@
 //! The e2e's container image: one layer holding busybox-static and a link per applet, whose
 //! entrypoint sleeps. It serves both as the pods' sandbox ("pause") image and as their
-//! containers' image, so no registry is needed. Built with [`xtask::oci`], so its name and
+//! containers' image, so no registry is needed. Built with [`oci_archive`], so its name and
 //! digest are the same on every machine with the same busybox.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use xtask::oci::{Compression, Config, Image, Layer};
+use oci_archive::{Compression, Config, Image, Layer};
 
 use crate::util;
 

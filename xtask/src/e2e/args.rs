@@ -1,0 +1,52 @@
+//! The options of `cargo xtask e2e`, which every stage takes.
+
+/// A part of the e2e with prerequisites of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stage {
+    /// resmgr on containerd and runc, real containers checked in the kernel.
+    Containerd,
+    /// The containerd stage's scenarios on CRI-O, runc and conmon.
+    Crio,
+    /// resmgr against a real kube-apiserver, kube-scheduler and kube-controller-manager.
+    Controlplane,
+    /// resmgr installed with Helm in a real one-node cluster (kubelet, controller-manager).
+    Cluster,
+}
+
+/// Options of `cargo xtask e2e`.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct E2eArgs {
+    /// Run only this stage (repeat); default: all.
+    #[arg(long, value_enum)]
+    pub stage: Vec<Stage>,
+    /// Keep the run's directory (logs, containerd's and the agent's state) afterwards.
+    #[arg(long)]
+    pub keep: bool,
+    /// Run the control plane and cluster stages on this Kubernetes release only (`1.36`,
+    /// `1.37`: the minor version a build module under tests/controlplane pins; repeat); default:
+    /// every release.
+    #[arg(long, value_name = "MINOR")]
+    pub kubernetes: Vec<String>,
+    /// Run only these scenarios (repeat); default: all. Most build on the ones before them.
+    #[arg(long, value_name = "SCENARIO")]
+    pub only: Vec<String>,
+    /// How the agent runs: `container` (its image, as the chart's DaemonSet runs it; built from
+    /// the debug binary) or `process` (`resmgr run` on the host; quicker while developing).
+    #[arg(long, value_enum, default_value_t = AgentAs::Container)]
+    pub agent_as: AgentAs,
+    /// An extra flag for `resmgr run` (repeat).
+    #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
+    /// Bring containerd up and run this command against it instead of the scenarios (the node
+    /// is in its environment: RESMGR_E2E_*).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// How the e2e starts the agent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AgentAs {
+    #[default]
+    Container,
+    Process,
+}
