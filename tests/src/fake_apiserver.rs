@@ -8,7 +8,8 @@
 //! selectors, watches that resume from a resourceVersion, a Status 404 naming the object for a
 //! missing object and one naming nothing for an unserved version. It validates slices with
 //! resmgr's own `validate_slice_spec` (422 when refused). Tests can make it drop device fields
-//! (a feature gate that is off), fail requests, and wait for a condition on its contents: every
+//! (a feature gate that is off), refuse the node-allocatable mapping for a Node that does not
+//! declare it (1.37's admission), fail requests, and wait for a condition on its contents: every
 //! change wakes the waiters, so no test sleeps.
 //!
 //! The kube module's tests (`tests/kube_claims.rs`, `tests/kube_slices.rs`) start it in process;
@@ -73,6 +74,9 @@ struct Store {
     failures: VecDeque<Failure>,
     /// Device fields the server drops on write (as with a feature gate off).
     dropped_device_fields: Vec<String>,
+    /// Whether slices that map node resources are admitted only for a Node that declares the
+    /// feature, as 1.37's NodeDeclaredFeatureValidator does.
+    node_declared_features: bool,
 }
 
 #[derive(Debug)]
@@ -207,6 +211,22 @@ impl FakeApiServer {
     /// Drops these device fields from every slice written from now on.
     pub fn drop_device_fields(&self, fields: &[&str]) {
         self.store().dropped_device_fields = fields.iter().map(|f| (*f).to_owned()).collect();
+    }
+
+    /// From now on, refuses slices that map node resources (`nodeAllocatableResources`) for a
+    /// Node whose `status.declaredFeatures` lacks `DRANodeAllocatableResources`, with the 403 of
+    /// 1.37's NodeDeclaredFeatureValidator admission; `false` admits them again.
+    pub fn check_node_declared_features(&self, on: bool) {
+        self.store().node_declared_features = on;
+    }
+
+    /// Sets the Node's `status.declaredFeatures`, as its kubelet does when it starts.
+    pub fn declare_node_features(&self, node: &str, features: &[&str]) {
+        let mut store = self.store();
+        let key = ("nodes".to_owned(), String::new(), node.to_owned());
+        let mut object = store.objects.get(&key).cloned().expect("the node exists");
+        object["status"]["declaredFeatures"] = json!(features);
+        store.put(&self.shared, "MODIFIED", key, object);
     }
 
     /// Answers the next `count` `method` requests whose path contains `path_contains` with `code`.
@@ -699,10 +719,53 @@ fn admit_slice(store: &Store, version: &str, object: &mut Value) -> Result<(), S
     resmgr::kube::slices::validate::validate_slice_spec(&spec).map_err(|e| e.to_string())
 }
 
+/// 1.37's NodeDeclaredFeatureValidator: a slice whose devices map node resources names a Node
+/// that declares the feature, or is refused with 403 (its message, word for word). `name` is
+/// the slice's, empty for a `generateName`.
+fn forbidden_node_allocatable(store: &Store, name: &str, object: &Value) -> Option<Response<Body>> {
+    const FEATURE: &str = "DRANodeAllocatableResources";
+    if !store.node_declared_features {
+        return None;
+    }
+    let maps = object["spec"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|d| {
+            d["nodeAllocatableResources"]
+                .as_object()
+                .is_some_and(|m| !m.is_empty())
+        });
+    if !maps {
+        return None;
+    }
+    let node = object["spec"]["nodeName"].as_str().unwrap_or_default();
+    let key = ("nodes".to_owned(), String::new(), node.to_owned());
+    let declares = store.objects.get(&key).is_some_and(|n| {
+        n["status"]["declaredFeatures"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == FEATURE))
+    });
+    (!declares).then(|| {
+        status(
+            403,
+            "Forbidden",
+            &format!(
+                "resourceslices.resource.k8s.io \"{name}\" is forbidden: node \"{node}\" does not support {FEATURE} feature"
+            ),
+            json!({"name": name, "group": GROUP, "kind": "resourceslices"}),
+        )
+    })
+}
+
 fn create_slice(shared: &Shared, version: &str, mut object: Value) -> Response<Body> {
     let mut store = shared.store.lock().unwrap();
     if let Err(message) = admit_slice(&store, version, &mut object) {
         return status(422, "Invalid", &message, json!({}));
+    }
+    let requested = object["metadata"]["name"].as_str().unwrap_or_default();
+    if let Some(refused) = forbidden_node_allocatable(&store, requested, &object) {
+        return refused;
     }
     let name = match object["metadata"]["name"].as_str() {
         Some(name) => name.to_owned(),
@@ -747,6 +810,9 @@ fn update_slice(shared: &Shared, version: &str, name: &str, mut object: Value) -
     }
     if let Err(message) = admit_slice(&store, version, &mut object) {
         return status(422, "Invalid", &message, json!({}));
+    }
+    if let Some(refused) = forbidden_node_allocatable(&store, name, &object) {
+        return refused;
     }
     object["metadata"]["uid"] = current["metadata"]["uid"].clone();
     object["metadata"]["generation"] =

@@ -3,7 +3,11 @@
 //! after deletion, other nodes' and drivers' slices left alone, v1beta1 nesting, fields the API
 //! server drops, and what reaches the wire fitting k8s-openapi's types exactly.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use hyper::Method;
 use integration_tests::fake_apiserver::FakeApiServer;
@@ -158,7 +162,8 @@ async fn publishes_one_pool_in_slices_of_128_owned_by_the_node() {
         publisher.status(),
         PublishStatus {
             in_sync: true,
-            failures: 0
+            failures: 0,
+            node_allocatable_refused: false,
         }
     );
 
@@ -493,6 +498,129 @@ async fn the_form_of_the_mapping_a_release_does_not_know_is_not_a_dropped_field(
     );
 }
 
+fn mapping_on() -> PublisherConfig {
+    PublisherConfig {
+        node_allocatable_cpu: Some(NodeAllocatableCpu::default()),
+        ..config()
+    }
+}
+
+/// Whether every device of our pool maps its cpu to the node (in 1.37's form, which the fake
+/// API server keeps along with 1.36's) or none does.
+fn pool_maps(slices: &[Value]) -> Option<bool> {
+    let maps: BTreeSet<bool> = ours(slices)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| {
+            let newer = d.get("nodeAllocatableResources").is_some();
+            assert_eq!(
+                newer,
+                d.get("nodeAllocatableResourceMappings").is_some(),
+                "{d}"
+            );
+            newer
+        })
+        .collect();
+    (maps.len() == 1).then(|| maps.into_iter().next().unwrap())
+}
+
+/// A 1.37 API server refuses slices that map node resources for a Node whose kubelet does not
+/// declare the feature (403 from NodeDeclaredFeatureValidator). The agent publishes the same
+/// devices without the mapping at once, says so, does not try the refused form again on every
+/// publication, and maps again once the Node declares the feature: its kubelet restarted with
+/// the gate, declaring it and wiping our slices.
+#[tokio::test]
+async fn a_refused_node_allocatable_mapping_falls_back_to_slices_without_it() {
+    let (server, publisher) = start(&["v1"], mapping_on()).await;
+    server.check_node_declared_features(true);
+    let numa = || vec![device("numa-0", 8), device("numa-1", 8)];
+    let report = publisher.publish(numa()).await.unwrap();
+    assert_eq!(report.created, 1, "{report:?}");
+    assert_eq!(pool_maps(&server.slices()), Some(false));
+    assert!(pool_is(&server.slices(), &names(&numa())));
+    let status = publisher.status();
+    assert!(
+        status.in_sync && status.node_allocatable_refused,
+        "{status:?}"
+    );
+    assert_eq!(status.failures, 0, "a fallback is no failure");
+    let refused_writes = writes(&server).len();
+    assert_eq!(
+        refused_writes, 2,
+        "the refused create and the one without the mapping"
+    );
+
+    let again = publisher.publish(numa()).await.unwrap();
+    assert_eq!((again.created, again.updated, again.deleted), (0, 0, 0));
+    assert_eq!(
+        writes(&server).len(),
+        refused_writes,
+        "no new attempt at the refused form before its retry is due"
+    );
+
+    let _maintained = maintain(&publisher);
+    server.declare_node_features(NODE, &["DRANodeAllocatableResources"]);
+    server.delete_slices(OURS);
+    server
+        .wait_for_slices("the pool published with the mapping", |s| {
+            pool_is(s, &names(&numa())) && pool_maps(s) == Some(true)
+        })
+        .await;
+    // Once the republication is done (it holds the publisher while it runs), nothing is left
+    // to write and nothing refused.
+    let after = publisher.publish(numa()).await.unwrap();
+    assert_eq!((after.created, after.updated, after.deleted), (0, 0, 0));
+    assert!(!publisher.status().node_allocatable_refused);
+}
+
+/// The refused form is tried again at the configured interval, for refusals the Node does not
+/// show (here the API server stops checking): the mapping comes back without any event.
+#[tokio::test]
+async fn a_refused_node_allocatable_mapping_is_tried_again_at_its_interval() {
+    let (server, publisher) = start(
+        &["v1"],
+        PublisherConfig {
+            node_allocatable_retry: Duration::from_millis(50),
+            ..mapping_on()
+        },
+    )
+    .await;
+    server.check_node_declared_features(true);
+    let _maintained = maintain(&publisher);
+    publisher.publish(vec![device("numa-0", 8)]).await.unwrap();
+    assert_eq!(pool_maps(&server.slices()), Some(false));
+    assert!(publisher.status().node_allocatable_refused);
+    server.check_node_declared_features(false);
+    server
+        .wait_for_slices("the mapping tried again and admitted", |s| {
+            pool_maps(s) == Some(true)
+        })
+        .await;
+    let after = publisher.publish(vec![device("numa-0", 8)]).await.unwrap();
+    assert_eq!((after.created, after.updated, after.deleted), (0, 0, 0));
+    assert!(!publisher.status().node_allocatable_refused);
+}
+
+/// Another 403 (RBAC, say) is a failed publication, not a reason to drop the mapping.
+#[tokio::test]
+async fn other_refusals_are_failures_and_keep_the_mapping() {
+    let (server, publisher) = start(&["v1"], mapping_on()).await;
+    server.fail(Method::POST, "/resourceslices", 403, 1);
+    let error = publisher
+        .publish(vec![device("numa-0", 8)])
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PublishError::Api { .. }), "{error:?}");
+    assert!(server.slices().is_empty());
+    let status = publisher.status();
+    assert!(
+        !status.in_sync && !status.node_allocatable_refused,
+        "{status:?}"
+    );
+    publisher.publish(vec![device("numa-0", 8)]).await.unwrap();
+    assert_eq!(pool_maps(&server.slices()), Some(true));
+}
+
 #[tokio::test]
 async fn invalid_devices_never_reach_the_api_server() {
     let (server, publisher) = start(&["v1"], config()).await;
@@ -546,7 +674,8 @@ async fn a_failed_publication_is_retried_in_the_background() {
         publisher.status(),
         PublishStatus {
             in_sync: false,
-            failures: 1
+            failures: 1,
+            node_allocatable_refused: false,
         }
     );
     let _maintained = maintain(&publisher);

@@ -194,6 +194,19 @@ pub const METRICS: &[MetricDoc] = &[
                   `dra: false`.",
     },
     MetricDoc {
+        name: "node_allocatable_refused",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "1 while the API server refuses the node-allocatable mapping for this node and the \
+               ResourceSlices are published without it, else 0",
+        details: "A 1.37 API server refuses slices that map node resources for a Node whose \
+                  kubelet does not declare `DRANodeAllocatableResources`. The agent then \
+                  publishes without the mapping (pods must request their claimed CPUs in \
+                  `resources.requests`) and tries the mapping again every 5 minutes and when \
+                  the Node comes to declare the feature. Always 0 with the switch off (see \
+                  [deploy.md](deploy.md#kubernetes-137)).",
+    },
+    MetricDoc {
         name: "slice_fields_dropped",
         kind: Kind::Gauge,
         labels: &[(
@@ -320,6 +333,7 @@ pub struct Metrics {
     ready: Gauge,
     synchronized: Gauge,
     devices_published: Gauge,
+    node_allocatable_refused: Gauge,
     publish_failures: Counter,
     events_dropped: Family<ReasonLabel, Counter>,
     reconciled: Family<OutcomeLabel, Counter>,
@@ -369,6 +383,7 @@ impl Metrics {
             ready: Gauge::default(),
             synchronized: Gauge::default(),
             devices_published: Gauge::default(),
+            node_allocatable_refused: Gauge::default(),
             publish_failures: Counter::default(),
             events_dropped: Family::default(),
             reconciled: Family::default(),
@@ -402,6 +417,11 @@ impl Metrics {
             &mut registry,
             "devices_published",
             m.devices_published.clone(),
+        );
+        register(
+            &mut registry,
+            "node_allocatable_refused",
+            m.node_allocatable_refused.clone(),
         );
         register(
             &mut registry,
@@ -489,6 +509,8 @@ impl Metrics {
         self.ready.set(i64::from(now.ready));
         let publish = now.publish.unwrap_or_default();
         self.devices_published.set(i64::from(publish.in_sync));
+        self.node_allocatable_refused
+            .set(i64::from(publish.node_allocatable_refused));
         // The publisher counts; the counter catches up with it.
         let behind = publish.failures.saturating_sub(self.publish_failures.get());
         self.publish_failures.inc_by(behind);
@@ -644,6 +666,7 @@ mod tests {
             publish: Some(resmgr::kube::PublishStatus {
                 in_sync: true,
                 failures: 3,
+                node_allocatable_refused: true,
             }),
             events: Some(resmgr::kube::EventStats {
                 posted: 7,
@@ -774,6 +797,7 @@ mod tests {
                 publish: Some(resmgr::kube::PublishStatus {
                     in_sync: false,
                     failures,
+                    node_allocatable_refused: false,
                 }),
                 events: Some(resmgr::kube::EventStats {
                     queue_full: failures,

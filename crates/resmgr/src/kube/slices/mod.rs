@@ -73,6 +73,11 @@ pub struct PublisherConfig {
     /// The node-allocatable mapping; `None` (the default) publishes none, which every cluster
     /// accepts.
     pub node_allocatable_cpu: Option<NodeAllocatableCpu>,
+    /// While the API server refuses the mapping for our Node (1.37's admission, for a Node
+    /// whose kubelet does not declare the feature), slices go without it, and the mapped form
+    /// is tried again this long after it was last refused (and as soon as a publication finds
+    /// that the Node has come to declare the feature).
+    pub node_allocatable_retry: Duration,
     /// Timeouts and retries of each API request.
     pub retry: RetryPolicy,
     /// Wait before [`SlicePublisher::maintain`] retries a failed publication; doubled up to
@@ -83,13 +88,15 @@ pub struct PublisherConfig {
 }
 
 impl PublisherConfig {
-    /// Defaults for `driver` on `node_name`: no node-allocatable mapping, retries within 30 s
-    /// per request, failed publications retried after 1 s growing to 30 s.
+    /// Defaults for `driver` on `node_name`: no node-allocatable mapping (a refused one tried
+    /// again every 5 minutes), retries within 30 s per request, failed publications retried
+    /// after 1 s growing to 30 s.
     pub fn new(driver: impl Into<String>, node_name: impl Into<String>) -> Self {
         Self {
             driver: driver.into(),
             node_name: node_name.into(),
             node_allocatable_cpu: None,
+            node_allocatable_retry: Duration::from_secs(300),
             retry: RetryPolicy::default(),
             resync_backoff: Duration::from_secs(1),
             max_resync_backoff: Duration::from_secs(30),

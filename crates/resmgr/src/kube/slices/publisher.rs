@@ -21,6 +21,16 @@
 //! cluster and exports a metric), through [`SlicePublisher::dropped_fields`]; the form of the
 //! node-allocatable mapping the API server's release does not know is left out of both, as
 //! long as it keeps the other ([`allocatable::superseded`]).
+//!
+//! A 1.37 API server refuses (403) a slice that maps node resources for a Node whose kubelet
+//! does not declare `DRANodeAllocatableResources` in `status.declaredFeatures` (its
+//! NodeDeclaredFeatureValidator admission). Retrying would publish nothing, for ever. Instead
+//! the reconciliation falls back at once to the same slices without the mapping, logs a warning
+//! naming the Node and the refusal, and says so in [`PublishStatus::node_allocatable_refused`].
+//! The mapped form is tried again when a reconciliation finds the Node declaring the feature it
+//! did not declare when refused (a kubelet restarted with the gate; its start wipes our slices,
+//! which reconciles), and [`PublisherConfig::node_allocatable_retry`] after the last refusal,
+//! for what the Node does not show (the API server reconfigured).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
@@ -103,6 +113,9 @@ pub struct PublishStatus {
     pub in_sync: bool,
     /// Publications and republications that failed, since the start.
     pub failures: u64,
+    /// Whether the API server refuses the node-allocatable mapping for our Node, so the slices
+    /// are published without it (see the module docs).
+    pub node_allocatable_refused: bool,
 }
 
 /// What one publication did.
@@ -144,6 +157,9 @@ struct Inner {
     in_sync: AtomicBool,
     /// [`PublishStatus::failures`].
     failures: AtomicU64,
+    /// When the refused node-allocatable mapping is next tried by [`SlicePublisher::maintain`];
+    /// `None` while it is not refused. [`PublishStatus::node_allocatable_refused`] reads it.
+    mapping_retry_at: watch::Sender<Option<Instant>>,
 }
 
 #[derive(Debug, Default)]
@@ -158,7 +174,30 @@ struct State {
     dropped: BTreeSet<FieldPath>,
     /// resourceVersions of our own writes: their watch events need no reconciliation.
     written: HashSet<String>,
+    /// Set while the API server refuses our node-allocatable mapping.
+    refusal: Option<Refusal>,
 }
+
+/// The API server's last refusal of the node-allocatable mapping.
+#[derive(Debug)]
+struct Refusal {
+    /// When.
+    at: Instant,
+    /// Whether the Node declared the feature then.
+    declared: bool,
+}
+
+/// What a reconciliation needs of our Node.
+#[derive(Debug)]
+struct NodeFacts {
+    uid: String,
+    /// Whether its `status.declaredFeatures` has [`NODE_ALLOCATABLE_FEATURE`].
+    declares_node_allocatable: bool,
+}
+
+/// The feature a Node declares (`status.declaredFeatures`) for a 1.37 API server to admit slices
+/// that map its resources.
+const NODE_ALLOCATABLE_FEATURE: &str = "DRANodeAllocatableResources";
 
 /// One of our pool's slices as the API server has it.
 #[derive(Debug)]
@@ -189,6 +228,7 @@ impl SlicePublisher {
                 dropped: watch::Sender::new(BTreeSet::new()),
                 in_sync: AtomicBool::new(false),
                 failures: AtomicU64::new(0),
+                mapping_retry_at: watch::Sender::new(None),
             }),
         })
     }
@@ -205,6 +245,7 @@ impl SlicePublisher {
         PublishStatus {
             in_sync: self.inner.in_sync.load(Ordering::Relaxed),
             failures: self.inner.failures.load(Ordering::Relaxed),
+            node_allocatable_refused: self.inner.mapping_retry_at.borrow().is_some(),
         }
     }
 
@@ -264,7 +305,9 @@ impl SlicePublisher {
         let config = &self.inner.config;
         let mut watch = std::pin::pin!(watch);
         let mut retry_at: Option<Instant> = None;
+        let mut mapping = self.inner.mapping_retry_at.subscribe();
         loop {
+            let mapping_at = *mapping.borrow_and_update();
             let mut pending = tokio::select! {
                 event = watch.next() => match event {
                     None => return Restart { version_gone: false },
@@ -275,6 +318,10 @@ impl SlicePublisher {
                 },
                 () = self.inner.retry.notified() => true,
                 () = sleep_until(retry_at), if retry_at.is_some() => true,
+                // Time to try the refused node-allocatable mapping again.
+                () = sleep_until(mapping_at), if mapping_at.is_some() => true,
+                // A publication was refused it, or had it accepted: look again.
+                Ok(()) = mapping.changed() => false,
             };
             // Take every event already here (a DeleteCollection deletes many slices) before
             // reconciling once.
@@ -405,7 +452,7 @@ impl SlicePublisher {
         }
     }
 
-    async fn node_uid(&self) -> Result<String, Failure> {
+    async fn node(&self) -> Result<NodeFacts, Failure> {
         let config = &self.inner.config;
         let nodes: Api<Node> = Api::all(self.inner.versions.client().clone());
         let node = self
@@ -413,7 +460,14 @@ impl SlicePublisher {
                 nodes.get(&config.node_name)
             })
             .await?;
-        Ok(node.metadata.uid.unwrap_or_default())
+        let declared = node.status.and_then(|s| s.declared_features);
+        Ok(NodeFacts {
+            uid: node.metadata.uid.unwrap_or_default(),
+            declares_node_allocatable: declared
+                .iter()
+                .flatten()
+                .any(|f| f == NODE_ALLOCATABLE_FEATURE),
+        })
     }
 
     /// One API request with the configured timeouts and retries; 409 is a conflict.
@@ -478,12 +532,91 @@ impl Reconciliation<'_> {
         &self.publisher.inner.config
     }
 
+    /// Makes the pool hold `devices`, with their node-allocatable mapping unless the API server
+    /// refuses it (see the module docs).
     async fn run(&mut self, devices: Vec<wire::Device>) -> Result<(), Failure> {
+        let node = self.publisher.node().await?;
+        let maps = self.config().node_allocatable_cpu.is_some();
+        if !maps || !self.mapping_refused(&node) {
+            match self.apply(devices.clone(), &node.uid).await {
+                Err(Failure::Error(error)) if maps => match node_allocatable_refusal(&error) {
+                    Some(message) => self.refused(&node, message),
+                    None => return Err(Failure::Error(error)),
+                },
+                result => {
+                    if maps {
+                        self.accepted();
+                    }
+                    return result;
+                }
+            }
+        }
+        let unmapped = devices
+            .into_iter()
+            .map(|device| wire::Device {
+                node_allocatable_resource_mappings: None,
+                ..device
+            })
+            .collect();
+        self.apply(unmapped, &node.uid).await
+    }
+
+    /// Whether the mapping stays out of this reconciliation: it was refused, the Node has not
+    /// come to declare the feature since, and it is not time to try again.
+    fn mapping_refused(&self, node: &NodeFacts) -> bool {
+        let Some(refusal) = &self.state.refusal else {
+            return false;
+        };
+        let newly_declared = node.declares_node_allocatable && !refusal.declared;
+        let due = Instant::now() >= refusal.at + self.config().node_allocatable_retry;
+        !(newly_declared || due)
+    }
+
+    /// Records the API server's refusal of the mapping; warns when it is news.
+    fn refused(&mut self, node: &NodeFacts, message: &str) {
+        let retry = self.config().node_allocatable_retry;
+        if self.state.refusal.is_none() {
+            tracing::warn!(
+                node = %self.config().node_name,
+                refusal = %message,
+                node_declares_feature = node.declares_node_allocatable,
+                retry_in = ?retry,
+                "the api server refuses the node-allocatable mapping for this node (its kubelet \
+                 does not declare DRANodeAllocatableResources): publishing the resource slices \
+                 without it, so pods must request their claimed CPUs in resources.requests \
+                 (see docs/deploy.md)"
+            );
+        } else {
+            tracing::debug!(refusal = %message, retry_in = ?retry, "the node-allocatable mapping is still refused");
+        }
+        let now = Instant::now();
+        self.state.refusal = Some(Refusal {
+            at: now,
+            declared: node.declares_node_allocatable,
+        });
+        self.publisher
+            .inner
+            .mapping_retry_at
+            .send_replace(Some(now + retry));
+    }
+
+    /// The mapping went through: forget an earlier refusal.
+    fn accepted(&mut self) {
+        if self.state.refusal.take().is_some() {
+            tracing::info!(
+                node = %self.config().node_name,
+                "the api server now accepts the node-allocatable mapping: published the resource slices with it"
+            );
+            self.publisher.inner.mapping_retry_at.send_replace(None);
+        }
+    }
+
+    /// Makes the pool hold exactly `devices`.
+    async fn apply(&mut self, devices: Vec<wire::Device>, node_uid: &str) -> Result<(), Failure> {
         let chunks = build::chunk(devices);
         let count = chunks.len();
         self.report.slices = count;
-        let node_uid = self.publisher.node_uid().await?;
-        let mut existing = self.list(&node_uid).await?;
+        let mut existing = self.list(node_uid).await?;
         existing.sort_by(|a, b| a.name.cmp(&b.name));
         let keys: Vec<Value> = chunks
             .iter()
@@ -515,7 +648,7 @@ impl Reconciliation<'_> {
             // Unchanged; maybe some were deleted, and the rest still describe a complete pool.
             self.report.generation = highest;
             for i in missing {
-                self.create(highest, count, chunks[i].clone(), &node_uid)
+                self.create(highest, count, chunks[i].clone(), node_uid)
                     .await?;
             }
             return Ok(());
@@ -529,11 +662,11 @@ impl Reconciliation<'_> {
         }
         let mut chunks = chunks.into_iter();
         for (slice, chunk) in keep.iter().zip(chunks.by_ref()) {
-            self.update(slice, generation, count, chunk, &node_uid)
+            self.update(slice, generation, count, chunk, node_uid)
                 .await?;
         }
         for chunk in chunks {
-            self.create(generation, count, chunk, &node_uid).await?;
+            self.create(generation, count, chunk, node_uid).await?;
         }
         self.state.generation = generation;
         Ok(())
@@ -702,6 +835,26 @@ impl Reconciliation<'_> {
                     .send_if_modified(|all| all.insert(field.to_string()));
             }
         }
+    }
+}
+
+/// The API server's message, when `error` is its refusal of the node-allocatable mapping: a 403
+/// naming the feature (1.37's NodeDeclaredFeatureValidator says `node "…" does not support
+/// DRANodeAllocatableResources feature`). Other 403s (RBAC) are not.
+fn node_allocatable_refusal(error: &PublishError) -> Option<&str> {
+    match error {
+        PublishError::Api {
+            source:
+                RetryError {
+                    last:
+                        AttemptError::Api {
+                            code: 403, message, ..
+                        },
+                    ..
+                },
+            ..
+        } if message.contains(NODE_ALLOCATABLE_FEATURE) => Some(message),
+        _ => None,
     }
 }
 
