@@ -100,6 +100,11 @@ impl Release {
             .unwrap_or_default()
     }
 
+    /// Whether it is the primary release (`tests/controlplane/build`).
+    pub fn is_primary(&self) -> bool {
+        self.module.ends_with(PRIMARY)
+    }
+
     /// `go`, with the toolchain the module asks for.
     fn go(&self) -> Command {
         let mut go = Command::new("go");
@@ -485,6 +490,10 @@ mod tests {
             ]
         );
         assert_eq!(all[0].module, root.path().join("tests/controlplane/build"));
+        assert_eq!(
+            all.iter().map(Release::is_primary).collect::<Vec<_>>(),
+            [true, false, false]
+        );
         assert_eq!(all[2].toolchain.as_deref(), Some("go1.99.1"));
         assert_eq!(
             all[2].go().get_envs().collect::<Vec<_>>(),
