@@ -13,7 +13,7 @@
 
 use std::{path::Path, process::Command};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 
 use crate::{e2e::cluster, missing, scale, sysdeps, util, workspace};
 
@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// kube-apiserver) instead of the others.
     #[arg(long)]
     pub scale: bool,
+    /// Run only the benchmarks of the one-node cluster (pod start-up with and without a claim,
+    /// what an agent restart costs a claim).
+    #[arg(long, conflicts_with = "scale")]
+    pub cluster: bool,
     #[command(flatten)]
     pub scale_args: scale::ScaleArgs,
 }
@@ -43,6 +47,19 @@ pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     }
     sysdeps::ensure()?;
     let mut rows = Vec::new();
+    if args.cluster {
+        let missing = cluster::prerequisites();
+        if !missing.is_empty() {
+            bail!(
+                "the cluster benchmarks cannot run here:\n{}",
+                missing::list(&missing)
+            );
+        }
+        workspace::build_release(root, "release")?;
+        rows.extend(cluster::bench(root)?.lines().flat_map(parse_go_bench));
+        print_table(&rows);
+        return Ok(());
+    }
     let out =
         util::output(
             util::cargo()
@@ -145,7 +162,8 @@ fn parse_go_bench(line: &str) -> Vec<Row> {
     if !sizes.is_empty() {
         return sizes;
     }
-    // Durations of named phases (`ready-ns`, `claim-running-ns`): one row each.
+    // Durations of named phases (`ready-ns`, `claim-running-ns`): one row each, after the
+    // median and p99 when the benchmark reports them too.
     let phases: Vec<Row> = rest
         .windows(2)
         .filter_map(|w| {
@@ -163,10 +181,14 @@ fn parse_go_bench(line: &str) -> Vec<Row> {
             })
         })
         .collect();
-    if !phases.is_empty() {
-        return phases;
+    if phases.is_empty() || rest.contains(&"median-ns") {
+        parse_go_time(name, &rest)
+            .into_iter()
+            .chain(phases)
+            .collect()
+    } else {
+        phases
     }
-    parse_go_time(name, &rest).into_iter().collect()
 }
 
 fn parse_go_time(name: &str, rest: &[&str]) -> Option<Row> {
@@ -272,6 +294,20 @@ mod tests {
         assert_eq!(
             (rows.len(), rows[0].median.as_str(), rows[0].p99.as_str()),
             (1, "700 ns", "900 ns")
+        );
+        let rows = parse_go_bench(
+            "BenchmarkPodStartup/claim-2  1  9 ns/op  700 median-ns  900 p99-ns  300 bound-to-running-ns",
+        );
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| (r.name.as_str(), r.median.as_str(), r.p99.as_str()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("PodStartup/claim-2", "700 ns", "900 ns"),
+                ("PodStartup/claim-2 bound-to-running", "300 ns", ""),
+            ]
         );
     }
 }

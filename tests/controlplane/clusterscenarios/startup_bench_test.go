@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 )
@@ -15,12 +18,28 @@ import (
 // startupSamples is how many pods of each kind the start-up benchmark creates, one at a time.
 const startupSamples = 20
 
+// phases are the instants of one pod's start-up, each as seen by a watch, after its creation.
+type phases struct {
+	// claimed: the controller-manager created the pod's claim from its template; allocated: the
+	// scheduler allocated it (claim pods only).
+	claimed, allocated time.Duration
+	// bound: the scheduler bound the pod to the node; running: the kubelet reports it Running.
+	bound, running time.Duration
+}
+
 // BenchmarkPodStartup measures, on the same node in one run, the time from a pod's creation to
 // the API server showing it Running, for a pod without a claim and the same pod with a
 // one-CPU claim from a template (the controller's claim, the scheduler's allocation, the
 // kubelet's prepare through the agent, the CDI device, the NRI placement). One pod at a time,
 // each deleted (and its claim unprepared) before the next; it reports the median and the 99th
 // percentile of each.
+//
+// To say what the claim's overhead is made of, it also reports the median of each phase, as
+// the watches see them: creation to claim (the controller-manager's resourceclaim controller),
+// claim to allocation (the scheduler, which waits for the claim), allocation to binding, and
+// binding to Running (the node: the kubelet's prepare through the agent, the sandbox, CDI and
+// NRI, the container's start), and the agent's own NodePrepareResources time, the mean of its
+// resmgr_prepare_duration_seconds over the run.
 func BenchmarkPodStartup(b *testing.B) {
 	for _, kind := range []string{"plain", "claim"} {
 		b.Run(kind, func(b *testing.B) {
@@ -28,7 +47,8 @@ func BenchmarkPodStartup(b *testing.B) {
 			if kind == "claim" {
 				claimTemplate(b, ns, "one-cpu", 1)
 			}
-			var samples []time.Duration
+			prepareBefore := agentPrepareSeconds(b)
+			var samples []phases
 			for range b.N {
 				samples = samples[:0]
 				for i := range startupSamples {
@@ -39,19 +59,98 @@ func BenchmarkPodStartup(b *testing.B) {
 					samples = append(samples, startOne(b, ns, spec))
 				}
 			}
-			slices.Sort(samples)
-			median := samples[len(samples)/2]
-			p99 := samples[min(len(samples)-1, (len(samples)*99+99)/100-1)]
-			b.ReportMetric(float64(median.Nanoseconds()), "median-ns")
+			median := func(of func(phases) time.Duration) time.Duration {
+				d := make([]time.Duration, 0, len(samples))
+				for _, s := range samples {
+					d = append(d, of(s))
+				}
+				slices.Sort(d)
+				return d[len(d)/2]
+			}
+			total := make([]time.Duration, 0, len(samples))
+			for _, s := range samples {
+				total = append(total, s.running)
+			}
+			slices.Sort(total)
+			p99 := total[min(len(total)-1, (len(total)*99+99)/100-1)]
+			b.ReportMetric(float64(total[len(total)/2].Nanoseconds()), "median-ns")
 			b.ReportMetric(float64(p99.Nanoseconds()), "p99-ns")
-			b.Logf("%s: creation to Running median %s, p99 %s over %d pods", kind, median, p99, len(samples))
+			node := median(func(s phases) time.Duration { return s.running - s.bound })
+			b.ReportMetric(float64(node.Nanoseconds()), "bound-to-running-ns")
+			b.Logf("%s: creation to Running median %s, p99 %s over %d pods", kind, total[len(total)/2], p99, len(samples))
+			if kind == "claim" {
+				claimed := median(func(s phases) time.Duration { return s.claimed })
+				allocated := median(func(s phases) time.Duration { return s.allocated - s.claimed })
+				bound := median(func(s phases) time.Duration { return s.bound - s.allocated })
+				prepare := agentPrepareSeconds(b).since(prepareBefore)
+				b.ReportMetric(float64(claimed.Nanoseconds()), "to-claim-ns")
+				b.ReportMetric(float64(allocated.Nanoseconds()), "claim-to-allocated-ns")
+				b.ReportMetric(float64(bound.Nanoseconds()), "allocated-to-bound-ns")
+				b.ReportMetric(float64(prepare.Nanoseconds()), "agent-prepare-ns")
+				b.Logf("%s: medians: creation to claim %s, claim to allocated %s, allocated to bound %s, bound to Running %s; the agent's prepare %s (mean)",
+					kind, claimed, allocated, bound, node, prepare)
+			} else {
+				bound := median(func(s phases) time.Duration { return s.bound })
+				b.ReportMetric(float64(bound.Nanoseconds()), "to-bound-ns")
+				b.Logf("%s: medians: creation to bound %s, bound to Running %s", kind, bound, node)
+			}
 		})
 	}
 }
 
-// startOne creates a pod, waits (watching) until it is Running, returns how long that took, and
-// deletes it, waiting until it is gone.
-func startOne(b *testing.B, ns string, spec podSpec) time.Duration {
+// prepareSeconds is the agent's resmgr_prepare_duration_seconds histogram's sum and count.
+type prepareSeconds struct {
+	sum   float64
+	count float64
+}
+
+// since is the mean prepare time between p and an earlier reading (zero when none happened).
+func (p prepareSeconds) since(before prepareSeconds) time.Duration {
+	n := p.count - before.count
+	if n <= 0 {
+		return 0
+	}
+	return time.Duration((p.sum - before.sum) / n * float64(time.Second))
+}
+
+// agentPrepareSeconds reads the agent's prepare histogram from its /metrics, through the API
+// server's proxy to the agent's pod.
+func agentPrepareSeconds(b *testing.B) prepareSeconds {
+	b.Helper()
+	agent := agentPod(b)
+	c, cancel := cx()
+	defer cancel()
+	raw, err := node.Client.CoreV1().Pods(agent.Namespace).ProxyGet("http", agent.Name, "8891", "metrics", nil).DoRaw(c)
+	if err != nil {
+		b.Fatalf("reading the agent's metrics through the API server: %v", err)
+	}
+	var p prepareSeconds
+	var sawSum, sawCount bool
+	for _, line := range strings.Split(string(raw), "\n") {
+		name, value, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "resmgr_prepare_duration_seconds_sum":
+			p.sum, sawSum = v, true
+		case "resmgr_prepare_duration_seconds_count":
+			p.count, sawCount = v, true
+		}
+	}
+	if !sawSum || !sawCount {
+		b.Fatalf("the agent's metrics have no resmgr_prepare_duration_seconds sum and count:\n%s", raw)
+	}
+	return p
+}
+
+// startOne creates a pod, waits (watching the pod and the namespace's claims) until it is
+// Running, returns when each phase was seen, and deletes it, waiting until it is gone.
+func startOne(b *testing.B, ns string, spec podSpec) phases {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -61,23 +160,56 @@ func startOne(b *testing.B, ns string, spec podSpec) time.Duration {
 		b.Fatal(err)
 	}
 	defer w.Stop()
-	began := time.Now()
-	if _, err := pods.Create(ctx, spec.pod(ns), metav1.CreateOptions{}); err != nil {
+	// The claims of earlier pods may still be on their way out: only the claim this pod owns
+	// counts.
+	claims, err := node.Client.ResourceV1().ResourceClaims(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
 		b.Fatal(err)
 	}
-	var took time.Duration
-	for took == 0 {
+	defer claims.Stop()
+	began := time.Now()
+	created, err := pods.Create(ctx, spec.pod(ns), metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var seen phases
+	for seen.running == 0 {
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
 				b.Fatalf("the watch of pod %s ended", spec.name)
 			}
-			if pod, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type != watch.Deleted && pod.Status.Phase == corev1.PodRunning {
-				took = time.Since(began)
+			pod, isPod := ev.Object.(*corev1.Pod)
+			if !isPod || ev.Type == watch.Deleted {
+				continue
+			}
+			if seen.bound == 0 && pod.Spec.NodeName != "" {
+				seen.bound = time.Since(began)
+			}
+			if pod.Status.Phase == corev1.PodRunning {
+				seen.running = time.Since(began)
+			}
+		case ev, ok := <-claims.ResultChan():
+			if !ok {
+				b.Fatalf("the watch of the claims in %s ended", ns)
+			}
+			claim, isClaim := ev.Object.(*resourcev1.ResourceClaim)
+			if !isClaim || ev.Type == watch.Deleted || !slices.ContainsFunc(claim.OwnerReferences,
+				func(o metav1.OwnerReference) bool { return o.UID == created.UID }) {
+				continue
+			}
+			if seen.claimed == 0 {
+				seen.claimed = time.Since(began)
+			}
+			if seen.allocated == 0 && claim.Status.Allocation != nil {
+				seen.allocated = time.Since(began)
 			}
 		case <-ctx.Done():
 			b.Fatalf("pod %s/%s did not run within 2 minutes", ns, spec.name)
 		}
+	}
+	if spec.template != "" && (seen.claimed == 0 || seen.allocated == 0 || seen.bound < seen.allocated) {
+		b.Fatalf("pod %s/%s ran, but its claim's phases were not seen in order: %+v", ns, spec.name, seen)
 	}
 	if err := pods.Delete(ctx, spec.name, metav1.DeleteOptions{}); err != nil {
 		b.Fatal(err)
@@ -89,7 +221,7 @@ func startOne(b *testing.B, ns string, spec podSpec) time.Duration {
 				b.Fatalf("the watch of pod %s ended", spec.name)
 			}
 			if ev.Type == watch.Deleted {
-				return took
+				return seen
 			}
 		case <-ctx.Done():
 			b.Fatalf("pod %s/%s was not deleted within 2 minutes", ns, spec.name)
