@@ -20,6 +20,7 @@ use std::{
     sync::OnceLock,
 };
 
+use helm_chart::{self as helm, Helm, Release};
 use k8s_openapi::{
     api::{
         admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
@@ -32,7 +33,6 @@ use k8s_openapi::{
 };
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value as Json;
-use helm_chart::{self as helm, Helm, Release};
 
 fn repo_root() -> PathBuf {
     // tests/ is one level below the repository root.

@@ -20,7 +20,9 @@ import (
 // scheduler charges claimed CPUs against the node and a plain pod cannot be placed on CPUs a
 // claim holds, although the claim's pod repeats none of them in its requests. Without the
 // switch, the same claim is invisible to the node's cpu, and the plain pod is placed on CPUs
-// the claim holds (the reason pods must repeat their claimed CPUs in requests).
+// the claim holds (the reason pods must repeat their claimed CPUs in requests). On 1.37, whose
+// API server refuses the mapping for a Node that does not declare the feature, the agent first
+// publishes without it (claims still work), and maps once the Node declares it.
 func TestNodeAllocatableMappingStopsDoubleBooking(t *testing.T) {
 	// 15 allocatable cpus: the 16 of the machine less the one reserved, as a kubelet with the
 	// same reserved CPU reports them.
@@ -46,9 +48,33 @@ func TestNodeAllocatableMappingStopsDoubleBooking(t *testing.T) {
 		// feature (NodeDeclaredFeatureValidator), as a 1.37 kubelet with the gate does.
 		want = map[string]any{"nodeAllocatableResources": map[string]any{
 			"cpu": map[string]any{"mapping": map[string]any{"capacityKey": "cpu", "capacityMultiplier": "1"}}}}
+		// Before the Node declares it, the API server refuses the mapped slices (403); the
+		// agent publishes them without the mapping rather than nothing, and says so.
+		e.node.RestartAgent("--node-allocatable-cpu=true")
+		e.cp.Poll("the agent saying the mapping is refused", func(context.Context) (bool, error) {
+			return strings.Contains(e.node.Metrics(), "\nresmgr_node_allocatable_refused 1\n"), nil
+		})
+		if log := e.node.Log(); !strings.Contains(log, "refuses the node-allocatable mapping") ||
+			!strings.Contains(log, "does not support DRANodeAllocatableResources feature") {
+			t.Fatalf("the agent's log does not name the refusal:\n%s", log)
+		}
+		refused, err := rawDevices(context.Background(), e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(refused) != 2 || refused["numa0"][mappingField(want)] != nil || refused["numa1"][mappingField(want)] != nil {
+			t.Fatalf("with the mapping refused the node's devices are %v, want numa0 and numa1 without it", refused)
+		}
+		whileRefused := e.run("while-refused", &claimSpec{cpu: "2"}, "")
+		checkGranted(t, whileRefused, 2)
+		e.remove(whileRefused)
+		// A kubelet restarted with the gate declares the feature and wipes the node's slices:
+		// the agent publishes them again, with the mapping.
 		declareFeature(t, e, "DRANodeAllocatableResources")
+		wipeSlices(t, e)
+	} else {
+		e.node.RestartAgent("--node-allocatable-cpu=true")
 	}
-	e.node.RestartAgent("--node-allocatable-cpu=true")
 	var stored map[string]map[string]any
 	e.cp.Poll("both devices mapping cpu", func(cx context.Context) (bool, error) {
 		var err error
@@ -129,6 +155,16 @@ func rawDevices(cx context.Context, e *env) (map[string]map[string]any, error) {
 		}
 	}
 	return out, nil
+}
+
+// wipeSlices deletes the node's slices, as a starting kubelet does.
+func wipeSlices(t *testing.T, e *env) {
+	t.Helper()
+	e.cp.Poll("the node's slices wiped", func(cx context.Context) (bool, error) {
+		err := e.cp.Admin.ResourceV1().ResourceSlices().DeleteCollection(cx, metav1.DeleteOptions{},
+			metav1.ListOptions{FieldSelector: "spec.nodeName=" + nodeName})
+		return err == nil, err
+	})
 }
 
 // declareFeature adds feature to the Node's status.declaredFeatures, as a kubelet that has it

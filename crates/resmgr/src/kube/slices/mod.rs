@@ -112,6 +112,10 @@ impl PublisherConfig {
             validate::qualified_name(&cpu.capacity)
                 .map_err(|r| error("node-allocatable cpu capacity", r))?;
         }
+        if self.node_allocatable_retry.is_zero() {
+            // Every refusal would be retried at once, for ever.
+            return Err(error("node-allocatable retry", "must not be zero".into()));
+        }
         Ok(())
     }
 }
@@ -124,4 +128,18 @@ pub struct PublisherConfigError {
     pub field: &'static str,
     /// What is wrong with it.
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_node_allocatable_retry_is_refused() {
+        let mut config = PublisherConfig::new("cpu.resmgr.io", "node-a");
+        assert!(config.validate().is_ok());
+        config.node_allocatable_retry = Duration::ZERO;
+        let error = config.validate().unwrap_err();
+        assert_eq!(error.field, "node-allocatable retry");
+    }
 }

@@ -320,7 +320,7 @@ impl SlicePublisher {
                 () = sleep_until(retry_at), if retry_at.is_some() => true,
                 // Time to try the refused node-allocatable mapping again.
                 () = sleep_until(mapping_at), if mapping_at.is_some() => true,
-                // A publication was refused it, or had it accepted: look again.
+                // A publication had the mapping refused, or accepted: look again.
                 Ok(()) = mapping.changed() => false,
             };
             // Take every event already here (a DeleteCollection deletes many slices) before
@@ -544,7 +544,7 @@ impl Reconciliation<'_> {
                     None => return Err(Failure::Error(error)),
                 },
                 result => {
-                    if maps {
+                    if maps && result.is_ok() {
                         self.accepted();
                     }
                     return result;
