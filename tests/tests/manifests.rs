@@ -867,13 +867,17 @@ fn rbac_grants_exactly_what_the_agent_needs() {
 }
 
 #[test]
-fn the_device_class_selects_the_driver_the_agent_runs_as() {
+fn the_device_class_selects_the_cpu_devices_of_the_driver_the_agent_runs_as() {
     for text in [plain_manifests(), render_chart(&ci("everything-on"))] {
         let class: DeviceClass =
             serde_json::from_value(object_of_kind(&text, "DeviceClass")).unwrap();
         let selectors = class.spec.selectors.unwrap();
         let expression = &selectors[0].cel.as_ref().unwrap().expression;
         let driver = setting(&text, "driver-name");
-        assert_eq!(expression, &format!("device.driver == \"{driver}\""));
+        // Devices with CPUs: not the memory devices of `device-mode: individual`.
+        assert_eq!(
+            expression,
+            &format!("device.driver == \"{driver}\" && \"cpu\" in device.capacity[\"{driver}\"]")
+        );
     }
 }

@@ -325,6 +325,10 @@ impl Promise {
         let mut exact = true;
         for r in results {
             let device = devices.iter().find(|d| d.name == r.device);
+            if device.is_some_and(is_memory_device) {
+                // Memory, no CPUs: the CPU results say what the claim holds.
+                continue;
+            }
             if let Some(cpus) = device.and_then(|d| device_cpus(d, topology)) {
                 behind = behind.union(&cpus);
             }
@@ -625,14 +629,17 @@ impl World {
     /// then. Returns it with the CPUs the pod mirrors.
     fn claim_request(&self, rng: &mut Rng) -> (ClaimSpec, Vec<ClaimConfig>, u64) {
         let devices = self.devices();
-        let shared = devices.iter().any(|d| d.capacities.contains_key("cpu"));
+        // Grouped devices share their `cpu`; individual CPU devices carry it as their size.
+        let shared = devices
+            .iter()
+            .any(|d| d.allow_multiple_allocations && d.capacities.contains_key("cpu"));
         let most = devices
             .iter()
             .map(|d| d.capacities.get("cpu").map_or(1, |c| c.value.units_ceil()))
             .max()
             .unwrap_or(1)
             .max(1);
-        let (request, constraints, cpus) = if shared {
+        let (mut requests, constraints, cpus) = if shared {
             let mut request = if rng.percent(10) {
                 // No amount: the request policy's default.
                 DeviceRequest::count("cpus", 1)
@@ -643,22 +650,7 @@ impl World {
                 DeviceRequest::capacity("cpus", "cpu", Quantity::from_units(rng.range(1, most)))
             };
             if self.setup.memory && rng.percent(60) {
-                // Memory in MiB (any amount: whole bytes), hugepages in MiB (odd amounts are
-                // rounded up to whole pages by the request policy), sometimes a 1Gi page.
-                let mib = |n: u64| Quantity::from_units(n << 20);
-                request
-                    .capacity
-                    .insert("memory".into(), mib(rng.range(1, 40 * 1024)));
-                if rng.percent(40) {
-                    request
-                        .capacity
-                        .insert("hugepages2Mi".into(), mib(rng.range(1, 200)));
-                }
-                if rng.percent(20) {
-                    request
-                        .capacity
-                        .insert("hugepages1Gi".into(), Quantity::from_units(GIB));
-                }
+                request.capacity.extend(random_memory(rng));
             }
             if rng.percent(30)
                 && let Some(d) = devices.get(rng.index(devices.len()))
@@ -673,7 +665,7 @@ impl World {
                 .capacity
                 .get("cpu")
                 .map_or(1, |q: &Quantity| q.units_ceil());
-            (request, Vec::new(), cpus)
+            (vec![request], Vec::new(), cpus)
         } else {
             let count = rng.range(1, (devices.len() as u64).clamp(1, 8));
             let constraints = if rng.percent(70) {
@@ -684,12 +676,34 @@ impl World {
             } else {
                 Vec::new()
             };
-            (
-                DeviceRequest::count("cpus", u32::try_from(count).unwrap()),
-                constraints,
-                count,
-            )
+            let mut requests = vec![DeviceRequest::count("cpus", u32::try_from(count).unwrap())];
+            let mut constraints = constraints;
+            if self.setup.memory && rng.percent(60) {
+                // The memory devices' memory next to the CPUs, tied to their node (now and then
+                // not: then memory lands where the scheduler puts it). Memory first, as the
+                // worked example asks: the allocator tries devices request by request, and a
+                // memory request after `count` CPUs would make it try every combination of a
+                // node's CPUs before giving up on a node short of memory.
+                let mut memory = DeviceRequest::count("memory", 1);
+                memory.selectors.push(Selector {
+                    attribute: "memoryKind".into(),
+                    value: AttributeValue::String("dram".into()),
+                });
+                memory.capacity = random_memory(rng);
+                requests.insert(0, memory);
+                if constraints.is_empty() && rng.percent(80) {
+                    constraints.push(Constraint {
+                        requests: Vec::new(),
+                        match_attribute: NUMA.into(),
+                    });
+                }
+            }
+            (requests, constraints, count)
         };
+        // The chart's DeviceClass for CPUs selects devices with CPUs: not memory devices.
+        if let Some(cpus) = requests.iter_mut().find(|r| r.name == "cpus") {
+            cpus.has_capacity.push("cpu".into());
+        }
         let mut config = Vec::new();
         if rng.percent(20) {
             config.push(cpu_config(ConfigSource::Class, "fullCores", true));
@@ -699,7 +713,7 @@ impl World {
         }
         (
             ClaimSpec {
-                requests: vec![request],
+                requests,
                 constraints,
             },
             config,
@@ -836,8 +850,9 @@ impl World {
         }
         let devices = self.devices();
         for node in &self.setup.machine.topology.numa_nodes {
-            let name = format!("numa{}", node.id);
-            let published = devices.iter().find(|d| d.name == name);
+            // Grouped NUMA devices and the individual model's memory devices.
+            let names = [format!("numa{}", node.id), format!("memory{}", node.id)];
+            let published = devices.iter().find(|d| names.contains(&d.name));
             let capacity = |key: &str| {
                 published
                     .and_then(|d| d.capacities.get(key))
@@ -849,7 +864,7 @@ impl World {
                     .allocations()
                     .values()
                     .flatten()
-                    .filter(|r| r.device == name && r.share_id.is_some())
+                    .filter(|r| names.contains(&r.device) && r.share_id.is_some())
                     .filter_map(|r| r.consumed_capacity.get(key))
                     .map(|q| q.units_ceil())
                     .sum()
@@ -878,6 +893,7 @@ impl World {
                     .allocations()
                     .values()
                     .flatten()
+                    .filter(|r| names.contains(&r.device))
                     .all(|r| r.share_id.is_some());
                 if self.setup.gates.consumable_capacity
                     && !self.setup.reconfigure
@@ -987,14 +1003,34 @@ fn device_cpus(device: &Device, topology: &Topology) -> Option<CpuSet> {
         .map(|p| p.cpus.clone())
 }
 
+/// Memory in MiB (any amount: whole bytes), hugepages in MiB (odd amounts are rounded up to
+/// whole pages by the request policy), sometimes a 1Gi page.
+fn random_memory(rng: &mut Rng) -> BTreeMap<String, Quantity> {
+    let mib = |n: u64| Quantity::from_units(n << 20);
+    let mut asks = BTreeMap::from([("memory".to_owned(), mib(rng.range(1, 40 * 1024)))]);
+    if rng.percent(40) {
+        asks.insert("hugepages2Mi".into(), mib(rng.range(1, 200)));
+    }
+    if rng.percent(20) {
+        asks.insert("hugepages1Gi".into(), Quantity::from_units(GIB));
+    }
+    asks
+}
+
+/// Whether `device` is a memory device of the individual model (no CPUs).
+fn is_memory_device(device: &Device) -> bool {
+    device.attributes.contains_key("memoryKind")
+}
+
 /// The CPUs the scheduler counts a result for: the `cpu` it consumed from a shared device, the
-/// whole `cpu` capacity of a device handed out whole, or one for a device without one.
+/// whole `cpu` capacity of a device handed out whole, none for a memory device, or one for a
+/// device without one.
 fn counted_cpus(r: &AllocationResult, devices: &[Device]) -> u64 {
+    let device = devices.iter().find(|d| d.name == r.device);
     match r.consumed_capacity.get("cpu") {
         Some(q) => q.units_ceil(),
-        None => devices
-            .iter()
-            .find(|d| d.name == r.device)
+        None if device.is_some_and(is_memory_device) => 0,
+        None => device
             .and_then(|d| d.capacities.get("cpu"))
             .map_or(1, |c| c.value.units_ceil()),
     }
@@ -1194,6 +1230,18 @@ walk!(
     Setup::new("smt16", GROUPED, ON)
         .with_memory()
         .reconfigured()
+);
+walk!(
+    smt16_individual_memory,
+    Setup::new("smt16", INDIVIDUAL, ON).with_memory()
+);
+walk!(
+    numa4_individual_memory,
+    Setup::new("numa4", INDIVIDUAL, ON).with_memory()
+);
+walk!(
+    smt16_individual_memory_gate_off,
+    Setup::new("smt16", INDIVIDUAL, OFF).with_memory()
 );
 walk!(
     smt16_individual_gate_on,

@@ -1,13 +1,16 @@
-//! Memory and hugepages through claims (issue 26): what a NUMA device publishes, what the
-//! scheduler allocates from it, what the node grants and enforces, and what it refuses.
+//! Memory and hugepages through claims (issue 26): what a NUMA device (grouped model) or a
+//! memory device (individual model) publishes, what the scheduler allocates from it, what the
+//! node grants and enforces, and what it refuses.
 
 use std::collections::BTreeMap;
 
 use policy::{
-    AllocationResult, Claim, Container, Policy, PolicyError, QosClass, Quantity, Resources,
-    Topology, TopologyAware, TopologySource,
-    scheduler::{ClaimSpec, DeviceRequest, Gates, Scheduler},
-    topology_aware::{Config, MemoryConfig, NodeReservation, ReservedCpus},
+    AllocationResult, AttributeValue, Claim, Container, Policy, PolicyError, QosClass, Quantity,
+    Resources, Topology, TopologyAware, TopologySource,
+    scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, Scheduler, Selector},
+    topology_aware::{
+        Config, DeviceMode, DeviceModel, MemoryConfig, NodeReservation, ReservedCpus,
+    },
 };
 
 const GIB: u64 = 1 << 30;
@@ -385,4 +388,225 @@ fn a_claim_taken_back_from_its_spec_holds_its_memory_again() {
         ))
         .unwrap_err();
     assert!(err.to_string().contains("but only 0 of the 16Gi"), "{err}");
+}
+
+fn individual(memory: MemoryConfig) -> TopologyAware {
+    let config = Config {
+        reserved_cpus: ReservedCpus::Set("0-1".parse().unwrap()),
+        memory,
+        devices: DeviceModel {
+            mode: DeviceMode::Individual,
+            ..DeviceModel::default()
+        },
+        ..Config::default()
+    };
+    TopologyAware::new(topology(), config).unwrap()
+}
+
+/// The worked example's claim (examples/kubernetes/claim-cpus-memory-individual.yaml): memory
+/// of the memory devices first, `count` CPU devices, both on one NUMA node.
+fn memory_and_cpus(asks: &[(&str, &str)], count: u32) -> ClaimSpec {
+    let mut memory = request("memory", asks);
+    memory.selectors.push(Selector {
+        attribute: "memoryKind".into(),
+        value: AttributeValue::String("dram".into()),
+    });
+    let mut cpus = DeviceRequest::count("cpus", count);
+    cpus.has_capacity.push("cpu".into());
+    ClaimSpec {
+        requests: vec![memory, cpus],
+        constraints: vec![Constraint {
+            requests: Vec::new(),
+            match_attribute: "resource.kubernetes.io/numaNode".into(),
+        }],
+    }
+}
+
+fn on(request: &str, device: &str, consumed: &[(&str, &str)]) -> AllocationResult {
+    AllocationResult {
+        request: request.into(),
+        share_id: (!consumed.is_empty()).then(|| "5ca1ab1e-0000-4000-8000-000000000002".into()),
+        ..by_hand(device, consumed)
+    }
+}
+
+fn env_of(edits: &[policy::cdi::ContainerEdits], i: usize) -> Vec<String> {
+    edits[i].env.clone()
+}
+
+#[test]
+fn individual_memory_devices_publish_what_grouped_numa_devices_do_without_cpus() {
+    assert!(
+        !individual(MemoryConfig::default())
+            .devices()
+            .unwrap()
+            .iter()
+            .any(|d| d.name.starts_with("memory")),
+        "no memory published, no memory device"
+    );
+    let p = individual(memory_config(50));
+    let devices = p.devices().unwrap();
+    let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names.len(), 14 + 2);
+    assert_eq!(&names[14..], ["memory0", "memory1"], "after the cpus");
+    // The same capacities, from the same offer, as the grouped model's numa devices.
+    let grouped = policy(memory_config(50));
+    for n in 0..2 {
+        let mut numa = capacity(&grouped, &format!("numa{n}"));
+        numa.remove("cpu");
+        assert_eq!(capacity(&p, &format!("memory{n}")), numa);
+        let numa = grouped
+            .devices()
+            .unwrap()
+            .into_iter()
+            .find(|d| d.name == format!("numa{n}"))
+            .unwrap();
+        let memory = devices
+            .iter()
+            .find(|d| d.name == format!("memory{n}"))
+            .unwrap();
+        for (name, c) in &memory.capacities {
+            assert_eq!(
+                c.request_policy, numa.capacities[name].request_policy,
+                "{name}"
+            );
+        }
+        assert!(memory.allow_multiple_allocations);
+        assert_eq!(
+            memory.attributes["resource.kubernetes.io/numaNode"],
+            AttributeValue::Int(n)
+        );
+        assert_eq!(
+            memory.attributes["memoryKind"],
+            AttributeValue::String("dram".into())
+        );
+    }
+}
+
+#[test]
+fn an_individual_claim_gets_cpus_and_memory_of_one_node_by_construction() {
+    let mut p = individual(memory_config(50));
+    let mut sched = Scheduler::new(
+        "topology-aware.resmgr.io",
+        "node",
+        Gates {
+            consumable_capacity: true,
+        },
+    );
+    let mut prepare = |p: &mut TopologyAware, uid: &str, spec: &ClaimSpec| {
+        let results = sched.allocate(uid, spec, &p.devices().unwrap())?;
+        Ok::<_, policy::scheduler::ScheduleError>(
+            p.allocate_claim(&claim(uid, results.clone())).unwrap(),
+        )
+    };
+    // 15 GiB fit node 0; the next 16 GiB only node 1, with its CPUs.
+    let a = prepare(&mut p, "a", &memory_and_cpus(&[("memory", "15Gi")], 2)).unwrap();
+    assert_eq!(a.edits.len(), 3);
+    assert!(a.warnings.is_empty(), "{:?}", a.warnings);
+    assert_eq!(p.memory_claimed(0), 15 * GIB);
+    let b = prepare(
+        &mut p,
+        "b",
+        &memory_and_cpus(&[("memory", "16Gi"), ("hugepages1Gi", "2Gi")], 4),
+    )
+    .unwrap();
+    assert_eq!(p.claim_cpus("b").unwrap().to_string(), "8-11");
+    assert_eq!(p.memory_claimed(1), 16 * GIB);
+    assert_eq!(p.hugepages_claimed(1, GIB), 2 * GIB);
+    // The memory device's result says its memory and node, not CPUs; the CPUs' say the CPUs.
+    assert_eq!(
+        env_of(&b.edits, 0),
+        [
+            "DRA_MEMS_b=1".to_owned(),
+            format!("DRA_MEMORY_b={}", 16 * GIB),
+            "DRA_HUGEPAGES_b=1Gi=2Gi".to_owned()
+        ]
+    );
+    assert_eq!(env_of(&b.edits, 1), ["DRA_CPUSET_b=8-11", "DRA_MEMS_b=1"]);
+
+    // A container using the claim: its CPUs, node 1, limited to the claim's memory and
+    // hugepages, charged nothing of its own (the claim's grant is its memory).
+    let before = p.memory_used(1);
+    let mut c = container("c", "pod-b", GIB, None);
+    c.cdi_devices = (0..5)
+        .map(|i| format!("topology-aware.resmgr.io/device=claim-b-{i}"))
+        .collect();
+    let adj = p.allocate(&c).unwrap().adjustment;
+    assert_eq!(adj.cpus.unwrap().to_string(), "8-11");
+    assert_eq!(adj.mems.unwrap().to_string(), "1");
+    assert_eq!(adj.memory_limit_bytes, Some(16 * GIB));
+    assert_eq!(adj.hugepage_limits, BTreeMap::from([(GIB, 2 * GIB)]));
+    assert_eq!(p.memory_used(1), before);
+    // One naming only the memory request runs on the CPUs that memory goes with.
+    let only = container(
+        "m",
+        "pod-b",
+        0,
+        Some("topology-aware.resmgr.io/device=claim-b-0"),
+    );
+    let adj = p.allocate(&only).unwrap().adjustment;
+    assert_eq!(adj.cpus.unwrap().to_string(), "8-11");
+    assert_eq!(adj.memory_limit_bytes, Some(16 * GIB));
+
+    // No node has 1 GiB for claims left next to free CPUs: the claim stays Pending.
+    let err = prepare(&mut p, "e", &memory_and_cpus(&[("memory", "1Gi")], 1)).unwrap_err();
+    assert!(err.to_string().contains("memory left"), "{err}");
+
+    // Restored, or taken back from its spec, it holds the same memory on the same node.
+    let mut q = individual(memory_config(50));
+    q.restore(&p.snapshot()).unwrap();
+    assert_eq!(q.memory_claimed(1), 16 * GIB);
+    let mut r = individual(memory_config(50));
+    r.adopt_claim("b", &b.edits).unwrap();
+    assert_eq!(r.memory_claimed(1), 16 * GIB);
+    assert_eq!(r.hugepages_claimed(1, GIB), 2 * GIB);
+    assert_eq!(r.claim_cpus("b").unwrap().to_string(), "8-11");
+    // Released, it is free again.
+    q.release_claim("b").unwrap();
+    assert_eq!(q.memory_claimed(1), 0);
+    assert_eq!(q.hugepages_claimed(1, GIB), 0);
+}
+
+#[test]
+fn a_memory_device_without_cpus_is_refused_and_one_away_from_them_is_granted_as_allocated() {
+    let mut p = individual(memory_config(50));
+    let err = p
+        .allocate_claim(&claim(
+            "alone",
+            vec![on("memory", "memory1", &[("memory", "4Gi")])],
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "result 0 (request memory) is 4Gi of memory of NUMA node 1 (device memory1), but the claim has no cpus to go with it"
+        ),
+        "{err}"
+    );
+    assert!(p.claims().is_empty());
+    assert_eq!(p.memory_claimed(1), 0);
+
+    // No constraint: the scheduler put the memory on node 1 and the CPU on node 0. The pod is
+    // placed for it, so the node grants it: memory where it was charged, with a warning.
+    let away = p
+        .allocate_claim(&claim(
+            "away",
+            vec![
+                on("memory", "memory1", &[("memory", "4Gi")]),
+                on("cpus", "cpu2", &[]),
+            ],
+        ))
+        .unwrap();
+    assert!(
+        away.warnings.iter().any(|w| w.contains(
+            "result 0 (request memory) is 4Gi of memory of NUMA node 1 (device memory1), but its cpus 2 are on NUMA node 0"
+        )),
+        "{:?}",
+        away.warnings
+    );
+    assert_eq!(p.memory_claimed(1), 4 * GIB);
+    assert_eq!(
+        env_of(&away.edits, 1),
+        ["DRA_CPUSET_away=2", "DRA_MEMS_away=1"]
+    );
 }

@@ -67,6 +67,9 @@ struct RequestJson {
     /// Dropped by the API server without the gate.
     #[serde(default)]
     capacity: BTreeMap<String, Quantity>,
+    /// Capacities every device must publish (a CEL selector `"cpu" in device.capacity[...]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    has_capacity: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +128,7 @@ impl ClaimJson {
                         })
                         .collect(),
                     capacity: r.capacity.clone(),
+                    has_capacity: r.has_capacity.clone(),
                 })
                 .collect(),
             constraints: self
@@ -155,6 +159,7 @@ impl ClaimJson {
                         })
                         .collect(),
                     capacity: r.capacity.clone(),
+                    has_capacity: r.has_capacity.clone(),
                 })
                 .collect(),
             constraints: spec

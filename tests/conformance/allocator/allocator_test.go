@@ -88,6 +88,8 @@ type request struct {
 	Count     int64             `json:"count"`
 	Selectors []selector        `json:"selectors"`
 	Capacity  map[string]string `json:"capacity"`
+	// Capacities every device must publish, as a DeviceClass selecting CPU devices does.
+	HasCapacity []string `json:"hasCapacity"`
 }
 
 type selector struct {
@@ -252,6 +254,10 @@ func resourceClaim(t *testing.T, v vectors, c vcase) *resourceapi.ResourceClaim 
 		}
 		for _, s := range r.Selectors {
 			exactly.Selectors = append(exactly.Selectors, celSelector(t, v.Driver, s))
+		}
+		for _, name := range r.HasCapacity {
+			expression := fmt.Sprintf("%q in device.capacity[%q]", name, v.Driver)
+			exactly.Selectors = append(exactly.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: expression}})
 		}
 		if len(r.Capacity) > 0 && c.ConsumableCapacity {
 			exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}

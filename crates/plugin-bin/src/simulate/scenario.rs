@@ -391,6 +391,7 @@ impl ScheduleStep {
                 count: count.unwrap_or(1),
                 selectors: selectors(selector),
                 capacity,
+                has_capacity: Vec::new(),
             }
         };
         if self.requests.is_empty() {

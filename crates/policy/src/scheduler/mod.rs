@@ -88,6 +88,10 @@ pub struct DeviceRequest {
     pub selectors: Vec<Selector>,
     /// Capacity each device must provide (`exactly.capacity.requests`), by capacity name.
     pub capacity: BTreeMap<String, Quantity>,
+    /// Capacities every device must publish, whatever the gates (CEL `"cpu" in
+    /// device.capacity["<driver>"]`, as the chart's DeviceClass selects CPU devices and not the
+    /// memory devices of `device-mode: individual`). Bare names, in the driver's domain.
+    pub has_capacity: Vec<String>,
 }
 
 impl DeviceRequest {
@@ -98,6 +102,7 @@ impl DeviceRequest {
             count,
             selectors: Vec::new(),
             capacity: BTreeMap::new(),
+            has_capacity: Vec::new(),
         }
     }
 
@@ -404,6 +409,18 @@ pub(crate) fn lookup_attribute<'a>(
     }
 }
 
+/// Whether `device` satisfies `request`'s selectors and publishes the capacities it requires.
+pub(crate) fn selected(device: &Device, driver: &str, request: &DeviceRequest) -> bool {
+    request
+        .selectors
+        .iter()
+        .all(|s| lookup_attribute(device, driver, &s.attribute) == Some(&s.value))
+        && request
+            .has_capacity
+            .iter()
+            .all(|c| device.capacities.contains_key(c))
+}
+
 /// The requested amounts keyed by the device's capacity names, or `None` when the device lacks
 /// a requested capacity (the allocator then skips it). Names match exactly, as in Kubernetes 1.34
 /// to 1.36 (later versions also match `<driver>/cpu` to a bare `cpu`); our devices publish bare
@@ -447,19 +464,19 @@ fn explain(input: &search::Input<'_>) -> String {
         let matching: Vec<&Device> = input
             .devices
             .iter()
-            .filter(|d| {
-                request
-                    .selectors
-                    .iter()
-                    .all(|s| lookup_attribute(d, input.driver, &s.attribute) == Some(&s.value))
-            })
+            .filter(|d| selected(d, input.driver, request))
             .collect();
         let what = describe_request(request);
         if matching.is_empty() {
-            let which = if request.selectors.is_empty() {
+            let which = if request.selectors.is_empty() && request.has_capacity.is_empty() {
                 "no device is published".to_owned()
             } else {
-                let s: Vec<String> = request.selectors.iter().map(ToString::to_string).collect();
+                let s: Vec<String> = request
+                    .selectors
+                    .iter()
+                    .map(ToString::to_string)
+                    .chain(request.has_capacity.iter().map(|c| format!("capacity {c}")))
+                    .collect();
                 format!("no published device has {}", s.join(" and "))
             };
             reasons.push(format!("request {} ({what}): {which}", request.name));
@@ -541,6 +558,7 @@ fn describe_request(r: &DeviceRequest) -> String {
         .map(|(n, q)| format!("{n}={}", amount(n, *q)))
         .collect();
     with.extend(r.selectors.iter().map(ToString::to_string));
+    with.extend(r.has_capacity.iter().map(|c| format!("capacity {c}")));
     if !with.is_empty() {
         out.push_str(" with ");
         out.push_str(&with.join(", "));

@@ -120,11 +120,7 @@ impl Search<'_> {
         if self.input.whole.contains(&device.name) || self.taking.contains(&d) {
             return None;
         }
-        let selected = request
-            .selectors
-            .iter()
-            .all(|s| lookup_attribute(device, self.input.driver, &s.attribute) == Some(&s.value));
-        if !selected {
+        if !super::selected(device, self.input.driver, request) {
             return None;
         }
         if !self.input.consumable {

@@ -22,6 +22,11 @@
 //! both names): the workload learns what it may use, and a claim taken back from its spec
 //! ([`granted_memory`]) holds its memory again, so the slices do not promise it twice.
 //!
+//! A result on a memory device of the individual model (no CPUs, see [`super::devices`]) sets no
+//! `DRA_CPUSET_<uid>`: its `DRA_MEMS_<uid>` is its node and `DRA_MEMORY_`/`DRA_HUGEPAGES_` what
+//! its request holds, so [`granted`] tells it from a CPU result by that. A container uses it by
+//! its CDI device or, through the environment fallback, when it was told the claim's memory.
+//!
 //! A result whose claim configuration turns `memoryPinning` off ([`super::claim_config`]) gets
 //! no `DRA_MEMS_<uid>`, and containers using it get no memory nodes from it.
 //!
@@ -166,8 +171,10 @@ impl HeldClaim {
             .iter()
             .map(|r| {
                 let (cpus, mems) = self.request_cpus(&r.request);
+                // A memory request (individual memory devices) has no CPUs to say.
                 let cpu_vars = names
                     .iter()
+                    .filter(|_| !cpus.is_empty())
                     .map(|name| format!("{CPUSET_ENV}{name}={cpus}"));
                 let mem_vars = names
                     .iter()
@@ -287,7 +294,8 @@ impl HeldClaim {
 }
 
 /// What claim `uid`'s CDI edits (one per result, as [`HeldClaim::edits`] writes them) grant:
-/// per result, the CPUs of its request and, when it pins memory, the memory nodes. Reads the
+/// per result, the CPUs of its request (none for a memory device's result, which says its
+/// memory instead) and, when it pins memory, the memory nodes. Reads the
 /// names under the exact UID, which every spec carries.
 pub fn granted(
     uid: &str,
@@ -306,8 +314,19 @@ pub fn granted(
         .iter()
         .enumerate()
         .map(|(i, edit)| {
-            let cpus = value(edit, CPUSET_ENV)
-                .ok_or_else(|| format!("device {i} sets no {CPUSET_ENV}{uid}"))?;
+            let Some(cpus) = value(edit, CPUSET_ENV) else {
+                // A memory device's result says its memory, not CPUs.
+                if value(edit, MEMORY_ENV).is_some() || value(edit, HUGEPAGES_ENV).is_some() {
+                    let mems = value(edit, MEMS_ENV)
+                        .map(|m| {
+                            m.parse::<NodeSet>()
+                                .map_err(|e| format!("device {i}: {MEMS_ENV}{uid}={m}: {e}"))
+                        })
+                        .transpose()?;
+                    return Ok((CpuSet::new(), mems));
+                }
+                return Err(format!("device {i} sets no {CPUSET_ENV}{uid}"));
+            };
             let cpus: CpuSet = cpus
                 .parse()
                 .map_err(|e| format!("device {i}: {CPUSET_ENV}{uid}={cpus}: {e}"))?;
@@ -439,7 +458,28 @@ pub fn used_by(
         } else {
             matching
         };
-        used.entry(claim.uid.clone()).or_default().extend(indexes);
+        // The memory requests (individual memory devices, no CPUs to match) it was told of.
+        let told = |prefix: &str| {
+            container.env.iter().any(|e| {
+                [claim.uid.clone(), shell_safe(&claim.uid)]
+                    .iter()
+                    .any(|n| e.starts_with(&format!("{prefix}{n}=")))
+            })
+        };
+        let memory: Vec<usize> = if told(MEMORY_ENV) || told(HUGEPAGES_ENV) {
+            claim
+                .results
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.cpus.is_empty())
+                .map(|(i, _)| i)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        used.entry(claim.uid.clone())
+            .or_default()
+            .extend(indexes.into_iter().chain(memory));
     }
     dedup(used)
 }

@@ -33,6 +33,19 @@
 //! the CPUs the scheduler picked. Works with GA DRA (1.34) and no alpha gate; a claim holds at
 //! most 32 devices (the API's limit on allocation results).
 //!
+//! With memory published ([`super::memory`]), the individual model adds one **memory device**
+//! per NUMA node that offers claims memory or hugepages (`memory<N>`, after the CPU devices):
+//! no CPUs, the consumable capacities `memory` and `hugepages<size>` of that node (the same
+//! request policies as a grouped NUMA device's, from the same offer, so what it promises is
+//! only the claims' share, never what containers placed through NRI use), shared by claims
+//! (`allowMultipleAllocations`), and the attributes `resource.kubernetes.io/numaNode`, `socket`
+//! and `memoryKind` (`dram`). A claim asks for `count` CPU devices and one memory device with
+//! the amounts it needs, tied by `matchAttribute` on `resource.kubernetes.io/numaNode`, so the
+//! scheduler puts both on one NUMA node or leaves the claim pending. A DeviceClass for CPUs
+//! selects devices with the `cpu` capacity (the chart's does), one for memory the `memoryKind`
+//! attribute. Memory devices need `DRAConsumableCapacity`; without it the scheduler hands one
+//! to a single claim, which then gets all of its node's memory for claims.
+//!
 //! # Attributes
 //!
 //! Bare names are in the driver's domain (`<driver>/socket`; in CEL
@@ -40,8 +53,8 @@
 //!
 //! | attribute | grouped | individual | value |
 //! |---|---|---|---|
-//! | `resource.kubernetes.io/numaNode` | numa groups | yes | NUMA node (int) |
-//! | `socket` | yes | yes | package number (int) |
+//! | `resource.kubernetes.io/numaNode` | numa groups | yes (memory devices too) | NUMA node (int) |
+//! | `socket` | yes | yes (memory devices too) | package number (int) |
 //! | `smt` | yes | — | some core of the group has several threads (bool) |
 //! | `wholeCores` | yes | yes | every grant from the device is whole cores (bool) |
 //! | `cpu` | — | per-CPU devices | the CPU number (int) |
@@ -50,6 +63,7 @@
 //! | `siblings` | — | yes | the core's online threads, `4,36` (string) |
 //! | `l3` | — | when known | the L3 cache group's index (int) |
 //! | `coreType` | — | yes | `standard`, `p-core` or `e-core` (string) |
+//! | `memoryKind` | — | memory devices | `dram` (string) |
 //!
 //! `wholeCores` lets a DeviceClass that sets `fullCores` select only devices that can honour it
 //! (`device.attributes["<driver>"].wholeCores`), so such a class is never allocated where whole
@@ -71,6 +85,8 @@ pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 pub const WHOLE_CORES_ATTRIBUTE: &str = "wholeCores";
 /// The consumable capacity of grouped devices (and the size of individual ones).
 pub const CPU_CAPACITY: &str = "cpu";
+/// The attribute of memory devices naming their memory's kind (`dram`).
+pub const MEMORY_KIND_ATTRIBUTE: &str = "memoryKind";
 /// The consumable capacity of a NUMA node's memory set aside for claims, in bytes.
 pub const MEMORY_CAPACITY: &str = "memory";
 
@@ -144,6 +160,14 @@ pub struct Published {
     pub memory_node: Option<u32>,
 }
 
+impl Published {
+    /// Whether it is a memory device of the individual model (`memory<N>`): no CPUs, only its
+    /// node's memory and hugepages.
+    pub fn is_memory(&self) -> bool {
+        self.cpus.is_empty() && self.memory_node.is_some()
+    }
+}
+
 /// Every device published, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceTable {
@@ -160,7 +184,8 @@ impl DeviceTable {
     }
 
     /// The devices for `claimable` and for the memory each NUMA node offers claims (`offer`, by
-    /// node number): grouped NUMA devices carry their node's as capacities.
+    /// node number): grouped NUMA devices carry their node's as capacities; individual CPU
+    /// devices are followed by one memory device per node with an offer.
     pub fn build_with_memory(
         topo: &Topology,
         claimable: &CpuSet,
@@ -173,7 +198,11 @@ impl DeviceTable {
         };
         let devices = match model.mode {
             DeviceMode::Grouped => grouped(topo, &claimable, model, offer),
-            DeviceMode::Individual => individual(topo, &claimable, model.granularity),
+            DeviceMode::Individual => {
+                let mut devices = individual(topo, &claimable, model.granularity);
+                devices.extend(memory_devices(topo, offer));
+                devices
+            }
         };
         let by_name = devices
             .iter()
@@ -438,6 +467,43 @@ fn individual(topo: &Topology, claimable: &CpuSet, granularity: Granularity) -> 
     // CPU order, so slices list CPUs in the order people count them.
     out.sort_by_key(|d| d.cpus.first());
     out
+}
+
+/// The memory devices of the individual model: one per node that offers claims memory or
+/// hugepages (`memory<N>`), shared by claims through its consumable capacities, in node order
+/// after the CPU devices.
+fn memory_devices(topo: &Topology, offer: &BTreeMap<u32, NodeOffer>) -> Vec<Published> {
+    offer
+        .iter()
+        .filter_map(|(&id, offer)| {
+            let capacities = memory_capacities(offer);
+            if capacities.is_empty() {
+                return None;
+            }
+            let node = topo.numa_nodes.iter().find(|n| n.id == id)?;
+            let mut attributes = BTreeMap::new();
+            attributes.insert(NUMA_NODE_ATTRIBUTE.to_owned(), int(id));
+            if let Some(socket) = node.package {
+                attributes.insert("socket".to_owned(), int(socket));
+            }
+            attributes.insert(
+                MEMORY_KIND_ATTRIBUTE.to_owned(),
+                AttributeValue::String(node.kind.as_str().to_owned()),
+            );
+            Some(Published {
+                device: Device {
+                    name: format!("memory{id}"),
+                    attributes,
+                    capacities,
+                    allow_multiple_allocations: true,
+                },
+                cpus: CpuSet::new(),
+                share: Share::Consumable { step: 1 },
+                whole_cores: false,
+                memory_node: Some(id),
+            })
+        })
+        .collect()
 }
 
 fn int(n: impl TryInto<i64>) -> AttributeValue {

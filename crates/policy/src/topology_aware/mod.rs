@@ -1135,7 +1135,42 @@ impl Policy for TopologyAware {
             .difference(&self.topo.isolated);
         let mut taken = self.taken.clone();
         let mut results = vec![None; edits.len()];
+        // The node of the claim's CPUs: an unpinned memory device's result does not say its own.
+        let cpu_node = self
+            .nodes_of(
+                &requests
+                    .iter()
+                    .fold(CpuSet::new(), |acc, (c, _, _)| acc.union(c)),
+            )
+            .first();
         for (k, (cpus, mems, indexes)) in requests.into_iter().enumerate() {
+            if cpus.is_empty() {
+                // Memory devices' results (individual model): their memory on their node.
+                let node = mems.as_ref().and_then(NodeSet::first).or(cpu_node);
+                let device = node
+                    .map(|n| format!("memory{n}"))
+                    .filter(|name| self.table.get(name).is_some_and(|d| d.is_memory()))
+                    .unwrap_or_default();
+                for (j, i) in indexes.iter().enumerate() {
+                    let (bytes, hugepages) = if j == 0 {
+                        memory.get(*i).cloned().unwrap_or_default()
+                    } else {
+                        Default::default()
+                    };
+                    let holds = bytes > 0 || !hugepages.is_empty();
+                    results[*i] = Some(claims::ResultRecord {
+                        request: format!("adopted-{k}"),
+                        device: device.clone(),
+                        memory_pinning: mems.is_some(),
+                        memory_node: node.filter(|_| holds),
+                        memory: bytes,
+                        hugepages,
+                        mems: node.into_iter().collect(),
+                        cpus: CpuSet::new(),
+                    });
+                }
+                continue;
+            }
             if !grantable.is_superset(&cpus) {
                 return Err(refuse(format!(
                     "cpus {} are not online or are reserved or kernel-isolated here",

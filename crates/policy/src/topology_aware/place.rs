@@ -50,7 +50,16 @@ fn retained(c: &Container) -> Container {
         env: c
             .env
             .iter()
-            .filter(|e| e.starts_with(claims::CPUSET_ENV) || e.starts_with(claims::MEMS_ENV))
+            .filter(|e| {
+                [
+                    claims::CPUSET_ENV,
+                    claims::MEMS_ENV,
+                    claims::MEMORY_ENV,
+                    claims::HUGEPAGES_ENV,
+                ]
+                .iter()
+                .any(|prefix| e.starts_with(prefix))
+            })
             .cloned()
             .collect(),
         cpus: c.cpus.clone(),
@@ -103,6 +112,27 @@ fn bytes_text(bytes: u64) -> String {
     }
 }
 
+/// What a result holds of memory and hugepages, in words (`16Gi of memory and 256Mi of
+/// hugepages2Mi`; `no memory` when nothing).
+fn held_text(r: &ResultRecord) -> String {
+    let mut parts = Vec::new();
+    if r.memory > 0 {
+        parts.push(format!("{} of memory", bytes_text(r.memory)));
+    }
+    for (&size, &bytes) in &r.hugepages {
+        parts.push(format!(
+            "{} of {}",
+            bytes_text(bytes),
+            memory::hugepage_capacity(size)
+        ));
+    }
+    if parts.is_empty() {
+        "no memory".into()
+    } else {
+        parts.join(" and ")
+    }
+}
+
 fn subject(c: &Container) -> String {
     format!("container {}", describe(c))
 }
@@ -132,6 +162,14 @@ impl TopologyAware {
                         *limit = limit.saturating_add(*bytes);
                     }
                 }
+            }
+            if cpus.is_empty() {
+                // It names only memory requests of its claims (individual memory devices): it
+                // runs on the CPUs that memory goes with.
+                cpus = used
+                    .keys()
+                    .filter_map(|uid| self.claims.get(uid))
+                    .fold(CpuSet::new(), |acc, c| acc.union(&c.cpus()));
             }
             return Class::Claim {
                 cpus,
@@ -626,6 +664,30 @@ impl TopologyAware {
                     reason: format!("{at}: device {:?}: {why}", r.device),
                 });
             };
+            if device.is_memory() {
+                // Memory without CPUs: what it consumed of its node's account, or, handed out
+                // whole (the API server dropped consumable capacity), all of it.
+                let whole = r.consumed_capacity.is_empty();
+                let grant = self.plan_claim_memory(&subject, &at, r, device, whole, &held)?;
+                if let Some(node) = grant.node {
+                    let entry = held.entry(node).or_default();
+                    entry.0 += grant.memory;
+                    for (size, bytes) in &grant.hugepages {
+                        *entry.1.entry(*size).or_default() += bytes;
+                    }
+                }
+                results.push(ResultRecord {
+                    request: r.request.clone(),
+                    device: r.device.clone(),
+                    mems: device.memory_node.into_iter().collect(),
+                    cpus: CpuSet::new(),
+                    memory_pinning: s.memory_pinning,
+                    memory_node: grant.node,
+                    memory: grant.memory,
+                    hugepages: grant.hugepages,
+                });
+                continue;
+            }
             let free = device.cpus.difference(&self.taken).difference(&tentative);
             let consumed = match device.share {
                 Share::Whole => None,
@@ -700,7 +762,7 @@ impl TopologyAware {
                 hugepages: grant.hugepages,
             });
         }
-        let mut warnings = Vec::new();
+        let mut warnings = self.tie_memory_devices(&subject, &mut results)?;
         // fullCores: whole cores per request (an individual request's CPUs are whole cores
         // together, not one by one).
         let mut asked: BTreeMap<&str, CpuSet> = BTreeMap::new();
@@ -729,6 +791,68 @@ impl TopologyAware {
             },
             warnings,
         ))
+    }
+
+    /// Ties a claim's memory devices (individual model) to its CPUs: its results' memory nodes
+    /// become the nodes of its memory devices, where its memory is charged, so a container using
+    /// it allocates from the memory it was granted. A memory device result without any CPU
+    /// result is refused (a container using it would have no CPUs of the claim to run on);
+    /// memory on another node than the claim's CPUs (a claim without the `matchAttribute`
+    /// constraint on `resource.kubernetes.io/numaNode`) is granted as allocated, since the
+    /// scheduler placed the pod for it, with a warning. Errors and warnings name the request
+    /// and the amount.
+    fn tie_memory_devices(
+        &self,
+        subject: &str,
+        results: &mut [ResultRecord],
+    ) -> Result<Vec<String>, PolicyError> {
+        let memory_nodes = results
+            .iter()
+            .filter(|r| r.cpus.is_empty())
+            .fold(NodeSet::new(), |acc, r| acc.union(&r.mems));
+        if memory_nodes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cpus = results
+            .iter()
+            .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus));
+        let cpu_nodes = self.nodes_of(&cpus);
+        let tie = format!(
+            "tie its requests with constraints: [{{matchAttribute: {}}}]",
+            devices::NUMA_NODE_ATTRIBUTE
+        );
+        let mut warnings = Vec::new();
+        for (i, r) in results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.cpus.is_empty())
+        {
+            let at = format!(
+                "result {i} (request {}) is {} of NUMA node {} (device {})",
+                r.request,
+                held_text(r),
+                r.mems,
+                r.device
+            );
+            if cpus.is_empty() {
+                return Err(PolicyError::Invalid {
+                    subject: subject.to_owned(),
+                    reason: format!(
+                        "{at}, but the claim has no cpus to go with it: ask for cpu devices in the same claim and {tie}"
+                    ),
+                });
+            }
+            if r.memory_pinning && cpu_nodes != r.mems {
+                warnings.push(format!(
+                    "{subject}: {at}, but its cpus {cpus} are on NUMA node {cpu_nodes}: containers using it get memory node {} as allocated, away from their cpus; {tie}",
+                    memory_nodes
+                ));
+            }
+        }
+        for r in results.iter_mut() {
+            r.mems = memory_nodes.clone();
+        }
+        Ok(warnings)
     }
 
     /// The memory and hugepages result `r` on `device` gets from its node's account: what it
