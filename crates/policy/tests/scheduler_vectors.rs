@@ -19,7 +19,7 @@ use policy::{
     AllocationResult, AttributeValue, Capacity, Device, Policy, Quantity, RequestPolicy, Topology,
     TopologyAware, TopologySource, ValidValues,
     scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, ScheduleError, Scheduler, Selector},
-    topology_aware::{Config, DeviceMode, DeviceModel, Granularity, ReservedCpus},
+    topology_aware::{Config, DeviceMode, DeviceModel, Granularity, MemoryConfig, ReservedCpus},
 };
 use serde::{Deserialize, Serialize};
 
@@ -243,7 +243,11 @@ fn write(vectors: &Vectors) -> String {
 #[test]
 fn the_model_gives_what_the_vectors_say() {
     if std::env::var_os("RESMGR_BLESS").is_some() {
-        let cases: Vec<Case> = by_hand().into_iter().chain(generated()).collect();
+        let cases: Vec<Case> = by_hand()
+            .into_iter()
+            .chain(generated())
+            .chain(memory_devices())
+            .collect();
         let vectors = Vectors {
             driver: DRIVER.into(),
             pool: POOL.into(),
@@ -740,6 +744,90 @@ fn generated() -> Vec<Case> {
         }
     }
     cases
+}
+
+/// The individual model's memory devices (issue 26) as the policy publishes them, on two NUMA
+/// nodes of 8 GiB with 4 CPUs each, half of each node's memory for claims: the worked example's
+/// claim (memory first, then `count` CPU devices of a class that selects devices with `cpu`,
+/// tied by `matchAttribute`) lands on the one node that has both, or nowhere.
+fn memory_devices() -> Vec<Case> {
+    let topology = Topology::load(&synthetic("pack:1 numa:2(memory=8GiB) core:4 pu:1")).unwrap();
+    let config = Config {
+        reserved_cpus: ReservedCpus::Count(1),
+        devices: DeviceModel {
+            mode: DeviceMode::Individual,
+            ..DeviceModel::default()
+        },
+        memory: MemoryConfig {
+            claim_percent: 50,
+            ..MemoryConfig::default()
+        },
+        ..Config::default()
+    };
+    let devices = TopologyAware::new(topology, config)
+        .unwrap()
+        .devices()
+        .unwrap();
+    let claim = |memory: &str, count: u32| {
+        let mut mem = DeviceRequest::capacity("memory", "memory", q(memory));
+        mem.selectors.push(Selector {
+            attribute: "memoryKind".into(),
+            value: AttributeValue::String("dram".into()),
+        });
+        let mut cpus = DeviceRequest::count("cpus", count);
+        cpus.has_capacity.push("cpu".into());
+        ClaimSpec {
+            requests: vec![mem, cpus],
+            constraints: vec![Constraint {
+                requests: vec![],
+                match_attribute: NUMA.into(),
+            }],
+        }
+    };
+    // 3 GiB of node 0's 4 GiB for claims are held.
+    let held = vec![AllocationResult {
+        request: "memory".into(),
+        pool: POOL.into(),
+        device: "memory0".into(),
+        share_id: Some("share-memory0-3Gi".into()),
+        consumed_capacity: BTreeMap::from([("memory".into(), q("3Gi"))]),
+    }];
+    vec![
+        case(
+            "individual memory and cpus on the one node with both",
+            true,
+            devices.clone(),
+            vec![held.clone()],
+            &claim("2Gi", 2),
+        ),
+        case(
+            "individual memory and cpus: memory on one node, cpus on the other, is no allocation",
+            true,
+            devices.clone(),
+            vec![held, whole(&["cpu4", "cpu5", "cpu6"])],
+            &claim("2Gi", 2),
+        ),
+        case(
+            "individual memory beyond every node stays pending",
+            true,
+            devices.clone(),
+            vec![],
+            &claim("5Gi", 1),
+        ),
+        case(
+            "individual cpus of the cpu class never take a memory device",
+            true,
+            devices,
+            vec![whole(&["cpu1", "cpu2", "cpu3", "cpu4", "cpu5", "cpu6"])],
+            &ClaimSpec {
+                requests: vec![DeviceRequest {
+                    has_capacity: vec!["cpu".into()],
+                    ..DeviceRequest::count("cpus", 2)
+                }],
+                constraints: vec![],
+            },
+        ),
+    ]
 }
 
 fn synthetic(desc: &str) -> TopologySource {
