@@ -956,10 +956,14 @@ fn claim_config(steps: &[scenario::ConfigStep]) -> Vec<policy::ClaimConfig> {
 fn picked_cpus(results: &[AllocationResult], devices: &[Device]) -> Option<CpuSet> {
     let mut picked = CpuSet::new();
     for r in results {
+        let device = devices.iter().find(|d| d.name == r.device)?;
+        if is_memory_device(device) {
+            // Memory, no CPUs: the CPU devices say which CPUs.
+            continue;
+        }
         if r.share_id.is_some() {
             return None;
         }
-        let device = devices.iter().find(|d| d.name == r.device)?;
         let cpus = match (device.attributes.get("cpu"), device.attributes.get("cpus")) {
             (Some(AttributeValue::Int(cpu)), _) => CpuSet::from_iter([u32::try_from(*cpu).ok()?]),
             (_, Some(AttributeValue::String(list))) => list.parse().ok()?,
@@ -978,13 +982,20 @@ fn show_cpus(cpus: &CpuSet) -> String {
     }
 }
 
+fn is_memory_device(device: &Device) -> bool {
+    device
+        .attributes
+        .contains_key(policy::topology_aware::devices::MEMORY_KIND_ATTRIBUTE)
+}
+
 /// One result as the report shows it, and the CPUs the scheduler counts it for: the `cpu` it
-/// consumed from a shared device, the whole `cpu` capacity of a device handed out whole, or
-/// one CPU for a device without one (a device per CPU).
+/// consumed from a shared device, the whole `cpu` capacity of a device handed out whole, none
+/// for a memory device, or one CPU for a device without one (a device per CPU).
 fn scheduled_result(r: &AllocationResult, device: Option<&Device>) -> (ScheduledResult, u64) {
     let whole = r.share_id.is_none();
     let cpus = match r.consumed_capacity.get("cpu") {
         Some(q) => q.units_ceil(),
+        None if device.is_some_and(is_memory_device) => 0,
         None => device
             .and_then(|d| d.capacities.get("cpu"))
             .map_or(1, |c| c.value.units_ceil()),

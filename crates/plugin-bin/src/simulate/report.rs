@@ -32,6 +32,8 @@ pub struct DeviceSummary {
     pub hugepages: BTreeMap<String, String>,
     #[serde(skip)]
     pub cpu_capacity_milli: u64,
+    #[serde(skip)]
+    pub memory_bytes: u64,
 }
 
 impl DeviceSummary {
@@ -54,8 +56,12 @@ impl DeviceSummary {
                 } if *step > policy::Quantity::from_units(1) => Some(step.to_string()),
                 _ => None,
             });
-        // A device without a `cpu` capacity is one CPU (a device per CPU).
-        let capacity = capacity.unwrap_or(policy::Quantity::from_units(1));
+        // A device without a `cpu` capacity is one CPU (a device per CPU), unless it is a memory
+        // device of the individual model, which has none.
+        let memory_device = d
+            .attributes
+            .contains_key(policy::topology_aware::devices::MEMORY_KIND_ATTRIBUTE);
+        let capacity = capacity.unwrap_or(policy::Quantity::from_units(u64::from(!memory_device)));
         let bytes = |c: &policy::Capacity| crate::simulate::memory_text(c.value.units_ceil());
         Self {
             name: d.name.clone(),
@@ -70,6 +76,10 @@ impl DeviceSummary {
                 .map(|(n, c)| (n.clone(), bytes(c)))
                 .collect(),
             cpu_capacity_milli: capacity.milli(),
+            memory_bytes: d
+                .capacities
+                .get("memory")
+                .map_or(0, |c| c.value.units_ceil()),
         }
     }
 }
@@ -350,19 +360,25 @@ fn devices_line(devices: &[DeviceSummary]) -> String {
             .collect();
         return each.join(", ");
     }
-    let mut per_node: BTreeMap<Option<i64>, (usize, u64)> = BTreeMap::new();
+    let mut per_node: BTreeMap<Option<i64>, (usize, u64, u64)> = BTreeMap::new();
     for d in devices {
         let e = per_node.entry(d.numa_node).or_default();
         e.0 += 1;
         e.1 += d.cpu_capacity_milli;
+        e.2 += d.memory_bytes;
     }
     let each: Vec<String> = per_node
         .iter()
-        .map(|(node, (n, milli))| {
+        .map(|(node, (n, milli, memory))| {
             let cpus = policy::Quantity::from_milli(*milli);
+            let memory = if *memory > 0 {
+                format!(", {} memory", crate::simulate::memory_text(*memory))
+            } else {
+                String::new()
+            };
             match node {
-                Some(node) => format!("numa{node}: {n} devices ({cpus} cpus)"),
-                None => format!("no numa node: {n} devices ({cpus} cpus)"),
+                Some(node) => format!("numa{node}: {n} devices ({cpus} cpus{memory})"),
+                None => format!("no numa node: {n} devices ({cpus} cpus{memory})"),
             }
         })
         .collect();

@@ -38,6 +38,11 @@
 //! hugepages its nodes keep: `hugepages: "0:2Mi=512;1:2Mi=512,1Gi=4"` does (pages per size).
 //! A scheduled request asks for memory and hugepages under `capacity`:
 //! `schedule: {name: db, pod: db, cpu: 4, capacity: {memory: 16Gi, hugepages1Gi: 2Gi}}`.
+//! A request names the chart's DeviceClass for CPUs (devices with the `cpu` capacity) unless it
+//! says `class: memory`: the memory devices of `device-mode: individual`, as the DeviceClass of
+//! examples/kubernetes/claim-cpus-memory-individual.yaml selects them (`memoryKind: dram`):
+//! `requests: [{name: memory, class: memory, capacity: {memory: 16Gi}}, {name: cpus, count:
+//! 4}]` with `constraints: [{match-attribute: resource.kubernetes.io/numaNode}]`.
 //!
 //! Shape errors come from the YAML decoder with its line and column; meaning errors (a container
 //! of a pod never declared, a claim used before it exists) are found here, with the line of the
@@ -352,6 +357,20 @@ pub struct RequestStep {
     /// Attribute equality: every device has these values.
     #[serde(default)]
     pub selector: BTreeMap<String, AttributeStep>,
+    /// The DeviceClass it names (default `cpu`).
+    #[serde(default)]
+    pub class: ClassStep,
+}
+
+/// The DeviceClass a request names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClassStep {
+    /// The chart's class for CPUs: devices with the `cpu` capacity.
+    #[default]
+    Cpu,
+    /// The memory devices of `device-mode: individual` (`memoryKind: dram`).
+    Memory,
 }
 
 /// A `matchAttribute` constraint.
@@ -380,18 +399,30 @@ impl ScheduleStep {
                        count: Option<u32>,
                        cpu: Option<Qty>,
                        other: &BTreeMap<String, Qty>,
-                       selector: &BTreeMap<_, _>| {
+                       selector: &BTreeMap<_, _>,
+                       class: ClassStep| {
             let mut capacity: BTreeMap<String, Quantity> =
                 other.iter().map(|(n, q)| (n.clone(), q.0)).collect();
             if let Some(q) = cpu {
                 capacity.insert("cpu".to_owned(), q.0);
             }
+            let mut selectors = selectors(selector);
+            let has_capacity = match class {
+                ClassStep::Cpu => vec!["cpu".to_owned()],
+                ClassStep::Memory => {
+                    selectors.push(Selector {
+                        attribute: "memoryKind".to_owned(),
+                        value: AttributeValue::String("dram".to_owned()),
+                    });
+                    Vec::new()
+                }
+            };
             DeviceRequest {
                 name: name.to_owned(),
                 count: count.unwrap_or(1),
-                selectors: selectors(selector),
+                selectors,
                 capacity,
-                has_capacity: Vec::new(),
+                has_capacity,
             }
         };
         if self.requests.is_empty() {
@@ -402,6 +433,7 @@ impl ScheduleStep {
                     self.cpu,
                     &self.capacity,
                     &self.selector,
+                    ClassStep::Cpu,
                 )],
                 constraints: self
                     .match_attribute
@@ -417,7 +449,7 @@ impl ScheduleStep {
                 requests: self
                     .requests
                     .iter()
-                    .map(|r| request(&r.name, r.count, r.cpu, &r.capacity, &r.selector))
+                    .map(|r| request(&r.name, r.count, r.cpu, &r.capacity, &r.selector, r.class))
                     .collect(),
                 constraints: self
                     .constraints

@@ -468,7 +468,9 @@ fn explain(input: &search::Input<'_>) -> String {
             .collect();
         let what = describe_request(request);
         if matching.is_empty() {
-            let which = if request.selectors.is_empty() && request.has_capacity.is_empty() {
+            let which = if input.devices.is_empty()
+                || (request.selectors.is_empty() && request.has_capacity.is_empty())
+            {
                 "no device is published".to_owned()
             } else {
                 let s: Vec<String> = request
@@ -557,8 +559,8 @@ fn describe_request(r: &DeviceRequest) -> String {
         .iter()
         .map(|(n, q)| format!("{n}={}", amount(n, *q)))
         .collect();
+    // The capacities a device must have are its class's, not the request's: left out.
     with.extend(r.selectors.iter().map(ToString::to_string));
-    with.extend(r.has_capacity.iter().map(|c| format!("capacity {c}")));
     if !with.is_empty() {
         out.push_str(" with ");
         out.push_str(&with.join(", "));
