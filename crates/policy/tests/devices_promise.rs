@@ -580,3 +580,73 @@ fn withheld_claim_cpus_stay_out_of_exclusive_container_grants() {
     p.allocate_claim(&claim("u2", "numa0", Some(6))).unwrap();
     assert_eq!(p.claim_cpus("u2"), Some(set("2-7")));
 }
+
+/// The individual model's memory devices promise only the claims' share of each node (issue
+/// 26): containers placed through NRI that ask for more memory than their share are widened and
+/// then left unpinned, never charged to what a memory device publishes, and a claim for all of
+/// it, with CPU devices of the same node, is granted afterwards.
+#[test]
+fn memory_devices_promise_nothing_containers_placed_through_nri_use() {
+    const GIB: u64 = 1 << 30;
+    let config = Config {
+        devices: DeviceModel {
+            mode: policy::topology_aware::DeviceMode::Individual,
+            ..DeviceModel::default()
+        },
+        memory: policy::topology_aware::MemoryConfig {
+            claim_percent: 50,
+            ..Default::default()
+        },
+        ..Config::default()
+    };
+    let mut p = policy_with("pack:1 numa:2(memory=16GiB) core:4 pu:1", "0", config);
+    let memory = |p: &TopologyAware| -> Vec<(String, u64)> {
+        p.devices()
+            .unwrap()
+            .iter()
+            .filter_map(|d| {
+                let m = d.capacities.get("memory")?;
+                Some((d.name.clone(), m.value.units_ceil()))
+            })
+            .collect()
+    };
+    let promised = memory(&p);
+    assert_eq!(
+        promised,
+        [
+            ("memory0".to_owned(), 8 * GIB),
+            ("memory1".to_owned(), 8 * GIB)
+        ]
+    );
+    // 21 GiB of Guaranteed containers: more than the 16 GiB the nodes keep for containers.
+    for id in ["a", "b", "c"] {
+        let mut c = container(id, QosClass::Guaranteed, 1000);
+        c.resources.memory_request_bytes = 7 * GIB;
+        c.resources.memory_limit_bytes = Some(7 * GIB);
+        p.allocate(&c).unwrap();
+    }
+    assert!(p.memory_used(0) <= 8 * GIB && p.memory_used(1) <= 8 * GIB);
+    assert_eq!(memory(&p), promised, "the slices promise the same");
+    let on = |request: &str, device: &str, consumed: Option<(&str, u64)>| AllocationResult {
+        request: request.into(),
+        pool: "node".into(),
+        device: device.into(),
+        share_id: consumed.map(|_| "share".into()),
+        consumed_capacity: consumed
+            .map(|(n, b)| BTreeMap::from([(n.to_owned(), Quantity::from_units(b))]))
+            .unwrap_or_default(),
+    };
+    for (uid, node, cpu) in [("m0", 0, "cpu1"), ("m1", 1, "cpu4")] {
+        let mut c = claim(uid, cpu, None);
+        c.results = vec![
+            on(
+                "memory",
+                &format!("memory{node}"),
+                Some(("memory", 8 * GIB)),
+            ),
+            on("cpus", cpu, None),
+        ];
+        p.allocate_claim(&c).unwrap();
+        assert_eq!(p.memory_claimed(node), 8 * GIB);
+    }
+}
