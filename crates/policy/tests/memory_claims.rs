@@ -588,15 +588,16 @@ fn a_memory_device_without_cpus_is_refused_and_one_away_from_them_is_granted_as_
 
     // No constraint: the scheduler put the memory on node 1 and the CPU on node 0. The pod is
     // placed for it, so the node grants it: memory where it was charged, with a warning.
-    let away = p
-        .allocate_claim(&claim(
-            "away",
-            vec![
-                on("memory", "memory1", &[("memory", "4Gi")]),
-                on("cpus", "cpu2", &[]),
-            ],
-        ))
-        .unwrap();
+    let asked = claim(
+        "away",
+        vec![
+            on("memory", "memory1", &[("memory", "4Gi")]),
+            on("cpus", "cpu2", &[]),
+        ],
+    );
+    let away = p.allocate_claim(&asked).unwrap();
+    // Prepared again (the kubelet retries), it is the same claim: same edits, charged once.
+    assert_eq!(p.allocate_claim(&asked).unwrap().edits, away.edits);
     assert!(
         away.warnings.iter().any(|w| w.contains(
             "result 0 (request memory) is 4Gi of memory of NUMA node 1 (device memory1), but its cpus 2 are on NUMA node 0"
@@ -608,5 +609,38 @@ fn a_memory_device_without_cpus_is_refused_and_one_away_from_them_is_granted_as_
     assert_eq!(
         env_of(&away.edits, 1),
         ["DRA_CPUSET_away=2", "DRA_MEMS_away=1"]
+    );
+}
+
+#[test]
+fn memory_claims_restored_onto_another_device_model_are_not_promised_again() {
+    let mut p = policy(memory_config(50));
+    p.allocate_claim(&claim(
+        "g",
+        vec![by_hand(
+            "numa1",
+            &[("cpu", "2"), ("memory", "10Gi"), ("hugepages1Gi", "1Gi")],
+        )],
+    ))
+    .unwrap();
+    // The operator switches the node to device-mode individual: the scheduler does not count
+    // the claim on numa1 against memory1, so memory1 leaves out what it holds.
+    let mut q = individual(memory_config(50));
+    q.restore(&p.snapshot()).unwrap();
+    assert_eq!(q.memory_claimed(1), 10 * GIB);
+    let memory1 = capacity(&q, "memory1");
+    assert_eq!(memory1["memory"], (6 * GIB).to_string());
+    assert_eq!(memory1["hugepages1Gi"], (3 * GIB).to_string());
+    assert_eq!(
+        capacity(&q, "memory0")["memory"],
+        (15 * GIB).to_string(),
+        "other nodes publish all of theirs"
+    );
+    // When it goes, memory1 publishes all of node 1's share again.
+    q.release_claim("g").unwrap();
+    assert_eq!(capacity(&q, "memory1")["memory"], (16 * GIB).to_string());
+    assert_eq!(
+        capacity(&q, "memory1")["hugepages1Gi"],
+        (4 * GIB).to_string()
     );
 }

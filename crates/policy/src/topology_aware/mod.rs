@@ -553,21 +553,43 @@ impl TopologyAware {
     /// new devices, so publishing their CPUs would promise them twice. When such a claim goes,
     /// its CPUs are published again. Claims on devices still published need nothing: the
     /// scheduler already counts them.
+    ///
+    /// Memory goes the same way: what such claims hold of a node's memory and hugepages is left
+    /// out of what that node's device publishes (`numa<N>` and `memory<N>` stand for the same
+    /// account, and a claim on one is not counted against the other).
     fn refresh_devices(&mut self) {
-        let offer = self.ledger.offer();
+        let mut offer = self.ledger.offer();
         let full = DeviceTable::build_with_memory(
             &self.topo,
             &self.claimable,
             &self.config.devices,
             &offer,
         );
-        let withheld = self
+        let unpublished: Vec<&claims::ResultRecord> = self
             .claims
             .values()
             .flat_map(|c| &c.results)
             .filter(|r| full.get(&r.device).is_none())
+            .collect();
+        let withheld = unpublished
+            .iter()
             .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus));
-        self.table = if withheld.intersects(full.cpus()) {
+        let mut memory_withheld = false;
+        for r in &unpublished {
+            let Some(node) = r.memory_node else {
+                continue;
+            };
+            if let Some(o) = offer.get_mut(&node) {
+                o.memory = o.memory.saturating_sub(r.memory);
+                for (size, bytes) in &r.hugepages {
+                    if let Some(h) = o.hugepages.get_mut(size) {
+                        *h = h.saturating_sub(*bytes);
+                    }
+                }
+                memory_withheld = true;
+            }
+        }
+        self.table = if withheld.intersects(full.cpus()) || memory_withheld {
             let claimable = self.claimable.difference(&withheld);
             DeviceTable::build_with_memory(&self.topo, &claimable, &self.config.devices, &offer)
         } else {
