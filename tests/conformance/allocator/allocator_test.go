@@ -18,8 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
+	"sigs.k8s.io/yaml"
 )
 
 // The vectors, as the Rust test writes them (policy::Device and policy::AllocationResult in
@@ -419,4 +421,87 @@ func show(r resourceapi.AllocationResult) string {
 		parts = append(parts, fmt.Sprintf("%s->%s(share %v, %s)", d.Request, d.Device, d.ShareID != nil, strings.Join(consumed, ",")))
 	}
 	return "[" + strings.Join(parts, " ") + "]"
+}
+
+// objects reads the multi-document YAML file at path (relative to the repository root) and
+// decodes the documents of kind into out, one new element each.
+func objects[T any](t *testing.T, path, kind string) []*T {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join("..", "..", "..", path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*T
+	for _, doc := range strings.Split(string(text), "\n---\n") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if meta.Kind != kind {
+			continue
+		}
+		obj := new(T)
+		if err := yaml.Unmarshal([]byte(doc), obj); err != nil {
+			t.Fatalf("%s: %s: %v", path, kind, err)
+		}
+		out = append(out, obj)
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s has no %s", path, kind)
+	}
+	return out
+}
+
+// TestTheIndividualMemoryExampleAllocatesOnOneNode runs the claim of
+// examples/kubernetes/claim-cpus-memory-individual.yaml, with its DeviceClass and the chart's
+// (deploy/manifests/resmgr.yaml), through the upstream allocator on the devices of the vector
+// case with the same claim: the CEL of both classes compiles and evaluates on CPU and memory
+// devices alike, and the claim lands where the model says, memory and CPUs on one NUMA node.
+func TestTheIndividualMemoryExampleAllocatesOnOneNode(t *testing.T) {
+	v := load(t)
+	var c *vcase
+	for i := range v.Cases {
+		if v.Cases[i].Name == "individual memory and cpus on the one node with both" {
+			c = &v.Cases[i]
+		}
+	}
+	if c == nil || c.Expect.Results == nil {
+		t.Fatal("the vectors have no allocated individual memory case")
+	}
+	lister := classes{}
+	for _, path := range []string{"deploy/manifests/resmgr.yaml", "examples/kubernetes/claim-cpus-memory-individual.yaml"} {
+		for _, class := range objects[resourceapi.DeviceClass](t, path, "DeviceClass") {
+			lister[class.Name] = class
+		}
+	}
+	template := objects[resourceapi.ResourceClaimTemplate](t, "examples/kubernetes/claim-cpus-memory-individual.yaml", "ResourceClaimTemplate")[0]
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "example", Namespace: "default", UID: types.UID("example-uid")},
+		Spec:       template.Spec.Spec,
+	}
+	features := structured.Features{ConsumableCapacity: true, DeviceBindingAndStatus: true, PartitionableDevices: true, PrioritizedList: true}
+	cache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: true})
+	allocator, err := structured.NewAllocator(context.Background(), features, allocatedState(t, v, *c),
+		lister, []*resourceapi.ResourceSlice{slice(t, v, *c)}, cache)
+	if err != nil {
+		t.Fatalf("NewAllocator: %v", err)
+	}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: v.Pool}}
+	results, err := allocator.Allocate(context.Background(), node, []*resourceapi.ResourceClaim{claim})
+	if err != nil {
+		t.Fatalf("Allocate: %v", err)
+	}
+	if len(results) != 1 {
+		t.Fatal("the example claim is not allocated")
+	}
+	got := results[0].Devices.Results
+	want := *c.Expect.Results
+	if len(got) != len(want) {
+		t.Fatalf("want %v, got %s", want, show(results[0]))
+	}
+	for i := range want {
+		if got[i].Request != want[i].Request || got[i].Device != want[i].Device {
+			t.Fatalf("result %d: want %+v, got %s", i, want[i], show(results[0]))
+		}
+	}
 }

@@ -5,6 +5,8 @@
 // Both read the same test vectors, crates/policy/tests/fixtures/scheduler-vectors.json: the
 // devices the agent publishes, the claims already allocated from them, a claim to allocate,
 // whether DRAConsumableCapacity is on, and the expected results. The Rust test checks the model
-// gives them; this test checks the real allocator gives them. It is a module of its own so that
+// gives them; this test checks the real allocator gives them. It also runs the claim and
+// DeviceClass of examples/kubernetes/claim-cpus-memory-individual.yaml, with the chart's
+// DeviceClass, through the real allocator and its CEL. It is a module of its own so that
 // the Kubernetes libraries stay out of the protocol tests' module.
 package allocator

@@ -6,6 +6,7 @@ require (
 	k8s.io/api v0.36.3
 	k8s.io/apimachinery v0.36.3
 	k8s.io/dynamic-resource-allocation v0.36.3
+	sigs.k8s.io/yaml v1.6.0
 )
 
 require (

@@ -43,7 +43,8 @@
 //! the amounts it needs, tied by `matchAttribute` on `resource.kubernetes.io/numaNode`, so the
 //! scheduler puts both on one NUMA node or leaves the claim pending. A DeviceClass for CPUs
 //! selects devices with the `cpu` capacity (the chart's does), one for memory the `memoryKind`
-//! attribute. Memory devices need `DRAConsumableCapacity`; without it the scheduler hands one
+//! attribute, testing that a device has it first (a CEL error on a CPU device would abort the
+//! allocation). Memory devices need `DRAConsumableCapacity`; without it the scheduler hands one
 //! to a single claim, which then gets all of its node's memory for claims.
 //!
 //! # Attributes
