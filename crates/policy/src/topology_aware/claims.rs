@@ -679,6 +679,57 @@ mod tests {
         );
     }
 
+    /// A claim of the individual model: two CPU devices and a memory device.
+    fn with_memory_device(uid: &str) -> HeldClaim {
+        let mut claim = held(uid, &["pod-a"]);
+        for (r, device) in claim.results.iter_mut().zip(["cpu2", "cpu3"]) {
+            r.request = "cpus".into();
+            r.device = device.into();
+        }
+        claim.results[0].cpus = "2".parse().unwrap();
+        claim.results[1].cpus = "3".parse().unwrap();
+        claim.results.push(ResultRecord {
+            request: "memory".into(),
+            device: "memory0".into(),
+            mems: "0".parse().unwrap(),
+            memory_node: Some(0),
+            memory: 1 << 30,
+            ..ResultRecord::default()
+        });
+        claim
+    }
+
+    #[test]
+    fn a_memory_device_result_says_its_memory_and_node_and_reads_back_without_cpus() {
+        let claim = with_memory_device("u1");
+        let edits = claim.edits();
+        assert_eq!(edits[2].env, ["DRA_MEMS_u1=0", "DRA_MEMORY_u1=1073741824"]);
+        assert_eq!(
+            granted("u1", &edits).unwrap(),
+            [
+                ("2-3".parse().unwrap(), Some("0".parse().unwrap())),
+                ("2-3".parse().unwrap(), Some("0".parse().unwrap())),
+                (CpuSet::new(), Some("0".parse().unwrap())),
+            ]
+        );
+        assert_eq!(
+            granted_memory("u1", &edits).unwrap()[2],
+            (1 << 30, BTreeMap::new())
+        );
+    }
+
+    #[test]
+    fn the_environment_fallback_uses_memory_results_only_when_told_the_memory() {
+        let claims = BTreeMap::from([("u1".to_owned(), with_memory_device("u1"))]);
+        let mut c = Container::default();
+        c.pod.uid = "pod-a".into();
+        c.env = vec!["DRA_CPUSET_u1=2-3".into()];
+        let used = |c: &Container| used_by(c, &claims, "cpu.resmgr.io");
+        assert_eq!(used(&c), BTreeMap::from([("u1".to_owned(), vec![0, 1])]));
+        c.env.push("DRA_MEMORY_u1=1073741824".into());
+        assert_eq!(used(&c), BTreeMap::from([("u1".to_owned(), vec![0, 1, 2])]));
+    }
+
     #[test]
     fn the_environment_fallback_accepts_the_shell_safe_name() {
         let uid = "0b6c2a4e-7f3d-4c5e-9a1b-2c3d4e5f6a7b";
