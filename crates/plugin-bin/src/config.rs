@@ -153,6 +153,7 @@ pub struct RunConfig {
     pub cdi_dir: PathBuf,
     pub kubeconfig: Option<PathBuf>,
     pub node_allocatable_cpu: bool,
+    pub node_allocatable_memory: bool,
     pub topology: TopologySource,
     pub reserved_cpus: ReservedCpus,
     pub reserved_namespaces: Vec<String>,
@@ -223,6 +224,7 @@ impl RunConfig {
             node_allocatable_cpu: self
                 .node_allocatable_cpu
                 .then(kube::NodeAllocatableCpu::default),
+            node_allocatable_memory: self.node_allocatable_memory,
             ..PublisherConfig::new(&self.driver_name, node)
         })
     }
@@ -644,6 +646,7 @@ impl RunFlags {
         let kubeconfig = r.optional(&KUBECONFIG)?.map(|k| k.0);
         let nri_plugin_index = r.take(&NRI_PLUGIN_INDEX)?.0;
         let node_allocatable_cpu = r.take(&NODE_ALLOCATABLE_CPU)?;
+        let node_allocatable_memory = r.take(&NODE_ALLOCATABLE_MEMORY)?;
         let topology = r.take(&TOPOLOGY)?;
 
         // A count always has a default; the set wins when given where the count was not.
@@ -751,6 +754,7 @@ impl RunFlags {
             cdi_dir,
             kubeconfig,
             node_allocatable_cpu,
+            node_allocatable_memory,
             topology,
             reserved_cpus,
             reserved_namespaces,

@@ -166,6 +166,7 @@ pub const SETTINGS: &[&dyn AnySetting] = &[
     &CDI_DIR,
     &KUBECONFIG,
     &NODE_ALLOCATABLE_CPU,
+    &NODE_ALLOCATABLE_MEMORY,
     &TOPOLOGY,
     &RESERVED_CPUS,
     &RESERVED_CPU_COUNT,
@@ -304,6 +305,22 @@ pub const NODE_ALLOCATABLE_CPU: Typed<bool> = Typed::new(Setting {
               with the DRANodeAllocatableResources feature gate (the mapping is written in \
               1.36's form and in 1.37's; the API server keeps the one it knows); without \
               it, pods repeat their claimed CPUs in `resources.requests`.",
+});
+
+pub const NODE_ALLOCATABLE_MEMORY: Typed<bool> = Typed::new(Setting {
+    key: "node-allocatable-memory",
+    section: Section::Kubernetes,
+    value_name: "BOOL",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("false"),
+    summary: "Map each published device's `memory` and `hugepages<size>` capacities to the \
+              node's allocatable memory and `hugepages-<size>`.",
+    details: "As `node-allocatable-cpu` does for CPUs, with the same versions and gate: the \
+              scheduler charges claimed memory and hugepages against the node, and from 1.37 \
+              the kubelet adds them to the pod's and the container's limits, so a pod need \
+              not repeat them in `resources` (without it, the kubelet caps the pod's hugetlb \
+              at what `resources` lists). Only devices with memory capacities are mapped \
+              (`claim-memory`, `claim-hugepages`).",
 });
 
 // === The policy ===

@@ -150,6 +150,7 @@ fn the_config_file_sets_every_key_and_flags_win() {
          cdi-dir: /file/cdi\n\
          kubeconfig: /file/kubeconfig\n\
          node-allocatable-cpu: true\n\
+         node-allocatable-memory: true\n\
          topology: synthetic:pack:1 core:2 pu:1\n\
          reserved-cpus: '0'\n\
          reserved-namespaces:\n\

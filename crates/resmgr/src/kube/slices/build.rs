@@ -9,7 +9,10 @@ use k8s_openapi::{
     api::resource::v1 as wire,
     apimachinery::pkg::{api::resource::Quantity as WireQuantity, apis::meta::v1::OwnerReference},
 };
-use policy::{AttributeValue, Capacity, Device, Quantity, ValidValues};
+use policy::{
+    AttributeValue, Capacity, Device, Quantity, ValidValues,
+    topology_aware::{devices::MEMORY_CAPACITY, memory::hugepage_size},
+};
 
 use super::PublisherConfig;
 
@@ -20,8 +23,10 @@ pub const MAX_DEVICES_PER_SLICE: usize = 128;
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Its value.
 pub const MANAGED_BY: &str = "resmgr";
-/// The node resource the node-allocatable mapping charges.
+/// The node resource the node-allocatable mapping charges for CPUs.
 pub const NODE_CPU: &str = "cpu";
+/// The node resource our `memory` capacity maps to.
+pub const NODE_MEMORY: &str = "memory";
 
 /// The v1 device the API server gets for a policy device.
 pub fn wire_device(config: &PublisherConfig, device: &Device) -> wire::Device {
@@ -45,28 +50,56 @@ pub fn wire_device(config: &PublisherConfig, device: &Device) -> wire::Device {
     }
 }
 
-/// The node-allocatable mapping of a device, when configured and the device has the CPU
-/// capacity: a shared device charges the node what each claim consumed; an exclusive one charges
-/// its whole capacity per allocation.
+/// The node-allocatable mapping of a device, for each node resource configured whose capacity
+/// the device has: `cpu` (with `node_allocatable_cpu`), and `memory` and `hugepages-<size>` (with
+/// `node_allocatable_memory`, from the `memory` and `hugepages<size>` capacities). A shared
+/// device charges the node what each claim consumed; an exclusive one charges its whole
+/// capacity per allocation. `None` when nothing is mapped.
 fn node_allocatable_mapping(
     config: &PublisherConfig,
     device: &Device,
 ) -> Option<BTreeMap<String, wire::NodeAllocatableResourceMapping>> {
-    let cpu = config.node_allocatable_cpu.as_ref()?;
-    let capacity = device.capacities.get(&cpu.capacity)?;
-    let mapping = if device.allow_multiple_allocations {
-        wire::NodeAllocatableResourceMapping {
-            capacity_key: Some(cpu.capacity.clone()),
-            allocation_multiplier: None,
-        }
-    } else {
-        wire::NodeAllocatableResourceMapping {
-            capacity_key: None,
-            allocation_multiplier: (capacity.value != Quantity::from_units(1))
-                .then(|| quantity(capacity.value)),
-        }
+    let mut mappings = BTreeMap::new();
+    let mut map = |resource: String, capacity_name: &str| {
+        let Some(capacity) = device.capacities.get(capacity_name) else {
+            return;
+        };
+        let mapping = if device.allow_multiple_allocations {
+            wire::NodeAllocatableResourceMapping {
+                capacity_key: Some(capacity_name.to_owned()),
+                allocation_multiplier: None,
+            }
+        } else {
+            wire::NodeAllocatableResourceMapping {
+                capacity_key: None,
+                allocation_multiplier: (capacity.value != Quantity::from_units(1))
+                    .then(|| quantity(capacity.value)),
+            }
+        };
+        mappings.insert(resource, mapping);
     };
-    Some(BTreeMap::from([(NODE_CPU.to_owned(), mapping)]))
+    if let Some(cpu) = &config.node_allocatable_cpu {
+        map(NODE_CPU.to_owned(), &cpu.capacity);
+    }
+    if config.node_allocatable_memory {
+        for name in device.capacities.keys() {
+            if let Some(resource) = node_memory_resource(name) {
+                map(resource, name);
+            }
+        }
+    }
+    (!mappings.is_empty()).then_some(mappings)
+}
+
+/// The node resource a memory capacity of ours maps to: `memory`, and `hugepages-2Mi` for
+/// `hugepages2Mi` (a capacity name is a C identifier, a resource name has the dash).
+fn node_memory_resource(capacity: &str) -> Option<String> {
+    if capacity == MEMORY_CAPACITY {
+        return Some(NODE_MEMORY.to_owned());
+    }
+    hugepage_size(capacity)?;
+    let size = capacity.strip_prefix("hugepages")?;
+    Some(format!("hugepages-{size}"))
 }
 
 fn wire_attribute(value: &AttributeValue) -> wire::DeviceAttribute {
@@ -321,6 +354,58 @@ mod tests {
         let mut no_cpu = shared.clone();
         no_cpu.capacities.clear();
         assert_eq!(mapping(&on, &no_cpu), serde_json::Value::Null);
+    }
+
+    #[test]
+    fn maps_node_allocatable_memory_and_hugepages_only_when_configured() {
+        let capacity = |v: &str| Capacity {
+            value: q(v),
+            request_policy: None,
+        };
+        let shared = Device {
+            name: "numa-0".into(),
+            attributes: BTreeMap::new(),
+            capacities: BTreeMap::from([
+                ("cpu".into(), capacity("16")),
+                ("memory".into(), capacity("16Gi")),
+                ("hugepages2Mi".into(), capacity("512Mi")),
+                ("hugepages1Gi".into(), capacity("2Gi")),
+                ("other".into(), capacity("3")),
+            ]),
+            allow_multiple_allocations: true,
+        };
+        let mut exclusive = shared.clone();
+        exclusive.allow_multiple_allocations = false;
+        let mapping = |config: &PublisherConfig, d: &Device| {
+            serde_json::to_value(wire_device(config, d)).unwrap()["nodeAllocatableResourceMappings"]
+                .clone()
+        };
+        assert_eq!(mapping(&config(), &shared), serde_json::Value::Null);
+        let mut memory = config();
+        memory.node_allocatable_memory = true;
+        assert_eq!(
+            mapping(&memory, &shared),
+            serde_json::json!({
+                "memory": {"capacityKey": "memory"},
+                "hugepages-2Mi": {"capacityKey": "hugepages2Mi"},
+                "hugepages-1Gi": {"capacityKey": "hugepages1Gi"},
+            })
+        );
+        let mut both = memory.clone();
+        both.node_allocatable_cpu = Some(super::super::NodeAllocatableCpu::default());
+        assert_eq!(
+            mapping(&both, &exclusive),
+            serde_json::json!({
+                "cpu": {"allocationMultiplier": "16"},
+                "memory": {"allocationMultiplier": "17179869184"},
+                "hugepages-2Mi": {"allocationMultiplier": "536870912"},
+                "hugepages-1Gi": {"allocationMultiplier": "2147483648"},
+            })
+        );
+        // A per-CPU device carries no memory: nothing of memory is mapped.
+        let mut cpu_only = shared.clone();
+        cpu_only.capacities.retain(|name, _| name == "cpu");
+        assert_eq!(mapping(&memory, &cpu_only), serde_json::Value::Null);
     }
 
     #[test]

@@ -70,9 +70,14 @@ pub struct PublisherConfig {
     pub driver: String,
     /// This node's name; also the pool's name.
     pub node_name: String,
-    /// The node-allocatable mapping; `None` (the default) publishes none, which every cluster
-    /// accepts.
+    /// The node-allocatable mapping of CPUs; `None` (the default) publishes none, which every
+    /// cluster accepts.
     pub node_allocatable_cpu: Option<NodeAllocatableCpu>,
+    /// Whether to map the devices' `memory` and `hugepages<size>` capacities to the node's
+    /// allocatable `memory` and `hugepages-<size>` as well (off by default), so that the
+    /// scheduler charges claimed memory against the node and, from 1.37, the kubelet applies it
+    /// to the pod's and the container's limits.
+    pub node_allocatable_memory: bool,
     /// While the API server refuses the mapping for our Node (1.37's admission, for a Node
     /// whose kubelet does not declare the feature), slices go without it, and the mapped form
     /// is tried again this long after it was last refused (and as soon as a publication finds
@@ -96,6 +101,7 @@ impl PublisherConfig {
             driver: driver.into(),
             node_name: node_name.into(),
             node_allocatable_cpu: None,
+            node_allocatable_memory: false,
             node_allocatable_retry: Duration::from_secs(300),
             retry: RetryPolicy::default(),
             resync_backoff: Duration::from_secs(1),
