@@ -91,7 +91,7 @@ func decodeStrict(t *testing.T, what string, doc []byte, out any) {
 }
 
 // The alerts are a PrometheusRule the Prometheus Operator accepts, whose rules Prometheus itself
-// loads (rulefmt: expressions, durations, labels and annotation templates), for exactly the four
+// loads (rulefmt: expressions, durations, labels and annotation templates), for exactly the seven
 // conditions an operator must hear about, over metrics the agent exports.
 func TestAlertsLoadInPrometheusAndNameExportedMetrics(t *testing.T) {
 	exported := exportedSeries(t)
@@ -132,7 +132,7 @@ func TestAlertsLoadInPrometheusAndNameExportedMetrics(t *testing.T) {
 			}
 		}
 	}
-	want := []string{"ResmgrAgentNotReady", "ResmgrClaimsFailing", "ResmgrPendingUpdatesStuck", "ResmgrPublicationFailing"}
+	want := []string{"ResmgrAgentNotReady", "ResmgrClaimsContested", "ResmgrClaimsFailing", "ResmgrNodeAllocatableRefused", "ResmgrPendingUpdatesStuck", "ResmgrPublicationFailing", "ResmgrSliceFieldsDropped"}
 	if slices.Sort(alerts); !slices.Equal(alerts, want) {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}
