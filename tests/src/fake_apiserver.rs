@@ -74,6 +74,9 @@ struct Store {
     failures: VecDeque<Failure>,
     /// Device fields the server drops on write (as with a feature gate off).
     dropped_device_fields: Vec<String>,
+    /// Whether list-valued attributes are dropped on write (`DRAListTypeAttributes` off), which
+    /// leaves them without a value and the slice refused.
+    list_attributes_off: bool,
     /// Whether slices that map node resources are admitted only for a Node that declares the
     /// feature, as 1.37's NodeDeclaredFeatureValidator does.
     node_declared_features: bool,
@@ -206,6 +209,12 @@ impl FakeApiServer {
             store.remove(&self.shared, key);
         }
         keys.len()
+    }
+
+    /// Drops the list values of attributes (`strings`, ...) from every slice written from now
+    /// on, as an API server without `DRAListTypeAttributes` does before validating.
+    pub fn turn_list_attributes_off(&self) {
+        self.store().list_attributes_off = true;
     }
 
     /// Drops these device fields from every slice written from now on.
@@ -701,6 +710,15 @@ fn admit_slice(store: &Store, version: &str, object: &mut Value) -> Result<(), S
         if let Some(Value::Object(fields)) = fields {
             for dropped in &store.dropped_device_fields {
                 fields.remove(dropped);
+            }
+            if store.list_attributes_off
+                && let Some(Value::Object(attributes)) = fields.get_mut("attributes")
+            {
+                for value in attributes.values_mut().filter_map(Value::as_object_mut) {
+                    for list in ["strings", "ints", "bools", "versions"] {
+                        value.remove(list);
+                    }
+                }
             }
         }
     }

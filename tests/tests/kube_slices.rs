@@ -413,6 +413,54 @@ async fn fields_the_api_server_drops_are_reported_and_not_rewritten_forever() {
 }
 
 #[tokio::test]
+async fn list_attributes_refused_without_their_gate_are_left_out_and_named() {
+    let with_roots = || {
+        let mut d = device("numa-0", 8);
+        d.attributes.insert(
+            "resource.kubernetes.io/pcieRoot".to_owned(),
+            AttributeValue::Strings(vec!["pci0000:00".into()]),
+        );
+        vec![d]
+    };
+    // With the gate the list is published as it is.
+    let (server, publisher) = start(&["v1"], config()).await;
+    let report = publisher.publish(with_roots()).await.unwrap();
+    assert!(report.dropped_fields.is_empty());
+    assert_eq!(
+        server.slices()[0]["spec"]["devices"][0]["attributes"]["resource.kubernetes.io/pcieRoot"],
+        serde_json::json!({"strings": ["pci0000:00"]})
+    );
+
+    // Without it the API server refuses the slice; the publisher publishes without the list and
+    // names it, once.
+    let (server, publisher) = start(&["v1"], config()).await;
+    server.turn_list_attributes_off();
+    let report = publisher.publish(with_roots()).await.unwrap();
+    assert_eq!(report.created, 1);
+    assert_eq!(
+        report.dropped_fields,
+        [r#"devices[].attributes["resource.kubernetes.io/pcieRoot"].strings"#]
+    );
+    assert_eq!(
+        publisher.dropped_fields().borrow().len(),
+        1,
+        "whoever watches learns it too"
+    );
+    let stored = &server.slices()[0]["spec"]["devices"][0]["attributes"];
+    assert!(
+        stored.get("resource.kubernetes.io/pcieRoot").is_none(),
+        "{stored}"
+    );
+    assert_eq!(
+        stored["resource.kubernetes.io/numaNode"],
+        serde_json::json!({"int": 0})
+    );
+    let again = publisher.publish(with_roots()).await.unwrap();
+    assert_eq!((again.created, again.updated, again.deleted), (0, 0, 0));
+    assert!(again.dropped_fields.is_empty(), "reported once");
+}
+
+#[tokio::test]
 async fn node_allocatable_mapping_is_published_only_when_switched_on() {
     let (server, publisher) = start(&["v1"], config()).await;
     publisher.publish(vec![device("numa-0", 8)]).await.unwrap();

@@ -154,7 +154,10 @@ pub struct RunConfig {
     pub kubeconfig: Option<PathBuf>,
     pub node_allocatable_cpu: bool,
     pub node_allocatable_memory: bool,
+    pub expose_pcie_roots: bool,
     pub topology: TopologySource,
+    /// `sysfs-root` as given; see [`RunConfig::sysfs_root`].
+    pub sysfs_root_given: Option<PathBuf>,
     pub reserved_cpus: ReservedCpus,
     pub reserved_namespaces: Vec<String>,
     /// `cpu-exclusivity` with `claim-cpus`, and `device-mode`, `group-by`, `claim-granularity`.
@@ -229,12 +232,19 @@ impl RunConfig {
         })
     }
 
-    /// How the published devices' health is told: from this machine's sysfs, unless the topology
-    /// is not this machine's; `None` without DRA.
+    /// The sysfs the agent reads: `sysfs-root`, else `/sys` for the live machine, else none.
+    pub fn sysfs_root(&self) -> Option<PathBuf> {
+        self.sysfs_root_given.clone().or_else(|| {
+            matches!(self.topology, TopologySource::Live).then(|| PathBuf::from("/sys"))
+        })
+    }
+
+    /// How the published devices' health is told: from the sysfs the agent reads ([`Self::sysfs_root`]);
+    /// `None` without DRA.
     pub fn health(&self) -> Option<HealthConfig> {
         let node = self.node_name.as_deref().filter(|_| self.dra)?;
         Some(HealthConfig {
-            sysfs_root: matches!(self.topology, TopologySource::Live).then(|| "/sys".into()),
+            sysfs_root: self.sysfs_root(),
             ..HealthConfig::new(node)
         })
     }
@@ -243,13 +253,15 @@ impl RunConfig {
     /// settings that depend on the machine are checked here, naming where they came from: the
     /// topology, reserved CPUs that are not online, what the policy refuses of its settings.
     pub fn policy(&self) -> anyhow::Result<Box<dyn policy::Policy>> {
-        let topology = Topology::load(&self.topology).with_context(|| {
-            format!(
-                "{} {}",
-                self.origin("topology"),
-                values::show_topology(&self.topology)
-            )
-        })?;
+        let sysfs_root = self.sysfs_root();
+        let topology = Topology::load_with_sysfs(&self.topology, sysfs_root.as_deref())
+            .with_context(|| {
+                format!(
+                    "{} {}",
+                    self.origin("topology"),
+                    values::show_topology(&self.topology)
+                )
+            })?;
         let reserved_key = match self.reserved_cpus {
             ReservedCpus::Set(_) => "reserved-cpus",
             ReservedCpus::Count(_) => "reserved-cpu-count",
@@ -267,7 +279,10 @@ impl RunConfig {
                 driver: self.driver_name.clone(),
                 reserved_namespaces: self.reserved_namespaces.clone(),
                 exclusivity: self.policy.0.clone(),
-                devices: self.policy.1,
+                devices: DeviceModel {
+                    pcie_roots: self.expose_pcie_roots,
+                    ..self.policy.1
+                },
                 memory: self.memory.clone(),
                 ..Config::default()
             },
@@ -647,7 +662,9 @@ impl RunFlags {
         let nri_plugin_index = r.take(&NRI_PLUGIN_INDEX)?.0;
         let node_allocatable_cpu = r.take(&NODE_ALLOCATABLE_CPU)?;
         let node_allocatable_memory = r.take(&NODE_ALLOCATABLE_MEMORY)?;
+        let expose_pcie_roots = r.take(&EXPOSE_PCIE_ROOTS)?;
         let topology = r.take(&TOPOLOGY)?;
+        let sysfs_root_given = r.optional(&SYSFS_ROOT)?.map(|p| p.0);
 
         // A count always has a default; the set wins when given where the count was not.
         let (count, count_origin) = r.peek(&RESERVED_CPU_COUNT)?;
@@ -755,7 +772,9 @@ impl RunFlags {
             kubeconfig,
             node_allocatable_cpu,
             node_allocatable_memory,
+            expose_pcie_roots,
             topology,
+            sysfs_root_given,
             reserved_cpus,
             reserved_namespaces,
             policy,

@@ -167,7 +167,9 @@ pub const SETTINGS: &[&dyn AnySetting] = &[
     &KUBECONFIG,
     &NODE_ALLOCATABLE_CPU,
     &NODE_ALLOCATABLE_MEMORY,
+    &EXPOSE_PCIE_ROOTS,
     &TOPOLOGY,
+    &SYSFS_ROOT,
     &RESERVED_CPUS,
     &RESERVED_CPU_COUNT,
     &RESERVED_NAMESPACES,
@@ -323,6 +325,24 @@ pub const NODE_ALLOCATABLE_MEMORY: Typed<bool> = Typed::new(Setting {
               (`claim-memory`, `claim-hugepages`).",
 });
 
+pub const EXPOSE_PCIE_ROOTS: Typed<bool> = Typed::new(Setting {
+    key: "expose-pcie-roots",
+    section: Section::Kubernetes,
+    value_name: "BOOL",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("false"),
+    summary: "Publish `resource.kubernetes.io/pcieRoot` on each device: the PCIe roots local to \
+              its CPUs.",
+    details: "A claim can then put CPUs (and memory) on the PCIe root of another driver's GPU \
+              or NIC with `matchAttribute: resource.kubernetes.io/pcieRoot`. The attribute is \
+              a list of strings, which needs the alpha DRAListTypeAttributes feature gate on \
+              the API server and the scheduler (Kubernetes 1.36 or later): without it the API \
+              server refuses such slices, and the agent then publishes its devices without \
+              the attribute and warns naming the gate. Roots come from sysfs \
+              (`sysfs-root`); a device whose CPUs no root is local to gets none. Aligning on \
+              `resource.kubernetes.io/numaNode` needs no gate (docs/kubernetes.md).",
+});
+
 // === The policy ===
 
 pub const TOPOLOGY: Typed<TopologySource> = Typed::new(Setting {
@@ -468,6 +488,20 @@ pub const CLAIM_HUGEPAGES: Typed<bool> = Typed::new(Setting {
               are set from what the claim got. Leave it off on nodes whose pods request \
               hugepages through `resources` without claims: the kubelet hands those out \
               from the same pages.",
+});
+
+pub const SYSFS_ROOT: Typed<Path> = Typed::new(Setting {
+    key: "sysfs-root",
+    section: Section::Policy,
+    value_name: "DIR",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset("`/sys` with `topology: live`; none with another topology"),
+    summary: "Where the agent reads what hwloc does not say: isolated and offline CPUs, \
+              hugepages, PCIe roots.",
+    details: "Set it where the host's sysfs is mounted when that is not `/sys`, or, with a \
+              synthetic or XML topology, to a sysfs tree of the machine it describes (tests \
+              and demonstrations): without one such a topology has every CPU online, none \
+              isolated, no hugepages and no PCIe roots.",
 });
 
 // === The agent ===

@@ -336,6 +336,7 @@ pub fn combine_policy(
             mode: choice.device_mode,
             group_by: choice.group_by,
             granularity: choice.claim_granularity,
+            pcie_roots: false,
         },
     ))
 }

@@ -151,7 +151,9 @@ fn the_config_file_sets_every_key_and_flags_win() {
          kubeconfig: /file/kubeconfig\n\
          node-allocatable-cpu: true\n\
          node-allocatable-memory: true\n\
+         expose-pcie-roots: true\n\
          topology: synthetic:pack:1 core:2 pu:1\n\
+         sysfs-root: /file/sys\n\
          reserved-cpus: '0'\n\
          reserved-namespaces:\n\
          - kube-system\n\

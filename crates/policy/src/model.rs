@@ -236,6 +236,10 @@ pub enum AttributeValue {
     String(String),
     /// A semantic version.
     Version(String),
+    /// A non-empty list of strings (each at most 64 characters): a list attribute, which the API
+    /// server keeps only with the `DRAListTypeAttributes` gate, and which `matchAttribute`
+    /// matches by intersection there.
+    Strings(Vec<String>),
 }
 
 /// Which amounts a request may consume from a capacity.

@@ -1200,6 +1200,7 @@ const fn model(mode: DeviceMode, group_by: GroupBy, granularity: Granularity) ->
         mode,
         group_by,
         granularity,
+        pcie_roots: false,
     }
 }
 

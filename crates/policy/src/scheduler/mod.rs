@@ -445,6 +445,7 @@ fn show_value(v: &AttributeValue) -> String {
         AttributeValue::Int(i) => i.to_string(),
         AttributeValue::Bool(b) => b.to_string(),
         AttributeValue::String(s) | AttributeValue::Version(s) => format!("{s:?}"),
+        AttributeValue::Strings(list) => format!("{list:?}"),
     }
 }
 

@@ -166,7 +166,10 @@ impl Search<'_> {
     }
 
     /// Whether device `d` has every constrained attribute of request `req`, equal to the value
-    /// already fixed.
+    /// already fixed. A list attribute compares as a whole list here, where kube-scheduler
+    /// (with `DRAListTypeAttributes`) intersects the lists: the model is exact for our own
+    /// devices only when devices on one PCIe root list the same roots, as ours on one NUMA node
+    /// do.
     fn constraints_allow(&self, req: usize, d: usize) -> bool {
         let device = &self.input.devices[d];
         self.constraints_of(req).all(|c| {

@@ -14,6 +14,11 @@
 //! - Distances come from the NUMA latency matrix when the source has one (the firmware's SLIT on
 //!   a live machine, an XML `distances2` element). Synthetic topologies have none, so they are
 //!   derived: 10 to itself, 12 within a package, 20 across packages.
+//! - PCIe roots come from sysfs only (see [`super::sysfs`]), never from hwloc: hwloc keeps I/O
+//!   objects only when asked to, an XML export has them only if the machine's was made so, and
+//!   it names host bridges by bus range, not by the `pci<domain>:<bus>` name Kubernetes'
+//!   `resource.kubernetes.io/pcieRoot` attribute uses. A synthetic or XML topology gets roots
+//!   from the sysfs root it is given with (a replayed machine's), else none.
 //! - hwloc lists no PU for an offline CPU: offline CPUs are the complete cpuset minus the online
 //!   one, further restricted by sysfs `online` when a sysfs root is given.
 
@@ -29,7 +34,7 @@ use hwlocality::{
 };
 
 use super::{
-    CacheGroup, Core, CoreKind, Die, MemoryKind, NumaNode, Package, Topology,
+    CacheGroup, Core, CoreKind, Die, MemoryKind, NumaNode, Package, PcieRoot, Topology,
     sysfs::{self, SysfsError},
 };
 use crate::idset::CpuSet;
@@ -85,8 +90,9 @@ impl Topology {
         Self::load_with_sysfs(source, root)
     }
 
-    /// Discovers a topology from `source`, reading isolated and online CPUs and each node's
-    /// hugepages from sysfs under `sysfs_root` when given (see [`super::sysfs`]).
+    /// Discovers a topology from `source`, reading isolated and online CPUs, each node's
+    /// hugepages and the PCIe roots from sysfs under `sysfs_root` when given (see
+    /// [`super::sysfs`]).
     pub fn load_with_sysfs(
         source: &TopologySource,
         sysfs_root: Option<&Path>,
@@ -118,12 +124,35 @@ impl Topology {
             for node in &mut topo.numa_nodes {
                 node.hugepages = sysfs::read_hugepages(root, node.id)?;
             }
+            topo.pcie_roots = pcie_roots(&topo, sysfs::read_pcie_roots(root)?);
         }
         if topo.online.is_empty() {
             return Err(TopologyError::NoCpus { source_kind: kind });
         }
         Ok(topo)
     }
+}
+
+/// The roots sysfs lists, local to the online CPUs of their `cpulistaffinity`, or of their NUMA
+/// node when that says nothing.
+fn pcie_roots(topo: &Topology, raw: Vec<sysfs::RawPcieRoot>) -> Vec<PcieRoot> {
+    raw.into_iter()
+        .map(|r| {
+            let cpus = match (&r.affinity, r.numa_node) {
+                (Some(cpus), _) => cpus.intersection(&topo.online),
+                (None, Some(node)) => topo
+                    .numa_node(node)
+                    .map(|n| n.cpus.clone())
+                    .unwrap_or_default(),
+                (None, None) => CpuSet::new(),
+            };
+            PcieRoot {
+                name: r.name,
+                cpus,
+                numa_node: r.numa_node,
+            }
+        })
+        .collect()
 }
 
 fn to_u32(i: usize) -> u32 {
@@ -286,6 +315,7 @@ fn from_hwloc(hw: &HwTopology, facts: &sysfs::CpuFacts) -> Topology {
         online,
         offline,
         isolated,
+        pcie_roots: Vec::new(),
     }
 }
 
@@ -515,6 +545,54 @@ mod tests {
             "an offline cpu is not isolated"
         );
         assert_eq!(t.cores[3].threads.to_string(), "6");
+    }
+
+    #[test]
+    fn pcie_roots_are_local_to_their_affinity_or_their_nodes_cpus() {
+        let root = tempfile::tempdir().unwrap();
+        let add = |bus: &str, affinity: &str, numa: Option<&str>| {
+            let dir = root.path().join(format!("devices/pci{bus}"));
+            let bus_dir = dir.join(format!("pci_bus/{bus}"));
+            std::fs::create_dir_all(&bus_dir).unwrap();
+            std::fs::write(bus_dir.join("cpulistaffinity"), affinity).unwrap();
+            if let Some(numa) = numa {
+                let device = dir.join(format!("{bus}:01.0"));
+                std::fs::create_dir_all(&device).unwrap();
+                std::fs::write(device.join("numa_node"), numa).unwrap();
+            }
+        };
+        add("0000:00", "0-7,40\n", Some("0"));
+        add("0000:80", "", Some("1"));
+        add("0000:c0", "bogus", None);
+        let t = Topology::load_with_sysfs(
+            &TopologySource::Synthetic("pack:2 numa:1 core:4 pu:2".into()),
+            Some(root.path()),
+        )
+        .unwrap();
+        let got: Vec<(&str, String, Option<u32>)> = t
+            .pcie_roots
+            .iter()
+            .map(|r| (r.name.as_str(), r.cpus.to_string(), r.numa_node))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("pci0000:00", "0-7".to_owned(), Some(0)),
+                ("pci0000:80", "8-15".to_owned(), Some(1)),
+                ("pci0000:c0", String::new(), None),
+            ],
+            "affinity limited to online cpus; an empty one falls back to the node's cpus; \
+             without either the root is local to no cpu"
+        );
+        assert_eq!(
+            t.pcie_roots_of(&"6-9".parse().unwrap()),
+            ["pci0000:00", "pci0000:80"]
+        );
+        assert!(t.pcie_roots_of(&"16".parse().unwrap()).is_empty());
+        assert!(
+            synthetic("pack:2 core:4 pu:2").pcie_roots.is_empty(),
+            "no sysfs root, no roots"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! [`Topology`] is plain data. [`discover`] fills it from hwloc (the live machine, a synthetic
 //! description or an XML file) and [`sysfs`] adds what hwloc does not say: which CPUs the kernel
-//! isolated, and which it took offline. That discovery is the only IO in this crate; everything
+//! isolated, which it took offline, each node's hugepages and the PCIe root complexes local to
+//! each CPU ([`PcieRoot`]). That discovery is the only IO in this crate; everything
 //! downstream is a pure function of a `Topology`, so tests and benchmarks build one from a
 //! synthetic string and get the same decisions every time.
 //!
@@ -158,6 +159,19 @@ pub struct Core {
     pub kind: CoreKind,
 }
 
+/// A PCIe root complex (host bridge) and the CPUs local to it, from sysfs (see [`sysfs`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PcieRoot {
+    /// Its name as the kernel and Kubernetes' standard `resource.kubernetes.io/pcieRoot`
+    /// attribute spell it: `pci<domain>:<bus>` in lower-case hex, such as `pci0000:00`.
+    pub name: String,
+    /// The online CPUs local to it: its root bus's `cpulistaffinity`, or, when that is empty or
+    /// unreadable, the CPUs of its NUMA node; empty when neither says.
+    pub cpus: CpuSet,
+    /// The NUMA node its devices report (`numa_node`), if any does.
+    pub numa_node: Option<u32>,
+}
+
 /// The machine as the policy sees it. See the module docs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
@@ -177,6 +191,9 @@ pub struct Topology {
     pub offline: CpuSet,
     /// Online CPUs the kernel isolated from the scheduler (`isolcpus`).
     pub isolated: CpuSet,
+    /// PCIe root complexes by name; empty when the topology was loaded without a sysfs root.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pcie_roots: Vec<PcieRoot>,
 }
 
 impl Topology {
@@ -196,6 +213,15 @@ impl Topology {
             .iter()
             .filter(|n| n.kind == MemoryKind::Dram)
             .map(|n| n.id)
+            .collect()
+    }
+
+    /// The names of the PCIe roots local to any of `cpus`, sorted.
+    pub fn pcie_roots_of(&self, cpus: &CpuSet) -> Vec<String> {
+        self.pcie_roots
+            .iter()
+            .filter(|r| r.cpus.intersects(cpus))
+            .map(|r| r.name.clone())
             .collect()
     }
 
@@ -258,6 +284,17 @@ impl fmt::Display for Topology {
                 write!(f, ", {pages} hugepages of {}", page_size_name(*size))?;
             }
             writeln!(f)?;
+        }
+        for r in &self.pcie_roots {
+            let node = r
+                .numa_node
+                .map_or_else(String::new, |n| format!(", numa{n}"));
+            writeln!(
+                f,
+                "pcie root {}: cpus {:?}{node}",
+                r.name,
+                r.cpus.to_string()
+            )?;
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! What hwloc does not report, read from sysfs under a configurable root: isolated and online
-//! CPUs, and each NUMA node's hugepages.
+//! CPUs, each NUMA node's hugepages, and the PCIe root complexes with the CPUs local to each.
 //!
 //! The root is a parameter (`/sys` on a live node, a host mount when the agent runs in a
 //! container, a temporary directory in tests). Files are read relative to it:
@@ -9,6 +9,15 @@
 //! `devices/system/node/node<N>/hugepages/hugepages-<size>kB/nr_hugepages`, one directory per
 //! page size the kernel supports; a missing directory means no hugepages (a kernel without
 //! them), and a size with no pages kept is left out.
+//!
+//! PCIe root complexes are the `devices/pci<DDDD>:<BB>` directories (domain and bus in hex, the
+//! name Kubernetes' `resource.kubernetes.io/pcieRoot` attribute uses). The CPUs local to one are
+//! its root bus's `devices/pci<DDDD>:<BB>/pci_bus/<DDDD>:<BB>/cpulistaffinity` (what
+//! `class/pci_bus/<DDDD>:<BB>` links to); its NUMA node is the `numa_node` of the first device
+//! on that bus that reports one (`-1`, no affinity, is none: the root itself has no such file).
+//! An empty, missing or garbled `cpulistaffinity` is read as "not said" rather than refused: the
+//! roots only add an optional attribute to devices, and a kernel quirk there must not stop the
+//! agent; [`super::discover`] then takes the node's CPUs, or leaves the root local to none.
 
 use std::{
     collections::BTreeMap,
@@ -109,6 +118,111 @@ pub fn read_hugepages(root: &Path, node: u32) -> Result<BTreeMap<u64, u64>, Sysf
     Ok(out)
 }
 
+/// A PCIe root as sysfs says it: the CPUs of its `cpulistaffinity` (`None` when the file is
+/// missing, empty or garbled) and its NUMA node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawPcieRoot {
+    /// `pci<DDDD>:<BB>`.
+    pub name: String,
+    /// `cpulistaffinity`, when it names CPUs.
+    pub affinity: Option<CpuSet>,
+    /// The first non-negative `numa_node` of a device on its root bus.
+    pub numa_node: Option<u32>,
+}
+
+/// The PCIe root complexes under `root` (see the module docs), by name; none when `devices`
+/// is missing.
+pub fn read_pcie_roots(root: &Path) -> Result<Vec<RawPcieRoot>, SysfsError> {
+    let dir = root.join("devices");
+    let mut names: Vec<String> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|name| root_bus(name).is_some())
+            .collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(SysfsError::Read { path: dir, source }),
+    };
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let bus = root_bus(&name).unwrap_or_default().to_owned();
+            let root_dir = dir.join(&name);
+            let affinity_path = root_dir.join("pci_bus").join(&bus).join("cpulistaffinity");
+            let affinity = match std::fs::read_to_string(&affinity_path) {
+                Ok(text) => text
+                    .trim()
+                    .parse::<CpuSet>()
+                    .ok()
+                    .filter(|cpus| !cpus.is_empty()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(source) => {
+                    return Err(SysfsError::Read {
+                        path: affinity_path,
+                        source,
+                    });
+                }
+            };
+            let numa_node = root_numa_node(&root_dir, &bus)?;
+            Ok(RawPcieRoot {
+                name,
+                affinity,
+                numa_node,
+            })
+        })
+        .collect()
+}
+
+/// `DDDD:BB` of a root complex directory named `pci<DDDD>:<BB>` (lower-case hex).
+fn root_bus(name: &str) -> Option<&str> {
+    let bus = name.strip_prefix("pci")?;
+    let (domain, number) = bus.split_once(':')?;
+    let hex = |s: &str, len| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    (hex(domain, 4) && hex(number, 2)).then_some(bus)
+}
+
+/// The first non-negative `numa_node` of the devices `<bus>:DD.F` directly below a root.
+fn root_numa_node(root_dir: &Path, bus: &str) -> Result<Option<u32>, SysfsError> {
+    let entries = match std::fs::read_dir(root_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(SysfsError::Read {
+                path: root_dir.to_owned(),
+                source,
+            });
+        }
+    };
+    let prefix = format!("{bus}:");
+    let mut devices: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .map(|e| e.path().join("numa_node"))
+        .collect();
+    devices.sort();
+    for path in devices {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                if let Ok(node) = text.trim().parse::<u32>() {
+                    return Ok(Some(node));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(SysfsError::Read { path, source }),
+        }
+    }
+    Ok(None)
+}
+
 fn read_list(path: &Path) -> Result<Option<CpuSet>, SysfsError> {
     match std::fs::read_to_string(path) {
         Ok(text) => text.parse().map(Some).map_err(|source| SysfsError::Parse {
@@ -177,6 +291,67 @@ mod tests {
             err.to_string()
                 .contains("hugepages-2048kB/nr_hugepages: \"many\" is not a number of pages"),
             "{err}"
+        );
+    }
+
+    /// A root complex `pci<bus>` whose root bus says `affinity` (no file when `None`), with a
+    /// device on it reporting `numa` (no device when `None`).
+    fn pcie_root(root: &Path, bus: &str, affinity: Option<&str>, numa: Option<&str>) {
+        let dir = root.join(format!("devices/pci{bus}"));
+        let bus_dir = dir.join(format!("pci_bus/{bus}"));
+        std::fs::create_dir_all(&bus_dir).unwrap();
+        if let Some(affinity) = affinity {
+            std::fs::write(bus_dir.join("cpulistaffinity"), affinity).unwrap();
+        }
+        if let Some(numa) = numa {
+            let device = dir.join(format!("{bus}:00.0"));
+            std::fs::create_dir_all(&device).unwrap();
+            std::fs::write(device.join("numa_node"), numa).unwrap();
+        }
+    }
+
+    #[test]
+    fn reads_pcie_roots_with_their_affinity_and_numa_node() {
+        let root = tempfile::tempdir().unwrap();
+        pcie_root(root.path(), "0000:00", Some("0-3\n"), Some("0\n"));
+        pcie_root(root.path(), "0000:80", Some("\n"), Some("1\n"));
+        pcie_root(root.path(), "0001:00", Some("garbled\n"), None);
+        pcie_root(root.path(), "0000:40", Some("4-7\n"), Some("-1\n"));
+        // Not root complexes.
+        std::fs::create_dir_all(root.path().join("devices/platform")).unwrap();
+        std::fs::create_dir_all(root.path().join("devices/pci0000:0")).unwrap();
+        std::fs::create_dir_all(root.path().join("devices/pciABCD:00")).unwrap();
+        let got = read_pcie_roots(root.path()).unwrap();
+        let cpus = |s: &str| Some(s.parse::<CpuSet>().unwrap());
+        assert_eq!(
+            got,
+            [
+                RawPcieRoot {
+                    name: "pci0000:00".into(),
+                    affinity: cpus("0-3"),
+                    numa_node: Some(0)
+                },
+                RawPcieRoot {
+                    name: "pci0000:40".into(),
+                    affinity: cpus("4-7"),
+                    numa_node: None
+                },
+                RawPcieRoot {
+                    name: "pci0000:80".into(),
+                    affinity: None,
+                    numa_node: Some(1)
+                },
+                RawPcieRoot {
+                    name: "pci0001:00".into(),
+                    affinity: None,
+                    numa_node: None
+                },
+            ]
+        );
+        assert!(
+            read_pcie_roots(&root.path().join("absent"))
+                .unwrap()
+                .is_empty()
         );
     }
 

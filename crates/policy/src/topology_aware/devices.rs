@@ -65,6 +65,13 @@
 //! | `l3` | — | when known | the L3 cache group's index (int) |
 //! | `coreType` | — | yes | `standard`, `p-core` or `e-core` (string) |
 //! | `memoryKind` | — | memory devices | `dram` (string) |
+//! | `resource.kubernetes.io/pcieRoot` | with [`DeviceModel::pcie_roots`] | the same (memory devices: their node's CPUs') | the PCIe roots local to the device's CPUs, sorted (list of strings) |
+//!
+//! `resource.kubernetes.io/pcieRoot` is a list attribute (`strings`), which the API server
+//! keeps only with the alpha gate `DRAListTypeAttributes` (1.36 on), so it is opt-in: a driver
+//! cannot see the cluster's gates. There `matchAttribute` on it means the devices' lists
+//! intersect, so a GPU publishing its root as a plain string aligns with our devices that list
+//! it. A device whose CPUs no root is local to (or a topology without roots) has none.
 //!
 //! `wholeCores` lets a DeviceClass that sets `fullCores` select only devices that can honour it
 //! (`device.attributes["<driver>"].wholeCores`), so such a class is never allocated where whole
@@ -80,6 +87,8 @@ use crate::{
     topology::Topology,
 };
 
+/// The standard list attribute naming the PCIe roots local to a device.
+pub const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
 /// The standard attribute naming a device's NUMA node.
 pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 /// The attribute saying every grant from a device is whole cores.
@@ -131,6 +140,8 @@ pub struct DeviceModel {
     pub group_by: GroupBy,
     /// Single CPUs or whole cores.
     pub granularity: Granularity,
+    /// Whether devices carry `resource.kubernetes.io/pcieRoot` (see the module docs).
+    pub pcie_roots: bool,
 }
 
 /// How a device is allocated.
@@ -197,7 +208,7 @@ impl DeviceTable {
             Granularity::Cpu => claimable.clone(),
             Granularity::Core => whole_cores(topo, claimable),
         };
-        let devices = match model.mode {
+        let mut devices = match model.mode {
             DeviceMode::Grouped => grouped(topo, &claimable, model, offer),
             DeviceMode::Individual => {
                 let mut devices = individual(topo, &claimable, model.granularity);
@@ -205,6 +216,24 @@ impl DeviceTable {
                 devices
             }
         };
+        if model.pcie_roots {
+            for d in &mut devices {
+                let local = match (d.is_memory(), d.memory_node) {
+                    (true, Some(node)) => topo
+                        .numa_node(node)
+                        .map(|n| n.cpus.clone())
+                        .unwrap_or_default(),
+                    _ => d.cpus.clone(),
+                };
+                let roots = topo.pcie_roots_of(&local);
+                if !roots.is_empty() {
+                    d.device.attributes.insert(
+                        PCIE_ROOT_ATTRIBUTE.to_owned(),
+                        AttributeValue::Strings(roots),
+                    );
+                }
+            }
+        }
         let by_name = devices
             .iter()
             .enumerate()
@@ -653,6 +682,80 @@ mod tests {
         );
         // No SMT: single CPUs are whole cores.
         assert!(table.get("socket1").unwrap().whole_cores);
+    }
+
+    fn with_roots(mut t: Topology) -> Topology {
+        let root = |name: &str, cpus: &str| crate::topology::PcieRoot {
+            name: name.to_owned(),
+            cpus: set(cpus),
+            numa_node: None,
+        };
+        t.pcie_roots = vec![
+            root("pci0000:00", "0-3"),
+            root("pci0000:40", "2-5"),
+            root("pci0000:80", ""),
+        ];
+        t
+    }
+
+    fn roots_of(table: &DeviceTable, name: &str) -> Option<AttributeValue> {
+        table
+            .get(name)
+            .unwrap()
+            .device
+            .attributes
+            .get(PCIE_ROOT_ATTRIBUTE)
+            .cloned()
+    }
+
+    fn strings(list: &[&str]) -> Option<AttributeValue> {
+        Some(AttributeValue::Strings(
+            list.iter().map(|s| (*s).to_owned()).collect(),
+        ))
+    }
+
+    #[test]
+    fn pcie_roots_are_published_only_when_asked_and_only_where_local() {
+        let t = with_roots(topo("pack:1 numa:2 core:4 pu:1"));
+        let grouped = DeviceModel {
+            pcie_roots: true,
+            ..DeviceModel::default()
+        };
+        let table = DeviceTable::build(&t, &set("0-7"), &grouped);
+        assert_eq!(
+            roots_of(&table, "numa0"),
+            strings(&["pci0000:00", "pci0000:40"])
+        );
+        assert_eq!(roots_of(&table, "numa1"), strings(&["pci0000:40"]));
+        // Only the claimable CPUs count: numa1 without 4-5 has no root.
+        let table = DeviceTable::build(&t, &set("0-3,6-7"), &grouped);
+        assert_eq!(roots_of(&table, "numa1"), None);
+        let off = DeviceTable::build(&t, &set("0-7"), &DeviceModel::default());
+        assert_eq!(roots_of(&off, "numa0"), None, "opt-in");
+
+        let individual = DeviceModel {
+            mode: DeviceMode::Individual,
+            ..grouped
+        };
+        let offer = BTreeMap::from([(
+            1,
+            NodeOffer {
+                memory: 1 << 30,
+                ..NodeOffer::default()
+            },
+        )]);
+        let table = DeviceTable::build_with_memory(&t, &set("0-7"), &individual, &offer);
+        assert_eq!(roots_of(&table, "cpu1"), strings(&["pci0000:00"]));
+        assert_eq!(
+            roots_of(&table, "cpu3"),
+            strings(&["pci0000:00", "pci0000:40"])
+        );
+        assert_eq!(roots_of(&table, "cpu7"), None);
+        assert_eq!(
+            roots_of(&table, "memory1"),
+            strings(&["pci0000:40"]),
+            "a memory device has its node's cpus' roots"
+        );
     }
 
     #[test]

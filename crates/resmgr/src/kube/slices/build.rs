@@ -120,6 +120,10 @@ fn wire_attribute(value: &AttributeValue) -> wire::DeviceAttribute {
             version: Some(v.clone()),
             ..Default::default()
         },
+        AttributeValue::Strings(list) => wire::DeviceAttribute {
+            strings: Some(list.clone()),
+            ..Default::default()
+        },
     }
 }
 

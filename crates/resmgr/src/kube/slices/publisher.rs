@@ -22,6 +22,14 @@
 //! node-allocatable mapping the API server's release does not know is left out of both, as
 //! long as it keeps the other ([`allocatable::superseded`]).
 //!
+//! List-valued attributes (`strings`, such as `resource.kubernetes.io/pcieRoot`) need the alpha
+//! gate `DRAListTypeAttributes` on the API server. Without it the API server drops the list,
+//! which leaves the attribute without a value, and refuses the slice (422, `exactly one value
+//! must be specified`). The reconciliation then publishes the same slices without list
+//! attributes, logs a warning naming each attribute and the gate, and reports each dropped
+//! field (`devices[].attributes["resource.kubernetes.io/pcieRoot"].strings`) like any other, so
+//! the metric counts it; the lists stay out until the agent restarts.
+//!
 //! A 1.37 API server refuses (403) a slice that maps node resources for a Node whose kubelet
 //! does not declare `DRANodeAllocatableResources` in `status.declaredFeatures` (its
 //! NodeDeclaredFeatureValidator admission). Retrying would publish nothing, for ever. Instead
@@ -59,7 +67,7 @@ use super::{
     DevicePublisher, PublisherConfig, PublisherConfigError, allocatable,
     build::{self, MANAGED_BY, MANAGED_BY_LABEL},
     validate::{DeviceValidationError, validate_devices},
-    wire::{FieldPath, comparable, dropped_fields, from_wire, to_wire},
+    wire::{FieldPath, Step, comparable, dropped_fields, from_wire, to_wire},
 };
 use crate::{
     errors::chain,
@@ -176,6 +184,8 @@ struct State {
     written: HashSet<String>,
     /// Set while the API server refuses our node-allocatable mapping.
     refusal: Option<Refusal>,
+    /// The API server refused list-valued attributes (see the module docs): they stay out.
+    lists_refused: bool,
 }
 
 /// The API server's last refusal of the node-allocatable mapping.
@@ -198,6 +208,9 @@ struct NodeFacts {
 /// The feature a Node declares (`status.declaredFeatures`) for a 1.37 API server to admit slices
 /// that map its resources.
 const NODE_ALLOCATABLE_FEATURE: &str = "DRANodeAllocatableResources";
+
+/// The API server's gate for list-valued attributes.
+pub const LIST_ATTRIBUTES_GATE: &str = "DRAListTypeAttributes";
 
 /// One of our pool's slices as the API server has it.
 #[derive(Debug)]
@@ -535,6 +548,51 @@ impl Reconciliation<'_> {
     /// Makes the pool hold `devices`, with their node-allocatable mapping unless the API server
     /// refuses it (see the module docs).
     async fn run(&mut self, devices: Vec<wire::Device>) -> Result<(), Failure> {
+        let lists = list_attributes(&devices);
+        if lists.is_empty() || self.state.lists_refused {
+            return self.run_mapped(without_lists(devices)).await;
+        }
+        match self.run_mapped(devices.clone()).await {
+            Err(Failure::Error(error)) if is_valueless_attribute_refusal(&error) => {
+                self.lists_refused(&lists, &error);
+                self.run_mapped(without_lists(devices)).await
+            }
+            result => result,
+        }
+    }
+
+    /// Records that the API server refuses list attributes: a warning naming them and the
+    /// gate, and each as a dropped field.
+    fn lists_refused(&mut self, lists: &BTreeSet<String>, error: &PublishError) {
+        self.state.lists_refused = true;
+        tracing::warn!(
+            attributes = ?lists,
+            gate = LIST_ATTRIBUTES_GATE,
+            refusal = %crate::errors::chain(error),
+            "the api server refuses list-valued device attributes: the {LIST_ATTRIBUTES_GATE} \
+             feature gate is off on it (alpha, Kubernetes 1.36 and later); publishing the \
+             resource slices without them (turn the gate on for the api server and the \
+             scheduler, or expose-pcie-roots off; see docs/kubernetes.md)"
+        );
+        for name in lists {
+            let field = FieldPath(vec![
+                Step::Key("devices".into()),
+                Step::Each,
+                Step::Key("attributes".into()),
+                Step::Key(name.clone()),
+                Step::Key("strings".into()),
+            ])
+            .to_string();
+            self.report.dropped_fields.push(field.clone());
+            self.publisher
+                .inner
+                .dropped
+                .send_if_modified(|all| all.insert(field));
+        }
+    }
+
+    /// [`Self::run`] for devices whose list attributes are settled.
+    async fn run_mapped(&mut self, devices: Vec<wire::Device>) -> Result<(), Failure> {
         let node = self.publisher.node().await?;
         let maps = self.config().node_allocatable_cpu.is_some();
         if !maps || !self.mapping_refused(&node) {
@@ -836,6 +894,48 @@ impl Reconciliation<'_> {
             }
         }
     }
+}
+
+/// The names of the list-valued attributes of `devices`.
+fn list_attributes(devices: &[wire::Device]) -> BTreeSet<String> {
+    devices
+        .iter()
+        .flat_map(|d| d.attributes.iter().flatten())
+        .filter(|(_, v)| {
+            v.strings.is_some() || v.ints.is_some() || v.bools.is_some() || v.versions.is_some()
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// `devices` without their list-valued attributes.
+fn without_lists(mut devices: Vec<wire::Device>) -> Vec<wire::Device> {
+    let lists = list_attributes(&devices);
+    for device in &mut devices {
+        if let Some(attributes) = &mut device.attributes {
+            attributes.retain(|name, _| !lists.contains(name));
+            if attributes.is_empty() {
+                device.attributes = None;
+            }
+        }
+    }
+    devices
+}
+
+/// Whether `error` is the API server's refusal of an attribute left without a value: what a
+/// list attribute becomes when `DRAListTypeAttributes` is off (or the release does not know
+/// the field), its value dropped before validation.
+fn is_valueless_attribute_refusal(error: &PublishError) -> bool {
+    matches!(
+        error,
+        PublishError::Api {
+            source: RetryError {
+                last: AttemptError::Api { code: 422, message, .. },
+                ..
+            },
+            ..
+        } if message.contains("exactly one value must be specified")
+    )
 }
 
 /// The API server's message, when `error` is its refusal of the node-allocatable mapping: a 403

@@ -18,6 +18,9 @@ pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
 pub const MAX_DOMAIN_LEN: usize = 63;
 /// Characters of the identifier of a qualified name.
 pub const MAX_ID_LEN: usize = 32;
+/// Attribute values per device, each entry of a list attribute counted (the API server's
+/// `ResourceSliceMaxAttributeValuesPerDevice`, 1.36 and 1.37).
+pub const MAX_ATTRIBUTE_VALUES: usize = 48;
 /// Entries of a request policy's valid values.
 pub const MAX_VALID_VALUES: usize = 10;
 
@@ -56,6 +59,23 @@ pub fn validate_device(driver: &str, device: &Device) -> Result<(), DeviceValida
             "attributes",
             format!(
                 "{count} attributes and capacities, at most {MAX_ATTRIBUTES_AND_CAPACITIES} allowed"
+            ),
+        ));
+    }
+    let values: usize = device
+        .attributes
+        .values()
+        .map(|v| match v {
+            AttributeValue::Strings(list) => list.len().max(1),
+            _ => 1,
+        })
+        .sum();
+    if values > MAX_ATTRIBUTE_VALUES {
+        return Err(error(
+            device,
+            "attributes",
+            format!(
+                "{values} attribute values (each entry of a list counted), at most {MAX_ATTRIBUTE_VALUES} allowed"
             ),
         ));
     }
@@ -172,12 +192,19 @@ pub fn validate_slice_spec(
                 value.bool.is_some(),
                 value.string.is_some(),
                 value.version.is_some(),
+                value.ints.is_some(),
+                value.bools.is_some(),
+                value.strings.is_some(),
+                value.versions.is_some(),
             ];
             if set.iter().filter(|s| **s).count() != 1 {
-                return Err(error(field(), "exactly one value must be set".into()));
+                return Err(error(field(), "exactly one value must be specified".into()));
             }
             for s in value.string.iter().chain(&value.version) {
                 max_len(s, MAX_ATTRIBUTE_VALUE_LEN).map_err(|r| error(field(), r))?;
+            }
+            if let Some(list) = &value.strings {
+                string_list(list).map_err(|r| error(field(), r))?;
             }
         }
         for (name, capacity) in device.capacity.iter().flatten() {
@@ -213,6 +240,7 @@ fn attribute_value(value: &AttributeValue) -> Result<(), String> {
     match value {
         AttributeValue::Int(_) | AttributeValue::Bool(_) => Ok(()),
         AttributeValue::String(s) => max_len(s, MAX_ATTRIBUTE_VALUE_LEN),
+        AttributeValue::Strings(list) => string_list(list),
         AttributeValue::Version(v) => {
             max_len(v, MAX_ATTRIBUTE_VALUE_LEN)?;
             semver::Version::parse(v)
@@ -220,6 +248,23 @@ fn attribute_value(value: &AttributeValue) -> Result<(), String> {
                 .map_err(|e| format!("{v:?} is not a semantic version: {e}"))
         }
     }
+}
+
+/// A list attribute's strings, as the API server checks them: at least one, each at most 64
+/// bytes (`maxBytes`, not characters).
+fn string_list(list: &[String]) -> Result<(), String> {
+    if list.is_empty() {
+        return Err("a list of strings must not be empty".to_owned());
+    }
+    for (i, s) in list.iter().enumerate() {
+        if s.len() > MAX_ATTRIBUTE_VALUE_LEN {
+            return Err(format!(
+                "strings[{i}]: {} bytes, at most {MAX_ATTRIBUTE_VALUE_LEN} allowed",
+                s.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn max_len(s: &str, max: usize) -> Result<(), String> {
@@ -372,7 +417,12 @@ mod tests {
             "pack:2 numa:2 l3:2 core:8 pu:2",
         ];
         for shape in shapes {
-            let topo = Topology::load(&TopologySource::Synthetic(shape.into())).unwrap();
+            let mut topo = Topology::load(&TopologySource::Synthetic(shape.into())).unwrap();
+            topo.pcie_roots = vec![policy::topology::PcieRoot {
+                name: "pci0000:00".into(),
+                cpus: topo.online.clone(),
+                numa_node: None,
+            }];
             for mode in [DeviceMode::Grouped, DeviceMode::Individual] {
                 for group_by in [GroupBy::Numa, GroupBy::Socket] {
                     for granularity in [Granularity::Cpu, Granularity::Core] {
@@ -381,6 +431,7 @@ mod tests {
                                 mode,
                                 group_by,
                                 granularity,
+                                pcie_roots: true,
                             },
                             ..Config::default()
                         };
@@ -526,6 +577,49 @@ mod tests {
         d.attributes
             .insert("v".into(), AttributeValue::Version("v1.2".into()));
         assert_eq!(field_of(validate_device("d.io", &d)), "attributes[v]");
+    }
+
+    #[test]
+    fn list_attributes_are_non_empty_short_strings_and_count_per_entry() {
+        let mut d = device("dev");
+        let root = "resource.kubernetes.io/pcieRoot";
+        d.attributes.insert(
+            root.into(),
+            AttributeValue::Strings(vec!["pci0000:00".into(), "pci0000:80".into()]),
+        );
+        validate_device("d.io", &d).unwrap();
+        d.attributes
+            .insert(root.into(), AttributeValue::Strings(Vec::new()));
+        let err = validate_device("d.io", &d).unwrap_err();
+        assert_eq!(err.field, format!("attributes[{root}]"));
+        assert!(err.reason.contains("must not be empty"), "{err}");
+        // 64 bytes pass, 65 do not, counted in bytes as the API server does.
+        d.attributes.insert(
+            root.into(),
+            AttributeValue::Strings(vec!["a".into(), "é".repeat(32)]),
+        );
+        validate_device("d.io", &d).unwrap();
+        d.attributes.insert(
+            root.into(),
+            AttributeValue::Strings(vec!["a".into(), format!("{}x", "é".repeat(32))]),
+        );
+        let err = validate_device("d.io", &d).unwrap_err();
+        assert!(err.reason.starts_with("strings[1]: 65 bytes"), "{err}");
+        // 30 scalars and a list of 19: 49 values in 31 attributes.
+        let mut d = device("dev");
+        for i in 0..30 {
+            d.attributes.insert(format!("a{i}"), AttributeValue::Int(i));
+        }
+        d.attributes.insert(
+            root.into(),
+            AttributeValue::Strings((0..19).map(|i| format!("pci0000:{i:02x}")).collect()),
+        );
+        assert_eq!(d.attributes.len(), 31);
+        let err = validate_device("d.io", &d).unwrap_err();
+        assert_eq!(err.field, "attributes");
+        assert!(err.reason.starts_with("49 attribute values"), "{err}");
+        d.attributes.remove("a0");
+        validate_device("d.io", &d).unwrap();
     }
 
     #[test]
