@@ -290,6 +290,10 @@ pub struct RuntimeState {
     pub report_failed: BTreeSet<String>,
     /// When each call arrived (tokio's clock, so paused-time tests see virtual time).
     pub call_times: Vec<tokio::time::Instant>,
+    /// Containers being created: between their CreateContainer and their PostCreateContainer
+    /// the runtime does not know them, and skips their updates while reporting them applied, as
+    /// containerd and CRI-O do ([`FakeRuntime::creating`], [`FakeRuntime::created`]).
+    pub creating: BTreeSet<String>,
 }
 
 impl FakeRuntime {
@@ -348,6 +352,8 @@ impl FakeRuntime {
             for u in &updates {
                 if s.report_failed.contains(&u.container_id) {
                     failed.push(u.container_id.clone());
+                } else if s.creating.contains(&u.container_id) {
+                    // Skipped, and not reported.
                 } else if let Some(c) = &u.cpus {
                     s.cpus.insert(u.container_id.clone(), c.clone());
                 }
@@ -568,13 +574,32 @@ impl Harness {
 }
 
 impl FakeRuntime {
-    /// Applies updates an NRI reply carried.
+    /// Applies updates an NRI reply carried (skipping the containers being created).
     pub fn apply_reply(&self, updates: &[ContainerUpdate]) {
         let mut s = self.state.lock().unwrap();
         for u in updates {
+            if s.creating.contains(&u.container_id) {
+                continue;
+            }
             if let Some(c) = &u.cpus {
                 s.cpus.insert(u.container_id.clone(), c.clone());
             }
+        }
+    }
+
+    /// The runtime starts creating `id`: it calls CreateContainer, and does not know the
+    /// container until [`Self::created`].
+    pub fn creating(&self, id: &str) {
+        self.state.lock().unwrap().creating.insert(id.to_owned());
+    }
+
+    /// The runtime has created `id` on `cpus` (the adjustment of its creation, `None`: where it
+    /// asked) and knows it from now on; next it sends PostCreateContainer.
+    pub fn created(&self, id: &str, cpus: Option<&CpuSet>) {
+        let mut s = self.state.lock().unwrap();
+        s.creating.remove(id);
+        if let Some(cpus) = cpus {
+            s.cpus.insert(id.to_owned(), cpus.clone());
         }
     }
 

@@ -5,7 +5,7 @@
 use std::{path::Path, sync::Arc};
 
 use kubelet_plugin::{KubeletConfig, KubeletPlugin};
-use policy::{Claim, Container, Topology, TopologyAware, TopologySource};
+use policy::{Allocation, Claim, Container, Topology, TopologyAware, TopologySource};
 use resmgr::{
     Manager, ManagerConfig, dra_handler::LifecycleHandler, kube::fake::StaticClaims,
     state::StateFile,
@@ -90,6 +90,19 @@ impl Node {
         let updates = self.manager.synchronize(containers).await.unwrap();
         self.runtime.apply_reply(&updates);
         self.manager.synchronized().await;
+    }
+
+    /// The runtime creates `container`, as containerd does: CreateContainer, the reply's updates
+    /// applied, then PostCreateContainer once it knows the container. Returns what the agent
+    /// answered.
+    pub async fn create(&self, container: &Container) -> Allocation {
+        self.runtime.creating(&container.id);
+        let allocation = self.manager.create_container(container).await.unwrap();
+        self.runtime.apply_reply(&allocation.updates);
+        self.runtime
+            .created(&container.id, allocation.adjustment.cpus.as_ref());
+        self.manager.container_created(container).await;
+        allocation
     }
 
     /// A channel to the node's DRA socket.

@@ -893,22 +893,13 @@ mod events {
         };
         let node = Node::start_with("pack:1 core:4 pu:2", [], pods).await;
         node.synchronize(&[]).await;
-        let web = node
-            .manager
-            .create_container(&container("web", "pod-web"))
-            .await
-            .unwrap();
+        let web = node.create(&container("web", "pod-web")).await;
         node.runtime.apply_reply(&[policy::ContainerUpdate {
             container_id: "web".into(),
             cpus: web.adjustment.cpus,
             mems: None,
         }]);
-        let batch = node
-            .manager
-            .create_container(&exclusive("batch", 2))
-            .await
-            .unwrap();
-        node.runtime.apply_reply(&batch.updates);
+        let batch = node.create(&exclusive("batch", 2)).await;
         (node, batch.adjustment.cpus.unwrap())
     }
 

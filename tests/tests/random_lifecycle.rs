@@ -1319,18 +1319,22 @@ impl World {
                     if !resolved {
                         continue;
                     }
+                    // As containerd: the runtime does not know the container from its
+                    // CreateContainer until it has stored it, and skips updates of it meanwhile;
+                    // then it sends PostCreateContainer. Other tasks run in between.
+                    runtime.creating(&c.id);
                     if let Ok(allocation) = m.create_container(&c).await
                         && faults.crashed_at().is_none()
                     {
                         runtime.apply_reply(&allocation.updates);
                         c.cpus = allocation.adjustment.cpus.clone();
                         c.mems = allocation.adjustment.mems.clone();
-                        runtime.apply_reply(&[ContainerUpdate {
-                            container_id: c.id.clone(),
-                            cpus: c.cpus.clone(),
-                            mems: c.mems.clone(),
-                        }]);
+                        tokio::task::yield_now().await;
+                        runtime.created(&c.id, c.cpus.as_ref());
+                        m.container_created(&c).await;
                         started.push(c);
+                    } else {
+                        runtime.created(&c.id, None);
                     }
                 }
                 Outcome::Started {

@@ -122,6 +122,10 @@ pub enum DeliveryCause {
     /// A delivery begun earlier still carries them.
     #[error("a delivery begun earlier has not settled them yet")]
     InFlight,
+    /// The runtime is still creating these containers and drops their updates until it has
+    /// (see [`crate::pending`]); it did not finish within the update timeout.
+    #[error("the runtime has not finished creating {0:?}")]
+    StillCreating(BTreeSet<String>),
 }
 
 /// What reaches the disk and the runtime, and the locks that serialize it: private to this
@@ -135,8 +139,10 @@ pub(crate) struct Io {
     delivery: Mutex<()>,
     /// Serializes saves; holds the version on disk.
     saved: Mutex<u64>,
-    /// Wakes the background retry when updates become pending.
+    /// Wakes the background retry when updates become pending or deliverable.
     pending_changed: Notify,
+    /// Wakes deliveries waiting for the runtime to finish creating a container.
+    created: Notify,
 }
 
 impl Io {
@@ -148,6 +154,7 @@ impl Io {
             delivery: Mutex::new(()),
             saved: Mutex::new(0),
             pending_changed: Notify::new(),
+            created: Notify::new(),
         }
     }
 
@@ -187,6 +194,16 @@ impl Manager {
         let ticket = inner.pending.record(updates);
         self.io.pending_changed.notify_one();
         ticket
+    }
+
+    /// Takes note that the runtime created a container (its PostCreateContainer): what is
+    /// pending for it goes out from the background retry, since the runtime's own event is still
+    /// waiting for our answer, and deliveries waiting for it go on.
+    pub(crate) fn note_created(&self, inner: &mut Inner, container_id: &str) {
+        if inner.pending.created(container_id) {
+            self.io.pending_changed.notify_one();
+        }
+        self.io.created.notify_waiters();
     }
 
     /// Makes the durable state durable up to `version`. Takes the manager lock only to copy the
@@ -257,22 +274,50 @@ impl Manager {
     /// pending by then); fails naming the containers whose recorded version is not settled
     /// afterwards (see [`crate::pending`]): what other commits recorded since, or the runtime
     /// confirmed in the meantime, does not count against it.
+    ///
+    /// Containers the runtime is still creating cannot be updated yet: the delivery waits for
+    /// them, up to the update timeout, and sends their updates once they are created.
     async fn deliver_ticket(&self, ticket: &Ticket) -> Result<(), DeliveryError> {
         if ticket.is_empty() {
             return Ok(());
         }
-        let cause = match self.deliver_only(Some(&ticket.containers())).await {
-            Ok(()) => DeliveryCause::InFlight,
-            Err(e) => e.cause,
-        };
-        let unsettled = self.lock().await.pending.unsettled(ticket);
-        if unsettled.is_empty() {
-            return Ok(());
+        let deadline = tokio::time::Instant::now() + self.io.update_timeout;
+        let containers = ticket.containers();
+        loop {
+            // Registered before looking, so a creation noted in between is not missed.
+            let created = self.io.created.notified();
+            tokio::pin!(created);
+            created.as_mut().enable();
+            let cause = match self.deliver_only(Some(&containers)).await {
+                Ok(()) => DeliveryCause::InFlight,
+                Err(e) => e.cause,
+            };
+            let (unsettled, creating) = {
+                let inner = self.lock().await;
+                let unsettled = inner.pending.unsettled(ticket);
+                let creating: BTreeSet<String> = unsettled
+                    .iter()
+                    .filter(|id| inner.pending.is_creating(id))
+                    .cloned()
+                    .collect();
+                (unsettled, creating)
+            };
+            if unsettled.is_empty() {
+                return Ok(());
+            }
+            if creating.is_empty() {
+                return Err(DeliveryError {
+                    containers: unsettled,
+                    cause,
+                });
+            }
+            if tokio::time::timeout_at(deadline, created).await.is_err() {
+                return Err(DeliveryError {
+                    containers: unsettled,
+                    cause: DeliveryCause::StillCreating(creating),
+                });
+            }
         }
-        Err(DeliveryError {
-            containers: unsettled,
-            cause,
-        })
     }
 
     async fn deliver_only(&self, only: Option<&BTreeSet<String>>) -> Result<(), DeliveryError> {
@@ -352,7 +397,7 @@ impl Manager {
         let mut backoff = self.config.retry_backoff;
         loop {
             let notified = self.io.pending_changed.notified();
-            if self.lock().await.pending.is_empty() {
+            if !self.lock().await.pending.is_deliverable() {
                 notified.await;
                 continue;
             }

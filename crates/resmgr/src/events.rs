@@ -77,6 +77,7 @@ impl Manager {
                     source,
                 })?;
             // Where each container runs, as the runtime says; then what the reply changes.
+            inner.pending.synchronized();
             for c in containers {
                 inner.pending.placed(&c.id, c.cpus.as_ref());
             }
@@ -164,6 +165,8 @@ impl Manager {
                 .or(container.cpus.as_ref());
             inner.pending.placed(&container.id, cpus);
             inner.pending.delivered_in_reply(&allocation.updates);
+            // Until its PostCreateContainer the runtime drops updates of it (crate::pending).
+            inner.pending.creating(&container.id);
         }
         info!(
             container = %describe(container),
@@ -176,6 +179,14 @@ impl Manager {
             warn!(container = %describe(container), "{warning}");
         }
         Ok(allocation)
+    }
+
+    /// The runtime created a container (its PostCreateContainer): updates of it made while it
+    /// was being created go out now, from the background (the runtime waits for this event's
+    /// answer under the lock it serves `UpdateContainers` with).
+    pub async fn container_created(&self, container: &Container) {
+        let mut inner = self.lock().await;
+        self.note_created(&mut inner, &container.id);
     }
 
     /// A container's resources changed.

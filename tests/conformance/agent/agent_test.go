@@ -72,6 +72,12 @@ type cluster struct {
 	containers []*api.Container
 	// refuse names containers whose updates the runtime fails.
 	refuse map[string]bool
+	// creating names containers the runtime is creating: between their CreateContainer and their
+	// PostCreateContainer containerd (and CRI-O) does not know them, skips their updates and
+	// reports them as applied (see creating_test.go).
+	creating map[string]bool
+	// applied is the cpuset the runtime last applied to each container by an update.
+	applied map[string]string
 	// api sends commands to the fake API server; answers reads its answers.
 	api     io.Writer
 	answers *bufio.Reader
@@ -132,7 +138,8 @@ func startSetup(t testing.TB, s setup) *cluster {
 	app := &api.Container{Id: "web-app", PodSandboxId: "sb-web", Name: "app", State: api.ContainerState_CONTAINER_RUNNING,
 		Linux: &api.LinuxContainer{Resources: &api.LinuxResources{Cpu: &api.LinuxCPU{
 			Shares: &api.OptionalUInt64{Value: 512}, Cpus: "8-15", Mems: "1"}}}}
-	c.running, c.containers, c.refuse = s.running, s.containers, map[string]bool{}
+	c.running, c.containers, c.refuse, c.creating = s.running, s.containers, map[string]bool{}, map[string]bool{}
+	c.applied = map[string]string{}
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
 		c.mu.Lock()
 		pods := append([]*api.PodSandbox{web}, c.running...)
@@ -143,15 +150,23 @@ func startSetup(t testing.TB, s setup) *cluster {
 	}
 	updateFn := func(_ context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
 		c.mu.Lock()
-		var failed []*adaptation.ContainerUpdate
+		var failed, applied []*adaptation.ContainerUpdate
 		for _, one := range u {
-			if c.refuse[one.ContainerId] {
+			switch {
+			case c.refuse[one.ContainerId]:
 				failed = append(failed, one)
+			case c.creating[one.ContainerId]:
+				// Skipped, and not reported: what containerd does.
+			default:
+				applied = append(applied, one)
+				if cpus := one.GetLinux().GetResources().GetCpu().GetCpus(); cpus != "" {
+					c.applied[one.ContainerId] = cpus
+				}
 			}
 		}
 		c.mu.Unlock()
-		if !s.dropUpdates {
-			c.updates <- u
+		if !s.dropUpdates && len(applied) != 0 {
+			c.updates <- applied
 		}
 		return failed, nil
 	}

@@ -700,8 +700,8 @@ impl Sim {
             cpus: None,
             mems: None,
         };
-        let allocation = self
-            .manager()?
+        let manager = self.manager()?;
+        let allocation = manager
             .create_container(&container)
             .await
             .map_err(|e| resmgr::errors::chain(&e))?;
@@ -713,6 +713,8 @@ impl Sim {
                 mems: allocation.adjustment.mems.clone(),
             },
         );
+        // The runtime knows it now, and says so (PostCreateContainer).
+        manager.container_created(&container).await;
         let mut running = container;
         running.cpus = allocation.adjustment.cpus;
         running.mems = allocation.adjustment.mems;

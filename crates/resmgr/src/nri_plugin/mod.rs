@@ -114,6 +114,8 @@ impl Plugin for ResmgrPlugin {
     fn events(&self) -> EventSet {
         EventSet::of(&[
             Event::CreateContainer,
+            // Until it, the runtime drops updates of the container (crate::pending).
+            Event::PostCreateContainer,
             Event::UpdateContainer,
             Event::StopContainer,
             Event::RemoveContainer,
@@ -236,18 +238,31 @@ impl Plugin for ResmgrPlugin {
     }
 
     async fn state_change(&self, change: StateChange) -> Result<(), PluginError> {
-        if change.event != Event::RemoveContainer {
-            return Ok(());
+        match change.event {
+            Event::PostCreateContainer => {
+                self.observer.event("post-create-container");
+                let c = change
+                    .container
+                    .as_ref()
+                    .ok_or_else(|| missing("PostCreateContainer", "container"))?;
+                let pod = change.pod.unwrap_or_default();
+                self.manager
+                    .container_created(&translate::container(&pod, c))
+                    .await;
+            }
+            Event::RemoveContainer => {
+                self.observer.event("remove-container");
+                let c = change
+                    .container
+                    .as_ref()
+                    .ok_or_else(|| missing("RemoveContainer", "container"))?;
+                let pod = change.pod.unwrap_or_default();
+                self.manager
+                    .remove_container(&translate::container(&pod, c))
+                    .await;
+            }
+            _ => {}
         }
-        self.observer.event("remove-container");
-        let c = change
-            .container
-            .as_ref()
-            .ok_or_else(|| missing("RemoveContainer", "container"))?;
-        let pod = change.pod.unwrap_or_default();
-        self.manager
-            .remove_container(&translate::container(&pod, c))
-            .await;
         Ok(())
     }
 }
