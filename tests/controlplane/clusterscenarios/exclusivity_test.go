@@ -59,14 +59,12 @@ func TestPodsExclusivityPublishesAnEmptyPoolAndPinsGuaranteedPods(t *testing.T) 
 	})
 
 	whole := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("64Mi")}
-	// One after the other: this checks where a BestEffort pod goes once a Guaranteed one holds
-	// its CPU. Created together, the BestEffort pod once stayed on that CPU for the whole poll,
-	// in one run of many, which is not explained yet; moving running shared containers off the
-	// CPUs a claim takes is checked by the containerd stage's `claim` scenario.
+	// Created together, so the BestEffort container may still be in creation when the Guaranteed
+	// one takes its CPU: the runtime skips updates of a container it has not stored yet, and the
+	// agent must send the update again once it has (tests/conformance/agent/creating_test.go).
 	create(t, ns, podSpec{name: "exclusive", requests: whole, limits: whole})
-	exclusive := running(t, ns, "exclusive")
 	create(t, ns, podSpec{name: "besteffort"})
-	besteffort := running(t, ns, "besteffort")
+	exclusive, besteffort := running(t, ns, "exclusive"), running(t, ns, "besteffort")
 	own := placement(t, exclusive, "app").CgroupCPUs
 	if n := len(cpus(t, own)); n != 1 || overlaps(t, own, onenode.ReservedCPUs) {
 		t.Fatalf("the Guaranteed pod runs on %q, want one CPU of its own, not the reserved %q", own, onenode.ReservedCPUs)
