@@ -24,8 +24,9 @@ pub trait ApiServer: std::fmt::Debug {
     fn kubeconfig(&self) -> &Path;
 }
 
-/// A claim allocated by "the scheduler": `cpus` CPUs of device `device` for pod `pod_uid`.
-#[derive(Debug, Clone)]
+/// A claim allocated by "the scheduler": `cpus` CPUs of device `device` for pod `pod_uid`,
+/// and with `memory` and `hugepages_2mi` (bytes), that much of the device's memory capacities.
+#[derive(Debug, Clone, Default)]
 pub struct AllocatedClaim {
     pub namespace: String,
     pub name: String,
@@ -34,20 +35,35 @@ pub struct AllocatedClaim {
     pub pod_uid: String,
     pub device: String,
     pub cpus: usize,
+    pub memory: u64,
+    pub hugepages_2mi: u64,
 }
 
 impl AllocatedClaim {
+    /// The capacities the request asks for and the result consumed: `cpu`, and `memory` and
+    /// `hugepages2Mi` when it has them.
+    fn capacity(&self) -> Value {
+        let mut capacity = json!({"cpu": self.cpus.to_string()});
+        if self.memory > 0 {
+            capacity["memory"] = json!(self.memory.to_string());
+        }
+        if self.hugepages_2mi > 0 {
+            capacity["hugepages2Mi"] = json!(self.hugepages_2mi.to_string());
+        }
+        capacity
+    }
+
     fn object(&self, driver: &str, node: &str) -> Value {
         json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
             "spec": {"devices": {"requests": [{"name": "cpus", "exactly": {
                 "deviceClassName": "cpu.resmgr.io", "count": 1,
-                "capacity": {"requests": {"cpu": self.cpus.to_string()}}}}]}},
+                "capacity": {"requests": self.capacity()}}}]}},
             "status": {
                 "allocation": {"devices": {"results": [{
                     "request": "cpus", "driver": driver, "pool": node, "device": self.device,
-                    "consumedCapacity": {"cpu": self.cpus.to_string()},
+                    "consumedCapacity": self.capacity(),
                 }]}},
                 "reservedFor": [{"resource": "pods", "name": self.pod_name, "uid": self.pod_uid}],
             },

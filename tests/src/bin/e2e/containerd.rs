@@ -8,6 +8,9 @@
 //! - `cdi_spec_dirs` = the agent's `--cdi-dir`;
 //! - runc with its own `Root` and cgroupfs (`SystemdCgroup = false`): the pods' cgroup parents
 //!   are plain paths, like the kubelet's with the cgroupfs driver;
+//! - `disable_hugetlb_controller = false`: containerd's default (`true`) silently drops every
+//!   hugepage limit, the kubelet's and those NRI plugins set, so a claim's hugepages would never
+//!   reach the container's hugetlb cgroup;
 //! - `restrict_oom_score_adj = true`: without CAP_SYS_RESOURCE (as on some VMs), runc cannot
 //!   lower a container's oom_score_adj below containerd's own and fails with `can't get final
 //!   child's PID from pipe: EOF`;
@@ -120,6 +123,7 @@ disabled_plugins = [
 [plugins.'io.containerd.cri.v1.runtime']
   cdi_spec_dirs = [{cdi}]
   restrict_oom_score_adj = true
+  disable_hugetlb_controller = false
 
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   conf_dir = {cni_conf}
@@ -281,6 +285,7 @@ mod tests {
         assert!(text.contains(r#"cdi_spec_dirs = ["/tmp/run/cdi"]"#));
         assert!(text.contains("imports = []"));
         assert!(text.contains("restrict_oom_score_adj = true"));
+        assert!(text.contains("disable_hugetlb_controller = false"));
         assert!(text.contains("SystemdCgroup = false"));
         assert!(text.contains(r#"sandbox = "localhost/e2e:1""#));
         // Every absolute path in it is the run's, apart from runc's binary.

@@ -14,7 +14,8 @@
 //! when a pod goes, an in-place resize, its own restart and the agent pod's) is the cluster
 //! stage's, with nothing played (`tests/controlplane/clusterscenarios`).
 //!
-//! Each run lives in a directory of its own (sockets, the runtime's root and state, runc's state,
+//! Each run lives in a mount namespace of its own (its mounts never reach the host: [`hugetlb`]),
+//! a directory of its own (sockets, the runtime's root and state, runc's state,
 //! the agent's state, CDI specs, logs) and a cgroup root of its own
 //! (`/resmgr-e2e-<id>-kubepods/{burstable,besteffort}/pod<uid>`, named like the kubelet's so
 //! the agent reads each pod's QoS class from it), so several runs can share a machine. When it
@@ -32,6 +33,7 @@ mod containerd;
 mod cri;
 mod crio;
 mod daemonset;
+mod hugetlb;
 mod kernel;
 mod kubelet;
 mod procs;
@@ -169,7 +171,40 @@ pub struct Tools {
     pub runc: PathBuf,
 }
 
+/// Set in the environment once the runner is in a mount namespace of its own.
+const PRIVATE_MOUNTS: &str = "RESMGR_E2E_PRIVATE_MOUNTS";
+
+/// Whether this process is in another mount namespace than the one it was started from (its
+/// parent's: unshare(1) execs the runner, so that is whoever ran unshare).
+pub fn private_mounts() -> anyhow::Result<bool> {
+    let ns = |pid: &str| {
+        let path = format!("/proc/{pid}/ns/mnt");
+        std::fs::read_link(&path).with_context(|| format!("reading {path}"))
+    };
+    Ok(std::env::var_os(PRIVATE_MOUNTS).is_some()
+        && ns("self")? != ns(&std::os::unix::process::parent_id().to_string())?)
+}
+
 fn main() -> ExitCode {
+    // The run's mounts (containerd's root filesystems, the hugetlb controller) are made in a
+    // mount namespace of its own, whose mounts never reach the host (host mounts still reach
+    // it) and go with it, however the run ends: the runner execs itself under unshare(1),
+    // before any thread, the PID staying the same.
+    if std::env::var_os(PRIVATE_MOUNTS).is_none() {
+        use std::os::unix::process::CommandExt as _;
+        let exe = std::env::current_exe();
+        let err = match exe {
+            Ok(exe) => std::process::Command::new("unshare")
+                .args(["--mount", "--propagation", "slave", "--"])
+                .arg(exe)
+                .args(std::env::args_os().skip(1))
+                .env(PRIVATE_MOUNTS, "1")
+                .exec(),
+            Err(e) => e,
+        };
+        eprintln!("e2e: FAILED: entering a private mount namespace (unshare --mount): {err}");
+        return ExitCode::FAILURE;
+    }
     let args = Args::parse();
     let teardown = Teardown::default();
     let result = run(&args, &teardown);
@@ -201,7 +236,6 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
             bail!("{} is missing", path.display());
         }
     }
-    teardown::sweep_stale(&args.run_root);
     let run_dir = tempfile::Builder::new()
         .prefix(teardown::RUN_PREFIX)
         .tempdir_in(&args.run_root)
@@ -218,6 +252,9 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
     let _guard = Guard(teardown.clone());
     teardown.on_signals(args.command.is_empty())?;
     teardown.cgroup_root(&cgroup_root);
+    let hugepages = hugepages(&run_dir)?;
+    // After the mount: a stale run's hugetlb cgroups are seen, and go, too.
+    teardown::sweep_stale(&args.run_root);
 
     let mut runtime = runtime(args, &run_dir, teardown)?;
     let paths = runtime.paths().clone();
@@ -284,7 +321,11 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         .into_iter()
         .collect();
     let first = plan_claim(&machine, &reserved)?;
-    let claims = vec![first.clone(), plan_next_claim(&machine, &reserved, &first)];
+    let claims = vec![
+        first.clone(),
+        plan_next_claim(&machine, &reserved, &first),
+        plan_memory_claim(&first, hugepages.is_ok()),
+    ];
     let api = FakeApiServer::start(
         &args.fake_apiserver,
         &run_dir,
@@ -317,6 +358,7 @@ fn run(args: &Args, teardown: &Teardown) -> anyhow::Result<ExitCode> {
         agent_config,
         teardown.clone(),
         claims,
+        hugepages.err(),
     );
     eprintln!(
         "e2e: the agent runs {}",
@@ -419,7 +461,63 @@ fn plan_claim(machine: &Machine, reserved: &CpuSet) -> anyhow::Result<AllocatedC
         pod_uid: scenarios::pod_uid("db"),
         device: format!("numa{node}"),
         cpus: (claimable / 2).max(1),
+        ..AllocatedClaim::default()
     })
+}
+
+/// The claim of the memory scenario: one CPU, [`scenarios::CLAIMED_MEMORY`] and, when the run
+/// reserved hugepages, [`scenarios::CLAIMED_HUGEPAGES`] of 2 MiB pages, on the first claim's
+/// device, for the pod `hp`.
+fn plan_memory_claim(first: &AllocatedClaim, hugepages: bool) -> AllocatedClaim {
+    AllocatedClaim {
+        namespace: "default".into(),
+        name: "hp-memory".into(),
+        uid: "c1a1e2e0-0000-4000-8000-000000000003".into(),
+        pod_name: "hp".into(),
+        pod_uid: scenarios::pod_uid("hp"),
+        device: first.device.clone(),
+        cpus: 1,
+        memory: scenarios::CLAIMED_MEMORY,
+        hugepages_2mi: if hugepages {
+            scenarios::CLAIMED_HUGEPAGES
+        } else {
+            0
+        },
+    }
+}
+
+/// How many 2 MiB pages a run reserves: what the memory scenario claims, and one more.
+const RESERVED_PAGES: u64 = scenarios::CLAIMED_HUGEPAGES / (2 << 20) + 1;
+
+/// Mounts the hugetlb controller and reserves the run's hugepages; `Err` says why hugetlb
+/// limits cannot be checked here (which fails the run under CI=true).
+fn hugepages(run_dir: &Path) -> anyhow::Result<Result<u64, String>> {
+    let ready = match hugetlb::mount(run_dir) {
+        Err(e) => Err(format!("{e:#}")),
+        Ok(point) => {
+            if let Some(point) = point {
+                eprintln!("e2e: hugetlb controller mounted at {}", point.display());
+            }
+            match hugetlb::reserve(Path::new(hugetlb::NR_HUGEPAGES_2M), run_dir, RESERVED_PAGES) {
+                Ok(got) if got * (2 << 20) >= scenarios::CLAIMED_HUGEPAGES => Ok(got),
+                Ok(got) => Err(format!(
+                    "{} gave {got} of the {RESERVED_PAGES} 2 MiB pages asked for (memory too fragmented?)",
+                    hugetlb::NR_HUGEPAGES_2M
+                )),
+                Err(e) => Err(format!("{e:#}")),
+            }
+        }
+    };
+    match &ready {
+        Ok(pages) => eprintln!("e2e: {pages} 2 MiB pages reserved"),
+        Err(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            bail!("CI=true and the hugetlb limits cannot be checked here: {reason}")
+        }
+        Err(reason) => eprintln!(
+            "e2e: NOT CHECKED: hugetlb limits, because {reason} (under CI=true this is a failure)"
+        ),
+    }
+    Ok(ready)
 }
 
 /// The claim prepared after a stray spec was swept: every claimable CPU of the first claim's
@@ -442,6 +540,7 @@ fn plan_next_claim(machine: &Machine, reserved: &CpuSet, first: &AllocatedClaim)
         pod_uid: scenarios::pod_uid("next"),
         device: first.device.clone(),
         cpus: claimable.max(1),
+        ..AllocatedClaim::default()
     }
 }
 

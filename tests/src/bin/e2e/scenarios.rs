@@ -174,6 +174,8 @@ pub struct World {
     pub rows: Vec<Row>,
     /// What a scenario could not exercise on this machine, and why.
     pub notes: Vec<String>,
+    /// Why the hugetlb limits cannot be checked on this machine, if they cannot.
+    pub hugetlb_unavailable: Option<String>,
     scenario: String,
     /// Every running container the runtime listed last: ID -> (`namespace/pod/container`, pid).
     listed: BTreeMap<String, (String, u32)>,
@@ -201,7 +203,8 @@ pub const PHASES: &[Phase] = &[
     },
     Phase {
         name: "dra-claims",
-        agent_args: &[],
+        // Claims may ask for memory and hugepages (claims that do not are unchanged).
+        agent_args: &["--claim-memory=10%", "--claim-hugepages=true"],
         scenarios: &[
             ("reserved", reserved),
             ("guaranteed-shares", guaranteed_shares),
@@ -213,6 +216,7 @@ pub const PHASES: &[Phase] = &[
             ("runtime-restart", runtime_restart),
             ("unprepare", unprepare),
             ("stray-spec", stray_spec),
+            ("memory-claim", memory_claim),
         ],
     },
 ];
@@ -238,6 +242,7 @@ impl World {
         agent_config: AgentConfig,
         teardown: Teardown,
         claims: Vec<AllocatedClaim>,
+        hugetlb_unavailable: Option<String>,
     ) -> Self {
         Self {
             machine,
@@ -255,6 +260,7 @@ impl World {
             granted: BTreeMap::new(),
             rows: Vec::new(),
             notes: Vec::new(),
+            hugetlb_unavailable,
             scenario: String::new(),
             listed: BTreeMap::new(),
         }
@@ -1148,6 +1154,81 @@ fn stray_spec(w: &mut World) -> anyhow::Result<()> {
         .unprepare(&next.namespace, &next.name, &next.uid)?;
     w.granted.remove(&next.uid);
     w.check(&all.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The memory the memory scenario's claim asks for.
+pub const CLAIMED_MEMORY: u64 = 64 << 20;
+/// The hugepages (bytes of 2 MiB pages) it asks for, where the run could reserve them.
+pub const CLAIMED_HUGEPAGES: u64 = 4 << 20;
+/// The memory limit of the container of that claim that states a lower one of its own.
+const OWN_LIMIT: u64 = 32 << 20;
+
+/// A claim for `{cpu, memory, hugepages2Mi}`, used by a container that states no memory limit
+/// and by one whose own limit is lower: in the kernel each has `cpuset.mems` on the claim's
+/// node, the claimed memory as its memory limit (its own when lower, docs/which-claim.md), and
+/// the claimed hugepages as its hugetlb limit. The pod goes and the claim is unprepared after.
+fn memory_claim(w: &mut World) -> anyhow::Result<()> {
+    let claim = w.claims[2].clone();
+    w.prepare(&claim)?;
+    let pod = w.pod(&claim.pod_name, "default", Qos::Burstable)?;
+    let devices = w.granted[&claim.uid].cdi_devices.clone();
+    let mems = w.granted[&claim.uid].mems.clone();
+    let mut unlimited = burstable("app", 100);
+    unlimited.cdi_devices = devices.clone();
+    let mut capped = burstable("capped", 100);
+    capped.memory_limit = OWN_LIMIT;
+    capped.cdi_devices = devices;
+    let mut keys = Vec::new();
+    for (c, want_limit) in [(unlimited, CLAIMED_MEMORY), (capped, OWN_LIMIT)] {
+        let c = w.container(&pod, &c, Expect::Claim(claim.uid.clone()))?;
+        let page = w.hugetlb_unavailable.is_none().then_some("2MB");
+        let got = kernel::memory(c.pid, page).with_context(|| format!("reading {}", c.key))?;
+        let shown = |v: Option<u64>| v.map_or("unlimited".to_owned(), |b| b.to_string());
+        w.notes.push(format!(
+            "memory-claim: {}: cpuset.mems {}, memory limit {}, hugetlb 2MB limit {} ({})",
+            c.key,
+            got.mems,
+            shown(got.limit),
+            shown(got.hugetlb),
+            got.files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        ensure!(
+            got.mems == mems,
+            "{} has cpuset.mems {}, want the claim's node(s) {mems}",
+            c.key,
+            got.mems
+        );
+        ensure!(
+            got.limit == Some(want_limit),
+            "{} has the memory limit {}, want {want_limit} (the claim's {CLAIMED_MEMORY}, or the container's own when lower)",
+            c.key,
+            shown(got.limit)
+        );
+        if w.hugetlb_unavailable.is_none() {
+            ensure!(
+                got.hugetlb == Some(CLAIMED_HUGEPAGES),
+                "{} has the hugetlb 2MB limit {}, want the claimed {CLAIMED_HUGEPAGES}",
+                c.key,
+                shown(got.hugetlb)
+            );
+        }
+        keys.push(c.key);
+    }
+    if let Some(reason) = &w.hugetlb_unavailable {
+        w.notes.push(format!(
+            "memory-claim: hugetlb limits not checked: {reason}"
+        ));
+    }
+    w.check(&keys.iter().map(String::as_str).collect::<Vec<_>>())?;
+    w.remove_pod(&claim.pod_name)?;
+    w.kubelet
+        .unprepare(&claim.namespace, &claim.name, &claim.uid)?;
+    w.granted.remove(&claim.uid);
+    w.check(&[])
 }
 
 /// The report: one line per checked container and scenario.

@@ -1,5 +1,5 @@
-//! Everything a run created, and taking it down again: processes by PID, mounts, cgroups and the
-//! run directory, in that order, exactly once, whether the run passed, failed, panicked or was
+//! Everything a run created, and taking it down again: processes by PID, cgroups, mounts, the
+//! hugepages it reserved and the run directory, in that order, exactly once, whether the run passed, failed, panicked or was
 //! interrupted.
 //!
 //! The registry is shared between the run and a signal thread. The run's guard tears down when
@@ -160,13 +160,17 @@ impl Teardown {
         for pid in leftovers {
             kill(pid, Signal::KILL);
         }
-        if let Some(dir) = &run_dir {
-            unmount_under(dir);
-        }
+        // Cgroups before mounts: a hierarchy the run mounted under its directory (hugetlb) is
+        // where its cgroups are seen, and the kernel keeps them after it is unmounted.
         for root in &cgroups {
             remove_cgroups(root);
         }
         if let Some(dir) = &run_dir {
+            unmount_under(dir);
+            if let Err(e) = crate::hugetlb::release(Path::new(crate::hugetlb::NR_HUGEPAGES_2M), dir)
+            {
+                eprintln!("e2e: giving back the run's hugepages: {e:#}");
+            }
             if keep {
                 eprintln!("e2e: kept the run directory {}", dir.display());
             } else if let Err(e) = fs::remove_dir_all(dir) {
