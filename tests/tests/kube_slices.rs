@@ -14,8 +14,9 @@ use integration_tests::fake_apiserver::FakeApiServer;
 use k8s_openapi::api::resource::{v1, v1beta1};
 use policy::{AttributeValue, Capacity, Device, Quantity};
 use resmgr::kube::{
-    DevicePublisher, NodeAllocatableCpu, PublishError, PublishStatus, PublisherConfig,
-    ResourceApiVersions, RetryPolicy, SlicePublisher, slices::validate::validate_slice_spec,
+    DevicePublisher, NodeAllocatableCpu, Notice, PublishError, PublishStatus, PublisherConfig,
+    ResourceApiVersions, RetryPolicy, SlicePublisher, fake::RecordingEvents,
+    slices::validate::validate_slice_spec,
 };
 use serde_json::{Value, json};
 
@@ -434,6 +435,8 @@ async fn list_attributes_refused_without_their_gate_are_left_out_and_named() {
     // Without it the API server refuses the slice; the publisher publishes without the list and
     // names it, once.
     let (server, publisher) = start(&["v1"], config()).await;
+    let events = Arc::new(RecordingEvents::new());
+    let publisher = publisher.with_events(events.clone());
     server.turn_list_attributes_off();
     let report = publisher.publish(with_roots()).await.unwrap();
     assert_eq!(report.created, 1);
@@ -458,6 +461,17 @@ async fn list_attributes_refused_without_their_gate_are_left_out_and_named() {
     let again = publisher.publish(with_roots()).await.unwrap();
     assert_eq!((again.created, again.updated, again.deleted), (0, 0, 0));
     assert!(again.dropped_fields.is_empty(), "reported once");
+    assert_degraded_once(&events, "resource.kubernetes.io/pcieRoot");
+}
+
+/// The one Event on the Node a publication without something asked for makes, naming `what`.
+fn assert_degraded_once(events: &RecordingEvents, what: &str) {
+    let notices = events.notices();
+    assert!(
+        matches!(&notices[..], [Notice::PublicationDegraded { message }] if message.contains(what)),
+        "{notices:?}"
+    );
+    assert_eq!(notices[0].reason(), "PublicationDegraded");
 }
 
 #[tokio::test]
@@ -580,6 +594,8 @@ fn pool_maps(slices: &[Value]) -> Option<bool> {
 #[tokio::test]
 async fn a_refused_node_allocatable_mapping_falls_back_to_slices_without_it() {
     let (server, publisher) = start(&["v1"], mapping_on()).await;
+    let events = Arc::new(RecordingEvents::new());
+    let publisher = publisher.with_events(events.clone());
     server.check_node_declared_features(true);
     let numa = || vec![device("numa-0", 8), device("numa-1", 8)];
     let report = publisher.publish(numa()).await.unwrap();
@@ -605,6 +621,7 @@ async fn a_refused_node_allocatable_mapping_falls_back_to_slices_without_it() {
         refused_writes,
         "no new attempt at the refused form before its retry is due"
     );
+    assert_degraded_once(&events, "node-allocatable mapping");
 
     let _maintained = maintain(&publisher);
     server.declare_node_features(NODE, &["DRANodeAllocatableResources"]);

@@ -239,7 +239,8 @@ impl Agent {
                 events: events.clone(),
                 poster: Box::pin(poster),
                 publisher: SlicePublisher::new(publisher, versions)
-                    .context("the resource slice publisher")?,
+                    .context("the resource slice publisher")?
+                    .with_events(events.clone()),
                 registration,
                 publishing,
             }),

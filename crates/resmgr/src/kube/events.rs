@@ -93,6 +93,13 @@ pub enum Notice {
         /// What was done, as the agent logged it.
         message: String,
     },
+    /// The API server makes the node's ResourceSlices be published without something the
+    /// agent's settings ask for (the node-allocatable mapping, list attributes): an Event on the
+    /// Node.
+    PublicationDegraded {
+        /// What is left out and why.
+        message: String,
+    },
 }
 
 impl Notice {
@@ -102,6 +109,7 @@ impl Notice {
             Self::ContainerRefused { .. } => "ContainerRefused",
             Self::ClaimNotPrepared { .. } => "ClaimNotPrepared",
             Self::ClaimReconciled { .. } => "ClaimReconciled",
+            Self::PublicationDegraded { .. } => "PublicationDegraded",
         }
     }
 
@@ -111,6 +119,7 @@ impl Notice {
             Self::ContainerRefused { .. } => "CreateContainer",
             Self::ClaimNotPrepared { .. } => "PrepareResources",
             Self::ClaimReconciled { .. } => "Reconcile",
+            Self::PublicationDegraded { .. } => "PublishResourceSlices",
         }
     }
 
@@ -121,9 +130,9 @@ impl Notice {
                 container, message, ..
             } => format!("container {container} refused: {message}"),
             // The lifecycle's message names the claim, the step and the cause.
-            Self::ClaimNotPrepared { message, .. } | Self::ClaimReconciled { message } => {
-                message.clone()
-            }
+            Self::ClaimNotPrepared { message, .. }
+            | Self::ClaimReconciled { message }
+            | Self::PublicationDegraded { message } => message.clone(),
         };
         truncate(text, MAX_NOTE)
     }
@@ -493,7 +502,9 @@ impl Poster {
         let first = match notice {
             Notice::ContainerRefused { pod, .. } => pod_reference(pod),
             Notice::ClaimNotPrepared { claim, .. } => self.claim_reference(claim).await,
-            Notice::ClaimReconciled { .. } => node_reference(&self.config.instance),
+            Notice::ClaimReconciled { .. } | Notice::PublicationDegraded { .. } => {
+                node_reference(&self.config.instance)
+            }
         };
         let Some(posting) = self.admit(first.clone(), None, notice, now) else {
             return;

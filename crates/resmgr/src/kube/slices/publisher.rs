@@ -72,6 +72,7 @@ use super::{
 use crate::{
     errors::chain,
     kube::{
+        events::{EventRecorder, NoEvents, Notice},
         retry::{AttemptError, RetryError},
         version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions, is_path_not_served},
     },
@@ -168,6 +169,9 @@ struct Inner {
     /// When the refused node-allocatable mapping is next tried by [`SlicePublisher::maintain`];
     /// `None` while it is not refused. [`PublishStatus::node_allocatable_refused`] reads it.
     mapping_retry_at: watch::Sender<Option<Instant>>,
+    /// Where what an operator must hear of goes: an Event on the Node ([`NoEvents`] unless
+    /// [`SlicePublisher::with_events`] set it).
+    events: std::sync::OnceLock<Arc<dyn EventRecorder>>,
 }
 
 #[derive(Debug, Default)]
@@ -242,8 +246,26 @@ impl SlicePublisher {
                 in_sync: AtomicBool::new(false),
                 failures: AtomicU64::new(0),
                 mapping_retry_at: watch::Sender::new(None),
+                events: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Tells `events` when the API server makes the slices be published without something
+    /// (the node-allocatable mapping, list attributes): an Event on the Node. The first call
+    /// sets it, for every clone.
+    #[must_use]
+    pub fn with_events(self, events: Arc<dyn EventRecorder>) -> Self {
+        let _ = self.inner.events.set(events);
+        self
+    }
+
+    /// Records `notice` for an Event.
+    fn tell(&self, notice: Notice) {
+        match self.inner.events.get() {
+            Some(events) => events.record(notice),
+            None => NoEvents.record(notice),
+        }
     }
 
     /// The fields the API server has been seen dropping from our slices since we started,
@@ -565,6 +587,13 @@ impl Reconciliation<'_> {
     /// gate, and each as a dropped field.
     fn lists_refused(&mut self, lists: &BTreeSet<String>, error: &PublishError) {
         self.state.lists_refused = true;
+        self.publisher.tell(Notice::PublicationDegraded {
+            message: format!(
+                "ResourceSlices published without the list-valued attributes {}: the API \
+                     server refuses them (its {LIST_ATTRIBUTES_GATE} feature gate is off)",
+                lists.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        });
         tracing::warn!(
             attributes = ?lists,
             gate = LIST_ATTRIBUTES_GATE,
@@ -644,6 +673,14 @@ impl Reconciliation<'_> {
                  without it, so pods must request their claimed CPUs in resources.requests \
                  (see docs/deploy.md)"
             );
+            self.publisher.tell(Notice::PublicationDegraded {
+                message: format!(
+                    "ResourceSlices published without the node-allocatable mapping: the API \
+                         server refuses it ({message}); claim pods must request their claimed \
+                         CPUs and memory in resources.requests until the kubelet declares \
+                         DRANodeAllocatableResources"
+                ),
+            });
         } else {
             tracing::debug!(refusal = %message, retry_in = ?retry, "the node-allocatable mapping is still refused");
         }
