@@ -290,10 +290,12 @@ pub struct RuntimeState {
     pub report_failed: BTreeSet<String>,
     /// When each call arrived (tokio's clock, so paused-time tests see virtual time).
     pub call_times: Vec<tokio::time::Instant>,
-    /// Containers being created: between their CreateContainer and their PostCreateContainer
-    /// the runtime does not know them, and skips their updates while reporting them applied, as
-    /// containerd and CRI-O do ([`FakeRuntime::creating`], [`FakeRuntime::created`]).
-    pub creating: BTreeSet<String>,
+    /// Containers being created and started: until their PostStartContainer the runtime skips
+    /// their updates while reporting them applied, the worst of what containerd does (it does
+    /// not know them until their PostCreateContainer, and then may write their updates into a
+    /// spec their task was already made from) ([`FakeRuntime::creating`],
+    /// [`FakeRuntime::created`], [`FakeRuntime::started`]).
+    pub starting: BTreeSet<String>,
 }
 
 impl FakeRuntime {
@@ -352,7 +354,7 @@ impl FakeRuntime {
             for u in &updates {
                 if s.report_failed.contains(&u.container_id) {
                     failed.push(u.container_id.clone());
-                } else if s.creating.contains(&u.container_id) {
+                } else if s.starting.contains(&u.container_id) {
                     // Skipped, and not reported.
                 } else if let Some(c) = &u.cpus {
                     s.cpus.insert(u.container_id.clone(), c.clone());
@@ -574,11 +576,11 @@ impl Harness {
 }
 
 impl FakeRuntime {
-    /// Applies updates an NRI reply carried (skipping the containers being created).
+    /// Applies updates an NRI reply carried (skipping the containers not started).
     pub fn apply_reply(&self, updates: &[ContainerUpdate]) {
         let mut s = self.state.lock().unwrap();
         for u in updates {
-            if s.creating.contains(&u.container_id) {
+            if s.starting.contains(&u.container_id) {
                 continue;
             }
             if let Some(c) = &u.cpus {
@@ -587,20 +589,28 @@ impl FakeRuntime {
         }
     }
 
-    /// The runtime starts creating `id`: it calls CreateContainer, and does not know the
-    /// container until [`Self::created`].
+    /// The runtime starts creating `id`: it calls CreateContainer, and skips updates of the
+    /// container until [`Self::started`].
     pub fn creating(&self, id: &str) {
-        self.state.lock().unwrap().creating.insert(id.to_owned());
+        self.state.lock().unwrap().starting.insert(id.to_owned());
     }
 
     /// The runtime has created `id` on `cpus` (the adjustment of its creation, `None`: where it
-    /// asked) and knows it from now on; next it sends PostCreateContainer.
+    /// asked).
     pub fn created(&self, id: &str, cpus: Option<&CpuSet>) {
-        let mut s = self.state.lock().unwrap();
-        s.creating.remove(id);
         if let Some(cpus) = cpus {
-            s.cpus.insert(id.to_owned(), cpus.clone());
+            self.state
+                .lock()
+                .unwrap()
+                .cpus
+                .insert(id.to_owned(), cpus.clone());
         }
+    }
+
+    /// The runtime has started `id` on what it was created on and applies its updates from now
+    /// on; next it sends PostStartContainer.
+    pub fn started(&self, id: &str) {
+        self.state.lock().unwrap().starting.remove(id);
     }
 
     pub fn cpus(&self, id: &str) -> Option<String> {

@@ -92,8 +92,8 @@ impl Node {
         self.manager.synchronized().await;
     }
 
-    /// The runtime creates `container`, as containerd does: CreateContainer, the reply's updates
-    /// applied, then PostCreateContainer once it knows the container. Returns what the agent
+    /// The runtime creates and starts `container`, as containerd does: CreateContainer, the
+    /// reply's updates applied, then PostStartContainer once it runs. Returns what the agent
     /// answered.
     pub async fn create(&self, container: &Container) -> Allocation {
         self.runtime.creating(&container.id);
@@ -101,7 +101,8 @@ impl Node {
         self.runtime.apply_reply(&allocation.updates);
         self.runtime
             .created(&container.id, allocation.adjustment.cpus.as_ref());
-        self.manager.container_created(container).await;
+        self.runtime.started(&container.id);
+        self.manager.container_started(container).await;
         allocation
     }
 

@@ -1319,9 +1319,9 @@ impl World {
                     if !resolved {
                         continue;
                     }
-                    // As containerd: the runtime does not know the container from its
-                    // CreateContainer until it has stored it, and skips updates of it meanwhile;
-                    // then it sends PostCreateContainer. Other tasks run in between.
+                    // As containerd at worst: from the container's CreateContainer until it runs,
+                    // the runtime confirms updates of it without applying them; then it sends
+                    // PostStartContainer. Other tasks run in between.
                     runtime.creating(&c.id);
                     if let Ok(allocation) = m.create_container(&c).await
                         && faults.crashed_at().is_none()
@@ -1331,10 +1331,12 @@ impl World {
                         c.mems = allocation.adjustment.mems.clone();
                         tokio::task::yield_now().await;
                         runtime.created(&c.id, c.cpus.as_ref());
-                        m.container_created(&c).await;
+                        tokio::task::yield_now().await;
+                        runtime.started(&c.id);
+                        m.container_started(&c).await;
                         started.push(c);
                     } else {
-                        runtime.created(&c.id, None);
+                        runtime.started(&c.id);
                     }
                 }
                 Outcome::Started {

@@ -372,7 +372,11 @@ impl Manager {
                     },
                 );
                 inner.reconcile.confirm(uid);
-                Ok((allocation.edits, devices, inner.change_all(ticket)))
+                Ok((
+                    allocation.edits,
+                    devices,
+                    inner.change_all(ticket).granting(),
+                ))
             }
             Err(e) => Err(e),
         };

@@ -43,6 +43,11 @@ use crate::{
     state::StateError,
 };
 
+/// How long a claim's commit waits for the runtime to start a container it moves (see
+/// [`crate::pending`]): the kubelet starts a container right after creating it, so this is a
+/// bound for a slow node, not a delay anyone pays.
+pub const START_WAIT: Duration = Duration::from_secs(10);
+
 /// What one mutation under the manager lock changed, to commit once the lock is released.
 #[must_use = "a change is committed with Manager::commit once the lock is released"]
 #[derive(Debug, Default)]
@@ -53,12 +58,21 @@ pub(crate) struct Change {
     ticket: Ticket,
     /// The points passed once it is saved and once it is delivered.
     points: Option<(Point, Point)>,
+    /// It grants CPUs: its delivery waits for the containers it moves that the runtime has not
+    /// started, up to [`START_WAIT`] (see [`crate::pending`]).
+    grants: bool,
 }
 
 impl Change {
     /// Passes `saved` once the change is on disk and `delivered` once its updates are.
     pub(crate) fn at(mut self, saved: Point, delivered: Point) -> Self {
         self.points = Some((saved, delivered));
+        self
+    }
+
+    /// Marks it as granting CPUs: nothing may still run on them once it is committed.
+    pub(crate) fn granting(mut self) -> Self {
+        self.grants = true;
         self
     }
 }
@@ -72,6 +86,7 @@ impl Guard<'_> {
             version: self.note_changes(),
             ticket,
             points: None,
+            grants: false,
         }
     }
 
@@ -83,6 +98,7 @@ impl Guard<'_> {
             version: Some(self.current_version()),
             ticket,
             points: None,
+            grants: false,
         }
     }
 }
@@ -122,10 +138,10 @@ pub enum DeliveryCause {
     /// A delivery begun earlier still carries them.
     #[error("a delivery begun earlier has not settled them yet")]
     InFlight,
-    /// The runtime is still creating these containers and drops their updates until it has
-    /// (see [`crate::pending`]); it did not finish within the update timeout.
-    #[error("the runtime has not finished creating {0:?}")]
-    StillCreating(BTreeSet<String>),
+    /// The runtime has not started these containers, and may drop their updates until it has
+    /// (see [`crate::pending`]); it did not within [`START_WAIT`].
+    #[error("the runtime has not finished creating and starting {0:?}")]
+    NotStarted(BTreeSet<String>),
 }
 
 /// What reaches the disk and the runtime, and the locks that serialize it: private to this
@@ -141,8 +157,8 @@ pub(crate) struct Io {
     saved: Mutex<u64>,
     /// Wakes the background retry when updates become pending or deliverable.
     pending_changed: Notify,
-    /// Wakes deliveries waiting for the runtime to finish creating a container.
-    created: Notify,
+    /// Wakes deliveries waiting for the runtime to start a container.
+    started: Notify,
 }
 
 impl Io {
@@ -154,7 +170,7 @@ impl Io {
             delivery: Mutex::new(()),
             saved: Mutex::new(0),
             pending_changed: Notify::new(),
-            created: Notify::new(),
+            started: Notify::new(),
         }
     }
 
@@ -173,7 +189,7 @@ impl Manager {
         if let Some((saved, _)) = change.points {
             self.io.faults().crash_point(saved);
         }
-        self.deliver_ticket(&change.ticket)
+        self.deliver_ticket(&change.ticket, change.grants)
             .await
             .map_err(CommitError::Deliver)?;
         if let Some((_, delivered)) = change.points {
@@ -196,14 +212,14 @@ impl Manager {
         ticket
     }
 
-    /// Takes note that the runtime created a container (its PostCreateContainer): what is
+    /// Takes note that the runtime started a container (its PostStartContainer): what is
     /// pending for it goes out from the background retry, since the runtime's own event is still
     /// waiting for our answer, and deliveries waiting for it go on.
-    pub(crate) fn note_created(&self, inner: &mut Inner, container_id: &str) {
-        if inner.pending.created(container_id) {
+    pub(crate) fn note_started(&self, inner: &mut Inner, container_id: &str) {
+        if inner.pending.started(container_id) {
             self.io.pending_changed.notify_one();
         }
-        self.io.created.notify_waiters();
+        self.io.started.notify_waiters();
     }
 
     /// Makes the durable state durable up to `version`. Takes the manager lock only to copy the
@@ -275,46 +291,52 @@ impl Manager {
     /// afterwards (see [`crate::pending`]): what other commits recorded since, or the runtime
     /// confirmed in the meantime, does not count against it.
     ///
-    /// Containers the runtime is still creating cannot be updated yet: the delivery waits for
-    /// them, up to the update timeout, and sends their updates once they are created.
-    async fn deliver_ticket(&self, ticket: &Ticket) -> Result<(), DeliveryError> {
+    /// Containers the runtime has not started cannot be updated yet: a change that `grants`
+    /// CPUs waits for them, up to [`START_WAIT`], and sends their updates once they are started;
+    /// any other leaves them to the background retry, which sends them then.
+    async fn deliver_ticket(&self, ticket: &Ticket, grants: bool) -> Result<(), DeliveryError> {
         if ticket.is_empty() {
             return Ok(());
         }
-        let deadline = tokio::time::Instant::now() + self.io.update_timeout;
+        let deadline = tokio::time::Instant::now() + START_WAIT;
         let containers = ticket.containers();
         loop {
-            // Registered before looking, so a creation noted in between is not missed.
-            let created = self.io.created.notified();
-            tokio::pin!(created);
-            created.as_mut().enable();
+            // Registered before looking, so a start noted in between is not missed.
+            let started = self.io.started.notified();
+            tokio::pin!(started);
+            started.as_mut().enable();
             let cause = match self.deliver_only(Some(&containers)).await {
                 Ok(()) => DeliveryCause::InFlight,
                 Err(e) => e.cause,
             };
-            let (unsettled, creating) = {
+            let (unsettled, starting) = {
                 let inner = self.lock().await;
                 let unsettled = inner.pending.unsettled(ticket);
-                let creating: BTreeSet<String> = unsettled
+                let starting: BTreeSet<String> = unsettled
                     .iter()
-                    .filter(|id| inner.pending.is_creating(id))
+                    .filter(|id| inner.pending.is_starting(id))
                     .cloned()
                     .collect();
-                (unsettled, creating)
+                (unsettled, starting)
             };
             if unsettled.is_empty() {
                 return Ok(());
             }
-            if creating.is_empty() {
+            if starting.is_empty() || !grants {
+                let cause = if !starting.is_empty() && starting == unsettled {
+                    DeliveryCause::NotStarted(starting)
+                } else {
+                    cause
+                };
                 return Err(DeliveryError {
                     containers: unsettled,
                     cause,
                 });
             }
-            if tokio::time::timeout_at(deadline, created).await.is_err() {
+            if tokio::time::timeout_at(deadline, started).await.is_err() {
                 return Err(DeliveryError {
                     containers: unsettled,
-                    cause: DeliveryCause::StillCreating(creating),
+                    cause: DeliveryCause::NotStarted(starting),
                 });
             }
         }

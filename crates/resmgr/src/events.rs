@@ -165,7 +165,7 @@ impl Manager {
                 .or(container.cpus.as_ref());
             inner.pending.placed(&container.id, cpus);
             inner.pending.delivered_in_reply(&allocation.updates);
-            // Until its PostCreateContainer the runtime drops updates of it (crate::pending).
+            // Until its PostStartContainer the runtime may drop updates of it (crate::pending).
             inner.pending.creating(&container.id);
         }
         info!(
@@ -181,12 +181,12 @@ impl Manager {
         Ok(allocation)
     }
 
-    /// The runtime created a container (its PostCreateContainer): updates of it made while it
-    /// was being created go out now, from the background (the runtime waits for this event's
-    /// answer under the lock it serves `UpdateContainers` with).
-    pub async fn container_created(&self, container: &Container) {
+    /// The runtime started a container (its PostStartContainer): updates of it made while it
+    /// was being created and started go out now, from the background (the runtime waits for
+    /// this event's answer under the lock it serves `UpdateContainers` with).
+    pub async fn container_started(&self, container: &Container) {
         let mut inner = self.lock().await;
-        self.note_created(&mut inner, &container.id);
+        self.note_started(&mut inner, &container.id);
     }
 
     /// A container's resources changed.

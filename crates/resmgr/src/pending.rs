@@ -32,15 +32,17 @@
 //! exited without a Stop or Remove reaching us) holds back only the claims on CPUs it may run
 //! on, and its update keeps being retried.
 //!
-//! # Containers the runtime is still creating
+//! # Containers the runtime has not started yet
 //!
 //! Between our answer to a container's CreateContainer and its PostCreateContainer, the runtime
 //! does not know the container yet: containerd adds it to its store, and CRI-O to its server,
 //! only after the NRI call returns. Both runtimes skip an update of a container they do not know
-//! and report it as applied, whether it came in an event's reply or in `UpdateContainers`. So an
-//! update of a container in creation is never taken as delivered: it stays pending, is not sent
-//! ([`PendingUpdates::begin`] leaves it out), and goes out once the runtime says it created the
-//! container ([`PendingUpdates::created`]).
+//! and report it as applied, whether it came in an event's reply or in `UpdateContainers`. From
+//! then until the container runs, containerd writes an update into the container's spec only,
+//! which the task it is starting may already have been made from: confirmed, and lost again.
+//! So until a container's PostStartContainer an update of it is never taken as delivered: it
+//! stays pending, is not sent ([`PendingUpdates::begin`] leaves it out), and goes out once the
+//! runtime says it started the container ([`PendingUpdates::started`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -97,9 +99,9 @@ pub struct PendingUpdates {
     in_flight: BTreeMap<String, u32>,
     /// The CPUs the runtime last confirmed for each container, as far as we know.
     known: BTreeMap<String, CpuSet>,
-    /// Containers whose CreateContainer was answered and whose PostCreateContainer has not come
-    /// (see the module docs): the runtime drops their updates.
-    creating: BTreeSet<String>,
+    /// Containers whose CreateContainer was answered and whose PostStartContainer has not come
+    /// (see the module docs): the runtime may drop their updates.
+    starting: BTreeSet<String>,
     next_seq: u64,
 }
 
@@ -153,12 +155,12 @@ impl PendingUpdates {
     /// They supersede what was pending for those containers, unless a delivery that may carry an
     /// older version is in flight: the runtime may apply that one after the reply, so the
     /// reply's value stays pending to be asserted again once the delivery returns.
-    /// An update of a container the runtime is still creating is not delivered by a reply: it
-    /// stays pending until the container is created.
+    /// An update of a container the runtime has not started is not delivered by a reply: it
+    /// stays pending until the container is started.
     pub fn delivered_in_reply(&mut self, updates: &[ContainerUpdate]) {
         for update in updates {
             if self.in_flight.contains_key(&update.container_id)
-                || self.creating.contains(&update.container_id)
+                || self.starting.contains(&update.container_id)
             {
                 self.record([update.clone()]);
             } else {
@@ -202,30 +204,30 @@ impl PendingUpdates {
     pub fn forget(&mut self, container_id: &str) {
         self.entries.remove(container_id);
         self.known.remove(container_id);
-        self.creating.remove(container_id);
+        self.starting.remove(container_id);
     }
 
     /// Takes note that the runtime is creating a container: we answered its CreateContainer, and
-    /// it drops updates of it until it says it created it ([`Self::created`]).
+    /// it may drop updates of it until it says it started it ([`Self::started`]).
     pub fn creating(&mut self, container_id: &str) {
-        self.creating.insert(container_id.to_owned());
+        self.starting.insert(container_id.to_owned());
     }
 
-    /// Takes note that the runtime created a container (its PostCreateContainer): its updates
+    /// Takes note that the runtime started a container (its PostStartContainer): its updates
     /// can be delivered. Whether one is pending, to send now.
-    pub fn created(&mut self, container_id: &str) -> bool {
-        self.creating.remove(container_id) && self.entries.contains_key(container_id)
+    pub fn started(&mut self, container_id: &str) -> bool {
+        self.starting.remove(container_id) && self.entries.contains_key(container_id)
     }
 
-    /// Takes note of a Synchronize: the runtime creates no container while it synchronizes a
-    /// plugin, and knows every container it lists.
+    /// Takes note of a Synchronize: the runtime knows every container it lists, and its updates
+    /// reach the running ones.
     pub fn synchronized(&mut self) {
-        self.creating.clear();
+        self.starting.clear();
     }
 
-    /// Whether the runtime is still creating this container.
-    pub fn is_creating(&self, container_id: &str) -> bool {
-        self.creating.contains(container_id)
+    /// Whether the runtime has not started this container yet.
+    pub fn is_starting(&self, container_id: &str) -> bool {
+        self.starting.contains(container_id)
     }
 
     /// Whether anything is pending.
@@ -235,7 +237,7 @@ impl PendingUpdates {
 
     /// Whether anything pending can be sent now: pending for a container the runtime knows.
     pub fn is_deliverable(&self) -> bool {
-        self.entries.keys().any(|id| !self.creating.contains(id))
+        self.entries.keys().any(|id| !self.starting.contains(id))
     }
 
     /// How many containers have pending updates.
@@ -288,13 +290,13 @@ impl PendingUpdates {
 
     /// Starts a delivery of what is pending for `only` (everything when `None`): returns the
     /// batch to send, in container order, and marks its containers in flight. Nothing is
-    /// cleared until [`Self::finish`]. Containers the runtime is still creating are left out.
+    /// cleared until [`Self::finish`]. Containers the runtime has not started are left out.
     pub fn begin(&mut self, only: Option<&BTreeSet<String>>) -> Vec<Versioned> {
         let batch: Vec<Versioned> = self
             .entries
             .iter()
             .filter(|(id, _)| only.is_none_or(|only| only.contains(*id)))
-            .filter(|(id, _)| !self.creating.contains(*id))
+            .filter(|(id, _)| !self.starting.contains(*id))
             .map(|(_, e)| e.current.clone())
             .collect();
         for v in &batch {
@@ -309,7 +311,7 @@ impl PendingUpdates {
     /// Starts a delivery of one container's pending update, if it has one and the runtime knows
     /// the container.
     pub fn begin_one(&mut self, container_id: &str) -> Option<Versioned> {
-        if self.creating.contains(container_id) {
+        if self.starting.contains(container_id) {
             return None;
         }
         let v = self.entries.get(container_id)?.current.clone();
@@ -414,7 +416,7 @@ mod tests {
     }
 
     #[test]
-    fn an_update_of_a_container_in_creation_waits_until_it_is_created() {
+    fn an_update_of_a_container_not_started_waits_until_it_is() {
         let mut p = PendingUpdates::default();
         p.placed("a", Some(&"0-7".parse().unwrap()));
         p.creating("a");
@@ -422,7 +424,7 @@ mod tests {
         assert_eq!(
             cpus(&p, "a").as_deref(),
             Some("0-3"),
-            "a reply does not reach a container the runtime is creating"
+            "a reply does not reach a container the runtime has not started"
         );
         p.record([upd("b", "4-7")]);
         let ids: Vec<String> = p
@@ -430,7 +432,7 @@ mod tests {
             .into_iter()
             .map(|v| v.update.container_id)
             .collect();
-        assert_eq!(ids, ["b"], "nothing is sent to a container in creation");
+        assert_eq!(ids, ["b"], "nothing is sent to a container not started");
         assert!(p.begin_one("a").is_none());
         assert!(
             p.at_risk(&"6".parse().unwrap()).containers().contains("a"),
@@ -439,8 +441,8 @@ mod tests {
         let ticket = p.record([upd("a", "0-2")]);
         assert!(!p.unsettled(&ticket).is_empty());
 
-        assert!(p.created("a"), "its pending update is to be sent now");
-        assert!(!p.created("a"), "created once");
+        assert!(p.started("a"), "its pending update is to be sent now");
+        assert!(!p.started("a"), "started once");
         let batch = p.begin(None);
         assert!(batch.iter().any(|v| v.update.container_id == "a"));
         p.finish(&batch, |_| true);
@@ -456,10 +458,10 @@ mod tests {
         assert!(!p.is_empty() && !p.is_deliverable());
         p.creating("b");
         p.forget("b");
-        assert!(!p.is_creating("b"), "a container gone is not being created");
+        assert!(!p.is_starting("b"), "a container gone is not starting");
         p.synchronized();
         assert!(
-            !p.is_creating("a"),
+            !p.is_starting("a"),
             "a Synchronize lists what the runtime has"
         );
         assert!(p.is_deliverable());

@@ -72,8 +72,7 @@ type cluster struct {
 	containers []*api.Container
 	// refuse names containers whose updates the runtime fails.
 	refuse map[string]bool
-	// creating names containers the runtime is creating: between their CreateContainer and their
-	// PostCreateContainer containerd (and CRI-O) does not know them, skips their updates and
+	// creating names containers the runtime is creating and starting: it skips their updates and
 	// reports them as applied (see creating_test.go).
 	creating map[string]bool
 	// applied is the cpuset the runtime last applied to each container by an update.

@@ -1,10 +1,12 @@
-// Containers the runtime is still creating. containerd calls the plugins' CreateContainer while it
-// builds the container, and adds the container to its store only after that call returns, then
+// Containers the runtime has not started yet. containerd calls the plugins' CreateContainer while
+// it builds the container, and adds the container to its store only after that call returns, then
 // sends PostCreateContainer (CRI-O does the same with its server). An update of the container in
 // between, in another event's reply or in UpdateContainers, finds no container: both runtimes
-// skip it and report it as applied. Here the runtime behind containerd's own NRI adaptation does
-// exactly that for the containers in c.creating, and the agent must deliver such an update once
-// the container is created, and never grant a claim CPUs such a container still runs on.
+// skip it and report it as applied. Until the container runs (PostStartContainer), containerd
+// writes an update into the container's spec only, which the task it starts may already have
+// been made from. Here the runtime behind containerd's own NRI adaptation skips the updates of
+// the containers in c.creating, and the agent must deliver such an update once the container
+// has started, and never grant a claim CPUs such a container still runs on.
 package agent
 
 import (
@@ -17,8 +19,8 @@ import (
 )
 
 // createBestEffort creates a BestEffort container as the runtime does: the CreateContainer call,
-// after which the runtime does not know the container until postCreate. Returns the CPUs the
-// agent created it on.
+// after which the runtime skips its updates until postStart. Returns the CPUs the agent created
+// it on.
 func (c *cluster) createBestEffort(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) string {
 	c.t.Helper()
 	c.mu.Lock()
@@ -73,14 +75,21 @@ func (c *cluster) activeWithoutDRA() {
 	}
 }
 
-// postCreate finishes the creation: the runtime knows the container, then says so.
-func (c *cluster) postCreate(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) {
+// postStart finishes the creation and the start: the runtime runs the container and applies its
+// updates, then says so.
+func (c *cluster) postStart(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) {
 	c.t.Helper()
+	if err := c.runtime.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: pod, Container: ctr}); err != nil {
+		c.t.Fatalf("PostCreateContainer of %s: %v", ctr.Id, err)
+	}
+	if err := c.runtime.StartContainer(ctx, &api.StartContainerRequest{Pod: pod, Container: ctr}); err != nil {
+		c.t.Fatalf("StartContainer of %s: %v", ctr.Id, err)
+	}
 	c.mu.Lock()
 	delete(c.creating, ctr.Id)
 	c.mu.Unlock()
-	if err := c.runtime.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: pod, Container: ctr}); err != nil {
-		c.t.Fatalf("PostCreateContainer of %s: %v", ctr.Id, err)
+	if err := c.runtime.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: pod, Container: ctr}); err != nil {
+		c.t.Fatalf("PostStartContainer of %s: %v", ctr.Id, err)
 	}
 }
 
@@ -94,8 +103,8 @@ func bestEffort(name string) (*api.PodSandbox, *api.Container) {
 
 // A Guaranteed container created while a BestEffort one is still being created takes CPUs the
 // BestEffort one was created on. The reply's update of the BestEffort container reaches no one;
-// once the runtime has created it, the agent sends it again, off the exclusive CPUs.
-func TestUpdateAfterCreation(t *testing.T) {
+// once the runtime has started it, the agent sends it again, off the exclusive CPUs.
+func TestUpdateAfterStart(t *testing.T) {
 	c := startWith(t, false)
 	c.activeWithoutDRA()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
@@ -126,18 +135,18 @@ func TestUpdateAfterCreation(t *testing.T) {
 		t.Fatalf("the reply moved %s to %q (skipped updates %v); the exclusive CPUs are %q", ctr.Id, moved, skipped, exclusive)
 	}
 
-	c.postCreate(ctx, pod, ctr)
+	c.postStart(ctx, pod, ctr)
 	if got := c.nextUpdate(ctr.Id).GetLinux().GetResources().GetCpu().GetCpus(); got != moved {
-		t.Fatalf("once created, %s was updated to %q, want %q (off the exclusive %q)", ctr.Id, got, moved, exclusive)
+		t.Fatalf("once started, %s was updated to %q, want %q (off the exclusive %q)", ctr.Id, got, moved, exclusive)
 	}
 	c.waitFor("no pending updates", func() bool { return c.metric("resmgr_pending_updates 0") })
 }
 
 // A claim prepared while a container that runs on its CPUs is still being created waits for the
-// runtime to create it, up to the update timeout, and fails naming it if it never is: the claim
-// is not granted CPUs that container may keep. Once it is created, the kubelet's retry succeeds
-// and the container is moved off the claim's CPUs.
-func TestClaimWaitsForCreation(t *testing.T) {
+// runtime to start it, up to 10 s, and fails naming it if it never does: the claim is not granted
+// CPUs that container may keep. Once it has started, the kubelet's retry succeeds and the
+// container is moved off the claim's CPUs first.
+func TestClaimWaitsForStart(t *testing.T) {
 	c := start(t)
 	dra := draClient(t, c.ready())
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
@@ -148,13 +157,13 @@ func TestClaimWaitsForCreation(t *testing.T) {
 
 	refused := c.prepare(t, dra, "cache-cpus", unpinnedUID)
 	if refused.GetError() == "" || !strings.Contains(refused.GetError(), ctr.Id) || !strings.Contains(refused.GetError(), "creating") {
-		t.Fatalf("prepare answered %+v while %s (on %q) was still being created; want an error naming it", refused, ctr.Id, before)
+		t.Fatalf("prepare answered %+v while %s (on %q) was not started; want an error naming it", refused, ctr.Id, before)
 	}
 	if exists(c.specPath(unpinnedUID))() {
 		t.Fatal("the refused claim has a CDI spec")
 	}
 
-	c.postCreate(ctx, pod, ctr)
+	c.postStart(ctx, pod, ctr)
 	granted := c.prepare(t, dra, "cache-cpus", unpinnedUID)
 	if granted.GetError() != "" {
 		t.Fatalf("the retried prepare failed: %s", granted.GetError())

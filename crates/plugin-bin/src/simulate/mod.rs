@@ -713,8 +713,8 @@ impl Sim {
                 mems: allocation.adjustment.mems.clone(),
             },
         );
-        // The runtime knows it now, and says so (PostCreateContainer).
-        manager.container_created(&container).await;
+        // The runtime has it running now, and says so (PostStartContainer).
+        manager.container_started(&container).await;
         let mut running = container;
         running.cpus = allocation.adjustment.cpus;
         running.mems = allocation.adjustment.mems;

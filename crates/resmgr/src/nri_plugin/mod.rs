@@ -114,8 +114,8 @@ impl Plugin for ResmgrPlugin {
     fn events(&self) -> EventSet {
         EventSet::of(&[
             Event::CreateContainer,
-            // Until it, the runtime drops updates of the container (crate::pending).
-            Event::PostCreateContainer,
+            // Until it, the runtime may drop updates of the container (crate::pending).
+            Event::PostStartContainer,
             Event::UpdateContainer,
             Event::StopContainer,
             Event::RemoveContainer,
@@ -239,15 +239,15 @@ impl Plugin for ResmgrPlugin {
 
     async fn state_change(&self, change: StateChange) -> Result<(), PluginError> {
         match change.event {
-            Event::PostCreateContainer => {
-                self.observer.event("post-create-container");
+            Event::PostStartContainer => {
+                self.observer.event("post-start-container");
                 let c = change
                     .container
                     .as_ref()
-                    .ok_or_else(|| missing("PostCreateContainer", "container"))?;
+                    .ok_or_else(|| missing("PostStartContainer", "container"))?;
                 let pod = change.pod.unwrap_or_default();
                 self.manager
-                    .container_created(&translate::container(&pod, c))
+                    .container_started(&translate::container(&pod, c))
                     .await;
             }
             Event::RemoveContainer => {
