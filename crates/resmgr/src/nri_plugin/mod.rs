@@ -10,8 +10,10 @@
 //! kubelet's log, but not always the user.
 //!
 //! Subscribed events: CreateContainer, UpdateContainer and StopContainer (whose replies carry
-//! updates to other containers) and RemoveContainer (which arrives as StateChange, or as its own
-//! call on NRI v0.12 runtimes, and carries none). Pod events change nothing the policy decides.
+//! updates to other containers), PostStartContainer (until which the runtime may drop a
+//! container's updates: [`crate::pending`]) and RemoveContainer (both arrive as StateChange, or as
+//! their own calls on NRI v0.12 runtimes, and carry none). Pod events change nothing the policy
+//! decides.
 
 pub mod translate;
 
