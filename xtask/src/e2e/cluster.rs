@@ -175,7 +175,8 @@ pub fn bench(root: &Path) -> anyhow::Result<String> {
 pub enum Action {
     /// Start the cluster with resmgr installed and print the KUBECONFIG to use.
     Up,
-    /// Take it down: every process, mount, cgroup, namespace and link, and its files.
+    /// Take it down: every process, mount, cgroup, namespace and link, its hugepages and its
+    /// files.
     Down,
 }
 

@@ -71,6 +71,8 @@ disabled_plugins = [
   # Without CAP_SYS_RESOURCE runc cannot lower a container's oom_score_adj below containerd's.
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
+  # The default (true) drops every hugepage limit, the kubelet's and the agent's (NRI) alike.
+  disable_hugetlb_controller = false
 
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   conf_dir = %[13]s

@@ -83,16 +83,9 @@ func (n *Node) containerCgroup(controller, containerID string) (hierarchy, strin
 	if !found {
 		return base, "", fmt.Errorf("no %s hierarchy", controller)
 	}
-	var dir string
-	_ = filepath.WalkDir(filepath.Join(base.Mount, n.st.CgroupRoot), func(path string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() && d.Name() == containerID {
-			dir = path
-			return filepath.SkipAll
-		}
-		return nil
-	})
-	if dir == "" {
-		return base, "", fmt.Errorf("no %s cgroup of container %s under %s", controller, containerID, filepath.Join(base.Mount, n.st.CgroupRoot))
+	dir, err := findCgroup(filepath.Join(base.Mount, n.st.CgroupRoot), containerID)
+	if err != nil {
+		return base, "", fmt.Errorf("%s: %w", controller, err)
 	}
 	return base, dir, nil
 }
@@ -154,4 +147,87 @@ func readProcess(pid int) (Process, error) {
 		}
 	}
 	return p, nil
+}
+
+// MemoryLimits is what a cgroup's memory and hugetlb controllers hold its processes to, in
+// bytes; -1 is no limit.
+type MemoryLimits struct {
+	MemoryCgroup, HugetlbCgroup string
+	Memory, Hugetlb2M           int64
+}
+
+// MemoryLimits reads the memory limit and the 2 MiB hugetlb limit of a container's cgroup
+// (containerID without the runtime's prefix) and of its parent, the pod's cgroup: cgroup v1's
+// memory.limit_in_bytes and hugetlb.2MB.limit_in_bytes, v2's memory.max and hugetlb.2MB.max.
+func (n *Node) MemoryLimits(containerID string) (container, pod MemoryLimits, err error) {
+	base, memDir, err := n.containerCgroup("memory", containerID)
+	if err != nil {
+		return container, pod, err
+	}
+	hugetlb, err := n.hugetlbMount()
+	if err != nil {
+		return container, pod, err
+	}
+	hugeDir, err := findCgroup(filepath.Join(hugetlb, n.st.CgroupRoot), containerID)
+	if err != nil {
+		return container, pod, fmt.Errorf("hugetlb: %w", err)
+	}
+	memFile, hugeFile := "memory.limit_in_bytes", "hugetlb.2MB.limit_in_bytes"
+	if base.V2 {
+		memFile, hugeFile = "memory.max", "hugetlb.2MB.max"
+	}
+	read := func(dir, hugeDir string) (MemoryLimits, error) {
+		l := MemoryLimits{MemoryCgroup: dir, HugetlbCgroup: hugeDir}
+		var err error
+		if l.Memory, err = readLimit(filepath.Join(dir, memFile)); err != nil {
+			return l, err
+		}
+		l.Hugetlb2M, err = readLimit(filepath.Join(hugeDir, hugeFile))
+		return l, err
+	}
+	if container, err = read(memDir, hugeDir); err != nil {
+		return container, pod, err
+	}
+	pod, err = read(filepath.Dir(memDir), filepath.Dir(hugeDir))
+	return container, pod, err
+}
+
+// unlimitedV1 is where cgroup v1 puts a limit that is not set (PAGE_COUNTER_MAX pages of 4 KiB,
+// rounded down to a page): anything above it is no limit.
+const unlimitedV1 = int64(1) << 62
+
+// readLimit reads a limit in bytes; -1 for none ("max" on v2, the largest value on v1).
+func readLimit(file string) (int64, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	text := strings.TrimSpace(string(data))
+	if text == "max" {
+		return -1, nil
+	}
+	v, err := strconv.ParseInt(text, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %q is not a limit in bytes", file, text)
+	}
+	if v >= unlimitedV1 {
+		return -1, nil
+	}
+	return v, nil
+}
+
+// findCgroup finds the cgroup named containerID below root.
+func findCgroup(root, containerID string) (string, error) {
+	var dir string
+	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && d.Name() == containerID {
+			dir = path
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	if dir == "" {
+		return "", fmt.Errorf("no cgroup of container %s under %s", containerID, root)
+	}
+	return dir, nil
 }

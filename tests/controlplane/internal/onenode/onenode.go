@@ -10,7 +10,9 @@
 // driver) and, apart from the Go side, in a private mount namespace where /var/lib and /var/log
 // are overlays with their writes in the run directory (the kubelet writes
 // /var/lib/kubelet/device-plugins and /var/log/containers whatever its flags say) and the three
-// sysctls the kubelet sets are files bind-mounted at the values it wants. Every process, the
+// sysctls the kubelet sets are files bind-mounted at the values it wants; where the machine's
+// cgroup v1 hierarchies lack hugetlb, the namespace mounts it (hugetlb.go), and the run reserves
+// a few 2 MiB pages before the kubelet starts, given back by Down. Every process, the
 // containers included, is in the run's cgroup root, so taking the run down is: SIGKILL what is
 // in it until nothing is, remove its cgroups, its host link (gone with the namespace already)
 // and its directory. The run's state file says what it made, so `Down` works from another
@@ -137,6 +139,11 @@ type state struct {
 	Network     network     `json:"network"`
 	// PIDs of the processes started, by name (also found through the cgroup).
 	PIDs map[string]int `json:"pids"`
+	// Hugetlb is where the run mounted the hugetlb controller inside its namespace (empty: the
+	// machine's hierarchies have it, or its kernel lacks it).
+	Hugetlb string `json:"hugetlb,omitempty"`
+	// Hugepages2M is how many 2 MiB pages the run reserved (also recorded in its directory).
+	Hugepages2M int `json:"hugepages2M,omitempty"`
 }
 
 func statePath(dir string) string { return filepath.Join(dir, "state.json") }
@@ -326,6 +333,18 @@ func (n *Node) host() error {
 			return errors.New("the namespace holder did not enter its namespaces in 10 s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if hugetlbNeeded(hs) {
+		if err := n.mountHugetlb(hs); err != nil {
+			return err
+		}
+	}
+	// Before the kubelet starts: it reads the node's hugepages once, for its capacity.
+	if n.st.Hugepages2M, err = reserveHugepages(NRHugepages2M, n.l.Dir, ReservedHugepages); err != nil {
+		return err
+	}
+	if err := n.save(); err != nil {
+		return err
 	}
 	sysctls := map[string]string{"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 	steps := [][]string{
@@ -745,8 +764,8 @@ func (n *Node) WaitSlices() error {
 // Close takes the cluster down (a detached one too).
 func (n *Node) Close(keep bool) error { return Down(n.l.Dir, keep) }
 
-// Down takes down the run in dir: every process in its cgroup, its cgroups, its host link and,
-// unless keep, its directory.
+// Down takes down the run in dir: every process in its cgroup, its cgroups (the hugetlb ones
+// too), its hugepages, its host link and, unless keep, its directory.
 func Down(dir string, keep bool) error {
 	data, err := os.ReadFile(statePath(dir))
 	if err != nil {
@@ -766,6 +785,15 @@ func Down(dir string, keep bool) error {
 		if err := killCgroup(st.Hierarchies, st.CgroupRoot); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	// After every process of the run has exited: the namespace, and the mount in it, are gone.
+	if st.Hugetlb != "" && st.CgroupRoot != "" {
+		if _, err := hugetlbCgroups(st.CgroupRoot, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := releaseHugepages(NRHugepages2M, dir); err != nil {
+		errs = append(errs, err)
 	}
 	if st.Network.HostLink != "" {
 		if _, err := os.Stat("/sys/class/net/" + st.Network.HostLink); err == nil {
@@ -802,7 +830,7 @@ func RemoveAbandoned(logf func(string, ...any)) {
 }
 
 // Leftovers lists what of the run is still on the machine after Close: its directory, cgroups,
-// host link and processes. Empty once the run is fully down.
+// mounts, hugepages, host link and processes. Empty once the run is fully down.
 func (n *Node) Leftovers() []string {
 	var left []string
 	if _, err := os.Stat(n.l.Dir); err == nil {
@@ -811,6 +839,24 @@ func (n *Node) Leftovers() []string {
 	for _, h := range n.st.Hierarchies {
 		if _, err := os.Stat(filepath.Join(h.Mount, n.st.CgroupRoot)); err == nil {
 			left = append(left, "cgroup "+filepath.Join(h.Mount, n.st.CgroupRoot))
+		}
+	}
+	if n.st.Hugetlb != "" {
+		out, err := hugetlbCgroups(n.st.CgroupRoot, true)
+		if err != nil {
+			left = append(left, err.Error())
+		} else if out != "" {
+			left = append(left, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(n.l.Dir, hugepageRecord)); err == nil {
+		left = append(left, fmt.Sprintf("%d hugepages of 2 MiB, not given back (%s)", n.st.Hugepages2M, filepath.Join(n.l.Dir, hugepageRecord)))
+	}
+	if mounts, err := os.ReadFile("/proc/self/mounts"); err == nil {
+		for _, line := range strings.Split(string(mounts), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], n.l.Dir) {
+				left = append(left, "mount "+f[1])
+			}
 		}
 	}
 	if _, err := os.Stat("/sys/class/net/" + n.st.Network.HostLink); err == nil {
