@@ -25,7 +25,7 @@
 //! List-valued attributes (`strings`, such as `resource.kubernetes.io/pcieRoot`) need the alpha
 //! gate `DRAListTypeAttributes` on the API server. Without it the API server drops the list,
 //! which leaves the attribute without a value, and refuses the slice (422, `exactly one value
-//! must be specified`). The reconciliation then publishes the same slices without list
+//! must be specified` from 1.36, `must specify one of: ...` from 1.37). The reconciliation then publishes the same slices without list
 //! attributes, logs a warning naming each attribute and the gate, and reports each dropped
 //! field (`devices[].attributes["resource.kubernetes.io/pcieRoot"].strings`) like any other, so
 //! the metric counts it; the lists stay out until the agent restarts.
@@ -961,7 +961,9 @@ fn without_lists(mut devices: Vec<wire::Device>) -> Vec<wire::Device> {
 
 /// Whether `error` is the API server's refusal of an attribute left without a value: what a
 /// list attribute becomes when `DRAListTypeAttributes` is off (or the release does not know
-/// the field), its value dropped before validation.
+/// the field), its value dropped before validation. 1.36 says `exactly one value must be
+/// specified`; 1.37, whose declarative validation of the attribute union answers instead,
+/// `must specify one of: ` and the union's fields. Both name the attribute's path.
 fn is_valueless_attribute_refusal(error: &PublishError) -> bool {
     matches!(
         error,
@@ -971,7 +973,9 @@ fn is_valueless_attribute_refusal(error: &PublishError) -> bool {
                 ..
             },
             ..
-        } if message.contains("exactly one value must be specified")
+        } if message.contains(".attributes[")
+            && (message.contains("exactly one value must be specified")
+                || message.contains("must specify one of: "))
     )
 }
 
@@ -1084,5 +1088,40 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(code: u16, message: &str) -> PublishError {
+        PublishError::Api {
+            action: "creating a resource slice".into(),
+            node: "worker-a".into(),
+            source: RetryError {
+                attempts: 1,
+                last: AttemptError::Api {
+                    code,
+                    reason: "Invalid".into(),
+                    message: message.into(),
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn a_valueless_attribute_is_recognized_in_each_releases_words() {
+        // As the real API servers answer with DRAListTypeAttributes off.
+        let v136 = "ResourceSlice.resource.k8s.io \"n-d-x\" is invalid: spec.devices[0].attributes[resource.kubernetes.io/pcieRoot]: Invalid value: \"\": exactly one value must be specified";
+        let v137 = "ResourceSlice.resource.k8s.io \"n-d-x\" is invalid: [spec.devices[0].attributes[resource.kubernetes.io/pcieRoot]: Invalid value: \"\": must specify one of: `int`, `bool`, `string`, `version`, `ints`, `bools`, `strings`, `versions`]";
+        assert!(is_valueless_attribute_refusal(&refusal(422, v136)));
+        assert!(is_valueless_attribute_refusal(&refusal(422, v137)));
+        // Another union of the slice, another code: not the lists' refusal.
+        assert!(!is_valueless_attribute_refusal(&refusal(
+            422,
+            "spec.devices[0].capacity[cpu].requestPolicy.validRange: Invalid value: \"\": must specify one of: `default`"
+        )));
+        assert!(!is_valueless_attribute_refusal(&refusal(403, v137)));
     }
 }
