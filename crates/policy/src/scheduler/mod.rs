@@ -15,7 +15,9 @@
 //!   allocations must stay within the capacity, and every result gets a fresh share ID and its
 //!   `consumedCapacity` (every capacity of the device, under the name the device published);
 //! - **`matchAttribute` constraints** ([`Constraint`]): every device of the requests named
-//!   (all of them when none are) has the attribute, with one value;
+//!   (all of them when none are) has the attribute, and their values have one in common: a
+//!   list attribute (`strings`, `DRAListTypeAttributes`) is the set of its elements, a scalar
+//!   a one-element set, as kube-scheduler compares them with that gate;
 //! - **attribute-equality selectors** ([`Selector`]) in place of CEL: `device.attributes[...]
 //!   == value`. Attributes are looked up as the allocator does: the qualified name, or, when
 //!   its domain is the driver's, the bare name the device published; capacity names match
@@ -120,8 +122,9 @@ impl DeviceRequest {
 pub struct Constraint {
     /// The requests it applies to; empty means all.
     pub requests: Vec<String>,
-    /// The fully qualified attribute all their devices share
-    /// (`resource.kubernetes.io/numaNode`).
+    /// The fully qualified attribute all their devices share a value of
+    /// (`resource.kubernetes.io/numaNode`; of a list attribute such as
+    /// `resource.kubernetes.io/pcieRoot`, one element).
     pub match_attribute: String,
 }
 

@@ -48,12 +48,51 @@ pub(super) struct Pick {
     pub consumed: Option<BTreeMap<String, Quantity>>,
 }
 
-/// A constraint's state while searching: the value the first device fixed, and how many
-/// devices hold it.
+/// A constraint's state while searching: after each device it applies to, the values all
+/// devices so far share (the top is the current one; empty before the first device).
 #[derive(Debug, Clone, Default)]
 struct Fixed {
-    value: Option<AttributeValue>,
-    count: usize,
+    shared: Vec<ValueSet>,
+}
+
+/// An attribute's values as kube-scheduler compares them under `matchAttribute` (with
+/// `DRAListTypeAttributes`; without it the API server keeps no lists, and one-element sets
+/// compare as the scalars do): a list is the set of its elements, a scalar a one-element set,
+/// and values of different types never match. Devices match when the sets of all of them
+/// intersect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ValueSet {
+    Ints(BTreeSet<i64>),
+    Bools(BTreeSet<bool>),
+    Strings(BTreeSet<String>),
+    Versions(BTreeSet<String>),
+}
+
+impl ValueSet {
+    fn of(value: &AttributeValue) -> Self {
+        match value {
+            AttributeValue::Int(i) => Self::Ints(BTreeSet::from([*i])),
+            AttributeValue::Bool(b) => Self::Bools(BTreeSet::from([*b])),
+            AttributeValue::String(s) => Self::Strings(BTreeSet::from([s.clone()])),
+            AttributeValue::Version(v) => Self::Versions(BTreeSet::from([v.clone()])),
+            AttributeValue::Strings(list) => Self::Strings(list.iter().cloned().collect()),
+        }
+    }
+
+    /// The values both hold; `None` when they share none (or differ in type).
+    fn intersect(&self, other: &Self) -> Option<Self> {
+        fn common<T: Ord + Clone>(a: &BTreeSet<T>, b: &BTreeSet<T>) -> Option<BTreeSet<T>> {
+            let both: BTreeSet<T> = a.intersection(b).cloned().collect();
+            (!both.is_empty()).then_some(both)
+        }
+        match (self, other) {
+            (Self::Ints(a), Self::Ints(b)) => common(a, b).map(Self::Ints),
+            (Self::Bools(a), Self::Bools(b)) => common(a, b).map(Self::Bools),
+            (Self::Strings(a), Self::Strings(b)) => common(a, b).map(Self::Strings),
+            (Self::Versions(a), Self::Versions(b)) => common(a, b).map(Self::Versions),
+            _ => None,
+        }
+    }
 }
 
 struct Search<'a> {
@@ -165,32 +204,37 @@ impl Search<'_> {
             .map(|(i, _)| i)
     }
 
-    /// Whether device `d` has every constrained attribute of request `req`, equal to the value
-    /// already fixed. A list attribute compares as a whole list here, where kube-scheduler
-    /// (with `DRAListTypeAttributes`) intersects the lists: the model is exact for our own
-    /// devices only when devices on one PCIe root list the same roots, as ours on one NUMA node
-    /// do.
+    /// The values constraint `c` would share with device `d` taken: `None` when `d` lacks the
+    /// attribute or shares no value with the devices taken so far ([`ValueSet`]).
+    fn shared_with(&self, c: usize, d: usize) -> Option<ValueSet> {
+        let attribute = &self.input.spec.constraints[c].match_attribute;
+        let values = ValueSet::of(lookup_attribute(
+            &self.input.devices[d],
+            self.input.driver,
+            attribute,
+        )?);
+        match self.fixed[c].shared.last() {
+            None => Some(values),
+            Some(shared) => shared.intersect(&values),
+        }
+    }
+
+    /// Whether device `d` has every constrained attribute of request `req`, with a value in
+    /// common with the devices taken so far.
     fn constraints_allow(&self, req: usize, d: usize) -> bool {
-        let device = &self.input.devices[d];
-        self.constraints_of(req).all(|c| {
-            let attribute = &self.input.spec.constraints[c].match_attribute;
-            match lookup_attribute(device, self.input.driver, attribute) {
-                None => false,
-                Some(v) => self.fixed[c].value.as_ref().is_none_or(|f| f == v),
-            }
-        })
+        self.constraints_of(req)
+            .all(|c| self.shared_with(c, d).is_some())
     }
 
     fn take(&mut self, req: usize, d: usize, consumed: Option<BTreeMap<String, Quantity>>) {
-        let device = &self.input.devices[d];
         let constraints: Vec<usize> = self.constraints_of(req).collect();
         for c in constraints {
-            let attribute = &self.input.spec.constraints[c].match_attribute;
-            let fixed = &mut self.fixed[c];
-            if fixed.count == 0 {
-                fixed.value = lookup_attribute(device, self.input.driver, attribute).cloned();
-            }
-            fixed.count += 1;
+            // constraints_allow held, so there is a shared value; an empty set (matching
+            // nothing) would keep the stack in step with the picks all the same.
+            let shared = self
+                .shared_with(c, d)
+                .unwrap_or_else(|| ValueSet::Ints(BTreeSet::new()));
+            self.fixed[c].shared.push(shared);
         }
         match &consumed {
             None => {
@@ -218,11 +262,7 @@ impl Search<'_> {
         debug_assert_eq!((pick.request, pick.device), (req, d));
         let constraints: Vec<usize> = self.constraints_of(req).collect();
         for c in constraints {
-            let fixed = &mut self.fixed[c];
-            fixed.count = fixed.count.saturating_sub(1);
-            if fixed.count == 0 {
-                fixed.value = None;
-            }
+            self.fixed[c].shared.pop();
         }
         match pick.consumed {
             None => {

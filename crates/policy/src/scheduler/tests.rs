@@ -646,3 +646,82 @@ fn a_hopeless_constraint_on_many_devices_fails_fast() {
         cpu / 64 == 9
     }));
 }
+
+/// A device of `kind` whose `resource.kubernetes.io/pcieRoot` is `roots`.
+fn rooted(name: &str, kind: &str, roots: AttributeValue) -> Device {
+    Device {
+        name: name.into(),
+        attributes: BTreeMap::from([
+            ("kind".to_owned(), AttributeValue::String(kind.into())),
+            (PCIE_ROOT.to_owned(), roots),
+        ]),
+        capacities: BTreeMap::new(),
+        allow_multiple_allocations: false,
+    }
+}
+
+const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+
+fn list(roots: &[&str]) -> AttributeValue {
+    AttributeValue::Strings(roots.iter().map(|r| (*r).to_owned()).collect())
+}
+
+fn root(r: &str) -> AttributeValue {
+    AttributeValue::String(r.into())
+}
+
+/// One device of `kind` for each request, all under `matchAttribute: pcieRoot`.
+fn same_root(kinds: &[&str]) -> ClaimSpec {
+    ClaimSpec {
+        requests: kinds
+            .iter()
+            .map(|kind| DeviceRequest {
+                selectors: vec![Selector {
+                    attribute: "kind".into(),
+                    value: AttributeValue::String((*kind).into()),
+                }],
+                ..DeviceRequest::count(kind, 1)
+            })
+            .collect(),
+        constraints: vec![Constraint {
+            requests: vec![],
+            match_attribute: PCIE_ROOT.into(),
+        }],
+    }
+}
+
+#[test]
+fn match_attribute_on_lists_needs_a_value_common_to_all_devices() {
+    let devices = [
+        rooted("numa0", "cpus", list(&["pci0000:00", "pci0000:40"])),
+        rooted("numa1", "cpus", list(&["pci0000:80", "pci0000:c0"])),
+        rooted("nic", "nic", list(&["pci0000:40", "pci0000:80"])),
+        rooted("gpu", "gpu", root("pci0000:80")),
+        rooted("gpu-as-int", "gpu-as-int", AttributeValue::Int(80)),
+    ];
+    let mut s = off();
+    // A scalar is a one-element set: the GPU's root is one of numa1's, not the whole list.
+    let r = s
+        .allocate("gpu-cpus", &same_root(&["gpu", "cpus"]), &devices)
+        .unwrap();
+    assert_eq!(devices_of(&r), ["gpu", "numa1"]);
+    s.deallocate("gpu-cpus");
+    // The NIC shares a root with each NUMA device; with the GPU too only pci0000:80 is left,
+    // so numa0 (which shares pci0000:40 with the NIC, first) is given up for numa1.
+    let r = s
+        .allocate(
+            "nic-cpus-gpu",
+            &same_root(&["nic", "cpus", "gpu"]),
+            &devices,
+        )
+        .unwrap();
+    assert_eq!(devices_of(&r), ["nic", "numa1", "gpu"]);
+    s.deallocate("nic-cpus-gpu");
+    let r = s
+        .allocate("nic-cpus", &same_root(&["nic", "cpus"]), &devices)
+        .unwrap();
+    assert_eq!(devices_of(&r), ["nic", "numa0"]);
+    // Values of another type never match, whatever they say.
+    s.allocate("int", &same_root(&["gpu-as-int", "nic"]), &devices)
+        .unwrap_err();
+}
