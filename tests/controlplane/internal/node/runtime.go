@@ -228,7 +228,8 @@ func (r *nriRuntime) inject(devices []string) ([]string, error) {
 	return spec.Process.Env, nil
 }
 
-// create is the runtime's RunPodSandbox (for a new pod), CreateContainer and StartContainer.
+// create is the runtime's RunPodSandbox (for a new pod), CreateContainer, StartContainer and
+// PostStartContainer.
 func (r *nriRuntime) create(ctx context.Context, pod *corev1.Pod, c *corev1.Container, env []string, cdiDevices []string) (*api.Container, error) {
 	sb := sandbox(pod)
 	r.mu.Lock()
@@ -266,6 +267,11 @@ func (r *nriRuntime) create(ctx context.Context, pod *corev1.Pod, c *corev1.Cont
 	r.mu.Unlock()
 	if err := r.nri.StartContainer(ctx, &api.StartContainerRequest{Pod: sb, Container: ctr}); err != nil {
 		return nil, fmt.Errorf("StartContainer %s/%s: %w", pod.Name, c.Name, err)
+	}
+	// containerd's PostStartContainer once the task runs: the agent holds a container's
+	// updates until then.
+	if err := r.nri.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: sb, Container: ctr}); err != nil {
+		return nil, fmt.Errorf("PostStartContainer %s/%s: %w", pod.Name, c.Name, err)
 	}
 	return ctr, nil
 }
