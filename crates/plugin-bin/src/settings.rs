@@ -336,8 +336,8 @@ pub const EXPOSE_PCIE_ROOTS: Typed<bool> = Typed::new(Setting {
     details: "A claim can then put CPUs (and memory) on the PCIe root of another driver's GPU \
               or NIC with `matchAttribute: resource.kubernetes.io/pcieRoot`. The attribute is \
               a list of strings, which needs the alpha DRAListTypeAttributes feature gate on \
-              the API server and the scheduler (Kubernetes 1.36 or later): without it the API \
-              server refuses such slices, and the agent then publishes its devices without \
+              the API server and the scheduler, and Kubernetes 1.37 (1.36's scheduler matches \
+              no list attribute): without the gate the API server refuses such slices, and the agent then publishes its devices without \
               the attribute and warns naming the gate. Roots come from sysfs \
               (`sysfs-root`); a device whose CPUs no root is local to gets none. Aligning on \
               `resource.kubernetes.io/numaNode` needs no gate (docs/kubernetes.md).",
