@@ -371,7 +371,9 @@ func (c *cluster) registerLikeTheKubelet() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	client := registerapi.NewRegistrationClient(conn)
-	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{})
+	// The socket's file appears at bind, a system call before it listens: a connection made in
+	// between is refused. The kubelet's watcher dials blocking, retrying that; so does this.
+	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		c.t.Fatalf("GetInfo: %v", err)
 	}

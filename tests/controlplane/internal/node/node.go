@@ -191,7 +191,9 @@ func (n *Node) register() drav1.DRAPluginClient {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	client := registerapi.NewRegistrationClient(conn)
-	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{})
+	// The socket's file appears at bind, a system call before it listens: a connection made in
+	// between is refused. The kubelet's watcher dials blocking, retrying that; so does this.
+	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		n.t.Fatalf("GetInfo: %v", err)
 	}
