@@ -34,6 +34,10 @@ func (c *Cluster) Namespace(name string) {
 	}
 	c.Poll("the default ServiceAccount of namespace "+name, func(cx context.Context) (bool, error) {
 		_, err := c.Admin.CoreV1().ServiceAccounts(name).Get(cx, "default", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			// Not made yet: the controller makes it when it sees the namespace.
+			return false, nil
+		}
 		return err == nil, err
 	})
 }
