@@ -499,6 +499,39 @@ steps:
     );
 }
 
+/// `memoryKinds` through the binary: a claim naming HBM gets its node's HBM besides its DRAM,
+/// and so does its container; one naming a kind the machine lacks is refused, naming what it
+/// holds, and changes nothing.
+#[test]
+fn a_claims_memory_kinds_reach_its_containers_and_a_missing_kind_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hbm.yaml");
+    let cpu_config = "apiVersion: resmgr.io/v1alpha1, kind: CpuConfig";
+    std::fs::write(
+        &file,
+        format!(
+            "topology: \"pack:2 [numa(memory=4GiB)] [numa(memory=1GiB)] core:2 pu:2\"
+steps:
+  - pod: {{name: db, qos: Guaranteed}}
+  - claim: {{name: fast, pod: db, results: [{{request: cpus, device: numa0, cpu: 2}}], config: [{{parameters: {{{cpu_config}, memoryKinds: [dram, hbm]}}}}]}}
+  - claim: {{name: slow, pod: db, results: [{{request: cpus, device: numa2, cpu: 1}}], config: [{{parameters: {{{cpu_config}, memoryKinds: [pmem]}}}}]}}
+  - container: {{pod: db, name: pg, cpu-request: 2, memory: 1Gi, claims: [fast]}}
+"
+        ),
+    )
+    .unwrap();
+    let out = text(&run_ok(resmgr().arg("simulate").arg(&file)).stdout);
+    for wanted in [
+        "DRA devices published: numa0 (3 cpus), numa2 (4 cpus)",
+        "+ claim default/fast: numa0 -> cpus 2-3, mems 0-1",
+        "result 0 (request cpus, cpus 4 on NUMA node 2): its configuration's memoryKinds names pmem, but no pmem memory is attached to NUMA node 2 (this machine has no pmem memory)",
+        "+ default/db/pg: claim, cpus 2-3, mems 0-1",
+    ] {
+        assert!(out.contains(wanted), "{wanted:?} not in:\n{out}");
+    }
+    assert!(!out.contains("+ claim default/slow"), "{out}");
+}
+
 /// The 2-CPU VM with one CPU reserved (issue 18's third finding): the simulator once refused
 /// the machine (its device's request policy was invalid). Its one claimable CPU is published and
 /// claimed, and a BestEffort container then runs on the reserved CPU rather than being refused.

@@ -1,13 +1,15 @@
-//! A claim's configuration for the topology-aware policy: `memoryPinning` and `fullCores` in
-//! the edits and in the containers using the claim, class/claim precedence, refusals of
+//! A claim's configuration for the topology-aware policy: `memoryPinning`, `fullCores` and
+//! `memoryKinds` in the edits and in the containers using the claim, class/claim precedence, refusals of
 //! malformed configurations that change nothing, and the choice kept across snapshot/restore
 //! and re-prepares.
 
 use std::collections::BTreeMap;
 
 use policy::{
-    Claim, ClaimConfig, ConfigSource, Container, Pod, Policy, PolicyError, QosClass, Quantity,
-    Resources, model::AllocationResult,
+    AttributeValue, Claim, ClaimConfig, ConfigSource, Container, Pod, Policy, PolicyError,
+    QosClass, Quantity, Resources, Topology, TopologyAware, TopologySource,
+    model::AllocationResult,
+    topology_aware::{Config, MemoryConfig, ReservedCpus},
 };
 use serde_json::{Value, json};
 
@@ -319,4 +321,145 @@ fn the_choice_survives_restore_and_re_prepares() {
     assert_eq!((a.cpus, a.mems), (Some(set("16-17")), None));
     let b = q.allocate(&user("b", &[("u2", 0)])).unwrap().adjustment;
     assert_eq!(b.mems.map(|m| m.to_string()), Some("2".into()));
+}
+
+/// Two sockets, each a DRAM node of 4 GiB (0 and 2) with an HBM node of 1 GiB attached (1 and
+/// 3), two two-thread cores a socket, CPU 0 reserved; half of each DRAM node for claims.
+fn hbm_machine() -> TopologyAware {
+    let topo = Topology::load(&TopologySource::Synthetic(
+        "pack:2 [numa(memory=4GiB)] [numa(memory=1GiB)] core:2 pu:2".into(),
+    ))
+    .unwrap();
+    let config = Config {
+        reserved_cpus: ReservedCpus::Set("0".parse().unwrap()),
+        memory: MemoryConfig {
+            claim_percent: 50,
+            ..MemoryConfig::default()
+        },
+        ..Config::default()
+    };
+    TopologyAware::new(topo, config).unwrap()
+}
+
+/// One result on `device` consuming `cpus` CPUs and `memory` of memory (`None`: none asked).
+fn with_memory(uid: &str, device: &str, cpus: u64, memory: Option<&str>, kinds: Value) -> Claim {
+    let mut c = claim(
+        uid,
+        &[("cpus", device, cpus)],
+        vec![from_claim(&[], json!({"memoryKinds": kinds}))],
+    );
+    if let Some(m) = memory {
+        c.results[0]
+            .consumed_capacity
+            .insert("memory".into(), m.parse().unwrap());
+    }
+    c
+}
+
+#[test]
+fn memory_kinds_add_the_attached_memory_only_nodes() {
+    let mut p = hbm_machine();
+    // Each DRAM node's device says it has HBM attached, so a class can select it; a machine
+    // without memory-only nodes says nothing of the kind.
+    let attached: Vec<(String, bool)> = p
+        .devices()
+        .unwrap()
+        .into_iter()
+        .map(|d| {
+            (
+                d.name,
+                d.attributes.get("hbmAttached") == Some(&AttributeValue::Bool(true)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        attached,
+        [("numa0".to_owned(), true), ("numa2".to_owned(), true)]
+    );
+    assert!(
+        machine()
+            .devices()
+            .unwrap()
+            .iter()
+            .all(|d| !d.attributes.keys().any(|k| k.ends_with("Attached")))
+    );
+    let hbm = p
+        .allocate_claim(&with_memory(
+            "u1",
+            "numa0",
+            2,
+            Some("1Gi"),
+            json!(["hbm", "dram"]),
+        ))
+        .unwrap();
+    assert_eq!(
+        hbm.edits[0].env,
+        [
+            "DRA_CPUSET_u1=2-3",
+            "DRA_MEMS_u1=0-1",
+            "DRA_MEMORY_u1=1073741824"
+        ]
+    );
+    // HBM only, on the other socket: its own HBM node, not the DRAM node, not socket 0's HBM.
+    let only = p
+        .allocate_claim(&with_memory("u2", "numa2", 2, None, json!(["hbm"])))
+        .unwrap();
+    assert_eq!(only.edits[0].env, ["DRA_CPUSET_u2=4-5", "DRA_MEMS_u2=3"]);
+    // Containers using them get those nodes; the claim's memory stays charged to its DRAM node.
+    let a = p.allocate(&user("a", &[("u1", 0)])).unwrap().adjustment;
+    assert_eq!(
+        (a.cpus, a.mems.map(|m| m.to_string())),
+        (Some(set("2-3")), Some("0-1".into()))
+    );
+    let b = p.allocate(&user("b", &[("u2", 0)])).unwrap().adjustment;
+    assert_eq!(b.mems.map(|m| m.to_string()), Some("3".into()));
+    // What a claim got is kept: a restart restores it, and so does taking it back from its spec.
+    let mut q = hbm_machine();
+    q.restore(&p.snapshot()).unwrap();
+    assert_eq!(q.snapshot(), p.snapshot());
+    let mut r = hbm_machine();
+    r.adopt_claim("u1", &hbm.edits).unwrap();
+    let again = r
+        .allocate_claim(&with_memory(
+            "u1",
+            "numa0",
+            2,
+            Some("1Gi"),
+            json!(["hbm", "dram"]),
+        ))
+        .unwrap();
+    assert_eq!(again.edits, hbm.edits);
+}
+
+#[test]
+fn a_memory_kind_the_node_lacks_refuses_the_claim_naming_what_it_holds() {
+    let cases = [
+        (
+            with_memory("u1", "numa0", 2, Some("512Mi"), json!(["dram", "pmem"])),
+            "invalid request for claim ml/claim-u1 (u1): result 0 (request cpus, cpus 2-3 and \
+             512Mi of memory on NUMA node 0): its configuration's memoryKinds names pmem, but no pmem \
+             memory is attached to NUMA node 0 (this machine has no pmem memory); select devices \
+             with the attribute pmemAttached, or leave pmem out",
+        ),
+        (
+            with_memory("u1", "numa2", 1, Some("512Mi"), json!(["hbm"])),
+            "invalid request for claim ml/claim-u1 (u1): result 0 (request cpus, cpus 4 and \
+             512Mi of memory on NUMA node 2): its configuration's memoryKinds leaves out dram, but \
+             the 512Mi of memory it holds are NUMA node 2's dram: add dram, or ask for no memory",
+        ),
+    ];
+    for (claim, want) in cases {
+        let mut p = hbm_machine();
+        p.allocate(&user("a", &[])).unwrap();
+        let before = (p.shared_cpus(), p.snapshot(), p.container_ids());
+        let err = p.allocate_claim(&claim).unwrap_err();
+        assert!(matches!(err, PolicyError::Invalid { .. }), "{err:?}");
+        assert_eq!(err.to_string(), want);
+        assert!(p.claims().is_empty());
+        assert_eq!(
+            (p.shared_cpus(), p.snapshot(), p.container_ids()),
+            before,
+            "a refusal changes nothing"
+        );
+    }
 }

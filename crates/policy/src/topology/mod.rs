@@ -36,6 +36,9 @@ pub enum MemoryKind {
 }
 
 impl MemoryKind {
+    /// Every kind, in order.
+    pub const ALL: [Self; 4] = [Self::Dram, Self::Hbm, Self::Pmem, Self::Cxl];
+
     /// The lower-case name annotations use (`dram`, `hbm`, `pmem`, `cxl`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -213,6 +216,23 @@ impl Topology {
             .iter()
             .filter(|n| n.kind == MemoryKind::Dram)
             .map(|n| n.id)
+            .collect()
+    }
+
+    /// Each memory-only node as `(node, kind, closest)`: `closest` is the node with CPUs it is
+    /// attached to (the nearest by distance, the lower number on a tie). Node order.
+    pub fn attached_memory(&self) -> Vec<(u32, MemoryKind, u32)> {
+        self.numa_nodes
+            .iter()
+            .filter(|m| m.is_memory_only())
+            .filter_map(|m| {
+                let closest = self
+                    .numa_nodes
+                    .iter()
+                    .filter(|n| !n.is_memory_only())
+                    .min_by_key(|n| (m.distance_to(n.id).min(n.distance_to(m.id)), n.id))?;
+                Some((m.id, m.kind, closest.id))
+            })
             .collect()
     }
 

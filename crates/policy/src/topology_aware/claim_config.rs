@@ -8,6 +8,7 @@
 //! kind: CpuConfig
 //! memoryPinning: false   # default true
 //! fullCores: true        # default false
+//! memoryKinds: [dram, hbm]   # default [dram]
 //! ```
 //!
 //! - `memoryPinning` (default `true`): containers using the result are pinned to its NUMA
@@ -18,8 +19,19 @@
 //!   each core taken), so no other workload shares a core with it. Without it whole cores are
 //!   still preferred, but a core may be split when the count asks for it or whole cores are
 //!   short. A count that whole free cores cannot make up exactly is refused as not fitting.
+//! - `memoryKinds` (default `[dram]`; any of `dram`, `hbm`, `pmem`, `cxl`, as hwloc classes
+//!   NUMA nodes, see [`crate::topology`]): which kinds of memory node containers using the
+//!   result may allocate from, when it pins memory. `dram` is the NUMA node of the result's
+//!   CPUs, where its `memory` capacity is charged; the others are the memory-only nodes
+//!   attached to that node (their closest node with CPUs). Memory-only nodes are not published,
+//!   so the scheduler does not allocate them and they are not reserved for the claim: naming
+//!   them lets the claim's containers use them besides (or, without `dram`, instead of) its
+//!   node's DRAM. A kind the result's node has none of, and a list without `dram` for a
+//!   result that holds memory of its node, refuse the claim at prepare
+//!   ([`super::place`]), naming the request and what it holds. Without pinning it has no
+//!   effect.
 //!
-//! Both are decided at allocation; what a claim got is kept with its record, so a restart
+//! All three are decided at allocation; what a claim got is kept with its record, so a restart
 //! changes nothing and re-preparing the claim returns the same edits.
 //!
 //! Decoding is strict: a wrong or missing `apiVersion` or `kind`, a field this version does not
@@ -34,6 +46,7 @@ use serde::Deserialize;
 use crate::{
     api::PolicyError,
     model::{Claim, ClaimConfig, ConfigSource},
+    topology::MemoryKind,
 };
 
 /// The `apiVersion` of our configuration.
@@ -53,15 +66,40 @@ struct CpuConfig {
     _kind: String,
     memory_pinning: Option<bool>,
     full_cores: Option<bool>,
+    memory_kinds: Option<Vec<Kind>>,
+}
+
+/// A memory kind as written in a configuration (lower case, like the `memory-type`
+/// annotation).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Kind {
+    Dram,
+    Hbm,
+    Pmem,
+    Cxl,
+}
+
+impl From<Kind> for MemoryKind {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::Dram => Self::Dram,
+            Kind::Hbm => Self::Hbm,
+            Kind::Pmem => Self::Pmem,
+            Kind::Cxl => Self::Cxl,
+        }
+    }
 }
 
 /// What one allocation result gets, after precedence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     /// Pin containers to the result's NUMA memory.
     pub memory_pinning: bool,
     /// Take whole cores only.
     pub full_cores: bool,
+    /// The kinds of memory node its containers may use: sorted, never empty.
+    pub memory_kinds: Vec<MemoryKind>,
 }
 
 impl Default for Settings {
@@ -70,6 +108,7 @@ impl Default for Settings {
         Self {
             memory_pinning: true,
             full_cores: false,
+            memory_kinds: vec![MemoryKind::Dram],
         }
     }
 }
@@ -81,6 +120,12 @@ impl Settings {
         }
         if let Some(v) = config.full_cores {
             self.full_cores = v;
+        }
+        if let Some(kinds) = &config.memory_kinds {
+            let mut kinds: Vec<MemoryKind> = kinds.iter().map(|&k| k.into()).collect();
+            kinds.sort_unstable();
+            kinds.dedup();
+            self.memory_kinds = kinds;
         }
     }
 }
@@ -131,10 +176,17 @@ fn decode(claim: &Claim, config: &ClaimConfig) -> Result<CpuConfig, PolicyError>
         }
     }
     // The path names the field a type error is in, and the key of an unknown field.
-    serde_path_to_error::deserialize(&config.parameters).map_err(|e| {
+    let decoded: CpuConfig = serde_path_to_error::deserialize(&config.parameters).map_err(|e| {
         let field = e.path().to_string();
         refuse(&field, e.into_inner().to_string())
-    })
+    })?;
+    if decoded.memory_kinds.as_ref().is_some_and(Vec::is_empty) {
+        return Err(refuse(
+            "memoryKinds",
+            "empty: name at least one of dram, hbm, pmem, cxl".to_owned(),
+        ));
+    }
+    Ok(decoded)
 }
 
 fn describe_requests(config: &ClaimConfig) -> String {
@@ -202,10 +254,7 @@ mod tests {
     fn no_configuration_gets_the_defaults() {
         assert_eq!(
             settings(&claim(&["a"], vec![])).unwrap(),
-            [Settings {
-                memory_pinning: true,
-                full_cores: false
-            }]
+            [Settings::default()]
         );
     }
 
@@ -228,7 +277,8 @@ mod tests {
             settings(&c).unwrap(),
             [Settings {
                 memory_pinning: true,
-                full_cores: true
+                full_cores: true,
+                memory_kinds: vec![MemoryKind::Dram],
             }],
             "the claim's pinning wins, the class's fullCores stays"
         );
@@ -305,6 +355,43 @@ mod tests {
         assert!(reason.contains("invalid type"), "{reason}");
         let (field, _) = refusal(json!(["CpuConfig"]));
         assert_eq!(field, "parameters");
+        let (field, reason) = refusal(cpu(json!({"memoryKinds": ["dram", "sram"]})));
+        assert_eq!(field, "memoryKinds[1]");
+        assert!(reason.contains("unknown variant `sram`"), "{reason}");
+        let (field, reason) = refusal(cpu(json!({"memoryKinds": []})));
+        assert_eq!(field, "memoryKinds");
+        assert!(reason.contains("name at least one"), "{reason}");
+        let (field, reason) = refusal(cpu(json!({"memoryKinds": "hbm"})));
+        assert_eq!(field, "memoryKinds");
+        assert!(reason.contains("invalid type"), "{reason}");
+    }
+
+    #[test]
+    fn memory_kinds_are_sorted_and_deduplicated_and_override_as_a_whole() {
+        use ConfigSource::{Claim as FromClaim, Class};
+        let c = claim(
+            &["a", "b"],
+            vec![
+                config(
+                    Class,
+                    &[],
+                    cpu(json!({"memoryKinds": ["hbm", "dram", "hbm"]})),
+                ),
+                config(FromClaim, &["b"], cpu(json!({"memoryKinds": ["cxl"]}))),
+            ],
+        );
+        let kinds: Vec<Vec<MemoryKind>> = settings(&c)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.memory_kinds)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                vec![MemoryKind::Dram, MemoryKind::Hbm],
+                vec![MemoryKind::Cxl]
+            ]
+        );
     }
 
     #[test]
@@ -321,7 +408,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "claim ns/c (u1): configuration for request other (from its device class): bogus: \
-             unknown field `bogus`, expected one of `apiVersion`, `kind`, `memoryPinning`, `fullCores`"
+             unknown field `bogus`, expected one of `apiVersion`, `kind`, `memoryPinning`, `fullCores`, `memoryKinds`"
         );
     }
 }

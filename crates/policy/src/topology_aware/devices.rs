@@ -65,6 +65,7 @@
 //! | `l3` | — | when known | the L3 cache group's index (int) |
 //! | `coreType` | — | yes | `standard`, `p-core` or `e-core` (string) |
 //! | `memoryKind` | — | memory devices | `dram` (string) |
+//! | `hbmAttached`, `pmemAttached`, `cxlAttached` | numa groups | yes (memory devices too) | present (`true`) only when the device's NUMA node has memory-only nodes of that kind attached (bool) |
 //! | `resource.kubernetes.io/pcieRoot` | with [`DeviceModel::pcie_roots`] | the same (memory devices: their node's CPUs') | the PCIe roots local to the device's CPUs, sorted (list of strings) |
 //!
 //! `resource.kubernetes.io/pcieRoot` is a list attribute (`strings`), which the API server
@@ -72,6 +73,12 @@
 //! cannot see the cluster's gates. There `matchAttribute` on it means the devices' lists
 //! intersect, so a GPU publishing its root as a plain string aligns with our devices that list
 //! it. A device whose CPUs no root is local to (or a topology without roots) has none.
+//!
+//! The `…Attached` attributes let a claim whose configuration names a memory kind
+//! (`memoryKinds`, [`super::claim_config`]) select devices whose node has it:
+//! `"hbmAttached" in device.attributes["<driver>"]`. So the scheduler places such a claim where
+//! the kind is, rather than the node refusing it at prepare. They appear only on machines with
+//! memory-only nodes, so most nodes' devices carry none.
 //!
 //! `wholeCores` lets a DeviceClass that sets `fullCores` select only devices that can honour it
 //! (`device.attributes["<driver>"].wholeCores`), so such a class is never allocated where whole
@@ -84,7 +91,7 @@ use crate::{
     idset::CpuSet,
     model::{AttributeValue, Capacity, Device, RequestPolicy, ValidValues},
     quantity::Quantity,
-    topology::Topology,
+    topology::{MemoryKind, Topology},
 };
 
 /// The standard list attribute naming the PCIe roots local to a device.
@@ -371,6 +378,7 @@ fn grouped(
                 if let Some(socket) = n.package {
                     attributes.insert("socket".to_owned(), int(socket));
                 }
+                attributes.extend(attached_attributes(topo, n.id));
                 (
                     format!("numa{}", n.id),
                     n.cpus.clone(),
@@ -441,6 +449,9 @@ fn individual(topo: &Topology, claimable: &CpuSet, granularity: Granularity) -> 
         }
         if let Some(socket) = package_id(core.package) {
             base.insert("socket".to_owned(), int(socket));
+        }
+        if let Some(node) = core.numa {
+            base.extend(attached_attributes(topo, node));
         }
         base.insert("core".to_owned(), int(index));
         if let Some(l3) = core.l3 {
@@ -520,6 +531,7 @@ fn memory_devices(topo: &Topology, offer: &BTreeMap<u32, NodeOffer>) -> Vec<Publ
                 MEMORY_KIND_ATTRIBUTE.to_owned(),
                 AttributeValue::String(node.kind.as_str().to_owned()),
             );
+            attributes.extend(attached_attributes(topo, id));
             Some(Published {
                 device: Device {
                     name: format!("memory{id}"),
@@ -534,6 +546,27 @@ fn memory_devices(topo: &Topology, offer: &BTreeMap<u32, NodeOffer>) -> Vec<Publ
             })
         })
         .collect()
+}
+
+/// `<kind>Attached: true` for each kind of memory-only node attached to NUMA node `node`.
+fn attached_attributes(topo: &Topology, node: u32) -> Vec<(String, AttributeValue)> {
+    let mut kinds: Vec<MemoryKind> = topo
+        .attached_memory()
+        .into_iter()
+        .filter(|&(_, _, closest)| closest == node)
+        .map(|(_, kind, _)| kind)
+        .collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    kinds
+        .into_iter()
+        .map(|kind| (attached_attribute(kind), AttributeValue::Bool(true)))
+        .collect()
+}
+
+/// The attribute saying a device's node has memory of `kind` attached (`hbmAttached`).
+pub fn attached_attribute(kind: MemoryKind) -> String {
+    format!("{}Attached", kind.as_str())
 }
 
 fn int(n: impl TryInto<i64>) -> AttributeValue {

@@ -377,19 +377,7 @@ impl TopologyAware {
         let ledger = Ledger::new(&topo, &config.memory);
         let table =
             DeviceTable::build_with_memory(&topo, &claimable, &config.devices, &ledger.offer());
-        let attached = topo
-            .numa_nodes
-            .iter()
-            .filter(|m| m.is_memory_only())
-            .filter_map(|m| {
-                let closest = topo
-                    .numa_nodes
-                    .iter()
-                    .filter(|n| !n.is_memory_only())
-                    .min_by_key(|n| (m.distance_to(n.id).min(n.distance_to(m.id)), n.id))?;
-                Some((m.id, m.kind, closest.id))
-            })
-            .collect();
+        let attached = topo.attached_memory();
         let mut policy = Self {
             attached,
             load: vec![PoolLoad::default(); pools.len()],
@@ -1208,11 +1196,13 @@ impl Policy for TopologyAware {
             taken = taken.union(&cpus);
             for (i, (device, part)) in indexes.iter().zip(self.split_adopted(&cpus, indexes.len()))
             {
-                // Its own nodes out of the request's, when it pins memory.
+                // Its own nodes out of the request's, when it pins memory: its DRAM node and
+                // the memory-only nodes attached to it (a claim's `memoryKinds`).
                 let local = self.nodes_of(&part);
                 let local_node = local.first();
+                let near = self.zone(&local, &MemoryKind::ALL);
                 let nodes = match &mems {
-                    Some(all) if all.intersects(&local) => all.intersection(&local),
+                    Some(all) if all.intersects(&near) => all.intersection(&near),
                     Some(all) => all.clone(),
                     None => local,
                 };

@@ -341,7 +341,7 @@ impl TopologyAware {
 
     /// The nodes a container with `kinds` may use next to DRAM nodes `dram`: those of them if
     /// DRAM is allowed, plus the memory-only nodes of allowed kinds attached to them.
-    fn zone(&self, dram: &NodeSet, kinds: &[MemoryKind]) -> NodeSet {
+    pub(super) fn zone(&self, dram: &NodeSet, kinds: &[MemoryKind]) -> NodeSet {
         let mut zone = if kinds.contains(&MemoryKind::Dram) {
             dram.clone()
         } else {
@@ -763,6 +763,7 @@ impl TopologyAware {
             });
         }
         let mut warnings = self.tie_memory_devices(&subject, &mut results)?;
+        self.widen_to_memory_kinds(&subject, &mut results, &settings)?;
         // fullCores: whole cores per request (an individual request's CPUs are whole cores
         // together, not one by one).
         let mut asked: BTreeMap<&str, CpuSet> = BTreeMap::new();
@@ -853,6 +854,76 @@ impl TopologyAware {
             r.mems = memory_nodes.clone();
         }
         Ok(warnings)
+    }
+
+    /// Widens each pinned result's memory nodes to the kinds its configuration allows
+    /// (`memoryKinds`, see [`claim_config`]): the memory-only nodes of those kinds attached to
+    /// its DRAM nodes, and the DRAM nodes only when `dram` is among them. A kind none of its
+    /// nodes has attached, and leaving out `dram` for a result that holds memory or hugepages
+    /// of its node, refuse the claim, naming the request and what it holds.
+    fn widen_to_memory_kinds(
+        &self,
+        subject: &str,
+        results: &mut [ResultRecord],
+        settings: &[claim_config::Settings],
+    ) -> Result<(), PolicyError> {
+        for (i, (r, s)) in results.iter_mut().zip(settings).enumerate() {
+            if !r.memory_pinning || s.memory_kinds == [MemoryKind::Dram] {
+                continue;
+            }
+            let holds = if r.cpus.is_empty() {
+                held_text(r)
+            } else if r.memory > 0 || !r.hugepages.is_empty() {
+                format!("cpus {} and {}", r.cpus, held_text(r))
+            } else {
+                format!("cpus {}", r.cpus)
+            };
+            let at = format!(
+                "result {i} (request {}, {holds} on NUMA node {})",
+                r.request, r.mems
+            );
+            let refuse = |reason: String| PolicyError::Invalid {
+                subject: subject.to_owned(),
+                reason: format!("{at}: {reason}"),
+            };
+            for &kind in s.memory_kinds.iter().filter(|&&k| k != MemoryKind::Dram) {
+                if self.attached_to(&r.mems, &[kind]).next().is_some() {
+                    continue;
+                }
+                let elsewhere: NodeSet = self
+                    .attached
+                    .iter()
+                    .filter(|(_, k, _)| *k == kind)
+                    .map(|(node, _, _)| *node)
+                    .collect();
+                let here = if elsewhere.is_empty() {
+                    format!("this machine has no {} memory", kind.as_str())
+                } else {
+                    format!(
+                        "this machine's {} memory is node {}, attached to other nodes",
+                        kind.as_str(),
+                        elsewhere
+                    )
+                };
+                let kind_name = kind.as_str();
+                return Err(refuse(format!(
+                    "its configuration's memoryKinds names {kind_name}, but no {kind_name} memory is attached to NUMA node {} ({here}); select devices with the attribute {}, or leave {kind_name} out",
+                    r.mems,
+                    devices::attached_attribute(kind),
+                )));
+            }
+            if !s.memory_kinds.contains(&MemoryKind::Dram)
+                && (r.memory > 0 || !r.hugepages.is_empty())
+            {
+                return Err(refuse(format!(
+                    "its configuration's memoryKinds leaves out dram, but the {} it holds are NUMA node {}'s dram: add dram, or ask for no memory",
+                    held_text(r),
+                    r.mems
+                )));
+            }
+            r.mems = self.zone(&r.mems, &s.memory_kinds);
+        }
+        Ok(())
     }
 
     /// The memory and hugepages result `r` on `device` gets from its node's account: what it
