@@ -40,6 +40,10 @@ pub struct ScaleArgs {
     /// Cluster size of the filling-up phases (claims for 90 % of all CPUs); 0 runs none.
     #[arg(long, default_value_t = 100, value_name = "N", requires = "scale")]
     pub fill_nodes: usize,
+    /// Save 30 s of kube-scheduler's CPU profile per phase in DIR (`go tool pprof -top
+    /// kube-scheduler DIR/<phase>.pprof`).
+    #[arg(long, value_name = "DIR", requires = "scale")]
+    pub profile: Option<std::path::PathBuf>,
 }
 
 pub fn run(root: &Path, args: &ScaleArgs) -> anyhow::Result<()> {
@@ -83,6 +87,11 @@ pub fn run(root: &Path, args: &ScaleArgs) -> anyhow::Result<()> {
         ])
         .args(["-count=1", "-timeout=300m", "-v", "./scale/"])
         .stdout(Stdio::piped());
+    if let Some(dir) = &args.profile {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dir = std::path::absolute(dir)?;
+        go.env("RESMGR_SCALE_PROFILE", dir);
+    }
     eprintln!("$ go test -bench ^BenchmarkScale$ ./scale/ (in tests/controlplane)");
     let mut child = go.spawn().context("starting go test")?;
     let stdout = child.stdout.take().context("go test's output")?;

@@ -2,8 +2,12 @@ package scale
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +50,9 @@ const (
 	// envFillNodes is the cluster size of the filling-up phases (claims for 90 % of all
 	// claimable CPUs); 0 runs none.
 	envFillNodes = "RESMGR_SCALE_FILL_NODES"
+	// envProfile, when set, is a directory: kube-scheduler serves its profiling endpoint, and
+	// each phase saves 30 s of its CPU profile there, taken once pods are being created.
+	envProfile = "RESMGR_SCALE_PROFILE"
 )
 
 const (
@@ -218,8 +225,18 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 	// runs it without such a limit. Of the controllers only the service account one, for the
 	// namespace's default ServiceAccount: the benchmark's pods never run, and the resource
 	// claim controller would only add load to the two being measured.
+	schedulerArgs := []string{"--kube-api-qps=5000", "--kube-api-burst=5000", "-v=1"}
+	profileDir := os.Getenv(envProfile)
+	profilePort := 0
+	if profileDir != "" {
+		profilePort = freePort(b)
+		// Served to anyone on loopback: the path skips authorization, and without an
+		// authentication kubeconfig the scheduler takes the request as anonymous.
+		schedulerArgs = append(schedulerArgs, fmt.Sprintf("--secure-port=%d", profilePort),
+			"--bind-address=127.0.0.1", "--authorization-always-allow-paths=/debug/pprof/profile")
+	}
 	c := cluster.StartWith(b, cluster.Options{
-		SchedulerArgs: []string{"--kube-api-qps=5000", "--kube-api-burst=5000", "-v=1"},
+		SchedulerArgs: schedulerArgs,
 		Controllers:   []string{cluster.ServiceAccountController}})
 	cfg := rest.CopyConfig(c.AdminConfig)
 	cfg.QPS, cfg.Burst = 5000, 5000
@@ -298,6 +315,13 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 		}()
 	}
 	start := time.Now()
+	profiled := make(chan error, 1)
+	if profileDir != "" {
+		file := filepath.Join(profileDir, fmt.Sprintf("scheduler-%d-%s-fill=%v-r%d.pprof", nodes, m.name, fill, round))
+		go func() { profiled <- saveProfile(profilePort, file) }()
+	} else {
+		profiled <- nil
+	}
 	for i := range pods {
 		next <- i
 	}
@@ -326,6 +350,9 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 		}
 	}
 	cpu := cpuSeconds(b, schedPID) - cpuBefore
+	if err := <-profiled; err != nil {
+		b.Errorf("kube-scheduler's CPU profile: %v", err)
+	}
 
 	mu.Lock()
 	var latencies []time.Duration
@@ -524,3 +551,39 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// freePort is a loopback TCP port nothing listens on now.
+func freePort(b *testing.B) int {
+	b.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// saveProfile saves 30 s of kube-scheduler's CPU profile, served on port, to file.
+func saveProfile(port int, file string) error {
+	// The scheduler's serving certificate is self-signed; the profile is read once, on loopback.
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec
+	resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/profile?seconds=30", port))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("%s: %s", resp.Status, body)
+	}
+	out, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, resp.Body); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
