@@ -44,6 +44,10 @@ pub struct ScaleArgs {
     /// kube-scheduler DIR/<phase>.pprof`).
     #[arg(long, value_name = "DIR", requires = "scale")]
     pub profile: Option<std::path::PathBuf>,
+    /// kube-scheduler's `percentageOfNodesToScore` (default: its own, adaptive: 46 % of 500
+    /// nodes, at least 100).
+    #[arg(long, value_name = "PERCENT", requires = "scale", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub nodes_to_score: Option<u8>,
 }
 
 pub fn run(root: &Path, args: &ScaleArgs) -> anyhow::Result<()> {
@@ -87,6 +91,9 @@ pub fn run(root: &Path, args: &ScaleArgs) -> anyhow::Result<()> {
         ])
         .args(["-count=1", "-timeout=300m", "-v", "./scale/"])
         .stdout(Stdio::piped());
+    if let Some(percent) = args.nodes_to_score {
+        go.env("RESMGR_SCALE_NODES_TO_SCORE", percent.to_string());
+    }
     if let Some(dir) = &args.profile {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let dir = std::path::absolute(dir)?;

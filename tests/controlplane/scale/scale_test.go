@@ -53,6 +53,9 @@ const (
 	// envProfile, when set, is a directory: kube-scheduler serves its profiling endpoint, and
 	// each phase saves 30 s of its CPU profile there, taken once pods are being created.
 	envProfile = "RESMGR_SCALE_PROFILE"
+	// envNodesToScore, when set, is kube-scheduler's percentageOfNodesToScore (default: its
+	// own, adaptive).
+	envNodesToScore = "RESMGR_SCALE_NODES_TO_SCORE"
 )
 
 const (
@@ -225,7 +228,8 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 	// runs it without such a limit. Of the controllers only the service account one, for the
 	// namespace's default ServiceAccount: the benchmark's pods never run, and the resource
 	// claim controller would only add load to the two being measured.
-	schedulerArgs := []string{"--kube-api-qps=5000", "--kube-api-burst=5000", "-v=1"}
+	clientArgs := []string{"--kube-api-qps=5000", "--kube-api-burst=5000"}
+	schedulerArgs := []string{"-v=1"}
 	profileDir := os.Getenv(envProfile)
 	profilePort := 0
 	if profileDir != "" {
@@ -235,9 +239,21 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 		schedulerArgs = append(schedulerArgs, fmt.Sprintf("--secure-port=%d", profilePort),
 			"--bind-address=127.0.0.1", "--authorization-always-allow-paths=/debug/pprof/profile")
 	}
-	c := cluster.StartWith(b, cluster.Options{
-		SchedulerArgs: schedulerArgs,
-		Controllers:   []string{cluster.ServiceAccountController}})
+	opts := cluster.Options{SchedulerArgs: append(clientArgs, schedulerArgs...),
+		Controllers: []string{cluster.ServiceAccountController}}
+	if pct := os.Getenv(envNodesToScore); pct != "" {
+		if _, err := strconv.Atoi(pct); err != nil {
+			b.Fatalf("%s=%q: want a percentage", envNodesToScore, pct)
+		}
+		// The configuration file replaces the client flags: the same limits, in it.
+		opts.SchedulerArgs = schedulerArgs
+		opts.SchedulerConfig = func(kubeconfig string) string {
+			return fmt.Sprintf("apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"+
+				"clientConnection: {kubeconfig: %q, qps: 5000, burst: 5000}\nleaderElection: {leaderElect: false}\n"+
+				"percentageOfNodesToScore: %s\n", kubeconfig, pct)
+		}
+	}
+	c := cluster.StartWith(b, opts)
 	cfg := rest.CopyConfig(c.AdminConfig)
 	cfg.QPS, cfg.Burst = 5000, 5000
 	client := kubernetes.NewForConfigOrDie(cfg)

@@ -132,6 +132,10 @@ type Options struct {
 	// SchedulerArgs are more kube-scheduler flags (the scale benchmark lifts its client's rate
 	// limit).
 	SchedulerArgs []string
+	// SchedulerConfig, when set, is kube-scheduler's KubeSchedulerConfiguration (YAML) for its
+	// kubeconfig file; the scheduler then reads its client settings and leader election from
+	// it, and --kubeconfig and --leader-elect are not given.
+	SchedulerConfig func(kubeconfig string) string
 	// Controllers are kube-controller-manager's controllers; at least one.
 	Controllers []string
 }
@@ -255,10 +259,17 @@ func (c *Cluster) startScheduler() {
 	args := []string{
 		"--kubeconfig=" + c.path("scheduler.kubeconfig"),
 		"--leader-elect=false",
-		// No HTTPS endpoint: nothing here reads it, and a fixed default port would collide
-		// with other runs on the machine.
-		"--secure-port=0",
 	}
+	if c.opts.SchedulerConfig != nil {
+		config := c.path("scheduler-config.yaml")
+		if err := os.WriteFile(config, []byte(c.opts.SchedulerConfig(c.path("scheduler.kubeconfig"))), 0o600); err != nil {
+			c.t.Fatal(err)
+		}
+		args = []string{"--config=" + config}
+	}
+	// No HTTPS endpoint: nothing here reads it, and a fixed default port would collide with
+	// other runs on the machine.
+	args = append(args, "--secure-port=0")
 	args = append(args, c.opts.SchedulerArgs...)
 	if len(c.opts.Gates) > 0 {
 		args = append(args, "--feature-gates="+c.opts.Gates.flag())
