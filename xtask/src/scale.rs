@@ -151,6 +151,7 @@ fn table(rows: &[serde_json::Value]) -> String {
         "p50 ms",
         "p99 ms",
         "sched cpu s",
+        "attempts/pod",
         "sched peak MiB",
         "apiserver MiB",
         "devices/node",
@@ -176,6 +177,10 @@ fn table(rows: &[serde_json::Value]) -> String {
             f(r, "p50_ms", 0),
             f(r, "p99_ms", 0),
             f(r, "scheduler_cpu_s", 1),
+            match (r["attempts"].as_f64(), r["pods"].as_f64()) {
+                (Some(a), Some(p)) if p > 0.0 => format!("{:.2}", a / p),
+                _ => "?".to_owned(),
+            },
             mib(r, "scheduler_peak_rss_bytes"),
             mib(r, "apiserver_rss_bytes"),
             f(r, "devices_per_node", 0),
@@ -218,7 +223,7 @@ mod tests {
     fn scale_lines_become_one_row_per_phase() {
         let lines = [
             "=== RUN   BenchmarkScale".to_owned(),
-            r#"scale: {"nodes":500,"model":"grouped","fill":false,"round":1,"pods":5000,"bound":5000,"created_per_s":310.2,"pods_per_s":150.44,"p50_ms":80.5,"p99_ms":900.1,"scheduler_cpu_s":40.25,"scheduler_peak_rss_bytes":209715200,"apiserver_rss_bytes":1073741824,"apiserver_peak_rss_bytes":1073741824,"slices":500,"slice_bytes":1048576,"devices_per_node":4,"load":"1.0 2.0 3.0"}"#.to_owned(),
+            r#"scale: {"nodes":500,"model":"grouped","fill":false,"round":1,"pods":5000,"bound":5000,"created_per_s":310.2,"pods_per_s":150.44,"p50_ms":80.5,"p99_ms":900.1,"scheduler_cpu_s":40.25,"attempts":5500,"unschedulable_attempts":500,"scheduler_peak_rss_bytes":209715200,"apiserver_rss_bytes":1073741824,"apiserver_peak_rss_bytes":1073741824,"slices":500,"slice_bytes":1048576,"devices_per_node":4,"load":"1.0 2.0 3.0"}"#.to_owned(),
         ];
         let rows = rows(&lines).unwrap();
         assert_eq!(rows.len(), 1);
@@ -233,6 +238,7 @@ mod tests {
             "150.4",
             "900",
             "40.2",
+            "1.10",
             "200",
             "1024",
             "1.0",

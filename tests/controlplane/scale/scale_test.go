@@ -127,24 +127,28 @@ func pod(name, claim string) *corev1.Pod {
 
 // result is one phase's measurements, printed as a `scale:` line.
 type result struct {
-	Nodes          int     `json:"nodes"`
-	Model          string  `json:"model"`
-	Fill           bool    `json:"fill"`
-	Round          int     `json:"round"`
-	Pods           int     `json:"pods"`
-	Bound          int     `json:"bound"`
-	CreatedPerSec  float64 `json:"created_per_s"`
-	PodsPerSec     float64 `json:"pods_per_s"`
-	P50Ms          float64 `json:"p50_ms"`
-	P99Ms          float64 `json:"p99_ms"`
-	SchedCPUSec    float64 `json:"scheduler_cpu_s"`
-	SchedPeakRSS   int64   `json:"scheduler_peak_rss_bytes"`
-	APIServerRSS   int64   `json:"apiserver_rss_bytes"`
-	APIServerPeak  int64   `json:"apiserver_peak_rss_bytes"`
-	Slices         int     `json:"slices"`
-	SliceBytes     int     `json:"slice_bytes"`
-	DevicesPerNode int     `json:"devices_per_node"`
-	Load           string  `json:"load"`
+	Nodes         int     `json:"nodes"`
+	Model         string  `json:"model"`
+	Fill          bool    `json:"fill"`
+	Round         int     `json:"round"`
+	Pods          int     `json:"pods"`
+	Bound         int     `json:"bound"`
+	CreatedPerSec float64 `json:"created_per_s"`
+	PodsPerSec    float64 `json:"pods_per_s"`
+	P50Ms         float64 `json:"p50_ms"`
+	P99Ms         float64 `json:"p99_ms"`
+	SchedCPUSec   float64 `json:"scheduler_cpu_s"`
+	// Attempts are the scheduling attempts for the phase's pods (scheduled, unschedulable and
+	// error), Unschedulable those that found no node.
+	Attempts       int    `json:"attempts"`
+	Unschedulable  int    `json:"unschedulable_attempts"`
+	SchedPeakRSS   int64  `json:"scheduler_peak_rss_bytes"`
+	APIServerRSS   int64  `json:"apiserver_rss_bytes"`
+	APIServerPeak  int64  `json:"apiserver_peak_rss_bytes"`
+	Slices         int    `json:"slices"`
+	SliceBytes     int    `json:"slice_bytes"`
+	DevicesPerNode int    `json:"devices_per_node"`
+	Load           string `json:"load"`
 }
 
 func BenchmarkScale(b *testing.B) {
@@ -231,14 +235,12 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 	clientArgs := []string{"--kube-api-qps=5000", "--kube-api-burst=5000"}
 	schedulerArgs := []string{"-v=1"}
 	profileDir := os.Getenv(envProfile)
-	profilePort := 0
-	if profileDir != "" {
-		profilePort = freePort(b)
-		// Served to anyone on loopback: the path skips authorization, and without an
-		// authentication kubeconfig the scheduler takes the request as anonymous.
-		schedulerArgs = append(schedulerArgs, fmt.Sprintf("--secure-port=%d", profilePort),
-			"--bind-address=127.0.0.1", "--authorization-always-allow-paths=/debug/pprof/profile")
-	}
+	// The scheduler's metrics (its attempts) and profile, served to anyone on loopback: the
+	// paths skip authorization, and without an authentication kubeconfig the scheduler takes
+	// the request as anonymous.
+	port := freePort(b)
+	schedulerArgs = append(schedulerArgs, fmt.Sprintf("--secure-port=%d", port),
+		"--bind-address=127.0.0.1", "--authorization-always-allow-paths=/metrics,/debug/pprof/profile")
 	opts := cluster.Options{SchedulerArgs: append(clientArgs, schedulerArgs...),
 		Controllers: []string{cluster.ServiceAccountController}}
 	if pct := os.Getenv(envNodesToScore); pct != "" {
@@ -279,6 +281,7 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 	apiPID, schedPID := c.PIDs()
 	settle(schedPID)
 	cpuBefore := cpuSeconds(b, schedPID)
+	attemptsBefore := attempts(b, port)
 
 	var mu sync.Mutex
 	boundAt := make(map[string]time.Time, pods)
@@ -334,7 +337,7 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 	profiled := make(chan error, 1)
 	if profileDir != "" {
 		file := filepath.Join(profileDir, fmt.Sprintf("scheduler-%d-%s-fill=%v-r%d.pprof", nodes, m.name, fill, round))
-		go func() { profiled <- saveProfile(profilePort, file) }()
+		go func() { profiled <- saveProfile(port, file) }()
 	} else {
 		profiled <- nil
 	}
@@ -366,6 +369,7 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 		}
 	}
 	cpu := cpuSeconds(b, schedPID) - cpuBefore
+	attemptsAfter := attempts(b, port)
 	if err := <-profiled; err != nil {
 		b.Errorf("kube-scheduler's CPU profile: %v", err)
 	}
@@ -390,6 +394,8 @@ func phase(b *testing.B, resmgr string, nodes, pods int, m model, fill bool, rou
 		P50Ms:         ms(percentile(latencies, 0.50)),
 		P99Ms:         ms(percentile(latencies, 0.99)),
 		SchedCPUSec:   cpu,
+		Attempts:      allAttempts(attemptsAfter) - allAttempts(attemptsBefore),
+		Unschedulable: attemptsAfter["unschedulable"] - attemptsBefore["unschedulable"],
 		SchedPeakRSS:  statusBytes(b, schedPID, "VmHWM"),
 		APIServerRSS:  statusBytes(b, apiPID, "VmRSS"),
 		APIServerPeak: statusBytes(b, apiPID, "VmHWM"),
@@ -602,4 +608,50 @@ func saveProfile(port int, file string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// attempts reads kube-scheduler's scheduler_schedule_attempts_total by result.
+func attempts(b *testing.B, port int) map[string]int {
+	b.Helper()
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec
+	resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		b.Fatalf("kube-scheduler's metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("kube-scheduler's metrics: %s %v", resp.Status, err)
+	}
+	out := map[string]int{}
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, "scheduler_schedule_attempts_total{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			b.Fatalf("kube-scheduler's metric line %q: %v", line, err)
+		}
+		for _, label := range strings.Split(labels, ",") {
+			if result, ok := strings.CutPrefix(label, "result="); ok {
+				out[strings.Trim(result, `"`)] += int(n)
+			}
+		}
+	}
+	return out
+}
+
+// allAttempts sums attempts of every result.
+func allAttempts(byResult map[string]int) int {
+	n := 0
+	for _, v := range byResult {
+		n += v
+	}
+	return n
 }
