@@ -989,6 +989,25 @@ impl World {
             let outcome = task.await.map_err(|e| e.to_string())?;
             self.apply(outcome);
         }
+        // The kubelet keeps unpreparing the claims whose pods are gone (served while claims
+        // are contested): one of them may hold the contested spec's CPUs. The recovery is done
+        // on a calm node: nothing armed fires.
+        self.faults.disarm_all();
+        let unpreparing: Vec<ClaimRef> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.state == ClaimState::Unpreparing)
+            .map(|(uid, _)| self.claim_ref(uid))
+            .collect();
+        if !unpreparing.is_empty() {
+            let outcome = unprepare(&self.m(), &unpreparing).await;
+            self.log.push(format!(
+                "  the kubelet retries unprepare {:?} -> {}",
+                unpreparing.iter().map(|c| &c.uid).collect::<Vec<_>>(),
+                outcome.summary()
+            ));
+            self.apply(outcome);
+        }
         // A stale claim of a restored state that holds a prepared claim's CPUs goes after the
         // grace.
         self.reconcile_past_grace().await?;
@@ -1899,7 +1918,7 @@ fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
         for step in 0..steps {
             world.log.push(format!("step {step}:"));
             if let Err(e) = world.step(step).await {
-                let tail: Vec<&String> = world.log.iter().rev().take(40).collect();
+                let tail: Vec<&String> = world.log.iter().rev().take(log_tail()).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
                 return Err(format!(
                     "seed {seed}, step {step}: {e}\nthe last steps:\n{}",
@@ -1909,7 +1928,7 @@ fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
         }
         world.log.push("wind-down:".into());
         if let Err(e) = world.wind_down().await {
-            let tail: Vec<&String> = world.log.iter().rev().take(40).collect();
+            let tail: Vec<&String> = world.log.iter().rev().take(log_tail()).collect();
             let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
             return Err(format!(
                 "seed {seed}, wind-down after {steps} steps: {e}\nthe last steps:\n{}",
@@ -1918,6 +1937,11 @@ fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
         }
         Ok(world.stats)
     })
+}
+
+/// How many lines of a failing seed's log to print: `RESMGR_LOG_LINES`, 40 by default.
+fn log_tail() -> usize {
+    env_u64("RESMGR_LOG_LINES").map_or(40, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 fn env_u64(name: &str) -> Option<u64> {

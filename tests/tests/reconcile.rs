@@ -193,6 +193,20 @@ async fn a_used_stray_whose_cpus_another_claim_holds_refuses_claims_saying_how_t
     let report = m.reconciliation().await;
     assert_eq!(count(&report, Outcome::Contested), 1);
     assert!(report.contested.contains_key("twin"));
+
+    // The kubelet lets go of c1 (its pods are gone): served, though prepares are refused, since
+    // it only gives CPUs back; after a restart the contest is over.
+    let answers = m.unprepare(&[claim_ref("c1")]).await.unwrap();
+    assert!(answers["c1"].is_ok(), "{answers:?}");
+    assert_eq!(h.specs(), ["twin"]);
+    assert!(matches!(
+        m.prepare(&[claim_ref("c1")]).await,
+        Err(AdmitError::Contested(_))
+    ));
+    drop(m);
+    let intruder = user("intruder", "pod-x", "twin", &c1.to_string());
+    let m = h.ready_with(topology_aware(TWO_NUMA), &[intruder]).await;
+    assert!(m.contested().is_none() && m.gate().is_open());
 }
 
 #[tokio::test]

@@ -98,8 +98,8 @@ pub enum AdmitError {
     /// The runtime's synchronization has not completed yet; the kubelet retries.
     #[error("cannot serve claims yet: still synchronizing with the container runtime")]
     NotSynchronized,
-    /// A CDI spec that a running container uses grants CPUs another claim holds: serving claims
-    /// could grant the same CPUs twice ([`crate::reconcile`]).
+    /// A CDI spec that a running container uses grants CPUs another claim holds: preparing
+    /// claims could grant the same CPUs twice ([`crate::reconcile`]). Unprepares are served.
     #[error("cannot serve claims: {0}")]
     Contested(String),
     /// The request is malformed.
@@ -220,6 +220,13 @@ pub enum Undo {
     Failed(PolicyError),
 }
 
+/// Which kubelet call a request is, for the gate ([`Manager::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Prepare,
+    Unprepare,
+}
+
 /// Per-claim answers, keyed by claim UID.
 pub type ClaimAnswers<T> = BTreeMap<String, Result<T, LifecycleError>>;
 
@@ -229,7 +236,7 @@ impl Manager {
         &self,
         claims: &[ClaimRef],
     ) -> Result<ClaimAnswers<Vec<DeviceRecord>>, AdmitError> {
-        self.admit(claims)?;
+        self.admit(claims, Call::Prepare)?;
         let mut answers = BTreeMap::new();
         for claim in claims {
             let answer = self.prepare_one(claim).await;
@@ -246,7 +253,7 @@ impl Manager {
 
     /// Unprepares claims, answering each on its own.
     pub async fn unprepare(&self, claims: &[ClaimRef]) -> Result<ClaimAnswers<()>, AdmitError> {
-        self.admit(claims)?;
+        self.admit(claims, Call::Unprepare)?;
         let mut answers = BTreeMap::new();
         for claim in claims {
             let answer = self.unprepare_one(claim).await;
@@ -259,20 +266,26 @@ impl Manager {
         Ok(answers)
     }
 
-    /// Refuses a request before the gate opens, or one naming a malformed UID (which could not
-    /// key its answer, and must not get near a file name).
-    fn admit(&self, claims: &[ClaimRef]) -> Result<(), AdmitError> {
+    /// Refuses a request before the runtime has synchronized, a prepare while a claim is
+    /// contested, or a request naming a malformed UID (which could not key its answer, and must
+    /// not get near a file name).
+    ///
+    /// An unprepare is served while a claim is contested: it only gives CPUs back, and it is how
+    /// the kubelet lets go of a claim whose pods are gone, which may be the very claim a
+    /// contested spec's CPUs are held by. Refusing it would keep the contest for good.
+    fn admit(&self, claims: &[ClaimRef], call: Call) -> Result<(), AdmitError> {
         for claim in claims {
             ClaimUid::new(&claim.uid)
                 .map_err(|e| AdmitError::InvalidArgument(format!("claim {claim}: {e}")))?;
         }
-        if !self.gate.is_open() {
-            return Err(match self.gate.refusal() {
-                Some(why) => AdmitError::Contested(why),
-                None => AdmitError::NotSynchronized,
-            });
+        if self.gate.is_open() {
+            return Ok(());
         }
-        Ok(())
+        match (self.gate.refusal(), call) {
+            (None, _) => Err(AdmitError::NotSynchronized),
+            (Some(why), Call::Prepare) => Err(AdmitError::Contested(why)),
+            (Some(_), Call::Unprepare) => Ok(()),
+        }
     }
 
     /// Prepare's steps: allocate, commit, write the spec; on a failure after the allocation,
@@ -339,15 +352,16 @@ impl Manager {
             warn!(claim = %claim_ref, "{warning}");
         }
         let mut ticket = self.record_pending(&mut inner, allocation.updates);
-        if created {
-            // Also every container that may still run on the claim's CPUs, moved away or not by
-            // this allocation (see crate::pending).
-            let at_risk = match inner.policy.claim_cpus(uid) {
-                Some(cpus) => inner.pending.at_risk(&cpus),
-                None => inner.pending.displaced(),
-            };
-            ticket.extend(at_risk);
-        }
+        // Also every container that may still run on the claim's CPUs and is not meant to, moved
+        // away or not by this allocation (see crate::pending). A claim held before (an earlier
+        // prepare failed and could not roll back, or it was prepared and is prepared again)
+        // waits for them too: the allocation that moved them may be an earlier call's, whose
+        // updates the runtime has not confirmed yet.
+        let at_risk = match inner.policy.claim_cpus(uid) {
+            Some(cpus) => inner.pending.at_risk(&cpus),
+            None => inner.pending.displaced(),
+        };
+        ticket.extend(at_risk);
         let devices = if allocation.edits.len() == claim.results.len() {
             self.devices(claim)
                 .map_err(|cause| (Step::NamingDevices, cause))

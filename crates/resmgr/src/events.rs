@@ -120,6 +120,12 @@ impl Manager {
     }
 
     /// A container is being created: where does it go.
+    ///
+    /// Where the runtime creates it, and that the runtime may drop updates of it until it has
+    /// started it, are noted under the same lock as the decision: a claim allocated the moment
+    /// the lock is let go must find the container where it is and wait for its update, not
+    /// send that update into the gap before the runtime knows the container (which it skips,
+    /// reporting it applied) and answer while the container runs on its CPUs.
     pub async fn create_container(&self, container: &Container) -> Result<Allocation, EventError> {
         let (allocation, change) = {
             let mut inner = self.lock().await;
@@ -134,12 +140,27 @@ impl Manager {
                         container: describe(container),
                         source,
                     })?;
+            // The runtime creates it where the reply says (or where it asked, if we do not say).
+            let cpus = allocation
+                .adjustment
+                .cpus
+                .as_ref()
+                .or(container.cpus.as_ref());
+            inner.pending.placed(&container.id, cpus);
+            inner.pending.delivered_in_reply(&allocation.updates);
+            // Until its PostStartContainer the runtime may drop updates of it (crate::pending).
+            inner.pending.creating(&container.id);
             (allocation, inner.change(Ticket::default()))
         };
         if let Err(source) = self.commit(change).await {
-            // The runtime fails the container; what placing it changed for others is undone,
-            // and asserted again in case any of it reached them.
+            // The runtime fails the container, and the reply with the updates of others never
+            // reaches it: what placing it changed for them is undone, and asserted again in case
+            // any of it reached them, from wherever they may be now.
             let mut inner = self.lock().await;
+            inner.pending.forget(&container.id);
+            for moved in &allocation.updates {
+                inner.pending.placed(&moved.container_id, None);
+            }
             match inner.policy.release(&container.id) {
                 Ok(updates) => {
                     self.record_pending(&mut inner, updates);
@@ -154,19 +175,6 @@ impl Manager {
                 container: describe(container),
                 source,
             });
-        }
-        {
-            let mut inner = self.lock().await;
-            // The runtime creates it where the reply says (or where it asked, if we do not say).
-            let cpus = allocation
-                .adjustment
-                .cpus
-                .as_ref()
-                .or(container.cpus.as_ref());
-            inner.pending.placed(&container.id, cpus);
-            inner.pending.delivered_in_reply(&allocation.updates);
-            // Until its PostStartContainer the runtime may drop updates of it (crate::pending).
-            inner.pending.creating(&container.id);
         }
         info!(
             container = %describe(container),

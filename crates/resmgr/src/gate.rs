@@ -8,8 +8,9 @@
 //! delivered, and never closes: losing the runtime connection ends the process.
 //!
 //! Instead of opening, the Synchronize may find that serving claims could grant the same CPUs
-//! twice (a contested claim, [`crate::reconcile`]): then the gate stays shut for good, and says
-//! why, until an operator restarts the agent.
+//! twice (a contested claim, [`crate::reconcile`]): then the gate stays shut to prepares for
+//! good, and says why, until an operator restarts the agent. Unprepares pass a refusing gate
+//! ([`crate::claims`]): they only give CPUs back, and may release the claim the contest is with.
 
 use tokio::sync::watch;
 

@@ -25,10 +25,11 @@
 //! confirmed, the container runs on what the runtime last confirmed (its placement at creation,
 //! what Synchronize reported, a reply, a confirmed delivery), or on any version sent since,
 //! which a failed or timed-out call may have applied. Each pending entry keeps that set of CPUs
-//! (its *risk*; unknown when the runtime never told us, which counts as anywhere). A new claim
-//! waits for every pending container whose risk meets its CPUs ([`PendingUpdates::at_risk`]),
-//! whether or not its own allocation moved it: a container moved away by an earlier change
-//! whose update never arrived is still there. A container that the runtime refuses (one that
+//! (its *risk*; unknown when the runtime never told us, which counts as anywhere). A claim
+//! waits for every pending container whose risk meets its CPUs and that is not meant to run
+//! there ([`PendingUpdates::at_risk`]), whether or not its own allocation moved it, and whether
+//! this prepare allocated the claim or an earlier one that failed did: a container moved away
+//! by an earlier change whose update never arrived is still there. A container that the runtime refuses (one that
 //! exited without a Stop or Remove reaching us) holds back only the claims on CPUs it may run
 //! on, and its update keeps being retried.
 //!
@@ -251,8 +252,8 @@ impl PendingUpdates {
     }
 
     /// The pending containers that may run on some of `cpus` now, at the version pending for
-    /// them (see the module docs).
-    pub fn at_risk(&self, cpus: &CpuSet) -> Ticket {
+    /// them (see the module docs), whether or not they are meant to.
+    pub fn may_run_on(&self, cpus: &CpuSet) -> Ticket {
         Ticket(
             self.entries
                 .iter()
@@ -260,6 +261,24 @@ impl PendingUpdates {
                 .map(|(id, e)| (id.clone(), e.current.seq))
                 .collect(),
         )
+    }
+
+    /// The pending containers that may run on some of `cpus` now and are not meant to: what a
+    /// claim granted `cpus` waits for, whether this prepare allocated it or an earlier one did.
+    /// A container whose pending cpuset itself takes some of `cpus` is meant to run there (it
+    /// uses the claim they are granted to); one whose pending update says nothing of CPUs is at
+    /// risk wherever it may run.
+    pub fn at_risk(&self, cpus: &CpuSet) -> Ticket {
+        let mut ticket = self.may_run_on(cpus);
+        ticket.0.retain(|id, _| {
+            self.entries[id]
+                .current
+                .update
+                .cpus
+                .as_ref()
+                .is_none_or(|want| !want.intersects(cpus))
+        });
+        ticket
     }
 
     /// The pending containers that may run outside the CPUs pending for them: where any CPU
@@ -435,7 +454,9 @@ mod tests {
         assert_eq!(ids, ["b"], "nothing is sent to a container not started");
         assert!(p.begin_one("a").is_none());
         assert!(
-            p.at_risk(&"6".parse().unwrap()).containers().contains("a"),
+            p.may_run_on(&"6".parse().unwrap())
+                .containers()
+                .contains("a"),
             "created on 0-7, it runs there until its update lands"
         );
         let ticket = p.record([upd("a", "0-2")]);
@@ -598,44 +619,78 @@ mod tests {
         p.placed("c", None); // the runtime did not say
         p.record([upd("a", "0-3"), upd("b", "0-7"), upd("c", "0-3")]);
         // a moved off 4-7 but may still be there; b stays; c may be anywhere.
-        assert_eq!(p.at_risk(&set("6")).containers(), ids(&["a", "b", "c"]));
+        assert_eq!(p.may_run_on(&set("6")).containers(), ids(&["a", "b", "c"]));
         assert_eq!(p.displaced().containers(), ids(&["a", "c"]));
         // Once a's move is confirmed, it runs on 0-3 only.
         let batch = p.begin(Some(&ids(&["a"])));
         p.finish(&batch, |_| true);
-        assert_eq!(p.at_risk(&set("6")).containers(), ids(&["b", "c"]));
+        assert_eq!(p.may_run_on(&set("6")).containers(), ids(&["b", "c"]));
         // A later change starts from what was confirmed: 0-3, then 0-1 sent.
         p.record([upd("a", "0-1")]);
-        assert!(!p.at_risk(&set("6")).containers().contains("a"));
-        assert_eq!(p.at_risk(&set("2")).containers(), ids(&["a", "b", "c"]));
+        assert!(!p.may_run_on(&set("6")).containers().contains("a"));
+        assert_eq!(p.may_run_on(&set("2")).containers(), ids(&["a", "b", "c"]));
         // A failed delivery proves nothing: what it carried may have landed.
         p.record([upd("a", "4-5")]);
         let batch = p.begin(Some(&ids(&["a"])));
         p.finish(&batch, |_| false);
         p.record([upd("a", "0-1")]);
-        assert!(p.at_risk(&set("5")).containers().contains("a"));
+        assert!(p.may_run_on(&set("5")).containers().contains("a"));
         // An older version confirmed while a newer is pending: that one, or the newer.
         let batch = p.begin(Some(&ids(&["a"])));
         p.record([upd("a", "6-7")]);
         p.finish(&batch, |_| true);
-        assert!(!p.at_risk(&set("4-5")).containers().contains("a"));
-        assert!(p.at_risk(&set("0")).containers().contains("a"));
-        assert!(p.at_risk(&set("7")).containers().contains("a"));
+        assert!(!p.may_run_on(&set("4-5")).containers().contains("a"));
+        assert!(p.may_run_on(&set("0")).containers().contains("a"));
+        assert!(p.may_run_on(&set("7")).containers().contains("a"));
         // A reply (nothing in flight) delivers; where the runtime says a container runs is
         // where it runs (and where its pending version would put it).
         p.delivered_in_reply(&[upd("a", "2")]);
         p.record([upd("a", "3"), upd("b", "0-1"), upd("c", "0")]);
         p.placed("b", Some(&set("0-1")));
         p.placed("c", Some(&set("0")));
-        assert!(p.at_risk(&set("4-7")).is_empty());
-        assert_eq!(p.at_risk(&set("1")).containers(), ids(&["b"]));
-        assert_eq!(p.at_risk(&set("0")).containers(), ids(&["b", "c"]));
+        assert!(p.may_run_on(&set("4-7")).is_empty());
+        assert_eq!(p.may_run_on(&set("1")).containers(), ids(&["b"]));
+        assert_eq!(p.may_run_on(&set("0")).containers(), ids(&["b", "c"]));
         // A container gone runs nowhere; recorded again, where it runs is unknown.
         p.forget("a");
-        assert!(!p.at_risk(&set("0-7")).containers().contains("a"));
+        assert!(!p.may_run_on(&set("0-7")).containers().contains("a"));
         p.record([upd("a", "1")]);
-        assert!(p.at_risk(&set("7")).containers().contains("a"));
+        assert!(p.may_run_on(&set("7")).containers().contains("a"));
         assert!(p.displaced().containers().contains("a"));
+    }
+
+    #[test]
+    fn a_container_at_risk_is_one_that_may_run_on_cpus_it_is_not_meant_to() {
+        let mut p = PendingUpdates::default();
+        for id in ["moved", "user", "mems", "unknown"] {
+            p.placed(id, Some(&set("0-7")));
+        }
+        p.placed("unknown", None);
+        p.record([
+            upd("moved", "4-7"),
+            upd("user", "0-3"),
+            ContainerUpdate {
+                container_id: "mems".into(),
+                cpus: None,
+                mems: Some("0".parse().unwrap()),
+            },
+            upd("unknown", "4-7"),
+        ]);
+        // All four may run on 0-3 until their updates land...
+        assert_eq!(
+            p.may_run_on(&set("0-3")).containers(),
+            ids(&["mems", "moved", "unknown", "user"])
+        );
+        // ...but "user" is meant to: its own update puts it there.
+        assert_eq!(
+            p.at_risk(&set("0-3")).containers(),
+            ids(&["mems", "moved", "unknown"])
+        );
+        assert_eq!(
+            p.at_risk(&set("2")).containers(),
+            ids(&["mems", "moved", "unknown"]),
+            "meant to run on some of them is meant to run there"
+        );
     }
 
     #[test]
