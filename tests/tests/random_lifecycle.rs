@@ -39,8 +39,10 @@
 //! work run inline, every interleaving point (runtime calls, claim reads, slow disks) drawn from
 //! the seed. A failure names the seed and the step and the steps before it, and
 //! `RESMGR_SEED=<seed>` reruns just that seed. Without settings the test runs a bounded set of
-//! seeds (CI); `RESMGR_SOAK_SECONDS=<n>` keeps drawing new seeds for that long (`cargo xtask soak
-//! --minutes N`), and `RESMGR_STEPS=<n>` sets the steps per seed.
+//! seeds (CI: `SEEDS`); `RESMGR_SOAK_SECONDS=<n>` keeps drawing new seeds for that long (`cargo
+//! xtask soak --minutes N`), from a first seed past the bounded set that differs from run to run
+//! (printed; `RESMGR_FIRST_SEED` sets it), and `RESMGR_STEPS=<n>` sets the steps per seed.
+//! `RESMGR_LOG_LINES=<n>` prints that many lines of a failing seed's log (40 by default).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -71,8 +73,10 @@ const NODES: [&str; 2] = ["numa0", "numa1"];
 const ALL_CPUS: &str = "0-15";
 const RESERVED: &str = "0";
 
-/// Seeds (and steps each) of the bounded run.
-const SEEDS: u64 = 50;
+/// Seeds (and steps each) of the bounded run, the one `cargo test` and CI do: seeds 0 to
+/// `SEEDS - 1`. A soak (`RESMGR_SOAK_SECONDS`) starts past them, from a seed drawn from the clock
+/// unless `RESMGR_FIRST_SEED` names one, so that each soak explores seeds no run has tried.
+const SEEDS: u64 = 500;
 const STEPS: usize = 120;
 
 // ============================================================================================
@@ -1672,11 +1676,13 @@ impl World {
             }
             if model.deleted
                 && (!state.contains_key(uid)
-                    || (report.unconfirmed.contains(uid) && !specs.contains(uid)))
+                    || (report.unconfirmed.contains(uid) && !specs.contains(uid))
+                    || (!specs.contains(uid) && self.policy.get().claim_cpus(uid).is_none()))
             {
                 // Released by reconciliation once nothing used it: the kubelet's unprepare
                 // will find nothing to do. (An older state restored since may hold it again,
-                // without its spec: unconfirmed, released again after the grace.)
+                // without its spec: unconfirmed, released again after the grace. A release
+                // whose save failed is on disk without its spec until the next save.)
                 continue;
             }
             let Some(cpus) = state.get(uid) else {
@@ -1939,6 +1945,16 @@ fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
     })
 }
 
+/// A number that differs from run to run, below a billion: where a soak starts past `SEEDS`.
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| {
+            u64::from(d.subsec_nanos()) ^ (d.as_secs() % 1_000_000_000)
+        })
+        % 1_000_000_000
+}
+
 /// How many lines of a failing seed's log to print: `RESMGR_LOG_LINES`, 40 by default.
 fn log_tail() -> usize {
     env_u64("RESMGR_LOG_LINES").map_or(40, |n| usize::try_from(n).unwrap_or(usize::MAX))
@@ -1956,7 +1972,18 @@ fn random_concurrent_calls_events_and_faults_keep_the_lifecycles_invariants() {
     let steps = env_u64("RESMGR_STEPS").map_or(STEPS, |s| usize::try_from(s).unwrap());
     let soak = env_u64("RESMGR_SOAK_SECONDS").map(Duration::from_secs);
     let only = env_u64("RESMGR_SEED");
-    let first = env_u64("RESMGR_FIRST_SEED").unwrap_or(0);
+    let first = env_u64("RESMGR_FIRST_SEED").unwrap_or_else(|| {
+        if soak.is_some() {
+            SEEDS + clock_seed()
+        } else {
+            0
+        }
+    });
+    if soak.is_some() && only.is_none() {
+        eprintln!(
+            "random lifecycle: soaking from seed {first} (RESMGR_FIRST_SEED={first} repeats this run)"
+        );
+    }
     let started = Instant::now();
     let mut total = Stats::default();
     let mut seeds = 0;

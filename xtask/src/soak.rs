@@ -7,9 +7,10 @@
 //! - `--minutes N`: instead, the randomized lifecycle test of issue 15
 //!   (`tests/tests/random_lifecycle.rs`: concurrent kubelet calls, runtime events, faults,
 //!   in-process crashes and restarts, checked against the lifecycle's invariants after every
-//!   step), drawing new seeds for N minutes, optimized, from `--seed` (default: the first seed
-//!   its bounded run in `cargo xtask test` does not cover). A failure prints the seed, the step,
-//!   the steps before it and the command that reruns that seed; the end, what the run did.
+//!   step), drawing new seeds for N minutes, optimized, from `--seed` (default: the test draws a
+//!   first seed past its bounded run's, different on every run, and prints it). A failure prints
+//!   the seed, the step, the steps before it and the command that reruns that seed; the end, what
+//!   the run did: seeds, steps, operations.
 
 use std::{
     path::Path,
@@ -27,8 +28,8 @@ pub struct Args {
     /// Steps per walk.
     #[arg(long, default_value_t = 200)]
     pub invariant_steps: u64,
-    /// The first walk's seed (default: from the clock; with `--minutes`, the first seed the
-    /// bounded lifecycle run does not cover).
+    /// The first walk's seed (default: from the clock; with `--minutes`, a seed past those the
+    /// bounded lifecycle run covers, drawn by the test from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Run the randomized lifecycle test for this many minutes (instead of the invariant walks).
@@ -36,13 +37,10 @@ pub struct Args {
     pub minutes: Option<u64>,
 }
 
-/// Seeds the bounded lifecycle run in `cargo xtask test` covers (the test's `SEEDS`).
-const LIFECYCLE_CI_SEEDS: u64 = 64;
-
 pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
     sysdeps::ensure()?;
     if let Some(minutes) = args.minutes {
-        return lifecycle(root, minutes, args.seed.unwrap_or(LIFECYCLE_CI_SEEDS));
+        return lifecycle(root, minutes, args.seed);
     }
     let seed = args.seed.unwrap_or_else(|| {
         SystemTime::now()
@@ -73,14 +71,18 @@ pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
     )
 }
 
-/// The randomized lifecycle test for `minutes`, from seed `first`.
-fn lifecycle(root: &Path, minutes: u64, first: u64) -> anyhow::Result<()> {
-    println!("soak: the randomized lifecycle test for {minutes} min, seeds from {first}");
+/// The randomized lifecycle test for `minutes`, from seed `first` (default: the test draws one
+/// past its bounded run's seeds, and prints it).
+fn lifecycle(root: &Path, minutes: u64, first: Option<u64>) -> anyhow::Result<()> {
+    println!("soak: the randomized lifecycle test for {minutes} min");
+    let mut cargo = util::cargo();
+    if let Some(first) = first {
+        cargo.env("RESMGR_FIRST_SEED", first.to_string());
+    }
     util::run(
-        util::cargo()
+        cargo
             .current_dir(root)
             .env("RESMGR_SOAK_SECONDS", (minutes * 60).to_string())
-            .env("RESMGR_FIRST_SEED", first.to_string())
             .args([
                 "test",
                 "--release",

@@ -215,6 +215,7 @@ pub const PHASES: &[Phase] = &[
             ("agent-sigkill", |w| agent_restart(w, Signal::KILL)),
             ("runtime-restart", runtime_restart),
             ("unprepare", unprepare),
+            ("create-while-prepare", create_while_prepare),
             ("stray-spec", stray_spec),
             ("memory-claim", memory_claim),
         ],
@@ -552,6 +553,17 @@ impl World {
             .cri
             .start_container(&pod_id, pod, c)
             .with_context(|| format!("starting {}/{}/{}", pod.namespace, pod.name, c.name))?;
+        self.track(pod, c, id, expect)
+    }
+
+    /// Records what a container started in a running pod must have.
+    fn track(
+        &mut self,
+        pod: &Pod,
+        c: &Container,
+        id: String,
+        expect: Expect,
+    ) -> anyhow::Result<Running> {
         let pid = self.cri.pid(&id)?;
         let reported_at_creation = self.cri.reported_cpus(&id)?;
         let running = Running {
@@ -1073,6 +1085,138 @@ fn unprepare(w: &mut World) -> anyhow::Result<()> {
     let pod = w.pod("later", "default", Qos::Burstable)?;
     let c = w.container(&pod, &burstable("app", 100), Expect::Shared)?;
     w.check(&[&c.key])
+}
+
+/// How many times [`create_while_prepare`] creates a container while it prepares a claim, and
+/// how much later each time the prepare starts than the creation (the first at once).
+const RACES: u32 = 12;
+const RACE_STAGGER: std::time::Duration = std::time::Duration::from_millis(30);
+
+/// A container is created while a claim whose CPUs it would share is prepared, at the same
+/// moment, again and again (issue 35): the agent answers the container's CreateContainer while
+/// the claim takes CPUs the answer gives it, and the runtime skips updates of a container it is
+/// still creating. At every sample of the kernel's view, taken all along by a thread of its
+/// own, no container runs on a CPU of a claim the kubelet has been answered OK for; after each
+/// round every container is where the model says.
+///
+/// The prepare starts a little later each round ([`RACE_STAGGER`]), so that the rounds sweep the
+/// window between the runtime asking the agent about the container and starting it; what is
+/// checked never depends on where a round lands.
+fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
+    use std::sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    };
+
+    let claim = w.claims[0].clone();
+    ensure!(
+        !w.granted.contains_key(&claim.uid),
+        "{} is still prepared",
+        claim.name
+    );
+    let pod = w.pod("racers", "default", Qos::Burstable)?;
+    let (pod_id, _) = w.pods[&pod.name].clone();
+    // The claims the kubelet has been answered OK for, with their CPUs: what no container but
+    // their own may run on. A claim is added once its answer is in, and taken out before its
+    // unprepare is sent.
+    let answered: Arc<Mutex<Vec<(String, CpuSet)>>> = Arc::default();
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = std::thread::spawn({
+        let (cri, answered, done) = (w.cri.clone(), answered.clone(), done.clone());
+        move || sample_intrusions(&cri, &answered, &done)
+    });
+    let rounds = (|| -> anyhow::Result<()> {
+        for round in 0..RACES {
+            let c = burstable(&format!("racer-{round}"), 100);
+            let creating = std::thread::spawn({
+                let (cri, pod, pod_id, c) = (w.cri.clone(), pod.clone(), pod_id.clone(), c.clone());
+                move || cri.start_container(&pod_id, &pod, &c)
+            });
+            std::thread::sleep(RACE_STAGGER * round);
+            let prepared = w.prepare(&claim);
+            let created = creating
+                .join()
+                .map_err(|_| anyhow::anyhow!("the creating thread panicked"))?;
+            prepared.with_context(|| format!("round {round}: preparing {}", claim.name))?;
+            answered
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((claim.uid.clone(), w.granted[&claim.uid].cpus.clone()));
+            let id = created.with_context(|| format!("round {round}: creating {}", c.name))?;
+            w.track(&pod, &c, id, Expect::Shared)?;
+            w.check(&[])
+                .with_context(|| format!("round {round}, with the claim prepared"))?;
+            answered
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clear();
+            w.kubelet
+                .unprepare(&claim.namespace, &claim.name, &claim.uid)?;
+            w.granted.remove(&claim.uid);
+            w.check(&[])
+                .with_context(|| format!("round {round}, with the claim unprepared"))?;
+        }
+        Ok(())
+    })();
+    done.store(true, Ordering::SeqCst);
+    let sampled = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sampling thread panicked"))?;
+    rounds?;
+    let (samples, intrusions) = sampled?;
+    ensure!(
+        intrusions.is_empty(),
+        "a container ran on the CPUs of a claim answered OK:\n{}",
+        intrusions.join("\n")
+    );
+    ensure!(samples > 0, "the kernel's view was never sampled");
+    eprintln!(
+        "e2e: {RACES} containers created while the claim was prepared; {samples} samples of every container, none on a claim's CPUs"
+    );
+    w.remove_pod(&pod.name)
+}
+
+/// Samples every running container in the kernel's view until `done`, each against the claims
+/// answered OK before the sample began (none of which these containers use); the number of
+/// samples, and what each intrusion was.
+fn sample_intrusions(
+    cri: &Cri,
+    answered: &std::sync::Mutex<Vec<(String, CpuSet)>>,
+    done: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<(u64, Vec<String>)> {
+    let mut known: BTreeMap<String, (String, u32)> = BTreeMap::new();
+    let mut samples = 0;
+    let mut intrusions = Vec::new();
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        let claims = answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for id in cri.running_ids()? {
+            if !known.contains_key(&id) {
+                // A container that went between the listing and the look is not running.
+                let Ok(identity) = cri.identify(&id) else {
+                    continue;
+                };
+                known.insert(id.clone(), identity);
+            }
+            let (key, pid) = &known[&id];
+            let Ok(view) = kernel::view(*pid) else {
+                continue; // gone since it was listed: it runs on nothing
+            };
+            for (uid, cpus) in &claims {
+                let on = cpus.intersection(&view.cgroup_cpus.union(&view.allowed_cpus));
+                if !on.is_empty() {
+                    intrusions.push(format!(
+                        "sample {samples}: {key} (container {id}) may run on cpus {on} of claim {uid} (cpuset.cpus {}, Cpus_allowed_list {})",
+                        view.cgroup_cpus, view.allowed_cpus
+                    ));
+                }
+            }
+        }
+        samples += 1;
+    }
+    Ok((samples, intrusions))
 }
 
 /// A claim no one has: the UID of the stray spec planted while the agent is down.
