@@ -24,13 +24,16 @@
 //! 3. every claim whose prepare answered OK is held, with the same CPUs and a spec, until the
 //!    kubelet unprepares it (or, deleted in the API server, reconciliation releases it), and no
 //!    container of another pod runs on its CPUs; unless an older state restored gives its CPUs
-//!    to a claim released since: then its spec is reported contested, and the operator's
-//!    recovery (the stale claim released after the grace, a restart) takes it back;
+//!    to a claim released since: then the restored claim gives way if it has no spec and
+//!    nothing uses it, and otherwise the spec is reported contested, and the operator's
+//!    recovery (the kubelet's unprepares, the stale claim released after the grace, a
+//!    restart) takes it back;
 //! 4. every few steps, and at the end: once faults clear, every pending update is delivered and
 //!    every running container runs where the policy placed it;
 //! 5. at the end, once every pod is gone and every claim unprepared: nothing is held, no spec is
 //!    left, every CPU is shared again;
-//! 6. reconciliation never releases or sweeps a claim the API server allocates to this node;
+//! 6. reconciliation never releases or sweeps a claim the API server allocates to this node
+//!    (a claim that gives way is one the kubelet was never answered OK for: invariant 3);
 //! 7. a reconcile pass releases only claims that were unwanted (used by no container, allocated
 //!    nowhere here) for the grace at least, and after a pass past the grace no unconfirmed
 //!    claim is left that is unwanted.
@@ -409,6 +412,7 @@ struct Stats {
     set_aside: u64,
     held_unreadable: u64,
     released: u64,
+    gave_way: u64,
 }
 
 impl Stats {
@@ -434,6 +438,7 @@ impl Stats {
         self.set_aside += o.set_aside;
         self.held_unreadable += o.held_unreadable;
         self.released += o.released;
+        self.gave_way += o.gave_way;
     }
 
     /// Counts what an agent's reconciliation did.
@@ -444,6 +449,7 @@ impl Stats {
         self.set_aside += n(Done::SetAside);
         self.held_unreadable += n(Done::HeldUnreadable);
         self.released += n(Done::Released);
+        self.gave_way += n(Done::GaveWay);
     }
 }
 

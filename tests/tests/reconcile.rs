@@ -291,13 +291,18 @@ async fn a_restored_older_state_releases_the_claim_it_holds_without_a_spec_once_
     assert_eq!(count(&m.reconciliation().await, Outcome::Released), 1);
 }
 
-#[tokio::test]
-async fn a_stray_allocated_here_whose_cpus_a_restored_claim_holds_is_contested_not_swept() {
-    let h = Harness::new();
-    let c1 = node_with_c1(&h).await;
+/// c1 is prepared, then unprepared, and c2 gets its CPUs; then a backup of the state that still
+/// holds c1 (without its spec) is restored, and the agent starts with the containers `running`
+/// makes of c1's CPUs.
+async fn restore_a_state_that_holds_c1_under_c2(
+    h: &Harness,
+    running: impl FnOnce(&CpuSet) -> Vec<policy::Container>,
+) -> Manager {
+    let c1 = node_with_c1(h).await;
     let older = fs::read(h.state_dir().join("state.json")).unwrap();
     {
-        // c1 goes; c2 is prepared on the same CPUs, its pod not started yet.
+        // c1 goes; c2 is prepared on the same CPUs, its pod not started yet. The API server
+        // still says c1 is allocated here, as while the kubelet retries a prepare of it.
         let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
         assert_eq!(
             m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
@@ -305,21 +310,60 @@ async fn a_stray_allocated_here_whose_cpus_a_restored_claim_holds_is_contested_n
                 .unwrap(),
             &()
         );
-        h.claims.remove("default", "claim-c1");
-        let got = claim_numa0(&h, &m, "c2", 7).await.unwrap();
+        let got = claim_numa0(h, &m, "c2", 7).await.unwrap();
         assert!(got.is_superset(&c1));
     }
     // A backup that still holds c1 is restored.
     fs::write(h.state_dir().join("state.json"), older).unwrap();
-    let m = h.ready_with(topology_aware(TWO_NUMA), &[]).await;
+    h.ready_with(topology_aware(TWO_NUMA), &running(&c1)).await
+}
+
+#[tokio::test]
+async fn a_claim_a_restored_state_holds_without_a_spec_gives_way_to_a_stray_spec_on_its_cpus() {
+    let h = Harness::new();
+    let m = restore_a_state_that_holds_c1_under_c2(&h, |_| Vec::new()).await;
+    // c2's spec proves its prepare completed; the state's c1 has none, and nothing uses it.
+    assert!(m.contested().is_none(), "{:?}", m.contested());
+    assert!(m.gate().is_open());
     assert_eq!(h.specs(), ["c2"], "c2's spec is kept: its pod needs it");
+    assert_eq!(
+        h.saved_claims(),
+        ["c2"],
+        "c1 released, c2 taken back, saved"
+    );
+    assert!(m.claim_record("c1").await.is_none());
+    let report = m.reconciliation().await;
+    assert_eq!(count(&report, Outcome::GaveWay), 1);
+    let gave_way = report
+        .recent
+        .iter()
+        .find(|r| r.outcome == Outcome::GaveWay)
+        .unwrap();
+    assert!(
+        gave_way.claim == "c1" && gave_way.detail.contains("claim c2"),
+        "{gave_way}"
+    );
+    assert!(report.unconfirmed.contains(&"c2".to_owned()));
+}
+
+#[tokio::test]
+async fn a_claim_held_without_a_spec_that_a_container_uses_does_not_give_way() {
+    let h = Harness::new();
+    // A container runs with c1's grant (its spec is gone, its environment says so).
+    let m = restore_a_state_that_holds_c1_under_c2(&h, |c1| {
+        vec![user("db", "pod-db", "c1", &c1.to_string())]
+    })
+    .await;
     assert!(
         !m.gate().is_open(),
-        "granting c2's CPUs again could grant them twice"
+        "granting c2's CPUs could grant them twice"
     );
     let why = m.contested().expect("contested");
     assert!(
         why.contains("claim c2") && why.contains("allocated to this node"),
         "{why}"
     );
+    assert_eq!(h.specs(), ["c2"], "c2's spec is kept: its pod needs it");
+    assert!(m.claim_record("c1").await.is_some(), "c1 stays: db uses it");
+    assert_eq!(count(&m.reconciliation().await, Outcome::GaveWay), 0);
 }

@@ -244,8 +244,8 @@ pub const METRICS: &[MetricDoc] = &[
         kind: Kind::Counter,
         labels: &[(
             "outcome",
-            "`adopted`, `swept`, `set-aside`, `held-unreadable`, `contested`, `released` or \
-             `confirmed`",
+            "`adopted`, `swept`, `set-aside`, `held-unreadable`, `contested`, `released`, \
+             `gave-way` or `confirmed`",
         )],
         help: "What reconciling the node's CDI specs and held claims did, by outcome",
         details: "A CDI spec the state does not account for is adopted (a container uses it, or \

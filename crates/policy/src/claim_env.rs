@@ -46,9 +46,23 @@ pub fn mems_env<'a>(container: &'a Container, uid: &str) -> Option<&'a str> {
     value(container, MEMS_ENV, uid)
 }
 
+/// The CPUs an environment (a claim's CDI edits, a container's) says claim `uid` grants
+/// (`DRA_CPUSET_<uid>`, or the shell-safe name), as written.
+pub fn cpuset_in<'a>(env: impl IntoIterator<Item = &'a String>, uid: &str) -> Option<&'a str> {
+    value_in(env, CPUSET_ENV, uid)
+}
+
 fn value<'a>(container: &'a Container, prefix: &str, uid: &str) -> Option<&'a str> {
+    value_in(&container.env, prefix, uid)
+}
+
+fn value_in<'a>(
+    env: impl IntoIterator<Item = &'a String>,
+    prefix: &str,
+    uid: &str,
+) -> Option<&'a str> {
     let safe = shell_safe(uid);
-    container.env.iter().find_map(|entry| {
+    env.into_iter().find_map(|entry| {
         let (name, value) = entry.split_once('=')?;
         let named = name.strip_prefix(prefix)?;
         (named == uid || named == safe).then_some(value)

@@ -234,7 +234,7 @@ impl Manager {
                         adopted += 1;
                         Stray::Adopted
                     }
-                    Err(e) => Stray::Refused(e.to_string()),
+                    Err(e) => Stray::Refused(e.to_string(), edits),
                 },
             };
             warn!(claim = %uid, spec = %path.display(), judged = ?stray,
@@ -246,10 +246,15 @@ impl Manager {
         let with_spec: BTreeSet<&str> = on_disk.iter().map(cdi::ClaimUid::as_str).collect();
         for uid in &accounted {
             let adopted_before = records.get(uid).is_some_and(|r| r.adopted);
-            if adopted_before || !with_spec.contains(uid.as_str()) {
-                reconcile
-                    .unconfirmed
-                    .insert(uid.clone(), Unconfirmed::default());
+            let without_spec = !with_spec.contains(uid.as_str());
+            if adopted_before || without_spec {
+                reconcile.unconfirmed.insert(
+                    uid.clone(),
+                    Unconfirmed {
+                        without_spec,
+                        ..Unconfirmed::default()
+                    },
+                );
             }
         }
         if adopted > 0 {

@@ -27,9 +27,14 @@
 //!      container's environment (or, failing that, its cpuset) shows, so its CPUs stay out of
 //!      every grant; one that nothing uses is *set aside* (renamed `<file>.unreadable`, never
 //!      deleted);
-//!    - a readable spec whose CPUs another claim of the state holds: if a container uses it, two
-//!      claims grant the same CPUs and the agent refuses claims until an operator resolves it
-//!      (*contested*); if nothing uses it, the spec is removed (*swept*).
+//!    - a readable spec whose CPUs claims of the state hold that have no spec and that no
+//!      container uses (an older state restored): those claims *give way*, released so that the
+//!      kubelet's next prepare of one allocates it afresh, and the stray is taken back. A spec
+//!      proves that a prepare completed; a claim held without one proves nothing;
+//!    - a readable spec whose CPUs another claim of the state holds otherwise: if a container
+//!      uses it, two claims grant the same CPUs and the agent refuses claims until an operator
+//!      resolves it (*contested*); if nothing uses it, the spec is removed (*swept*), unless the
+//!      API server says it is allocated here (contested too).
 //! 3. After the Synchronize, an adopted stray that no container uses is looked up in the API
 //!    server (with DRA): allocated to this node, it stays adopted (its pod may not have started
 //!    its containers yet, and the kubelet, which thinks it prepared, will not prepare it again);
@@ -118,19 +123,23 @@ pub enum Outcome {
     Contested,
     /// An unconfirmed claim released after the grace period.
     Released,
+    /// A claim the state held without a spec, used by no container, released at Synchronize
+    /// because a stray spec (the proof of a completed prepare) grants its CPUs.
+    GaveWay,
     /// An unconfirmed claim the kubelet prepared again.
     Confirmed,
 }
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Adopted,
         Self::Swept,
         Self::SetAside,
         Self::HeldUnreadable,
         Self::Contested,
         Self::Released,
+        Self::GaveWay,
         Self::Confirmed,
     ];
 
@@ -143,6 +152,7 @@ impl Outcome {
             Self::HeldUnreadable => "held-unreadable",
             Self::Contested => "contested",
             Self::Released => "released",
+            Self::GaveWay => "gave-way",
             Self::Confirmed => "confirmed",
         }
     }
@@ -198,8 +208,8 @@ pub const RECENT: usize = 64;
 pub(crate) enum Stray {
     /// Taken back from its spec, provisionally.
     Adopted,
-    /// It reads back, but the policy cannot give it its CPUs.
-    Refused(String),
+    /// It reads back, but the policy cannot give it its CPUs: why, and what it reads.
+    Refused(String, Vec<cdi::ContainerEdits>),
     /// It does not read back.
     Unreadable(String),
 }
@@ -212,6 +222,10 @@ pub(crate) struct Unconfirmed {
     pub(crate) stray: bool,
     /// When a pass first found nothing wanting it.
     pub(crate) unwanted_since: Option<Instant>,
+    /// The state held it at start without a spec on disk: no prepare of it is known to have
+    /// completed, so it gives way to a stray spec that grants its CPUs (see
+    /// [`Reconciliation::synchronize`]).
+    pub(crate) without_spec: bool,
 }
 
 /// Disk work decided at Synchronize, done after it, outside the lock.
@@ -339,9 +353,17 @@ impl Reconciliation {
                 .filter(|c| claim_env::uses_claim(c, driver, uid))
                 .collect()
         };
-        for (uid, stray) in std::mem::take(&mut self.strays) {
+        for (uid, mut stray) in std::mem::take(&mut self.strays) {
             let users = users_of(&uid);
             let names = names(&users);
+            if let Stray::Refused(_, edits) = &stray
+                && self.make_way(&uid, edits, policy, records, &users_of, &mut done)
+            {
+                if let Ok(id) = cdi::ClaimUid::new(&uid) {
+                    records.insert(uid.clone(), adopted_record(driver, &id, edits.len()));
+                }
+                stray = Stray::Adopted;
+            }
             match stray {
                 Stray::Adopted if users.is_empty() => {
                     self.unconfirmed.insert(
@@ -360,8 +382,8 @@ impl Reconciliation {
                     ));
                     self.unconfirmed.insert(uid, Unconfirmed::default());
                 }
-                Stray::Refused(_) if users.is_empty() => self.chores.push(Chore::Sweep(uid)),
-                Stray::Refused(why) => {
+                Stray::Refused(..) if users.is_empty() => self.chores.push(Chore::Sweep(uid)),
+                Stray::Refused(why, _) => {
                     let detail = format!(
                         "its CDI spec, which the state does not account for, is used by {names}, but it cannot be taken back ({why}): \
                          two claims may grant the same CPUs, so claims are refused. To recover, delete the pods of {names} \
@@ -405,6 +427,64 @@ impl Reconciliation {
             self.users.insert(uid.clone(), ids);
         }
         done
+    }
+
+    /// Makes way for stray `uid`, refused because claims of the state hold its CPUs, if each
+    /// of those is held without a spec and used by no container: they are released (the
+    /// kubelet's next prepare of one allocates it afresh) and the stray adopted. A spec proves
+    /// that a prepare completed; a claim the state holds without one (an older state restored,
+    /// a crash before the spec write) proves nothing, and no container runs on its grant.
+    /// Whether the stray was adopted; nothing changes otherwise.
+    fn make_way<'c>(
+        &mut self,
+        uid: &str,
+        edits: &[cdi::ContainerEdits],
+        policy: &mut dyn Policy,
+        records: &mut BTreeMap<String, PreparedClaim>,
+        users_of: &impl Fn(&str) -> Vec<&'c Container>,
+        done: &mut Vec<Reconciled>,
+    ) -> bool {
+        let Some(wanted) = claim_env::cpuset_in(edits.iter().flat_map(|e| &e.env), uid)
+            .and_then(|cpus| cpus.parse::<policy::CpuSet>().ok())
+        else {
+            return false;
+        };
+        let holders: Vec<String> = policy
+            .claims()
+            .into_iter()
+            .filter(|c| c != uid)
+            .filter(|c| {
+                policy
+                    .claim_cpus(c)
+                    .is_some_and(|cpus| cpus.intersects(&wanted))
+            })
+            .collect();
+        let yields = |c: &String| {
+            self.unconfirmed
+                .get(c)
+                .is_some_and(|u| u.without_spec && !u.stray)
+                && users_of(c).is_empty()
+        };
+        if holders.is_empty() || !holders.iter().all(yields) {
+            return false;
+        }
+        for holder in &holders {
+            if let Err(e) = policy.release_claim(holder) {
+                warn!(claim = %holder, error = %e, "releasing a claim held without a spec failed");
+                return false;
+            }
+            records.remove(holder);
+            self.forget(holder);
+            done.push(self.note(
+                holder,
+                Outcome::GaveWay,
+                format!(
+                    "the state held it without a CDI spec and no container uses it, while the spec of claim {uid} grants its cpus {wanted}: \
+                     released, so that no cpu is granted twice; the kubelet's next prepare of it allocates it afresh"
+                ),
+            ));
+        }
+        policy.adopt_claim(uid, edits).is_ok()
     }
 
     /// A container was created: notes which unconfirmed claims it uses.
