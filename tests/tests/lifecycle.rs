@@ -72,30 +72,47 @@ async fn prepare_answers_each_result_in_order_and_grants_it_by_spec() {
     assert!(spec.contains("DRA_CPUSET_c1=5-7"), "{spec}");
 }
 
-#[tokio::test]
-async fn claims_are_refused_until_the_synchronize_reply_is_out() {
+#[tokio::test(start_paused = true)]
+async fn claims_are_held_until_the_synchronize_reply_is_out_and_refused_after_the_hold() {
     let h = Harness::new();
     h.claims.insert(claim("c1", "pod-db", 2));
-    let m = h.start(TestPolicy::new(8)).unwrap();
+    let m = std::sync::Arc::new(h.start(TestPolicy::new(8)).unwrap());
+    // Nothing synchronizes: held for HOLD, then refused, nothing allocated.
+    let started = tokio::time::Instant::now();
     assert_eq!(
         m.prepare(&[claim_ref("c1")]).await.unwrap_err(),
         AdmitError::NotSynchronized
     );
+    assert_eq!(started.elapsed(), resmgr::claims::HOLD);
     assert_eq!(
         m.unprepare(&[claim_ref("c1")]).await.unwrap_err(),
         AdmitError::NotSynchronized
     );
+    assert!(h.specs().is_empty() && h.saved_claims().is_empty());
 
+    // A prepare that arrives now is held while the runtime synchronizes, and served once the
+    // Synchronize reply is out: not before.
+    let held = tokio::spawn({
+        let m = m.clone();
+        async move { m.prepare(&[claim_ref("c1")]).await }
+    });
+    tokio::task::yield_now().await;
     m.synchronize(&[container("a", "pod-web")]).await.unwrap();
-    assert_eq!(
-        m.prepare(&[claim_ref("c1")]).await.unwrap_err(),
-        AdmitError::NotSynchronized,
-        "synchronized by the policy but the reply is not written yet"
+    tokio::task::yield_now().await;
+    assert!(
+        !held.is_finished(),
+        "served before the Synchronize reply was out"
     );
     assert!(!m.gate().is_open());
+    assert!(h.specs().is_empty(), "allocated while held");
     m.synchronized().await;
     assert!(m.gate().is_open());
-    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    let answers = held.await.unwrap().unwrap();
+    assert!(answers["c1"].is_ok(), "{answers:?}");
+    assert!(
+        started.elapsed() < resmgr::claims::HOLD * 2,
+        "the held call waited out its hold"
+    );
     assert!(h.specs() == ["c1"] && h.saved_claims() == ["c1"]);
 }
 

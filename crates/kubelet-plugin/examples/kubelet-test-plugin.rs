@@ -127,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
         driver_name: args.driver,
         plugins_dir: args.plugins_dir,
         registry_dir: args.registry_dir,
+        instance: None,
     };
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;

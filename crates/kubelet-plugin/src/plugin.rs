@@ -52,10 +52,17 @@ pub const MAX_REGISTRATION_MESSAGE: usize = 64 * 1024;
 pub struct KubeletConfig {
     /// The DRA driver name: a DNS subdomain, e.g. `cpu.resmgr.io`.
     pub driver_name: String,
-    /// The kubelet's plugin directory; our socket is `<plugins_dir>/<driver>/dra.sock`.
+    /// The kubelet's plugin directory; our socket is `<plugins_dir>/<driver>/dra.sock`, or
+    /// `dra-<instance>.sock` for an instance.
     pub plugins_dir: PathBuf,
-    /// The kubelet's plugin registry; our socket is `<registry_dir>/<driver>-reg.sock`.
+    /// The kubelet's plugin registry; our socket is `<registry_dir>/<driver>-reg.sock`, or
+    /// `<driver>-<instance>-reg.sock` for an instance.
     pub registry_dir: PathBuf,
+    /// This instance of the driver, when two may be registered at once (a rolling update with
+    /// a surge): the pod's UID. Its sockets are then named after it, as the Go helper's
+    /// `RollingUpdate(podUID)` names them, so that the kubelet (1.33 or later) registers both
+    /// and calls the newest one it is connected to. `None`: one instance, the plain names.
+    pub instance: Option<String>,
 }
 
 impl KubeletConfig {
@@ -68,18 +75,26 @@ impl KubeletConfig {
             driver_name: driver_name.into(),
             plugins_dir: PathBuf::from(Self::DEFAULT_PLUGINS_DIR),
             registry_dir: PathBuf::from(Self::DEFAULT_REGISTRY_DIR),
+            instance: None,
         }
     }
 
     /// The DRA service socket.
     pub fn dra_socket(&self) -> PathBuf {
-        self.plugins_dir.join(&self.driver_name).join("dra.sock")
+        let name = match &self.instance {
+            Some(instance) => format!("dra-{instance}.sock"),
+            None => "dra.sock".to_owned(),
+        };
+        self.plugins_dir.join(&self.driver_name).join(name)
     }
 
     /// The registration socket.
     pub fn registration_socket(&self) -> PathBuf {
-        self.registry_dir
-            .join(format!("{}-reg.sock", self.driver_name))
+        let name = match &self.instance {
+            Some(instance) => format!("{}-{instance}-reg.sock", self.driver_name),
+            None => format!("{}-reg.sock", self.driver_name),
+        };
+        self.registry_dir.join(name)
     }
 }
 
@@ -88,6 +103,10 @@ impl KubeletConfig {
 pub enum KubeletError {
     #[error("driver name {0:?} is not a DNS subdomain of at most 63 characters")]
     InvalidDriverName(String),
+    #[error(
+        "instance {0:?} is not a pod UID: lower-case letters, digits and '-', at most 63 characters"
+    )]
+    InvalidInstance(String),
     #[error("socket path {0} is not valid UTF-8, so the kubelet cannot be told about it")]
     NonUtf8Path(PathBuf),
     #[error("setting up the DRA socket")]
@@ -121,6 +140,9 @@ pub struct KubeletPlugin {
     registration: ServerTask,
     dra: ServerTask,
     state: watch::Receiver<RegistrationState>,
+    /// How many connections the DRA server has accepted: the kubelet connects once it has
+    /// registered us, and from then on prefers us to older instances of the driver.
+    dra_connections: watch::Receiver<u64>,
     /// Set on shutdown (and dropped with the plugin): ends the health streams, which would
     /// otherwise hold up the DRA server's graceful stop for ever.
     stopping: watch::Sender<bool>,
@@ -146,6 +168,9 @@ impl KubeletPlugin {
         reports: watch::Receiver<HealthReport>,
     ) -> Result<Self, KubeletError> {
         validate_driver_name(&config.driver_name)?;
+        if let Some(instance) = &config.instance {
+            validate_instance(instance)?;
+        }
         let dra_path =
             std::path::absolute(config.dra_socket()).unwrap_or_else(|_| config.dra_socket());
         let endpoint = dra_path
@@ -179,7 +204,8 @@ impl KubeletPlugin {
                     .max_decoding_message_size(MAX_REGISTRATION_MESSAGE)
                     .max_encoding_message_size(MAX_DRA_RESPONSE),
             );
-        let mut dra = ServerTask::spawn("DRA", dra_socket, listener, router);
+        let (connections_tx, dra_connections) = watch::channel(0);
+        let mut dra = ServerTask::spawn("DRA", dra_socket, listener, router, Some(connections_tx));
         info!(
             socket = %endpoint,
             "serving DRA v1 and v1beta1, and the resource health stream v1 and v1alpha1"
@@ -200,14 +226,22 @@ impl KubeletPlugin {
                 .max_decoding_message_size(MAX_REGISTRATION_MESSAGE)
                 .max_encoding_message_size(MAX_REGISTRATION_MESSAGE),
         );
-        let registration = ServerTask::spawn("registration", reg_socket, listener, router);
+        let registration = ServerTask::spawn("registration", reg_socket, listener, router, None);
         info!(socket = %registration.socket.path().display(), "registration socket ready");
         Ok(Self {
             registration,
             dra,
             state,
+            dra_connections,
             stopping,
         })
+    }
+
+    /// How many connections the DRA server has accepted so far. The kubelet connects right
+    /// after it registers us; from then on it calls us, the newest instance it is connected to,
+    /// rather than an older one still registered.
+    pub fn dra_connections(&self) -> watch::Receiver<u64> {
+        self.dra_connections.clone()
     }
 
     /// The registration state, as the kubelet last reported it; ready means registered.
@@ -265,9 +299,14 @@ impl ServerTask {
         socket: BoundSocket,
         listener: UnixListener,
         router: Router,
+        accepted: Option<watch::Sender<u64>>,
     ) -> Self {
-        let incoming = UnixListenerStream::new(listener)
-            .map(|conn| conn.map(|stream| RewritingStream::new(stream, server_limits())));
+        let incoming = UnixListenerStream::new(listener).map(move |conn| {
+            if let (Ok(_), Some(accepted)) = (&conn, &accepted) {
+                accepted.send_modify(|n| *n += 1);
+            }
+            conn.map(|stream| RewritingStream::new(stream, server_limits()))
+        });
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
             // A dropped sender stops the server too.
@@ -308,6 +347,12 @@ impl ServerTask {
             })?;
         served
     }
+}
+
+/// An instance name becomes part of two file names and is a pod's UID: lower-case hex digits
+/// and `-` (a DNS label's characters, which also covers the UIDs tests make up).
+fn validate_instance(instance: &str) -> Result<(), KubeletError> {
+    names::dns_label(instance).map_err(|_| KubeletError::InvalidInstance(instance.to_owned()))
 }
 
 /// A driver name becomes a directory and a file name and is the kubelet's key for us: a DNS

@@ -168,6 +168,7 @@ fn config(root: &Path) -> KubeletConfig {
         driver_name: DRIVER.into(),
         plugins_dir: root.join("plugins"),
         registry_dir: root.join("plugins_registry"),
+        instance: None,
     }
 }
 
@@ -228,6 +229,7 @@ async fn created_directories_are_0750_existing_ones_keep_their_mode_sockets_are_
         driver_name: DRIVER.into(),
         plugins_dir: root.path().join("a/b/plugins"),
         registry_dir: root.path().join("registry"),
+        instance: None,
     };
     fs::create_dir(&config.registry_dir).unwrap();
     fs::set_permissions(&config.registry_dir, fs::Permissions::from_mode(0o711)).unwrap();
@@ -570,6 +572,60 @@ async fn malformed_and_oversized_requests_are_refused_and_the_server_carries_on(
     // Still serving.
     assert!(prepare(&socket, &["u1"]).await.is_ok());
     plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_instances_serve_under_names_of_their_own_and_count_the_kubelets_connections() {
+    let root = tempfile::tempdir().unwrap();
+    let old = KubeletConfig {
+        instance: Some("0b6c2a4e-7f3d-4c1e-9a2b-000000000001".into()),
+        ..config(root.path())
+    };
+    let new = KubeletConfig {
+        instance: Some("0b6c2a4e-7f3d-4c1e-9a2b-000000000002".into()),
+        ..config(root.path())
+    };
+    let a = start(&old).await;
+    let b = start(&new).await;
+    assert_eq!(
+        a.dra_socket(),
+        root.path()
+            .join("plugins")
+            .join(DRIVER)
+            .join("dra-0b6c2a4e-7f3d-4c1e-9a2b-000000000001.sock")
+    );
+    assert_eq!(
+        b.registration_socket(),
+        root.path().join("plugins_registry").join(format!(
+            "{DRIVER}-0b6c2a4e-7f3d-4c1e-9a2b-000000000002-reg.sock"
+        ))
+    );
+    assert_eq!(
+        get_info(b.registration_socket()).await.endpoint,
+        b.dra_socket().to_str().unwrap(),
+        "the registration names the instance's own DRA socket"
+    );
+
+    let connections = b.dra_connections();
+    assert_eq!(*connections.borrow(), 0, "nobody has connected yet");
+    prepare(b.dra_socket(), &["u1"]).await.unwrap();
+    assert_eq!(*connections.borrow(), 1);
+    assert_eq!(
+        *a.dra_connections().borrow(),
+        0,
+        "the other instance was not called"
+    );
+
+    let err = KubeletPlugin::start(
+        &KubeletConfig {
+            instance: Some("../escape".into()),
+            ..config(root.path())
+        },
+        Arc::new(Handler::default()),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, KubeletError::InvalidInstance(_)), "{err}");
 }
 
 #[tokio::test]

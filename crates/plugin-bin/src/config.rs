@@ -144,6 +144,9 @@ impl clap::Args for RunFlags {
 pub struct RunConfig {
     /// Unset only when `dra` is off.
     pub node_name: Option<String>,
+    /// The agent's pod, when it may hand the node over and take it over
+    /// ([`resmgr::handover`]).
+    pub pod_uid: Option<String>,
     pub dra: bool,
     pub driver_name: String,
     pub nri_socket: PathBuf,
@@ -217,6 +220,7 @@ impl RunConfig {
             driver_name: self.driver_name.clone(),
             plugins_dir: self.kubelet_plugins_dir.clone(),
             registry_dir: self.kubelet_registry_dir.clone(),
+            instance: self.pod_uid.clone(),
         }
     }
 
@@ -620,6 +624,15 @@ impl RunFlags {
     /// Merges flags, the config file they name, and the defaults, and checks every value.
     /// `node_name_env` is `$NODE_NAME` (passed in: only `main` reads the environment).
     pub fn resolve(&self, node_name_env: Option<String>) -> anyhow::Result<RunConfig> {
+        self.resolve_env(node_name_env, None)
+    }
+
+    /// [`RunFlags::resolve`], with `$POD_UID` too.
+    pub fn resolve_env(
+        &self,
+        node_name_env: Option<String>,
+        pod_uid_env: Option<String>,
+    ) -> anyhow::Result<RunConfig> {
         use settings::*;
         let file = match &self.config {
             Some(path) => FileValues::read(path)?,
@@ -649,6 +662,20 @@ impl RunFlags {
             ),
             None => {
                 r.unset(&NODE_NAME);
+                None
+            }
+        };
+        let pod_env = pod_uid_env
+            .filter(|v| !v.is_empty())
+            .map(|v| (Given::One(v), Origin::Env("POD_UID", "pod-uid")));
+        let pod_uid = match r.lookup(&POD_UID)?.or(pod_env) {
+            Some((given, origin)) => {
+                let uid = Resolver::parse(&POD_UID, &given, &origin)?;
+                r.record(&POD_UID, &uid, Some(&origin));
+                Some(uid.0)
+            }
+            None => {
+                r.unset(&POD_UID);
                 None
             }
         };
@@ -762,6 +789,7 @@ impl RunFlags {
         }
         let config = RunConfig {
             node_name,
+            pod_uid,
             dra,
             driver_name,
             nri_socket,

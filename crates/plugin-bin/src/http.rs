@@ -1,9 +1,13 @@
 //! The agent's HTTP endpoints: `/metrics`, `/healthz` and `/readyz` on the metrics address, and
 //! `/debug/state` on an address of its own.
 //!
-//! Ready means the claim gate is open (the runtime has synchronized) and the kubelet has
-//! accepted our registration: before that the kubelet cannot send us claims, or we would refuse
-//! them. Without DRA (NRI-only mode) there is no registration, and ready means synchronized.
+//! Ready means the agent owns the node, the claim gate is open (the runtime has synchronized)
+//! and the kubelet has accepted our registration: before that the kubelet cannot send us claims,
+//! or we would hold and then refuse them. Without DRA (NRI-only mode) there is no registration,
+//! and ready means synchronized. An agent waiting for an owner that cannot hand the node over
+//! (an older release) is ready once registered: the DaemonSet deletes the old pod, which frees
+//! the node, only once the new one is ready ([`crate::run::node::Standing::Standby`]). An agent
+//! taking the node over, refused it, or that handed it over is not ready.
 //! `/debug/state` is the current allocation as JSON: prepared claims as answered to the
 //! kubelet, and every container's and claim's CPUs as the policy reports them
 //! ([`policy::Policy::inventory`]; empty for a policy that keeps the default). It names every
@@ -28,22 +32,23 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use resmgr::{Manager, kube::SlicePublisher, kubelet_plugin::RegistrationState};
-use tokio::sync::watch;
+use resmgr::{kube::SlicePublisher, kubelet_plugin::RegistrationState};
 
-use crate::metrics::{Metrics, Snapshot};
+use crate::{
+    metrics::{Metrics, Snapshot},
+    run::node::{Node, Standing},
+};
 
 /// What the endpoints read.
 #[derive(Debug, Clone)]
 pub struct Endpoints {
     /// Whether the agent serves DRA claims; without, readiness needs no kubelet registration.
     pub dra: bool,
-    pub node: String,
+    pub node_name: String,
     pub driver: String,
-    pub manager: Arc<Manager>,
+    /// Who owns the node, its manager once this agent does, and the kubelet plugin's state.
+    pub node: Arc<Node>,
     pub metrics: Arc<Metrics>,
-    /// Set once the kubelet plugin is serving.
-    pub registration: Arc<OnceLock<watch::Receiver<RegistrationState>>>,
     /// Set once the devices are being published.
     pub publisher: Arc<OnceLock<SlicePublisher>>,
     /// The Events poster; `None` without DRA.
@@ -52,16 +57,36 @@ pub struct Endpoints {
 
 impl Endpoints {
     fn registration(&self) -> Option<RegistrationState> {
-        self.registration.get().map(|r| r.borrow().clone())
+        self.node.kubelet().map(|k| k.registration.borrow().clone())
     }
 
     /// What keeps the agent from being ready; empty when it is.
     fn unready(&self) -> Vec<String> {
         let mut missing = Vec::new();
-        if let Some(why) = self.manager.contested() {
-            missing.push(format!("claims are refused: {why}"));
-        } else if !self.manager.gate().is_open() {
-            missing.push("the container runtime has not synchronized yet".to_owned());
+        match (self.node.standing(), self.node.manager()) {
+            (Standing::Owner, Some(manager)) => {
+                if let Some(why) = manager.contested() {
+                    missing.push(format!("claims are refused: {why}"));
+                } else if !manager.gate().is_open() {
+                    missing.push("the container runtime has not synchronized yet".to_owned());
+                }
+            }
+            (Standing::Standby { .. }, _) => {}
+            (Standing::HandedOver { to }, _) => {
+                missing.push(format!("handed the node over to the agent of pod {to}"));
+            }
+            (Standing::TakingOver { from }, _) => {
+                missing.push(format!("taking the node over from the agent of pod {from}"));
+            }
+            (Standing::Refused { why }, _) => {
+                missing.push(format!("the agent that owns the node refused it: {why}"));
+            }
+            (Standing::Starting | Standing::Owner, _) => {
+                missing.push("the state directory is not taken yet".to_owned());
+            }
+        }
+        if matches!(self.node.standing(), Standing::HandedOver { .. }) {
+            return missing;
         }
         match self.registration() {
             _ if !self.dra => {}
@@ -182,15 +207,28 @@ fn bind_dual_stack(addr: SocketAddrV6) -> io::Result<std::net::TcpListener> {
 }
 
 async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
-    let pending = e.manager.pending_updates().await;
+    let (inventory, pending, synchronized, reconciliation) = match e.node.manager() {
+        Some(m) => (
+            crate::view::inventory(m),
+            m.pending_updates().await,
+            m.gate().is_open(),
+            m.reconciliation().await,
+        ),
+        None => (
+            crate::view::InventoryRows::from(policy::Inventory::default()),
+            0,
+            false,
+            resmgr::ReconcileReport::default(),
+        ),
+    };
     e.metrics.refresh(&Snapshot {
-        inventory: &crate::view::inventory(&e.manager),
+        inventory: &inventory,
         pending_updates: pending,
-        synchronized: e.manager.gate().is_open(),
+        synchronized,
         ready: e.unready().is_empty(),
         publish: e.publisher.get().map(SlicePublisher::status),
         events: e.events.as_ref().map(resmgr::kube::KubeEvents::stats),
-        reconciliation: &e.manager.reconciliation().await,
+        reconciliation: &reconciliation,
     });
     (
         [(
@@ -213,8 +251,16 @@ async fn readyz(State(e): State<Endpoints>) -> impl IntoResponse {
 }
 
 async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
-    let claims = e.manager.snapshot().claims.clone();
-    let pending = e.manager.pending_updates().await;
+    let standing = format!("{:?}", e.node.standing());
+    let Some(manager) = e.node.manager() else {
+        return Json(serde_json::json!({
+            "node": e.node_name,
+            "driver": e.driver,
+            "standing": standing,
+        }));
+    };
+    let claims = manager.snapshot().claims.clone();
+    let pending = manager.pending_updates().await;
     let kubelet = match e.registration() {
         None if !e.dra => "not used: DRA is off".to_owned(),
         None => "not serving".to_owned(),
@@ -223,14 +269,15 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
         Some(RegistrationState::Rejected { error }) => format!("rejected: {error}"),
     };
     Json(serde_json::json!({
-        "node": e.node,
+        "node": e.node_name,
         "driver": e.driver,
-        "runtime_synchronized": e.manager.gate().is_open(),
+        "standing": standing,
+        "runtime_synchronized": manager.gate().is_open(),
         "kubelet": kubelet,
         "pending_updates": pending,
         "prepared_claims": claims,
-        "reconciliation": e.manager.reconciliation().await,
-        "allocation": crate::view::inventory(&e.manager),
+        "reconciliation": manager.reconciliation().await,
+        "allocation": crate::view::inventory(manager),
     }))
 }
 
@@ -391,13 +438,14 @@ mod tests {
         };
         let placed = manager.create_container(&container).await.unwrap();
         assert_eq!(placed.adjustment.cpus, Some("0".parse().unwrap()));
+        let node = Arc::new(Node::default());
+        node.own(manager);
         let endpoints = Endpoints {
             dra: true,
-            node: "node-a".into(),
+            node_name: "node-a".into(),
             driver: driver.into(),
-            manager,
+            node,
             metrics: Arc::new(Metrics::new()),
-            registration: Arc::new(OnceLock::new()),
             publisher: Arc::new(OnceLock::new()),
             events: None,
         };

@@ -99,7 +99,11 @@ enum Doc {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(flags) => run::main(&flags, std::env::var("NODE_NAME").ok()),
+        Command::Run(flags) => run::main(
+            &flags,
+            std::env::var("NODE_NAME").ok(),
+            std::env::var("POD_UID").ok(),
+        ),
         Command::Simulate {
             scenario,
             cdi_dir,

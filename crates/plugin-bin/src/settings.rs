@@ -22,7 +22,7 @@ use policy::{
 
 use self::types::{
     ClaimMemory, DebugAddr, DriverName, Given, Kubeconfig, LogFilter, Namespaces, NodeName, Path,
-    PluginIndex, ReservedCount, ReservedMemory, ReservedSet, SettingType,
+    PluginIndex, PodUid, ReservedCount, ReservedMemory, ReservedSet, SettingType,
 };
 use crate::values::{ExclusivityMode, Format};
 
@@ -157,6 +157,7 @@ impl std::ops::Deref for dyn AnySetting {
 /// Every setting, in documentation order.
 pub const SETTINGS: &[&dyn AnySetting] = &[
     &NODE_NAME,
+    &POD_UID,
     &DRA,
     &DRIVER_NAME,
     &NRI_SOCKET,
@@ -202,6 +203,23 @@ pub const NODE_NAME: Typed<NodeName> = Typed::new(Setting {
     summary: "This node's name, as the API server knows it.",
     details: "The agent publishes its devices for this node and names it in events. \
               A DNS subdomain such as `worker-1`.",
+});
+
+pub const POD_UID: Typed<PodUid> = Typed::new(Setting {
+    key: "pod-uid",
+    section: Section::Node,
+    value_name: "UID",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset(
+        "`$POD_UID` (the DaemonSet sets it from the downward API); unset, one agent per node",
+    ),
+    summary: "The agent's pod's UID: lets a new agent take the node over from the old one.",
+    details: "With it, the agent registers with the kubelet under sockets named after its \
+              pod (`<driver>-<uid>-reg.sock`, `dra-<uid>.sock`), so that the kubelet (1.33 \
+              or later) keeps two agents registered during a rolling update and calls the \
+              newest, and a new agent that finds the node owned asks the owner to hand it \
+              over (through `<state-dir>/handover.sock`) instead of failing: docs/deploy.md, \
+              \"Upgrading\". Without it, a second agent on the node refuses to start.",
 });
 
 pub const DRA: Typed<bool> = Typed::new(Setting {

@@ -56,7 +56,10 @@ use std::{
 use cdi::{ClaimUid, ContainerEdits, StoreError};
 use kubelet_plugin::ClaimRef;
 use policy::{Claim, PolicyError};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::{
+    sync::{Mutex, OwnedMutexGuard, RwLockReadGuard},
+    time::{Duration, Instant},
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -92,12 +95,27 @@ impl ClaimLocks {
     }
 }
 
+/// How long a kubelet call that arrives before the runtime's synchronization has been handled
+/// is held before it is refused: well under the kubelet's 45 s per call, with room for the
+/// prepare's own wait for containers the runtime is starting ([`crate::commit::START_WAIT`],
+/// 10 s). The agent normally synchronizes within a second of connecting to the runtime; a
+/// runtime that restarts with the agent takes a few more.
+pub const HOLD: Duration = Duration::from_secs(30);
+
 /// Why a whole request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AdmitError {
-    /// The runtime's synchronization has not completed yet; the kubelet retries.
-    #[error("cannot serve claims yet: still synchronizing with the container runtime")]
+    /// The runtime's synchronization has not completed within [`HOLD`] of the call's arrival;
+    /// the kubelet retries.
+    #[error(
+        "cannot serve claims yet: the container runtime has not synchronized with the agent (the call was held {}s)",
+        HOLD.as_secs()
+    )]
     NotSynchronized,
+    /// The node was handed over to the agent of this pod ([`crate::handover`]); it serves the
+    /// claims now.
+    #[error("this agent handed the node over to the agent of pod {0}")]
+    HandedOver(String),
     /// A CDI spec that a running container uses grants CPUs another claim holds: preparing
     /// claims could grant the same CPUs twice ([`crate::reconcile`]). Unprepares are served.
     #[error("cannot serve claims: {0}")]
@@ -231,12 +249,22 @@ enum Call {
 pub type ClaimAnswers<T> = BTreeMap<String, Result<T, LifecycleError>>;
 
 impl Manager {
-    /// Prepares claims, answering each on its own.
+    /// Prepares claims, answering each on its own; held until the runtime has synchronized, up
+    /// to [`HOLD`].
     pub async fn prepare(
         &self,
         claims: &[ClaimRef],
     ) -> Result<ClaimAnswers<Vec<DeviceRecord>>, AdmitError> {
-        self.admit(claims, Call::Prepare)?;
+        self.prepare_until(claims, Instant::now() + HOLD).await
+    }
+
+    /// [`Manager::prepare`], held until `deadline` at most.
+    pub async fn prepare_until(
+        &self,
+        claims: &[ClaimRef],
+        deadline: Instant,
+    ) -> Result<ClaimAnswers<Vec<DeviceRecord>>, AdmitError> {
+        let _call = self.admit(claims, Call::Prepare, deadline).await?;
         let mut answers = BTreeMap::new();
         for claim in claims {
             let answer = self.prepare_one(claim).await;
@@ -251,9 +279,19 @@ impl Manager {
         Ok(answers)
     }
 
-    /// Unprepares claims, answering each on its own.
+    /// Unprepares claims, answering each on its own; held until the runtime has synchronized,
+    /// up to [`HOLD`].
     pub async fn unprepare(&self, claims: &[ClaimRef]) -> Result<ClaimAnswers<()>, AdmitError> {
-        self.admit(claims, Call::Unprepare)?;
+        self.unprepare_until(claims, Instant::now() + HOLD).await
+    }
+
+    /// [`Manager::unprepare`], held until `deadline` at most.
+    pub async fn unprepare_until(
+        &self,
+        claims: &[ClaimRef],
+        deadline: Instant,
+    ) -> Result<ClaimAnswers<()>, AdmitError> {
+        let _call = self.admit(claims, Call::Unprepare, deadline).await?;
         let mut answers = BTreeMap::new();
         for claim in claims {
             let answer = self.unprepare_one(claim).await;
@@ -266,25 +304,45 @@ impl Manager {
         Ok(answers)
     }
 
-    /// Refuses a request before the runtime has synchronized, a prepare while a claim is
-    /// contested, or a request naming a malformed UID (which could not key its answer, and must
-    /// not get near a file name).
+    /// Admits a request: holds it until the runtime has synchronized (up to `deadline`), and
+    /// refuses a request naming a malformed UID (which could not key its answer, and must not
+    /// get near a file name), a prepare while a claim is contested, and any request once the
+    /// node was handed over. Returns the call's share of the manager's claim calls, which a
+    /// handover waits for ([`Manager::hand_over`]).
     ///
     /// An unprepare is served while a claim is contested: it only gives CPUs back, and it is how
     /// the kubelet lets go of a claim whose pods are gone, which may be the very claim a
     /// contested spec's CPUs are held by. Refusing it would keep the contest for good.
-    fn admit(&self, claims: &[ClaimRef], call: Call) -> Result<(), AdmitError> {
+    async fn admit(
+        &self,
+        claims: &[ClaimRef],
+        call: Call,
+        deadline: Instant,
+    ) -> Result<RwLockReadGuard<'_, ()>, AdmitError> {
         for claim in claims {
             ClaimUid::new(&claim.uid)
                 .map_err(|e| AdmitError::InvalidArgument(format!("claim {claim}: {e}")))?;
         }
+        if tokio::time::timeout_at(deadline, self.gate.settled())
+            .await
+            .is_err()
+        {
+            return Err(AdmitError::NotSynchronized);
+        }
+        // Counted before the gate is looked at again, so that a handover that shuts it now
+        // waits for this call, or this call sees it shut.
+        let share = self.calls.read().await;
+        if let Some(to) = self.gate.handed_over_to() {
+            return Err(AdmitError::HandedOver(to));
+        }
         if self.gate.is_open() {
-            return Ok(());
+            return Ok(share);
         }
         match (self.gate.refusal(), call) {
-            (None, _) => Err(AdmitError::NotSynchronized),
             (Some(why), Call::Prepare) => Err(AdmitError::Contested(why)),
-            (Some(_), Call::Unprepare) => Ok(()),
+            (Some(_), Call::Unprepare) => Ok(share),
+            // Settled, and neither open, refusing nor handed over: unreachable, refused safely.
+            (None, _) => Err(AdmitError::NotSynchronized),
         }
     }
 

@@ -30,7 +30,7 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 use cdi::{ContainerEdits, StoreError};
 use policy::ContainerUpdate;
 use tokio::sync::{Mutex, Notify};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     disk::Disk,
@@ -242,10 +242,28 @@ impl Manager {
 
     /// Saves the durable state once more: the last step of a graceful shutdown. Every commit
     /// has saved already; this makes the file exist, and current, even when nothing was ever
-    /// committed.
+    /// committed. A manager that handed the node over saves nothing: the state is its
+    /// successor's ([`crate::handover`]).
     pub async fn save_state(&self) -> Result<(), StateError> {
+        if let Some(to) = self.gate.handed_over_to() {
+            info!(successor = %to, "handed over: the state is the successor's, nothing saved");
+            return Ok(());
+        }
         let mut saved = self.io.saved.lock().await;
         self.write_state(&mut saved).await
+    }
+
+    /// The last save before a handover, with the claim gate shut already.
+    pub(crate) async fn save_state_for_handover(&self) -> Result<(), StateError> {
+        let mut saved = self.io.saved.lock().await;
+        self.write_state(&mut saved).await
+    }
+
+    /// Stops every write to the disk, once the operations in flight are done: the node is
+    /// handed over ([`crate::handover`]).
+    pub(crate) async fn retire_disk(&self) {
+        let _saves = self.io.saved.lock().await;
+        self.io.disk.retire().await;
     }
 
     /// Writes claim `uid`'s CDI spec durably: the last step of a prepare, after its commit.

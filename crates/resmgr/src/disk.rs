@@ -12,9 +12,10 @@
 //! Only the commit module ([`crate::commit`]) holds a [`Disk`]: the rest of the manager reaches the
 //! disk through it, never with the manager lock held.
 
-use std::io;
+use std::{io, sync::Arc};
 
 use cdi::{ContainerEdits, SpecStore, StoreError};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::{
     faults::{Faults, Point},
@@ -48,9 +49,42 @@ pub(crate) struct Disk {
     pub(crate) state_file: StateFile,
     pub(crate) specs: SpecStore,
     pub(crate) faults: Faults,
+    /// Whether the node was handed over ([`crate::handover`]): then nothing is written any
+    /// more. Every operation holds a read share until its blocking work is done, even if the
+    /// future that started it is dropped, so retiring waits for the disk work in flight.
+    pub(crate) retired: Arc<RwLock<bool>>,
+}
+
+/// An operation of a manager that handed the node over.
+fn retired_error() -> io::Error {
+    io::Error::other("this agent handed the node over: its successor owns the state now")
 }
 
 impl Disk {
+    /// The disk over `state_file` and `specs`.
+    pub(crate) fn new(state_file: StateFile, specs: SpecStore, faults: Faults) -> Self {
+        Self {
+            state_file,
+            specs,
+            faults,
+            retired: Arc::default(),
+        }
+    }
+
+    /// A share of the disk for one operation, unless it was retired.
+    async fn enter(&self) -> Result<OwnedRwLockReadGuard<bool>, io::Error> {
+        let share = self.retired.clone().read_owned().await;
+        if *share {
+            return Err(retired_error());
+        }
+        Ok(share)
+    }
+
+    /// Nothing is written from now on; waits for the operations in flight.
+    pub(crate) async fn retire(&self) {
+        *self.retired.write().await = true;
+    }
+
     /// Saves the state atomically and durably.
     pub(crate) async fn save_state(&self, state: State) -> Result<(), StateError> {
         let failed = |step, source| StateError::Write {
@@ -61,18 +95,26 @@ impl Disk {
                 source,
             },
         };
+        let share = self.enter().await.map_err(|e| failed("passing", e))?;
         self.faults
             .disk(Point::StateSave)
             .await
             .map_err(|e| failed("passing", e))?;
         let file = self.state_file.clone();
-        off_thread(&self.faults, Point::StateSave, move || file.save(&state))
-            .await
-            .map_err(|e| failed("running the write of", e))?
+        off_thread(&self.faults, Point::StateSave, move || {
+            let _share = share;
+            file.save(&state)
+        })
+        .await
+        .map_err(|e| failed("running the write of", e))?
     }
 
     /// Whether claim `uid` has a spec on disk.
     pub(crate) async fn has_spec(&self, uid: &str) -> Result<bool, StoreError> {
+        let share = self
+            .enter()
+            .await
+            .map_err(|e| self.io("checking for a cdi spec in", e))?;
         self.faults
             .disk(Point::SpecCheck)
             .await
@@ -80,6 +122,7 @@ impl Disk {
         let specs = self.specs.clone();
         let uid = uid.to_owned();
         off_thread(&self.faults, Point::SpecCheck, move || {
+            let _share = share;
             specs.has_claim(&uid)
         })
         .await
@@ -92,6 +135,10 @@ impl Disk {
         uid: &str,
         edits: Vec<ContainerEdits>,
     ) -> Result<(), StoreError> {
+        let share = self
+            .enter()
+            .await
+            .map_err(|e| self.io("writing a cdi spec in", e))?;
         self.faults
             .disk(Point::SpecWrite)
             .await
@@ -99,6 +146,7 @@ impl Disk {
         let specs = self.specs.clone();
         let owned = uid.to_owned();
         off_thread(&self.faults, Point::SpecWrite, move || {
+            let _share = share;
             specs.write_claim(&owned, &edits)
         })
         .await
@@ -111,6 +159,10 @@ impl Disk {
 
     /// Removes claim `uid`'s spec durably; whether there was one.
     pub(crate) async fn remove_spec(&self, uid: &str) -> Result<bool, StoreError> {
+        let share = self
+            .enter()
+            .await
+            .map_err(|e| self.io("removing cdi spec in", e))?;
         self.faults
             .disk(Point::SpecRemove)
             .await
@@ -118,6 +170,7 @@ impl Disk {
         let specs = self.specs.clone();
         let uid = uid.to_owned();
         off_thread(&self.faults, Point::SpecRemove, move || {
+            let _share = share;
             specs.remove_claim(&uid)
         })
         .await
@@ -129,6 +182,10 @@ impl Disk {
         &self,
         uid: &str,
     ) -> Result<Option<std::path::PathBuf>, StoreError> {
+        let share = self
+            .enter()
+            .await
+            .map_err(|e| self.io("setting aside cdi spec in", e))?;
         self.faults
             .disk(Point::SpecSetAside)
             .await
@@ -136,6 +193,7 @@ impl Disk {
         let specs = self.specs.clone();
         let uid = uid.to_owned();
         off_thread(&self.faults, Point::SpecSetAside, move || {
+            let _share = share;
             specs.set_aside(&uid)
         })
         .await

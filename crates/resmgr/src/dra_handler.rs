@@ -15,9 +15,10 @@ use kubelet_plugin::{
     ClaimError, ClaimHandler, ClaimRef, PrepareResults, PreparedDevice, RequestError,
     UnprepareResults,
 };
+use tokio::time::Instant;
 
 use crate::{
-    claims::AdmitError,
+    claims::{AdmitError, HOLD},
     errors::chain,
     kube::events::{EventRecorder, NoEvents, Notice},
     manager::Manager,
@@ -50,7 +51,7 @@ impl LifecycleHandler {
 /// The lifecycle's refusal of a whole request, as the gRPC status the kubelet gets.
 fn refusal(e: AdmitError) -> RequestError {
     match e {
-        AdmitError::NotSynchronized | AdmitError::Contested(_) => {
+        AdmitError::NotSynchronized | AdmitError::Contested(_) | AdmitError::HandedOver(_) => {
             RequestError::Unavailable(e.to_string())
         }
         AdmitError::InvalidArgument(_) => RequestError::InvalidArgument(e.to_string()),
@@ -61,11 +62,17 @@ fn lost(e: tokio::task::JoinError) -> RequestError {
     RequestError::Internal(format!("the claim lifecycle task failed: {e}"))
 }
 
-impl ClaimHandler for LifecycleHandler {
-    async fn prepare(&self, claims: &[ClaimRef]) -> Result<PrepareResults, RequestError> {
+impl LifecycleHandler {
+    /// The kubelet's prepare, held until the runtime has synchronized up to `deadline`
+    /// ([`Manager::prepare_until`]).
+    pub async fn prepare_until(
+        &self,
+        claims: &[ClaimRef],
+        deadline: Instant,
+    ) -> Result<PrepareResults, RequestError> {
         let manager = self.manager.clone();
         let claims = claims.to_vec();
-        let answers = tokio::spawn(async move { manager.prepare(&claims).await })
+        let answers = tokio::spawn(async move { manager.prepare_until(&claims, deadline).await })
             .await
             .map_err(lost)?
             .map_err(refusal)?;
@@ -97,10 +104,16 @@ impl ClaimHandler for LifecycleHandler {
             .collect())
     }
 
-    async fn unprepare(&self, claims: &[ClaimRef]) -> Result<UnprepareResults, RequestError> {
+    /// The kubelet's unprepare, held until the runtime has synchronized up to `deadline`
+    /// ([`Manager::unprepare_until`]).
+    pub async fn unprepare_until(
+        &self,
+        claims: &[ClaimRef],
+        deadline: Instant,
+    ) -> Result<UnprepareResults, RequestError> {
         let manager = self.manager.clone();
         let claims = claims.to_vec();
-        let answers = tokio::spawn(async move { manager.unprepare(&claims).await })
+        let answers = tokio::spawn(async move { manager.unprepare_until(&claims, deadline).await })
             .await
             .map_err(lost)?
             .map_err(refusal)?;
@@ -108,5 +121,20 @@ impl ClaimHandler for LifecycleHandler {
             .into_iter()
             .map(|(uid, answer)| (uid, answer.map_err(|e| ClaimError::new(chain(&e)))))
             .collect())
+    }
+
+    /// The manager it serves.
+    pub fn manager(&self) -> &Arc<Manager> {
+        &self.manager
+    }
+}
+
+impl ClaimHandler for LifecycleHandler {
+    async fn prepare(&self, claims: &[ClaimRef]) -> Result<PrepareResults, RequestError> {
+        self.prepare_until(claims, Instant::now() + HOLD).await
+    }
+
+    async fn unprepare(&self, claims: &[ClaimRef]) -> Result<UnprepareResults, RequestError> {
+        self.unprepare_until(claims, Instant::now() + HOLD).await
     }
 }

@@ -5,7 +5,16 @@
 //! with the Synchronize reply and be overtaken by it. So the kubelet's requests are refused, as a
 //! whole, until the gate opens. It opens once, after the Synchronize reply (carrying the
 //! synchronized updates) has been written to the runtime and the updates still pending have been
-//! delivered, and never closes: losing the runtime connection ends the process.
+//! delivered, and never closes while the agent owns the node: losing the runtime connection
+//! ends the process.
+//!
+//! A call that arrives before the gate settles is held until it does, up to a bound
+//! ([`crate::claims::HOLD`]), rather than refused at once: a refused prepare costs the pod the
+//! kubelet's resync, 60 to 90 s, and the runtime's Synchronize usually comes within a second of
+//! the agent's start. Nothing is allocated while it is held.
+//!
+//! The gate also shuts for good when the agent hands the node over to its successor
+//! ([`crate::handover`]): the claims are then the successor's to serve.
 //!
 //! Instead of opening, the Synchronize may find that serving claims could grant the same CPUs
 //! twice (a contested claim, [`crate::reconcile`]): then the gate stays shut to prepares for
@@ -19,6 +28,8 @@ enum State {
     Synchronizing,
     Open,
     Refusing(String),
+    /// The node was handed over to the agent of this pod ([`crate::handover`]).
+    HandedOver(String),
 }
 
 /// A one-way latch shared by the NRI side (which opens it) and the kubelet side (which asks).
@@ -76,6 +87,27 @@ impl Gate {
         let mut rx = self.state.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|s| *s == State::Open).await;
+    }
+
+    /// Waits until the runtime's synchronization has been handled: the gate is open, refusing,
+    /// or handed over.
+    pub async fn settled(&self) {
+        let mut rx = self.state.subscribe();
+        let _ = rx.wait_for(|s| *s != State::Synchronizing).await;
+    }
+
+    /// Shuts the gate for good: the node was handed over to the agent of pod `to`. Whatever
+    /// state it was in.
+    pub fn hand_over(&self, to: &str) {
+        self.state.send_replace(State::HandedOver(to.to_owned()));
+    }
+
+    /// The pod whose agent the node was handed over to, if it was.
+    pub fn handed_over_to(&self) -> Option<String> {
+        match &*self.state.borrow() {
+            State::HandedOver(to) => Some(to.clone()),
+            _ => None,
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub mod errors;
 pub mod events;
 pub mod faults;
 pub mod gate;
+pub mod handover;
 pub mod health;
 pub mod kube;
 pub mod manager;

@@ -171,9 +171,12 @@ pub struct Manager {
     /// Where reconciliation tells users what it did (an Event on the Node).
     pub(crate) events: Arc<dyn EventRecorder>,
     pub(crate) gate: Gate,
+    /// Every claim call admitted holds a share ([`crate::claims`]); a handover takes it whole,
+    /// so it waits for the calls in flight and no call starts after it.
+    pub(crate) calls: tokio::sync::RwLock<()>,
     pub(crate) config: ManagerConfig,
-    /// This manager's hold on the state directory.
-    _lock: StateLock,
+    /// This manager's hold on the state directory, until it hands the node over.
+    pub(crate) state_lock: std::sync::Mutex<Option<StateLock>>,
 }
 
 impl Manager {
@@ -188,13 +191,35 @@ impl Manager {
     /// anything is served.
     pub fn start(
         config: ManagerConfig,
-        mut policy: Box<dyn Policy>,
+        policy: Box<dyn Policy>,
         state_file: StateFile,
         specs: cdi::SpecStore,
         runtime: Arc<dyn Runtime>,
         claim_reader: Arc<dyn ClaimReader>,
     ) -> Result<Self, StartError> {
         let lock = state_file.lock()?;
+        Self::start_locked(
+            lock,
+            config,
+            policy,
+            state_file,
+            specs,
+            runtime,
+            claim_reader,
+        )
+    }
+
+    /// [`Manager::start`] with the state directory's lock taken already (a new agent takes it
+    /// as the old one lets it go: [`crate::handover`]).
+    pub fn start_locked(
+        lock: StateLock,
+        config: ManagerConfig,
+        mut policy: Box<dyn Policy>,
+        state_file: StateFile,
+        specs: cdi::SpecStore,
+        runtime: Arc<dyn Runtime>,
+        claim_reader: Arc<dyn ClaimReader>,
+    ) -> Result<Self, StartError> {
         let state = state_file.load(policy.name())?;
         state_file.remove_temporary_files()?;
         let mut records = match state {
@@ -280,11 +305,7 @@ impl Manager {
                 durable,
             }),
             io: Io::new(
-                Disk {
-                    state_file,
-                    specs,
-                    faults: config.faults.clone(),
-                },
+                Disk::new(state_file, specs, config.faults.clone()),
                 runtime,
                 config.update_timeout,
             ),
@@ -292,8 +313,9 @@ impl Manager {
             claim_reader,
             events: Arc::new(NoEvents),
             gate: Gate::default(),
+            calls: tokio::sync::RwLock::new(()),
             config,
-            _lock: lock,
+            state_lock: std::sync::Mutex::new(Some(lock)),
         })
     }
 

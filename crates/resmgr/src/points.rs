@@ -3,8 +3,8 @@
 //!
 //! A crash test aborts the process at a point ([`crate::crash`]); a fault test makes the
 //! operation at a point fail, wait, block or freeze the manager in-process ([`crate::faults`]).
-//! Every step of prepare, unprepare and commit ([`Point::STEPS`]) and every disk operation
-//! ([`Point::DISK`]) is a point, so a new operation cannot be left out of either test by
+//! Every step of prepare, unprepare and commit ([`Point::STEPS`]), every disk operation
+//! ([`Point::DISK`]) and every step of a handover ([`Point::HANDOVER`]) is a point, so a new operation cannot be left out of either test by
 //! forgetting a string.
 
 use std::{fmt, str::FromStr};
@@ -43,6 +43,23 @@ pub enum Point {
     SpecCheck,
     /// Disk: moving an unreadable CDI spec aside.
     SpecSetAside,
+    /// Handover, the owner: it accepted an agent that asked for the node ([`crate::handover`]).
+    HandoverAccepted,
+    /// Handover, the owner: the new agent said go; no claim call is in flight any more and
+    /// none is admitted.
+    HandoverDrained,
+    /// Handover, the owner: its connection to the runtime is closed.
+    HandoverRuntimeClosed,
+    /// Handover, the owner: the last state is saved; nothing of it reaches the disk any more.
+    HandoverSaved,
+    /// Handover, the owner: the state directory's lock is let go.
+    HandoverReleased,
+    /// Handover, the new agent: the owner accepted it.
+    TakeoverAccepted,
+    /// Handover, the new agent: the kubelet has connected to it; it tells the owner to go.
+    TakeoverGo,
+    /// Handover, the new agent: it holds the state directory's lock.
+    TakeoverLocked,
 }
 
 impl Point {
@@ -59,6 +76,27 @@ impl Point {
         Point::UnprepareDelivered,
         Point::CommitStateWritten,
     ];
+
+    /// The steps of a handover, the owner's then the new agent's ([`crate::handover`]).
+    pub const HANDOVER: &[Point] = &[
+        Point::HandoverAccepted,
+        Point::HandoverDrained,
+        Point::HandoverRuntimeClosed,
+        Point::HandoverSaved,
+        Point::HandoverReleased,
+        Point::TakeoverAccepted,
+        Point::TakeoverGo,
+        Point::TakeoverLocked,
+    ];
+
+    /// Every point, in the order of the lists above.
+    pub fn all() -> impl Iterator<Item = Point> {
+        Point::STEPS
+            .iter()
+            .chain(Point::DISK)
+            .chain(Point::HANDOVER)
+            .copied()
+    }
 
     /// The disk operations.
     pub const DISK: &[Point] = &[
@@ -88,6 +126,14 @@ impl Point {
             Point::SpecRemove => "disk.spec-remove",
             Point::SpecCheck => "disk.spec-check",
             Point::SpecSetAside => "disk.spec-set-aside",
+            Point::HandoverAccepted => "handover.accepted",
+            Point::HandoverDrained => "handover.drained",
+            Point::HandoverRuntimeClosed => "handover.runtime-closed",
+            Point::HandoverSaved => "handover.saved",
+            Point::HandoverReleased => "handover.released",
+            Point::TakeoverAccepted => "takeover.accepted",
+            Point::TakeoverGo => "takeover.go",
+            Point::TakeoverLocked => "takeover.locked",
         }
     }
 }
@@ -104,9 +150,7 @@ impl fmt::Display for Point {
 pub struct UnknownPoint(pub String);
 
 fn all_names() -> String {
-    Point::STEPS
-        .iter()
-        .chain(Point::DISK)
+    Point::all()
         .map(|p| p.name())
         .collect::<Vec<_>>()
         .join(", ")
@@ -115,10 +159,7 @@ fn all_names() -> String {
 impl FromStr for Point {
     type Err = UnknownPoint;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Point::STEPS
-            .iter()
-            .chain(Point::DISK)
-            .copied()
+        Point::all()
             .find(|p| p.name() == s)
             .ok_or_else(|| UnknownPoint(s.to_owned()))
     }
@@ -130,7 +171,7 @@ mod tests {
 
     #[test]
     fn every_point_is_listed_once_and_its_name_parses_back() {
-        let all: Vec<Point> = Point::STEPS.iter().chain(Point::DISK).copied().collect();
+        let all: Vec<Point> = Point::all().collect();
         let unique: std::collections::BTreeSet<Point> = all.iter().copied().collect();
         assert_eq!(unique.len(), all.len(), "a point is listed twice");
         // Exhaustive: a new variant fails to compile here until it is placed in a list.
@@ -150,11 +191,19 @@ mod tests {
                 | Point::SpecWritten
                 | Point::SpecRemove
                 | Point::SpecCheck
-                | Point::SpecSetAside => {}
+                | Point::SpecSetAside
+                | Point::HandoverAccepted
+                | Point::HandoverDrained
+                | Point::HandoverRuntimeClosed
+                | Point::HandoverSaved
+                | Point::HandoverReleased
+                | Point::TakeoverAccepted
+                | Point::TakeoverGo
+                | Point::TakeoverLocked => {}
             }
             assert_eq!(p.name().parse::<Point>(), Ok(*p));
         }
-        assert_eq!(all.len(), 15, "every variant is in STEPS or DISK");
+        assert_eq!(all.len(), 23, "every variant is in STEPS, DISK or HANDOVER");
         assert!("disk.nowhere".parse::<Point>().is_err());
     }
 }

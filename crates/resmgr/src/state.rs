@@ -14,7 +14,11 @@
 //! with the process, so a crash never leaves it stuck; the file itself stays (removing lock files
 //! races with the next locker).
 
-use std::{collections::BTreeMap, fs, io, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    fs, io,
+    path::{Path, PathBuf},
+};
 
 use cdi::durable::{self, WriteError};
 use serde::{Deserialize, Serialize};
@@ -190,6 +194,11 @@ impl StateFile {
     /// The file's path.
     pub fn path(&self) -> PathBuf {
         self.dir.join(STATE_FILE)
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Takes the state directory for this process (creating it if needed), or refuses with

@@ -1,37 +1,69 @@
-//! The claim lifecycle as the kubelet calls it, timed for the metrics and logged with the CPUs
-//! each claim got or gave back.
+//! The claim lifecycle as the kubelet calls it: held until the agent owns the node, timed for
+//! the metrics, and logged with the CPUs each claim got or gave back.
 
 use std::sync::Arc;
 
 use resmgr::{
-    Manager,
+    claims::HOLD,
     dra_handler::LifecycleHandler,
+    kube::EventRecorder,
     kubelet_plugin::{ClaimHandler, ClaimRef, PrepareResults, RequestError, UnprepareResults},
 };
+use tokio::time::Instant;
 use tracing::info;
 
+use super::node::{Node, Standing};
 use crate::{metrics::Metrics, view};
 
-/// The claim lifecycle as the kubelet calls it, timed for the metrics, and logged with the CPUs
-/// each claim got or gave back (the manager logs claims by device; only the binary can ask the
-/// policy which CPUs those are).
+/// The claim lifecycle as the kubelet calls it. The kubelet plugin may serve before the agent
+/// owns the node (it registers early when it takes the node over from another agent): a call
+/// is then held until the agent owns it and the runtime has synchronized, [`HOLD`] in all, and
+/// only then refused. Timed for the metrics, and logged with the CPUs each claim got or gave
+/// back (the manager logs claims by device; only the binary can ask the policy which CPUs
+/// those are).
 #[derive(Debug)]
 pub struct Measured {
-    pub inner: LifecycleHandler,
+    pub node: Arc<Node>,
+    pub events: Arc<dyn EventRecorder>,
     pub metrics: Arc<Metrics>,
-    /// Whose snapshot says which CPUs each claim holds.
-    pub manager: Arc<Manager>,
+}
+
+impl Measured {
+    /// The manager's lifecycle, once the agent owns the node (waiting until `deadline`).
+    async fn lifecycle(&self, deadline: Instant) -> Result<LifecycleHandler, RequestError> {
+        match self.node.manager_until(deadline).await {
+            Some(manager) => Ok(LifecycleHandler::new(manager).with_events(self.events.clone())),
+            None => Err(RequestError::Unavailable(match self.node.standing() {
+                Standing::TakingOver { from } => format!(
+                    "this agent is still taking the node over from the agent of pod {from} (the call was held {}s)",
+                    HOLD.as_secs()
+                ),
+                Standing::Standby { why } => format!(
+                    "another agent still owns the node ({why}); this one takes it once that agent is gone (the call was held {}s)",
+                    HOLD.as_secs()
+                ),
+                other => format!(
+                    "this agent does not own the node ({other:?}; the call was held {}s)",
+                    HOLD.as_secs()
+                ),
+            })),
+        }
+    }
 }
 
 impl ClaimHandler for Measured {
     async fn prepare(&self, claims: &[ClaimRef]) -> Result<PrepareResults, RequestError> {
         let start = std::time::Instant::now();
-        let answer = self.inner.prepare(claims).await;
+        let deadline = Instant::now() + HOLD;
+        let answer = match self.lifecycle(deadline).await {
+            Ok(lifecycle) => lifecycle.prepare_until(claims, deadline).await,
+            Err(refused) => Err(refused),
+        };
         let (ok, failed) = outcome(&answer, claims.len());
         self.metrics
             .prepared(start.elapsed().as_secs_f64(), ok, failed);
-        if let Ok(results) = &answer {
-            let inventory = view::inventory(&self.manager);
+        if let (Ok(results), Some(manager)) = (&answer, self.node.manager()) {
+            let inventory = view::inventory(manager);
             for c in inventory
                 .claims
                 .iter()
@@ -44,9 +76,17 @@ impl ClaimHandler for Measured {
     }
 
     async fn unprepare(&self, claims: &[ClaimRef]) -> Result<UnprepareResults, RequestError> {
-        let before = view::inventory(&self.manager);
         let start = std::time::Instant::now();
-        let answer = self.inner.unprepare(claims).await;
+        let deadline = Instant::now() + HOLD;
+        let lifecycle = match self.lifecycle(deadline).await {
+            Ok(lifecycle) => lifecycle,
+            Err(refused) => {
+                self.metrics.unprepared(start.elapsed().as_secs_f64(), 0);
+                return Err(refused);
+            }
+        };
+        let before = view::inventory(lifecycle.manager());
+        let answer = lifecycle.unprepare_until(claims, deadline).await;
         let (_, failed) = outcome(&answer, claims.len());
         self.metrics
             .unprepared(start.elapsed().as_secs_f64(), failed);
@@ -127,10 +167,12 @@ mod tests {
             config: Vec::new(),
         });
         let metrics = Arc::new(Metrics::new());
+        let node = Arc::new(Node::default());
+        node.own(manager.clone());
         let handler = Measured {
-            inner: LifecycleHandler::new(manager.clone()),
+            node,
+            events: Arc::new(resmgr::kube::NoEvents),
             metrics: metrics.clone(),
-            manager: manager.clone(),
         };
         let refs = [
             ClaimRef::new("ns", "c", "uid-1"),

@@ -25,6 +25,7 @@
 //! and synchronizes afresh.
 
 mod measured;
+pub mod node;
 mod publish;
 pub mod tasks;
 
@@ -40,25 +41,22 @@ use anyhow::Context as _;
 use policy::topology_aware::DeviceMode;
 use resmgr::{
     ClaimReader, Manager,
-    dra_handler::LifecycleHandler,
     health::{HealthConfig, HealthMonitor},
     kube::{
         self, EventRecorder, EventsConfig, KubeEvents, NoEvents, ResourceApiVersions, RetryPolicy,
         SlicePublisher,
     },
-    kubelet_plugin::{KubeletConfig, KubeletPlugin, RegistrationState},
+    kubelet_plugin::{KubeletConfig, KubeletPlugin},
     nri,
     nri_plugin::{self, NriRuntime, ResmgrPlugin},
     state::StateFile,
 };
-use tokio::{
-    signal::unix::{SignalKind, signal},
-    sync::watch,
-};
+use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
 
 use self::{
     measured::Measured,
+    node::Node,
     tasks::{Stop, Tasks},
 };
 use crate::{
@@ -81,8 +79,12 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(20);
 /// asked, so they need no more than a moment.
 const EXIT_DEADLINE: Duration = Duration::from_secs(1);
 
-pub fn main(flags: &RunFlags, node_name_env: Option<String>) -> anyhow::Result<ExitCode> {
-    let config = flags.resolve(node_name_env)?;
+pub fn main(
+    flags: &RunFlags,
+    node_name_env: Option<String>,
+    pod_uid_env: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let config = flags.resolve_env(node_name_env, pod_uid_env)?;
     if flags.print_config {
         print!("{}", config.to_file());
         return Ok(ExitCode::SUCCESS);
@@ -120,14 +122,18 @@ fn signals() -> anyhow::Result<impl Future<Output = Result<(), Stop>>> {
     })
 }
 
-/// Everything `resmgr run` runs, built from the configuration; nothing started.
+/// Everything `resmgr run` runs, built from the configuration; nothing started, and nothing of
+/// the node taken yet (its state directory is the node task's to take: [`node`]).
 struct Agent {
     config: RunConfig,
-    manager: Arc<Manager>,
+    /// The policy, restored from the state once the node is taken.
+    policy: Box<dyn policy::Policy>,
+    claims: Arc<dyn ClaimReader>,
+    events: Arc<dyn EventRecorder>,
     runtime: Arc<NriRuntime>,
-    plugin: ResmgrPlugin,
     metrics: Arc<Metrics>,
     servers: Vec<http::Server>,
+    node: Arc<Node>,
     /// `None` without DRA.
     dra: Option<Dra>,
 }
@@ -141,15 +147,13 @@ struct Dra {
     /// refused) until then.
     poster: Pin<Box<dyn Future<Output = ()> + Send>>,
     publisher: SlicePublisher,
-    /// Set once the kubelet plugin serves, for the endpoints.
-    registration: Arc<OnceLock<watch::Receiver<RegistrationState>>>,
     /// Set once the devices are being published, for the endpoints.
     publishing: Arc<OnceLock<SlicePublisher>>,
 }
 
 impl Agent {
-    /// Builds the agent. What fails here fails before anything runs: the machine (topology,
-    /// state, specs), the API client's configuration, the listeners.
+    /// Builds the agent. What fails here fails before anything runs: the machine (topology),
+    /// the API client's configuration, the listeners. The state is not read yet.
     async fn build(config: RunConfig) -> anyhow::Result<Self> {
         info!(config = %config.to_json(), "starting");
         let policy = config.policy()?;
@@ -182,42 +186,20 @@ impl Agent {
             Some((events, _)) => Arc::new(events.clone()),
             None => Arc::new(NoEvents),
         };
-        let runtime = Arc::new(NriRuntime::default());
-        let specs = config
+        // The spec directory's setting is checked before anything runs.
+        config
             .spec_store()
             .with_context(|| format!("--cdi-dir {}", config.cdi_dir.display()))?;
-        let manager = Arc::new(
-            Manager::start(
-                config.manager(),
-                policy,
-                StateFile::new(&config.state_dir),
-                specs,
-                runtime.clone(),
-                claims,
-            )
-            .context("starting the resource manager")?
-            .with_events(events.clone()),
-        );
-        if !config.dra {
-            let held = manager.claim_records().await.len();
-            if held > 0 {
-                warn!(
-                    claims = held,
-                    "DRA is off, yet the state holds prepared claims: they keep their CPUs until DRA is on again and the kubelet unprepares them"
-                );
-            }
-        }
 
+        let node = Arc::new(Node::default());
         let metrics = Arc::new(Metrics::new());
-        let registration = Arc::new(OnceLock::new());
         let publishing = Arc::new(OnceLock::new());
         let endpoints = Endpoints {
             dra: config.dra,
-            node: config.node_name.clone().unwrap_or_default(),
+            node_name: config.node_name.clone().unwrap_or_default(),
             driver: config.driver_name.clone(),
-            manager: manager.clone(),
+            node: node.clone(),
             metrics: metrics.clone(),
-            registration: registration.clone(),
             publisher: publishing.clone(),
             events: kube_events.as_ref().map(|(events, _)| events.clone()),
         };
@@ -241,19 +223,19 @@ impl Agent {
                 publisher: SlicePublisher::new(publisher, versions)
                     .context("the resource slice publisher")?
                     .with_events(events.clone()),
-                registration,
                 publishing,
             }),
             _ => None,
         };
-        let plugin = ResmgrPlugin::new(manager.clone(), metrics.clone()).with_events(events);
         Ok(Self {
             config,
-            manager,
-            runtime,
-            plugin,
+            policy,
+            claims,
+            events,
+            runtime: Arc::new(NriRuntime::default()),
             metrics,
             servers,
+            node,
             dra,
         })
     }
@@ -262,11 +244,13 @@ impl Agent {
     fn spawn(self, tasks: &Tasks) -> Drain {
         let Self {
             config,
-            manager,
+            policy,
+            claims,
+            events,
             runtime,
-            plugin,
             metrics,
             servers,
+            node,
             dra,
         } = self;
         for server in servers {
@@ -279,38 +263,146 @@ impl Agent {
                     .map_err(|e| Stop::failed(name, e))
             });
         }
-        tasks.spawn_until_exit(
-            "runtime connection",
-            serve_runtime(config.clone(), plugin, runtime, tasks.clone()),
-        );
         tasks.spawn_graceful(
             "claims",
             serve_claims(
                 config.policy.1.mode,
-                manager.clone(),
-                metrics,
+                node.clone(),
+                metrics.clone(),
                 dra,
                 tasks.clone(),
             ),
         );
-        Drain { manager }
+        let owning = Owning {
+            config,
+            policy,
+            claims,
+            events,
+            runtime,
+            metrics,
+            node: node.clone(),
+        };
+        tasks.spawn_until_exit("node", owning.run(tasks.clone()));
+        Drain { node }
     }
 }
 
-/// The runtime connection's task: reaches the runtime (retrying while it is not there, until the
-/// agent stops), then serves it until the exit. Ends the agent when the runtime goes away.
-async fn serve_runtime(
+/// What the node task needs to take the node and serve the runtime.
+struct Owning {
     config: RunConfig,
-    plugin: ResmgrPlugin,
+    policy: Box<dyn policy::Policy>,
+    claims: Arc<dyn ClaimReader>,
+    events: Arc<dyn EventRecorder>,
     runtime: Arc<NriRuntime>,
-    tasks: Tasks,
-) -> Result<(), Stop> {
-    let connection = tokio::select! {
-        connection = connect_runtime(&config, plugin, &runtime) => connection
-            .map_err(|e| Stop::failed("runtime connection", e))?,
-        () = tasks.stopping() => return Ok(()),
-    };
-    Err(Stop::RuntimeLost(connection.serve().await.to_string()))
+    metrics: Arc<Metrics>,
+    node: Arc<Node>,
+}
+
+impl Owning {
+    /// The node task: takes the node (at once, or from the agent that owns it), starts the
+    /// manager from the state on disk, serves handovers to the next agent, reaches the runtime
+    /// (retrying while it is not there, until the agent stops), then serves it until the exit.
+    /// Ends the agent when the runtime goes away, unless the node was handed over.
+    async fn run(self, tasks: Tasks) -> Result<(), Stop> {
+        let Self {
+            config,
+            policy,
+            claims,
+            events,
+            runtime,
+            metrics,
+            node,
+        } = self;
+        let state_file = StateFile::new(&config.state_dir);
+        let taken = tokio::select! {
+            taken = node.take(&state_file, config.pod_uid.as_deref(), config.dra) => taken,
+            () = tasks.stopping() => return Ok(()),
+        };
+        let (lock, predecessors) = taken.map_err(|e| Stop::failed("node", e))?;
+        let manager = start_manager(&config, lock, policy, state_file, &runtime, claims, &events)
+            .await
+            .map_err(|e| Stop::failed("node", e))?;
+        node.own(manager.clone());
+        if let Some(pod_uid) = &config.pod_uid {
+            let owner = resmgr::handover::Owner::bind(&config.state_dir, pod_uid, predecessors)
+                .context("serving handovers")
+                .map_err(|e| Stop::failed("node", e))?;
+            info!(socket = %owner.path().display(), "this agent owns the node; a new agent may ask for it");
+            let (node, manager) = (node.clone(), manager.clone());
+            tasks.spawn("handover", async move {
+                node.serve_handovers(owner, manager)
+                    .await
+                    .map_err(|e| Stop::failed("handover", e))
+            });
+        }
+        let plugin = ResmgrPlugin::new(manager, metrics).with_events(events);
+        let surrender = node.surrender.clone();
+        let connection = tokio::select! {
+            connection = connect_runtime(&config, plugin, &runtime) => connection
+                .map_err(|e| Stop::failed("runtime connection", e))?,
+            () = tasks.stopping() => return Ok(()),
+            () = surrender.cancelled() => {
+                node.runtime_closed.send_replace(true);
+                return Ok(());
+            }
+        };
+        let handle = connection.handle().clone();
+        tokio::select! {
+            why = connection.serve() => {
+                if surrender.is_cancelled() {
+                    node.runtime_closed.send_replace(true);
+                    return Ok(());
+                }
+                Err(Stop::RuntimeLost(why.to_string()))
+            }
+            () = surrender.cancelled() => {
+                // Handing the node over: the new agent connects once this one is gone.
+                handle.close();
+                let why = handle.closed().await;
+                info!(reason = %why, "closed the runtime connection for the handover");
+                node.runtime_closed.send_replace(true);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Starts the manager from the state on disk, the state directory's lock held.
+async fn start_manager(
+    config: &RunConfig,
+    lock: resmgr::state::StateLock,
+    policy: Box<dyn policy::Policy>,
+    state_file: StateFile,
+    runtime: &Arc<NriRuntime>,
+    claims: Arc<dyn ClaimReader>,
+    events: &Arc<dyn EventRecorder>,
+) -> anyhow::Result<Arc<Manager>> {
+    let specs = config
+        .spec_store()
+        .with_context(|| format!("--cdi-dir {}", config.cdi_dir.display()))?;
+    let manager = Arc::new(
+        Manager::start_locked(
+            lock,
+            config.manager(),
+            policy,
+            state_file,
+            specs,
+            runtime.clone(),
+            claims,
+        )
+        .context("starting the resource manager")?
+        .with_events(events.clone()),
+    );
+    if !config.dra {
+        let held = manager.claim_records().await.len();
+        if held > 0 {
+            warn!(
+                claims = held,
+                "DRA is off, yet the state holds prepared claims: they keep their CPUs until DRA is on again and the kubelet unprepares them"
+            );
+        }
+    }
+    Ok(manager)
 }
 
 /// Reaches the runtime's NRI socket, retrying with backoff while it is not there, and registers
@@ -343,22 +435,24 @@ async fn connect_runtime(
     Ok(connection)
 }
 
-/// The claims' task: once the runtime has synchronized (the claim gate is open), gives back the
-/// memory Synchronize left free and, with DRA, serves the kubelet and publishes our devices
-/// until the agent stops, then deregisters and answers the calls in flight.
+/// The claims' task. With DRA: starts the kubelet plugin as soon as the node task says (at
+/// once when the node is free, early when taking it over: the kubelet's calls are held until
+/// the agent owns the node and the runtime has synchronized), publishes our devices once the
+/// claim gate is open, and serves until the agent stops or hands the node over; then
+/// deregisters and answers the calls in flight. Once the gate is open it gives back the memory
+/// Synchronize left free.
 async fn serve_claims(
     mode: DeviceMode,
-    manager: Arc<Manager>,
+    node: Arc<Node>,
     metrics: Arc<Metrics>,
     dra: Option<Dra>,
     tasks: Tasks,
 ) -> Result<(), Stop> {
-    // Claims need the gate, and the gate needs the runtime.
-    tokio::select! {
-        () = manager.gate().opened() => memory::return_freed_memory(),
-        () = tasks.stopping() => return Ok(()),
-    }
     let Some(dra) = dra else {
+        tokio::select! {
+            () = node.opened() => memory::return_freed_memory(),
+            () = tasks.stopping() => return Ok(()),
+        }
         info!(
             "DRA is off: serving the runtime only (no kubelet registration, no devices published)"
         );
@@ -370,9 +464,12 @@ async fn serve_claims(
         events,
         poster,
         publisher,
-        registration,
         publishing,
     } = dra;
+    tokio::select! {
+        () = node.registering() => {}
+        () = tasks.stopping() => return Ok(()),
+    }
     tasks.spawn_until_exit("event poster", async move {
         poster.await;
         Ok(())
@@ -380,44 +477,48 @@ async fn serve_claims(
     // The health poll runs here, not in a task of its own: the kubelet's health streams read
     // it until the plugin has shut down.
     let (reports, poll) = HealthMonitor::new(health, {
-        let manager = manager.clone();
-        move || manager.snapshot().device_cpus.clone()
+        let node = node.clone();
+        move || {
+            node.manager()
+                .map(|m| m.snapshot().device_cpus.clone())
+                .unwrap_or_default()
+        }
     })
     .start();
-    let poll = std::pin::pin!(poll);
+    let mut poll = std::pin::pin!(poll);
     let handler = Arc::new(Measured {
-        inner: LifecycleHandler::new(manager.clone()).with_events(events),
+        node: node.clone(),
+        events,
         metrics: metrics.clone(),
-        manager: manager.clone(),
     });
     let plugin = KubeletPlugin::start_with_health(&kubelet, handler, reports)
         .await
         .context("starting the kubelet plugin")
         .map_err(|e| Stop::failed("kubelet plugin", e))?;
-    let _ = registration.set(plugin.registration_state());
-
-    let _ = publishing.set(publisher.clone());
-    tasks.spawn(
-        "dropped slice fields",
-        watch_dropped(publisher.clone(), mode, metrics),
-    );
-    tasks.spawn("slice publisher", {
-        let publisher = publisher.clone();
-        let snapshots = manager.published();
-        async move {
-            publish::publish(publisher, snapshots).await;
-            Ok(())
-        }
-    });
-    tasks.spawn("slice maintainer", async move {
-        publisher.maintain().await;
-        Ok(())
+    node.kubelet_serves(node::Kubelet {
+        registration: plugin.registration_state(),
+        connections: plugin.dra_connections(),
     });
 
+    let serve = async {
+        node.opened().await;
+        memory::return_freed_memory();
+        let Some(manager) = node.manager().cloned() else {
+            return;
+        };
+        let _ = publishing.set(publisher.clone());
+        tokio::join!(
+            publish::publish(publisher.clone(), manager.published()),
+            publisher.maintain(),
+            publish::watch_dropped_fields(publisher.dropped_fields(), mode, metrics),
+        );
+    };
     tokio::select! {
         () = tasks.stopping() => {}
+        () = node.handed_over() => info!("handed the node over: deregistering from the kubelet"),
         // It ends only once every stream is gone, which the plugin's own do not before it is.
-        () = poll => tasks.stopping().await,
+        () = &mut poll => tasks.stopping().await,
+        () = serve => {}
     }
     if let Err(e) = plugin.shutdown().await {
         warn!(error = %resmgr::errors::chain(&e), "stopping the kubelet plugin");
@@ -425,35 +526,25 @@ async fn serve_claims(
     Ok(())
 }
 
-/// [`publish::watch_dropped_fields`] as a task.
-async fn watch_dropped(
-    publisher: SlicePublisher,
-    mode: DeviceMode,
-    metrics: Arc<Metrics>,
-) -> Result<(), Stop> {
-    publish::watch_dropped_fields(publisher.dropped_fields(), mode, metrics).await;
-    Ok(())
-}
-
 /// The end of the agent: what the drain needs once every task is spawned.
 #[derive(Debug)]
 struct Drain {
-    manager: Arc<Manager>,
+    node: Arc<Node>,
 }
 
 impl Drain {
-    /// The one way out: the serving tasks stop, the state is saved, the runtime connection goes,
-    /// and the exit status says why (a failure is returned, for `main` to print).
+    /// The one way out: the serving tasks stop, the state is saved (unless the agent never
+    /// owned the node, or handed it over), the runtime connection goes, and the exit status
+    /// says why (a failure is returned, for `main` to print).
     async fn run(self, stop: Stop, tasks: &Tasks) -> anyhow::Result<ExitCode> {
         let late = tasks.drain_serving(DRAIN_DEADLINE).await;
         if !late.is_empty() {
             warn!(tasks = ?late, deadline = ?DRAIN_DEADLINE, "tasks still running at the drain's deadline were dropped");
         }
-        self.manager
-            .save_state()
-            .await
-            .context("saving the state")?;
-        info!("state saved");
+        if let Some(manager) = self.node.manager() {
+            manager.save_state().await.context("saving the state")?;
+            info!("state saved");
+        }
         let late = tasks.drain_lasting(EXIT_DEADLINE).await;
         if !late.is_empty() {
             warn!(tasks = ?late, "tasks still running at the exit were dropped");

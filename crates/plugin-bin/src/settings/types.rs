@@ -82,6 +82,28 @@ impl SettingType for NodeName {
     }
 }
 
+/// `pod-uid`: the agent's pod's UID, which names its kubelet sockets: lower-case hex digits and
+/// `-` (a DNS label's characters, which also covers UIDs made up for tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodUid(pub String);
+
+impl SettingType for PodUid {
+    fn parse(given: &Given) -> Result<Self, String> {
+        let v = given.one()?;
+        dns_label(v).map_err(|_| {
+            refuse(
+                v,
+                "expected the pod's UID, such as `0b6c2a4e-7f3d-4c1e-9a2b-5d6e7f8a9b0c` (lower-case letters, digits and `-`, at most 63 characters)",
+            )
+        })?;
+        Ok(Self(v.to_owned()))
+    }
+
+    fn show(&self) -> Value {
+        json!(self.0)
+    }
+}
+
 /// `driver-name`: a DNS subdomain with a dot, at most 63 characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverName(pub String);

@@ -1,0 +1,320 @@
+//! Who owns the node: taking it (from a free state directory, or from the agent that owns it, by
+//! handover), giving it to the next agent, and what the rest of the agent reads of it.
+//!
+//! The protocol and the manager's part are [`resmgr::handover`]'s; this module is their wiring
+//! into `resmgr run`: when the kubelet plugin registers (before the node is owned, so that the
+//! kubelet calls this agent and its calls are held rather than refused), when the old agent is
+//! told to go (once the kubelet has connected to this one), and what the old agent stops (its
+//! runtime connection, then its kubelet plugin and publishers).
+//!
+//! A new agent that finds the state directory locked:
+//! - asks the owner over `<state-dir>/handover.sock`; accepted, it takes the node over
+//!   ([`Standing::TakingOver`]);
+//! - with nobody answering there (an owner of a release without handovers, or one that is
+//!   dying), it waits for the lock in [`Standing::Standby`]: registered with the kubelet,
+//!   holding its calls, and ready, because the DaemonSet deletes the old pod only once the new
+//!   one is ready, and that is what frees the lock;
+//! - refused (it is a restarted container of a pod that handed the node over already), it waits
+//!   unregistered and unready in [`Standing::Refused`] until the lock is free.
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
+
+use resmgr::{
+    Manager,
+    handover::{self, AskError, HandoverError, Hello, Owner, Surrender},
+    kubelet_plugin::RegistrationState,
+    points::Point,
+    runtime::BoxFuture,
+    state::{StateError, StateFile, StateLock},
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// How long a new agent waits for the state directory's lock once the owner said it released
+/// it (or broke the exchange off): the kernel lets a lock go as its holder dies.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// How often an agent that cannot take the node over yet looks whether the lock is free.
+const LOCK_POLL: Duration = Duration::from_secs(1);
+
+/// Where the agent stands with the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// The state directory is not looked at yet.
+    Starting,
+    /// The owner agreed to hand the node over to this agent.
+    TakingOver {
+        /// The owner's pod.
+        from: String,
+    },
+    /// Another agent owns the node and nobody answers on its handover socket: this one is
+    /// registered, holds the kubelet's calls, and takes the node once that agent is gone.
+    Standby {
+        /// Why it cannot ask.
+        why: String,
+    },
+    /// The owner refused to hand the node over to this agent: it waits, unregistered.
+    Refused {
+        /// The owner's reason.
+        why: String,
+    },
+    /// This agent owns the node.
+    Owner,
+    /// This agent handed the node over.
+    HandedOver {
+        /// The successor's pod.
+        to: String,
+    },
+}
+
+/// What the agent's tasks share about the node.
+#[derive(Debug)]
+pub struct Node {
+    standing: watch::Sender<Standing>,
+    /// Set once the agent owns the node.
+    manager: OnceLock<Arc<Manager>>,
+    manager_set: watch::Sender<bool>,
+    /// Set when the kubelet plugin should register.
+    register: watch::Sender<bool>,
+    /// The kubelet plugin's registration state and its count of the kubelet's connections, once
+    /// it serves.
+    kubelet: watch::Sender<Option<Kubelet>>,
+    /// Cancelled to close the runtime connection for a handover.
+    pub surrender: CancellationToken,
+    /// Set once the runtime connection is closed for a handover.
+    pub runtime_closed: watch::Sender<bool>,
+}
+
+/// What the kubelet plugin tells of the kubelet.
+#[derive(Debug, Clone)]
+pub struct Kubelet {
+    pub registration: watch::Receiver<RegistrationState>,
+    pub connections: watch::Receiver<u64>,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Self {
+            standing: watch::Sender::new(Standing::Starting),
+            manager: OnceLock::new(),
+            manager_set: watch::Sender::new(false),
+            register: watch::Sender::new(false),
+            kubelet: watch::Sender::new(None),
+            surrender: CancellationToken::new(),
+            runtime_closed: watch::Sender::new(false),
+        }
+    }
+}
+
+impl Node {
+    /// Where the agent stands now.
+    pub fn standing(&self) -> Standing {
+        self.standing.borrow().clone()
+    }
+
+    fn set_standing(&self, standing: Standing) {
+        self.standing.send_replace(standing);
+    }
+
+    /// The manager, once the agent owns the node.
+    pub fn manager(&self) -> Option<&Arc<Manager>> {
+        self.manager.get()
+    }
+
+    /// Waits for the manager until `deadline`.
+    pub async fn manager_until(&self, deadline: tokio::time::Instant) -> Option<Arc<Manager>> {
+        let mut set = self.manager_set.subscribe();
+        let _ = tokio::time::timeout_at(deadline, set.wait_for(|s| *s)).await;
+        self.manager.get().cloned()
+    }
+
+    /// Waits until the agent owns the node and its claim gate is open.
+    pub async fn opened(&self) {
+        let mut set = self.manager_set.subscribe();
+        let _ = set.wait_for(|s| *s).await;
+        if let Some(manager) = self.manager.get() {
+            manager.gate().opened().await;
+        }
+    }
+
+    /// Resolves once the agent handed the node over.
+    pub async fn handed_over(&self) {
+        let mut standing = self.standing.subscribe();
+        let _ = standing
+            .wait_for(|s| matches!(s, Standing::HandedOver { .. }))
+            .await;
+    }
+
+    /// Tells the kubelet plugin to register.
+    fn register(&self) {
+        self.register.send_replace(true);
+    }
+
+    /// Resolves once the kubelet plugin should register.
+    pub async fn registering(&self) {
+        let mut register = self.register.subscribe();
+        let _ = register.wait_for(|r| *r).await;
+    }
+
+    /// The kubelet plugin serves: what it tells of the kubelet.
+    pub fn kubelet_serves(&self, kubelet: Kubelet) {
+        self.kubelet.send_replace(Some(kubelet));
+    }
+
+    /// The kubelet's view of the plugin, once it serves.
+    pub fn kubelet(&self) -> Option<Kubelet> {
+        self.kubelet.borrow().clone()
+    }
+
+    /// Waits up to [`handover::KUBELET_WAIT`] until the kubelet has registered the plugin and
+    /// connected to it: from then on it calls this agent rather than an older one. Whether it
+    /// did.
+    async fn kubelet_connected(&self) -> bool {
+        let wait = async {
+            let mut kubelet = self.kubelet.subscribe();
+            let k = match kubelet.wait_for(Option::is_some).await {
+                Ok(k) => k.clone(),
+                Err(_) => return,
+            };
+            let Some(k) = k else { return };
+            let mut registration = k.registration.clone();
+            let mut connections = k.connections.clone();
+            let _ = registration
+                .wait_for(|r| *r == RegistrationState::Registered)
+                .await;
+            let _ = connections.wait_for(|n| *n > 0).await;
+        };
+        tokio::time::timeout(handover::KUBELET_WAIT, wait)
+            .await
+            .is_ok()
+    }
+
+    /// Takes the node: the state directory's lock, directly when it is free, or from the
+    /// agent that holds it. Returns the lock and the pods whose agents handed the node over to
+    /// this one. `dra`: whether the agent registers with the kubelet.
+    ///
+    /// Until it has the node it looks again every second: the lock may have come free (its
+    /// holder died or exited), or a new owner may serve the handover socket (the one it asked
+    /// went, or handed the node to another new agent first).
+    pub async fn take(
+        &self,
+        state_file: &StateFile,
+        pod_uid: Option<&str>,
+        dra: bool,
+    ) -> anyhow::Result<(StateLock, BTreeSet<String>)> {
+        loop {
+            let in_use = match state_file.lock() {
+                Ok(lock) => return self.owned(lock, BTreeSet::new(), dra),
+                Err(e @ StateError::InUse { .. }) => e,
+                Err(e) => return Err(e.into()),
+            };
+            let Some(pod_uid) = pod_uid else {
+                // One agent per node: a second one refuses to start, as before handovers.
+                return Err(in_use.into());
+            };
+            match handover::ask(state_file.dir(), &Hello::new(pod_uid)).await {
+                Ok(accepted) => return self.take_over(state_file, accepted, dra).await,
+                Err(AskError::Handover(HandoverError::Refused(why))) => {
+                    if !matches!(self.standing(), Standing::Refused { .. }) {
+                        warn!(reason = %why, "the agent that owns the node will not hand it over to this one: waiting, unregistered, until the node is free");
+                    }
+                    self.set_standing(Standing::Refused { why });
+                }
+                Err(e) => {
+                    let why = resmgr::errors::chain(&e);
+                    if !matches!(self.standing(), Standing::Standby { .. }) {
+                        warn!(reason = %why, "another agent owns the node and cannot be asked for it now: registered, holding the kubelet's calls, until it is gone or can be asked");
+                    }
+                    self.set_standing(Standing::Standby { why });
+                    if dra {
+                        self.register();
+                    }
+                }
+            }
+            tokio::time::sleep(LOCK_POLL).await;
+        }
+    }
+
+    /// The owner accepted: registers with the kubelet, waits for it to connect, tells the owner
+    /// to go, and takes the lock it lets go (or that its death frees).
+    async fn take_over(
+        &self,
+        state_file: &StateFile,
+        accepted: handover::Accepted,
+        dra: bool,
+    ) -> anyhow::Result<(StateLock, BTreeSet<String>)> {
+        resmgr::crash::crash_point(Point::TakeoverAccepted);
+        let from = accepted.owner.clone();
+        info!(owner = %from, "the agent that owns the node hands it over to this one");
+        self.set_standing(Standing::TakingOver { from: from.clone() });
+        if dra {
+            self.register();
+            if !self.kubelet_connected().await {
+                warn!(wait = ?handover::KUBELET_WAIT, "the kubelet has not connected to this agent yet; taking the node over anyway");
+            }
+        }
+        resmgr::crash::crash_point(Point::TakeoverGo);
+        if let Err(e) = accepted.go().await {
+            warn!(error = %resmgr::errors::chain(&e), "the owner broke the handover off; taking the node once its lock is free");
+        }
+        let lock = handover::take_lock(state_file, LOCK_WAIT).await?;
+        self.owned(lock, BTreeSet::from([from]), dra)
+    }
+
+    fn owned(
+        &self,
+        lock: StateLock,
+        predecessors: BTreeSet<String>,
+        dra: bool,
+    ) -> anyhow::Result<(StateLock, BTreeSet<String>)> {
+        resmgr::crash::crash_point(Point::TakeoverLocked);
+        if dra {
+            self.register();
+        }
+        Ok((lock, predecessors))
+    }
+
+    /// The agent owns the node: `manager` serves it.
+    pub fn own(&self, manager: Arc<Manager>) {
+        let _ = self.manager.set(manager);
+        self.manager_set.send_replace(true);
+        self.set_standing(Standing::Owner);
+    }
+
+    /// Serves the handover socket for as long as the agent owns the node, and hands the node
+    /// over to the first agent that asks and may take it. Returns once it has.
+    pub async fn serve_handovers(
+        self: Arc<Self>,
+        owner: Owner,
+        manager: Arc<Manager>,
+    ) -> anyhow::Result<()> {
+        let successor = owner.next_successor().await;
+        let to = successor.hello.pod_uid.clone();
+        info!(successor = %to, version = %successor.hello.version, "handing the node over");
+        manager.hand_over(&to, self.as_ref()).await;
+        drop(owner);
+        successor.released().await;
+        self.set_standing(Standing::HandedOver { to });
+        Ok(())
+    }
+}
+
+impl Surrender for Node {
+    fn close_runtime(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.surrender.cancel();
+            let mut closed = self.runtime_closed.subscribe();
+            if tokio::time::timeout(Duration::from_secs(10), closed.wait_for(|c| *c))
+                .await
+                .is_err()
+            {
+                warn!("the runtime connection did not close within 10 s; handing over anyway");
+            }
+        })
+    }
+}

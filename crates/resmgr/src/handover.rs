@@ -1,0 +1,692 @@
+//! Handing the node over from the agent that owns it to the next one, so that an upgrade (a
+//! DaemonSet rolling update with a surge) never leaves the kubelet without an agent to call.
+//!
+//! # Why there is a handover at all
+//!
+//! The kubelet (1.33 and later) registers two instances of a driver at once when their sockets
+//! are named after their pods, and calls the newest one it is connected to
+//! ([`kubelet_plugin::KubeletConfig::instance`]). A GPU driver's two instances only need to share
+//! the claims' state. The agent is also the runtime's NRI plugin, and two plugins of one name
+//! connected at once would each set every container's cpuset: the NRI adaptation fails an
+//! event whose plugins both set the same field. So one agent owns the node at a time (the
+//! state, its lock, the NRI connection, the CDI specs and the published devices), and ownership
+//! passes from the old agent to the new one, in an exchange over a Unix socket.
+//!
+//! # Who asks whom
+//!
+//! The owner is the agent that holds the state directory's lock ([`crate::state::StateLock`]);
+//! it serves `<state-dir>/handover.sock` ([`SOCKET`]; the state directory is the one path both
+//! pods share). A starting agent that finds the lock held asks the owner:
+//!
+//! 1. new → owner: `hello` (protocol version, its pod UID, its version);
+//! 2. owner → new: `accepted`, or `refused` with the reason (another protocol version, or the
+//!    asker is an agent the owner took the node from: a restarted container of a pod being
+//!    replaced must not take it back);
+//! 3. the new agent registers with the kubelet under its own sockets and waits until the kubelet
+//!    has connected to it (from then on the kubelet calls it rather than the owner; calls it
+//!    gets are held until it owns the node, [`crate::claims::HOLD`]);
+//! 4. new → owner: `go`;
+//! 5. the owner shuts its claim gate and waits for the claim calls in flight
+//!    ([`Manager::hand_over`]), closes its NRI connection, saves the state one last time, stops
+//!    writing anything, lets the state directory's lock go, and answers `released`;
+//! 6. the new agent takes the lock, starts from the state on disk exactly as after a restart
+//!    (specs reconciled, claims restored), connects to the runtime, whose Synchronize gives it
+//!    every container, and opens its gate: the held calls are served.
+//!
+//! # What passes from the old agent to the new one
+//!
+//! Nothing but the files: the state (claims and the policy's durable state), the CDI specs, and
+//! the lock. Containers are not state: the runtime's Synchronize lists them with their cpusets,
+//! so the new agent places them as it does after any restart. Containers created between the
+//! old agent's disconnect and the new one's Synchronize are created as the kubelet asked, and
+//! fixed by that Synchronize (the runtime blocks container events while it synchronizes a
+//! plugin, so none is missed). An event in flight when the old agent disconnects is not failed:
+//! the NRI adaptation treats a closed plugin connection as fatal for the plugin, drops it and
+//! creates the container without its adjustment (`isFatalError` in `pkg/adaptation/plugin.go`,
+//! NRI v0.11 and v0.12).
+//!
+//! # What the old agent does afterwards
+//!
+//! It deregisters from the kubelet (a call that still reaches it is forwarded to its successor,
+//! or refused), is not ready, writes nothing, and waits for the DaemonSet to delete its pod; on
+//! SIGTERM it exits without saving. It never owns the node again: it would have to take the
+//! lock, and an agent that handed over answers nobody.
+//!
+//! # When either dies in the middle
+//!
+//! Ownership is the lock, which the kernel lets go when its holder dies, and every file write is
+//! atomic. So whatever dies, at whatever point ([`crate::points::Point::HANDOVER`]), the worst
+//! case is a restart from disk, as today, never two owners:
+//! - the new agent dies before `go`: the owner notices the closed connection and carries on;
+//! - the new agent dies after `go`: the owner finishes handing over; the new pod's container is
+//!   restarted and starts from disk, finding the lock free;
+//! - the owner dies during the handover: the new agent sees the connection close, waits for the
+//!   lock, which is free, and starts from disk;
+//! - two new agents at once: the owner answers one at a time; the second finds the first one
+//!   owning the node by the time it asks again, and asks it.
+
+use std::{
+    collections::BTreeSet,
+    io,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::{
+        UnixListener, UnixStream,
+        unix::{OwnedReadHalf, OwnedWriteHalf},
+    },
+    time::timeout,
+};
+use tracing::{info, warn};
+
+use crate::{
+    errors::chain,
+    manager::Manager,
+    points::Point,
+    runtime::BoxFuture,
+    state::{StateError, StateFile, StateLock},
+};
+
+/// The handover socket's file name, in the state directory.
+pub const SOCKET: &str = "handover.sock";
+
+/// The version of the exchange this build speaks.
+pub const PROTOCOL: u32 = 1;
+
+/// The longest message either side accepts.
+const MAX_MESSAGE: usize = 64 * 1024;
+
+/// How long the owner waits for the asker's `hello`.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the owner waits for `go` after accepting: the asker registers with the kubelet and
+/// waits for its connection meanwhile ([`KUBELET_WAIT`] at most).
+const GO_WAIT: Duration = Duration::from_secs(30);
+
+/// How long a new agent waits, after it registered, for the kubelet to connect to it before it
+/// says `go` anyway. The kubelet connects within a second of registering a plugin.
+pub const KUBELET_WAIT: Duration = Duration::from_secs(10);
+
+/// How long the asker waits for the owner's answer to `hello`: the owner answers one asker at a
+/// time, and one it accepted may keep it [`GO_WAIT`].
+const ANSWER_WAIT: Duration = Duration::from_secs(40);
+
+/// How long the new agent waits for `released` after `go`: the owner waits for the claim calls
+/// in flight, which the kubelet gives 45 s at most.
+const RELEASE_WAIT: Duration = Duration::from_secs(60);
+
+/// One message of the exchange, a line of JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Message {
+    /// The new agent introduces itself.
+    Hello(Hello),
+    /// The owner will hand over once told to go; the owner's pod.
+    Accepted {
+        /// The owner's pod UID.
+        owner: String,
+    },
+    /// The owner will not hand over to this agent.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// The new agent is registered with the kubelet: hand over now.
+    Go,
+    /// The owner let the node go: its lock is free.
+    Released,
+}
+
+/// What a new agent says of itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The exchange's version it speaks, [`PROTOCOL`].
+    pub protocol: u32,
+    /// Its pod's UID.
+    pub pod_uid: String,
+    /// Its release.
+    pub version: String,
+}
+
+impl Hello {
+    /// This build's `hello` for the agent of pod `pod_uid`.
+    pub fn new(pod_uid: impl Into<String>) -> Self {
+        Self {
+            protocol: PROTOCOL,
+            pod_uid: pod_uid.into(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+}
+
+/// What went wrong in the exchange.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    /// The handover socket could not be served.
+    #[error("serving the handover socket {path}")]
+    Bind {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading or writing the connection failed.
+    #[error("the handover connection failed")]
+    Io(#[source] io::Error),
+    /// The other side closed the connection.
+    #[error("the other agent closed the handover connection")]
+    Closed,
+    /// The other side sent something that is not a message of the exchange.
+    #[error("the other agent sent something that is not a handover message: {line:?}")]
+    Malformed {
+        /// What it sent (cut short).
+        line: String,
+        /// Why it does not parse.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The other side sent a message longer than any of the exchange.
+    #[error("the other agent sent a message longer than {MAX_MESSAGE} bytes")]
+    TooLong,
+    /// The other side sent a message out of turn.
+    #[error("the other agent sent {got:?} where {expected} was due")]
+    Unexpected {
+        /// What was due.
+        expected: &'static str,
+        /// What came.
+        got: Message,
+    },
+    /// The other side did not answer in time.
+    #[error("the other agent sent nothing for {0:?}")]
+    Timeout(Duration),
+    /// The owner refused.
+    #[error("the agent that owns the node refused to hand it over: {0}")]
+    Refused(String),
+}
+
+/// One end of the exchange: a line of JSON each way at a time.
+#[derive(Debug)]
+struct Conn {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+}
+
+impl Conn {
+    fn new(stream: UnixStream) -> Self {
+        let (reader, writer) = stream.into_split();
+        Self {
+            reader: BufReader::new(reader),
+            writer,
+        }
+    }
+
+    async fn send(&mut self, message: &Message) -> Result<(), HandoverError> {
+        let mut line = serde_json::to_vec(message).map_err(|e| HandoverError::Io(e.into()))?;
+        line.push(b'\n');
+        self.writer
+            .write_all(&line)
+            .await
+            .map_err(HandoverError::Io)
+    }
+
+    /// The next message, waiting at most `within`.
+    async fn recv(&mut self, within: Duration) -> Result<Message, HandoverError> {
+        match timeout(within, self.read_line()).await {
+            Ok(line) => line,
+            Err(_) => Err(HandoverError::Timeout(within)),
+        }
+    }
+
+    async fn read_line(&mut self) -> Result<Message, HandoverError> {
+        let mut line = Vec::new();
+        loop {
+            let buf = self.reader.fill_buf().await.map_err(HandoverError::Io)?;
+            if buf.is_empty() {
+                return Err(HandoverError::Closed);
+            }
+            let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+                Some(end) => (&buf[..end], Some(end + 1)),
+                None => (buf, None),
+            };
+            if line.len() + chunk.len() > MAX_MESSAGE {
+                return Err(HandoverError::TooLong);
+            }
+            line.extend_from_slice(chunk);
+            let used = done.unwrap_or(chunk.len());
+            self.reader.consume(used);
+            if done.is_some() {
+                break;
+            }
+        }
+        serde_json::from_slice(&line).map_err(|source| HandoverError::Malformed {
+            line: String::from_utf8_lossy(&line).chars().take(200).collect(),
+            source,
+        })
+    }
+}
+
+// === the owner's side ===
+
+/// The owner's handover socket. It must be bound while the state directory's lock is held: a
+/// socket found there then is a dead owner's, and is replaced.
+#[derive(Debug)]
+pub struct Owner {
+    listener: UnixListener,
+    path: PathBuf,
+    pod_uid: String,
+    /// Agents that handed the node over to this one (or to one that handed it to this one):
+    /// refused if they ask for it back.
+    predecessors: BTreeSet<String>,
+}
+
+impl Owner {
+    /// Serves `<state_dir>/handover.sock` for the agent of pod `pod_uid`, which took the node
+    /// from the agents of `predecessors` (none after a plain start).
+    pub fn bind(
+        state_dir: &Path,
+        pod_uid: &str,
+        predecessors: BTreeSet<String>,
+    ) -> Result<Self, HandoverError> {
+        let path = state_dir.join(SOCKET);
+        let bind_error = |source| HandoverError::Bind {
+            path: path.clone(),
+            source,
+        };
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(bind_error(e)),
+        }
+        let listener = UnixListener::bind(&path).map_err(bind_error)?;
+        Ok(Self {
+            listener,
+            path,
+            pod_uid: pod_uid.to_owned(),
+            predecessors,
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for an agent that asks for the node, accepts it, and returns it once it said go.
+    /// Agents that cannot take over are refused, and an exchange that breaks off before `go`
+    /// is forgotten; both are logged.
+    pub async fn next_successor(&self) -> Successor {
+        loop {
+            let stream = match self.listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    warn!(error = %e, "accepting a handover connection failed");
+                    continue;
+                }
+            };
+            match self.offer(Conn::new(stream)).await {
+                Ok(successor) => return successor,
+                Err(e) => {
+                    info!(error = %chain(&e), "a handover did not happen; this agent keeps the node");
+                }
+            }
+        }
+    }
+
+    async fn offer(&self, mut conn: Conn) -> Result<Successor, HandoverError> {
+        let hello = match conn.recv(HELLO_WAIT).await? {
+            Message::Hello(hello) => hello,
+            got => {
+                return Err(HandoverError::Unexpected {
+                    expected: "hello",
+                    got,
+                });
+            }
+        };
+        let refusal = if hello.protocol != PROTOCOL {
+            Some(format!(
+                "it speaks handover protocol {}, this agent {PROTOCOL}",
+                hello.protocol
+            ))
+        } else if hello.pod_uid == self.pod_uid || self.predecessors.contains(&hello.pod_uid) {
+            Some(format!(
+                "the agent of pod {} handed the node over already; its pod is being replaced",
+                hello.pod_uid
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            conn.send(&Message::Refused {
+                reason: reason.clone(),
+            })
+            .await?;
+            return Err(HandoverError::Refused(reason));
+        }
+        conn.send(&Message::Accepted {
+            owner: self.pod_uid.clone(),
+        })
+        .await?;
+        crate::crash::crash_point(Point::HandoverAccepted);
+        info!(pod = %hello.pod_uid, version = %hello.version, "an agent asks for the node; accepted, waiting for it to register with the kubelet");
+        match conn.recv(GO_WAIT).await? {
+            Message::Go => Ok(Successor { conn, hello }),
+            got => Err(HandoverError::Unexpected {
+                expected: "go",
+                got,
+            }),
+        }
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// An agent the owner is handing the node over to: it said go.
+#[derive(Debug)]
+pub struct Successor {
+    conn: Conn,
+    /// What it said of itself.
+    pub hello: Hello,
+}
+
+impl Successor {
+    /// Tells it that the lock is free. It may be gone already; it then finds the lock free.
+    pub async fn released(mut self) {
+        if let Err(e) = self.conn.send(&Message::Released).await {
+            info!(error = %chain(&e), "telling the successor the node is released failed; it finds the lock free");
+        }
+    }
+}
+
+/// What the owner stops, besides the manager, when it hands the node over.
+pub trait Surrender: Send + Sync {
+    /// Closes the connection to the runtime, and returns once no event can reach the manager
+    /// any more.
+    fn close_runtime(&self) -> BoxFuture<'_, ()>;
+}
+
+impl Manager {
+    /// Hands the node over to the agent of pod `to`: shuts the claim gate for good and waits for
+    /// the claim calls in flight, closes the runtime connection (`surrender`), saves the state
+    /// one last time, stops every write, and lets the state directory's lock go. After it, the
+    /// manager answers nothing that needs the node ([`crate::claims::AdmitError::HandedOver`]).
+    ///
+    /// A failed last save does not stop it: every commit has saved already, and the successor
+    /// starts from what is on disk as after a restart.
+    pub async fn hand_over(&self, to: &str, surrender: &dyn Surrender) {
+        self.gate.hand_over(to);
+        // Waits for the calls admitted; any later one finds the gate shut.
+        drop(self.calls.write().await);
+        self.faults().crash_point(Point::HandoverDrained);
+        surrender.close_runtime().await;
+        self.faults().crash_point(Point::HandoverRuntimeClosed);
+        if let Err(e) = self.save_state_for_handover().await {
+            warn!(error = %chain(&e), "the last save before the handover failed; the successor starts from the last commit's");
+        }
+        self.retire_disk().await;
+        self.faults().crash_point(Point::HandoverSaved);
+        drop(crate::sync::lock(&self.state_lock).take());
+        self.faults().crash_point(Point::HandoverReleased);
+        info!(to = %to, "handed the node over: the state directory is the successor's");
+    }
+
+    /// Whether this manager handed the node over.
+    pub fn handed_over(&self) -> bool {
+        self.gate.handed_over_to().is_some()
+    }
+}
+
+// === the new agent's side ===
+
+/// Why a new agent could not ask the owner.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// Nobody serves the handover socket: the owner is of a release without handovers, or it
+    /// is dying. The lock goes when its holder does.
+    #[error("no agent serves {path}")]
+    NoOwner {
+        /// The socket.
+        path: PathBuf,
+        /// Why it could not be reached.
+        #[source]
+        source: io::Error,
+    },
+    /// The exchange failed.
+    #[error(transparent)]
+    Handover(#[from] HandoverError),
+}
+
+/// The owner's acceptance: tell it to go once registered with the kubelet.
+#[derive(Debug)]
+pub struct Accepted {
+    conn: Conn,
+    /// The owner's pod UID.
+    pub owner: String,
+}
+
+/// Asks the owner of the node whose state directory is `state_dir` to hand it over.
+pub async fn ask(state_dir: &Path, hello: &Hello) -> Result<Accepted, AskError> {
+    let path = state_dir.join(SOCKET);
+    let stream = UnixStream::connect(&path)
+        .await
+        .map_err(|source| AskError::NoOwner {
+            path: path.clone(),
+            source,
+        })?;
+    let mut conn = Conn::new(stream);
+    conn.send(&Message::Hello(hello.clone())).await?;
+    match conn.recv(ANSWER_WAIT).await? {
+        Message::Accepted { owner } => Ok(Accepted { conn, owner }),
+        Message::Refused { reason } => Err(HandoverError::Refused(reason).into()),
+        got => Err(HandoverError::Unexpected {
+            expected: "accepted or refused",
+            got,
+        }
+        .into()),
+    }
+}
+
+impl Accepted {
+    /// Tells the owner to go, and waits until it says the node is released. An error means the
+    /// owner broke off (it died, or stalled): the lock is free once it is gone.
+    pub async fn go(mut self) -> Result<(), HandoverError> {
+        self.conn.send(&Message::Go).await?;
+        match self.conn.recv(RELEASE_WAIT).await? {
+            Message::Released => Ok(()),
+            got => Err(HandoverError::Unexpected {
+                expected: "released",
+                got,
+            }),
+        }
+    }
+}
+
+/// Takes the state directory's lock, waiting up to `within` for its holder to let it go (an
+/// owner handing over, or dying).
+pub async fn take_lock(state_file: &StateFile, within: Duration) -> Result<StateLock, StateError> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match state_file.lock() {
+            Err(StateError::InUse { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            taken => return taken,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn pair(dir: &Path, owner: &str, predecessors: &[&str]) -> Owner {
+        Owner::bind(
+            dir,
+            owner,
+            predecessors.iter().map(|p| (*p).to_owned()).collect(),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_asker_is_accepted_and_told_released_after_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = pair(dir.path(), "old", &[]).await;
+        let asker = tokio::spawn({
+            let dir = dir.path().to_owned();
+            async move {
+                let accepted = ask(&dir, &Hello::new("new")).await.unwrap();
+                assert_eq!(accepted.owner, "old");
+                accepted.go().await
+            }
+        });
+        let successor = owner.next_successor().await;
+        assert_eq!(successor.hello.pod_uid, "new");
+        assert_eq!(successor.hello.protocol, PROTOCOL);
+        successor.released().await;
+        asker.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_predecessor_and_another_protocol_are_refused_saying_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = pair(dir.path(), "new", &["old"]).await;
+        let serving = tokio::spawn(async move {
+            owner.next_successor().await;
+        });
+        let err = ask(dir.path(), &Hello::new("old")).await.unwrap_err();
+        assert!(
+            matches!(&err, AskError::Handover(HandoverError::Refused(why)) if why.contains("handed the node over already")),
+            "{err}"
+        );
+        let err = ask(
+            dir.path(),
+            &Hello {
+                protocol: PROTOCOL + 1,
+                ..Hello::new("newer")
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, AskError::Handover(HandoverError::Refused(why)) if why.contains("protocol")),
+            "{err}"
+        );
+        assert!(!serving.is_finished(), "the owner keeps serving");
+        serving.abort();
+    }
+
+    #[tokio::test]
+    async fn an_asker_that_goes_before_go_leaves_the_owner_serving_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = pair(dir.path(), "old", &[]).await;
+        let serving = tokio::spawn(async move { owner.next_successor().await });
+        let first = ask(dir.path(), &Hello::new("first")).await.unwrap();
+        drop(first); // the new agent dies before it says go
+        let second = ask(dir.path(), &Hello::new("second")).await.unwrap();
+        let go = tokio::spawn(second.go());
+        let successor = serving.await.unwrap();
+        assert_eq!(successor.hello.pod_uid, "second");
+        successor.released().await;
+        go.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn without_an_owner_serving_asking_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = ask(dir.path(), &Hello::new("new")).await.unwrap_err();
+        assert!(matches!(err, AskError::NoOwner { .. }), "{err}");
+        // A dead owner's socket is there, but nobody listens.
+        drop(std::os::unix::net::UnixListener::bind(dir.path().join(SOCKET)).unwrap());
+        let err = ask(dir.path(), &Hello::new("new")).await.unwrap_err();
+        assert!(matches!(err, AskError::NoOwner { .. }), "{err}");
+        // The next owner replaces it.
+        let _owner = pair(dir.path(), "owner", &[]).await;
+    }
+
+    #[tokio::test]
+    async fn an_owner_that_dies_after_go_breaks_the_exchange_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = pair(dir.path(), "old", &[]).await;
+        let asker = tokio::spawn({
+            let dir = dir.path().to_owned();
+            async move { ask(&dir, &Hello::new("new")).await.unwrap().go().await }
+        });
+        let successor = owner.next_successor().await;
+        drop(successor);
+        drop(owner);
+        let err = asker.await.unwrap().unwrap_err();
+        assert!(matches!(err, HandoverError::Closed), "{err}");
+        assert!(
+            !dir.path().join(SOCKET).exists(),
+            "the owner's socket went with it"
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_and_oversized_messages_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = pair(dir.path(), "old", &[]).await;
+        let path = dir.path().join(SOCKET);
+        let serving = tokio::spawn(async move { owner.next_successor().await });
+        for bytes in [b"{not json}\n".to_vec(), vec![b'x'; MAX_MESSAGE + 10]] {
+            let mut stream = UnixStream::connect(&path).await.unwrap();
+            stream.write_all(&bytes).await.unwrap();
+            // The owner hangs up on it and carries on.
+            let mut reply = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut reply).await;
+            assert!(reply.is_empty(), "{reply:?}");
+        }
+        let accepted = ask(dir.path(), &Hello::new("new")).await.unwrap();
+        let go = tokio::spawn(accepted.go());
+        serving.await.unwrap().released().await;
+        go.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn messages_round_trip_as_lines_of_json() {
+        let hello = Message::Hello(Hello::new("p"));
+        let text = serde_json::to_string(&hello).unwrap();
+        assert!(
+            text.starts_with(r#"{"hello":{"protocol":1,"pod_uid":"p""#),
+            "{text}"
+        );
+        assert_eq!(serde_json::to_string(&Message::Go).unwrap(), r#""go""#);
+        for m in [
+            hello,
+            Message::Accepted { owner: "o".into() },
+            Message::Refused { reason: "r".into() },
+            Message::Go,
+            Message::Released,
+        ] {
+            let back: Message = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+            assert_eq!(back, m);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_lock_is_taken_once_its_holder_lets_it_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateFile::new(dir.path());
+        let held = state.lock().unwrap();
+        assert!(matches!(
+            take_lock(&state, Duration::from_millis(50)).await,
+            Err(StateError::InUse { .. })
+        ));
+        let taking = tokio::spawn({
+            let state = state.clone();
+            async move { take_lock(&state, Duration::from_secs(10)).await }
+        });
+        tokio::task::yield_now().await;
+        drop(held);
+        taking.await.unwrap().unwrap();
+    }
+}

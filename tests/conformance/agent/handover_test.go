@@ -1,0 +1,379 @@
+// Rolling updates hand the node over from the old agent to the new one. The new agent, started
+// beside the old one with a pod UID of its own, asks the old one for the node over the state
+// directory's handover socket, registers with the kubelet under sockets named after its pod, and
+// holds the kubelet's calls while the old agent drains its claim calls, disconnects from the
+// runtime (containerd's own NRI adaptation here) and lets the state directory go; then it takes
+// the state, the runtime connection and the claims. The kubelet is never refused, no CPU is
+// granted twice, and whichever agent dies in the middle (at a named crash point), the other ends
+// up owning the node with every claim.
+package agent
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/resmgr/resmgr/tests/conformance/internal/harness"
+	"github.com/resmgr/resmgr/tests/conformance/internal/rustbin"
+)
+
+const (
+	oldPod   = "0a0a0a0a-0000-4000-8000-00000000000a"
+	newPod   = "0b0b0b0b-0000-4000-8000-00000000000b"
+	thirdPod = "0c0c0c0c-0000-4000-8000-00000000000c"
+)
+
+// instance is one more `resmgr run` of the cluster, with a pod UID of its own.
+type instance struct {
+	t       testing.TB
+	pod     string
+	cmd     *exec.Cmd
+	exited  chan error
+	logs    *harness.LockedBuffer
+	metrics string
+}
+
+// spawn starts another agent on the cluster's node and state directory, as the DaemonSet's
+// surge pod `pod`; env is added to its environment (RESMGR_CRASH_AT).
+func (c *cluster) spawn(pod string, env ...string) *instance {
+	c.t.Helper()
+	bin, err := rustbin.Path("resmgr")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	in := &instance{t: c.t, pod: pod, exited: make(chan error, 1), logs: &harness.LockedBuffer{}, metrics: freeAddr(c.t)}
+	var args []string
+	for i := 0; i < len(c.args); i++ {
+		switch c.args[i] {
+		case "--metrics-addr", "--pod-uid":
+			i++
+			continue
+		}
+		args = append(args, c.args[i])
+	}
+	args = append(args, "--metrics-addr", in.metrics, "--pod-uid", pod)
+	in.cmd = exec.Command(bin, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") && !strings.HasPrefix(kv, "RESMGR_CRASH_AT=") {
+			in.cmd.Env = append(in.cmd.Env, kv)
+		}
+	}
+	in.cmd.Env = append(in.cmd.Env, env...)
+	in.cmd.Stdout, in.cmd.Stderr = in.logs, in.logs
+	if err := in.cmd.Start(); err != nil {
+		c.t.Fatalf("starting resmgr run for pod %s: %v", pod, err)
+	}
+	cmd, exited := in.cmd, in.exited
+	go func() { exited <- cmd.Wait() }()
+	c.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if c.t.Failed() {
+			c.t.Logf("resmgr run of pod %s logs:\n%s", pod, in.logs.String())
+		}
+	})
+	return in
+}
+
+// ready reports whether the instance's /readyz says ready, and what it says.
+func (in *instance) ready() (bool, string) {
+	resp, err := http.Get("http://" + in.metrics + "/readyz")
+	if err != nil {
+		return false, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode == http.StatusOK, string(body)
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (in *instance) stop() {
+	in.t.Helper()
+	if err := in.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		in.t.Fatal(err)
+	}
+	select {
+	case err := <-in.exited:
+		if err != nil {
+			in.t.Fatalf("resmgr run of pod %s exited with %v after SIGTERM", in.pod, err)
+		}
+	case <-time.After(waitLimit):
+		in.t.Fatalf("resmgr run of pod %s did not stop after SIGTERM", in.pod)
+	}
+}
+
+// registrationSocket is the socket the agent of `pod` registers with.
+func (c *cluster) registrationSocket(pod string) string {
+	return c.path("plugins_registry", driver+"-"+pod+"-reg.sock")
+}
+
+// registerInstance registers the agent of `pod` as the kubelet does (GetInfo, then
+// NotifyRegistrationStatus), and returns its DRA endpoint, which must be its own.
+func (c *cluster) registerInstance(pod string) string {
+	c.t.Helper()
+	socket := c.registrationSocket(pod)
+	c.waitFor("the registration socket of "+pod, exists(socket))
+	//lint:ignore SA1019 the kubelet's plugin watcher dials with DialContext.
+	conn, err := grpc.DialContext(context.Background(), socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
+		}))
+	if err != nil {
+		c.t.Fatalf("dialing %s: %v", socket, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	client := registerapi.NewRegistrationClient(conn)
+	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		c.t.Fatalf("GetInfo of %s: %v", pod, err)
+	}
+	if info.Name != driver || !strings.HasSuffix(info.Endpoint, "dra-"+pod+".sock") {
+		c.t.Fatalf("the agent of %s registers %+v, not a DRA socket of its own", pod, info)
+	}
+	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		c.t.Fatalf("NotifyRegistrationStatus: %v", err)
+	}
+	return info.Endpoint
+}
+
+// owner starts the cluster with the agent of oldPod, registered, ready, and claim db-cpus
+// prepared on it; returns the claim's CPUs.
+func ownedByTheOldAgent(t *testing.T) (*cluster, string) {
+	c := startSetup(t, setup{dra: true, topology: "pack:1 numa:2 core:4 pu:2", args: []string{"--pod-uid", oldPod}})
+	for n := 0; n != 1; {
+		select {
+		case n = <-c.active:
+		case err := <-c.exited:
+			t.Fatalf("resmgr run exited (%v) before registering with the runtime", err)
+		case <-time.After(waitLimit):
+			t.Fatal("resmgr never became an active NRI plugin")
+		}
+	}
+	dra := draClient(t, c.registerInstance(oldPod))
+	if got := c.prepare(t, dra, "db-cpus", claimUID); got.GetError() != "" {
+		t.Fatalf("the old agent refused db-cpus: %s", got.GetError())
+	}
+	return c, c.claimedCPUs(claimUID)
+}
+
+// createBestEffortNow creates a container through the runtime and returns the CPUs it was
+// created on (the agent's adjustment).
+func (c *cluster) createBestEffortNow(name string) string {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	pod, ctr := bestEffort(name)
+	resp, err := c.runtime.CreateContainer(ctx, &api.CreateContainerRequest{Pod: pod, Container: ctr})
+	if err != nil {
+		c.t.Fatalf("CreateContainer of %s: %v", name, err)
+	}
+	return resp.GetAdjust().GetLinux().GetResources().GetCpu().GetCpus()
+}
+
+// The upgrade: the new agent takes the node over while the kubelet calls it.
+func TestAnUpgradeHandsTheNodeOverWithoutRefusingTheKubelet(t *testing.T) {
+	c, db := ownedByTheOldAgent(t)
+	oldState, err := os.ReadFile(c.path("state", "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	next := c.spawn(newPod)
+	dra := draClient(t, c.registerInstance(newPod))
+	// The kubelet calls the newest agent it is connected to: the new one, which does not own
+	// the node yet. The call is held until it does, then served.
+	cache := c.prepare(t, dra, "cache-cpus", unpinnedUID)
+	if cache.GetError() != "" {
+		t.Fatalf("the new agent refused a claim during the handover: %s", cache.GetError())
+	}
+	cacheCPUs := c.claimedCPUs(unpinnedUID)
+	if overlaps(cacheCPUs, db) {
+		t.Fatalf("cache-cpus got %q, which db-cpus (prepared by the old agent) holds: %q", cacheCPUs, db)
+	}
+	// The new agent has the old one's claims: a re-prepare answers what the old one granted.
+	if again := c.prepare(t, dra, "db-cpus", claimUID); again.GetError() != "" || c.claimedCPUs(claimUID) != db {
+		t.Fatalf("re-prepared on the new agent: %+v, cpus %q; the old agent granted %q", again, c.claimedCPUs(claimUID), db)
+	}
+
+	// The old agent deregistered, is not ready, and stays until it is deleted.
+	c.waitFor("the old agent's registration socket to go", func() bool { return !exists(c.registrationSocket(oldPod))() })
+	if ok, why := c.oldInstance().ready(); ok || !strings.Contains(why, "handed the node over to the agent of pod "+newPod) {
+		t.Fatalf("the old agent's /readyz says %v: %q", ok, why)
+	}
+	c.waitFor("the new agent to be ready", func() bool { ok, _ := next.ready(); return ok })
+
+	// The runtime's containers are the new agent's to place now.
+	if cpus := c.createBestEffortNow("after"); cpus == "" || overlaps(cpus, db) || overlaps(cpus, cacheCPUs) {
+		t.Fatalf("a container created after the handover got %q; the claims hold %q and %q", cpus, db, cacheCPUs)
+	}
+
+	// The old agent writes nothing any more, and exits 0 when its pod is deleted.
+	c.oldInstance().stop()
+	if now, _ := os.ReadFile(c.path("state", "state.json")); string(now) == string(oldState) {
+		t.Fatal("the state file is still the old agent's: the new agent saved nothing")
+	}
+	saved, _ := os.ReadFile(c.path("state", "state.json"))
+	for _, uid := range []string{claimUID, unpinnedUID} {
+		if !strings.Contains(string(saved), uid) {
+			t.Fatalf("the state after the old agent's exit lacks claim %s:\n%s", uid, saved)
+		}
+	}
+	if ok, _ := next.ready(); !ok {
+		t.Fatal("the new agent is not ready once the old one exited")
+	}
+	next.stop()
+}
+
+// oldInstance is the cluster's first agent as an instance.
+func (c *cluster) oldInstance() *instance {
+	return &instance{t: c.t, pod: oldPod, cmd: c.agent, exited: c.exited, logs: c.logs, metrics: c.metrics}
+}
+
+// The old agent dies at each step of its side of the handover: the new agent finds the state
+// directory free when it does, starts from what is on disk, and serves every claim; the claim the
+// kubelet sent it meanwhile is served, not refused.
+func TestTheOldAgentDyingMidHandoverLeavesTheNodeToTheNewOne(t *testing.T) {
+	for _, point := range []string{"handover.accepted", "handover.drained", "handover.runtime-closed", "handover.saved"} {
+		t.Run(point, func(t *testing.T) {
+			c := startSetup(t, setup{dra: true, topology: "pack:1 numa:2 core:4 pu:2", args: []string{"--pod-uid", oldPod},
+				before: func(c *cluster) { t.Setenv("RESMGR_CRASH_AT", point) }})
+			c.waitFor("the old agent's registration socket", exists(c.registrationSocket(oldPod)))
+			oldDRA := draClient(t, c.registerInstance(oldPod))
+			if got := c.prepare(t, oldDRA, "db-cpus", claimUID); got.GetError() != "" {
+				t.Fatalf("the old agent refused db-cpus: %s", got.GetError())
+			}
+			db := c.claimedCPUs(claimUID)
+
+			next := c.spawn(newPod)
+			dra := draClient(t, c.registerInstance(newPod))
+			// Held while the old agent dies at the point, as a crash, then served.
+			if got := c.prepare(t, dra, "cache-cpus", unpinnedUID); got.GetError() != "" {
+				t.Fatalf("the new agent refused a claim after the old one died at %s: %s", point, got.GetError())
+			}
+			select {
+			case err := <-c.exited:
+				if err == nil {
+					t.Fatalf("the old agent exited cleanly instead of dying at %s", point)
+				}
+			case <-time.After(waitLimit):
+				t.Fatalf("the old agent did not reach %s", point)
+			}
+			if cache := c.claimedCPUs(unpinnedUID); overlaps(cache, db) {
+				t.Fatalf("cache-cpus %q overlaps db-cpus %q after the old agent died at %s", cache, db, point)
+			}
+			if again := c.prepare(t, dra, "db-cpus", claimUID); again.GetError() != "" || c.claimedCPUs(claimUID) != db {
+				t.Fatalf("db-cpus after the old agent died at %s: %+v, cpus %q, was %q", point, again, c.claimedCPUs(claimUID), db)
+			}
+			c.waitFor("the new agent to be ready", func() bool { ok, _ := next.ready(); return ok })
+			next.stop()
+		})
+	}
+}
+
+// The new agent dies before it tells the old one to go: the old agent keeps the node and stays
+// ready; the next new agent (the DaemonSet's restart of the pod) takes it over.
+func TestTheNewAgentDyingBeforeGoLeavesTheNodeToTheOldOne(t *testing.T) {
+	c, db := ownedByTheOldAgent(t)
+	doomed := c.spawn(newPod, "RESMGR_CRASH_AT=takeover.go")
+	// The kubelet registers it and connects to it, which is when it would say go.
+	conn, err := net.Dial("unix", c.registerInstance(newPod))
+	if err != nil {
+		t.Fatalf("connecting to the new agent's DRA socket: %v", err)
+	}
+	defer conn.Close()
+	select {
+	case <-doomed.exited:
+	case <-time.After(waitLimit):
+		t.Fatal("the new agent did not reach takeover.go")
+	}
+	if ok, why := c.oldInstance().ready(); !ok {
+		t.Fatalf("the old agent is not ready after the new one died before go: %q", why)
+	}
+	oldDRA := draClient(t, c.registerInstance(oldPod))
+	if got := c.prepare(t, oldDRA, "cache-cpus", unpinnedUID); got.GetError() != "" {
+		t.Fatalf("the old agent refused a claim after the new one died: %s", got.GetError())
+	}
+	// The restarted new agent (same pod) takes the node over.
+	next := c.spawn(newPod)
+	dra := draClient(t, c.registerInstance(newPod))
+	if again := c.prepare(t, dra, "db-cpus", claimUID); again.GetError() != "" || c.claimedCPUs(claimUID) != db {
+		t.Fatalf("db-cpus on the restarted new agent: %+v", again)
+	}
+	c.waitFor("the new agent to be ready", func() bool { ok, _ := next.ready(); return ok })
+}
+
+// Two new agents at once: one takes the node over, then the other takes it from that one; at no
+// time are two agents connected to the runtime, and every claim survives.
+func TestTwoNewAgentsAtOnceEndWithOneOwner(t *testing.T) {
+	c, db := ownedByTheOldAgent(t)
+	second, third := c.spawn(newPod), c.spawn(thirdPod)
+	// Both register when the owner they asked accepts them.
+	done := make(chan string, 2)
+	for _, pod := range []string{newPod, thirdPod} {
+		go func(pod string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*waitLimit)
+			defer cancel()
+			for ctx.Err() == nil {
+				if exists(c.registrationSocket(pod))() {
+					done <- pod
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			done <- ""
+		}(pod)
+	}
+	first := <-done
+	if first == "" {
+		t.Fatal("neither new agent registered")
+	}
+	dra := draClient(t, c.registerInstance(first))
+	if got := c.prepare(t, dra, "cache-cpus", unpinnedUID); got.GetError() != "" {
+		t.Fatalf("the first new agent refused a claim: %s", got.GetError())
+	}
+	later := <-done
+	if later == "" {
+		t.Fatal("the second new agent never asked the first for the node")
+	}
+	dra = draClient(t, c.registerInstance(later))
+	if again := c.prepare(t, dra, "db-cpus", claimUID); again.GetError() != "" || c.claimedCPUs(claimUID) != db {
+		t.Fatalf("db-cpus on the last owner: %+v", again)
+	}
+	if cache := c.claimedCPUs(unpinnedUID); overlaps(cache, db) {
+		t.Fatalf("cache-cpus %q overlaps db-cpus %q", cache, db)
+	}
+	owner, other := second, third
+	if later == thirdPod {
+		owner, other = third, second
+	}
+	c.waitFor("the last new agent to be ready", func() bool { ok, _ := owner.ready(); return ok })
+	if ok, why := other.ready(); ok || !strings.Contains(why, "handed the node over") {
+		t.Fatalf("the agent that took the node first says %v: %q", ok, why)
+	}
+	// The adaptation never had two of us: every plugin count it reported was 0 or 1.
+	for {
+		select {
+		case n := <-c.active:
+			if n > 1 {
+				t.Fatalf("the runtime had %d plugins of ours at once", n)
+			}
+			continue
+		default:
+		}
+		break
+	}
+}
