@@ -587,9 +587,11 @@ mod tests {
         v.as_object().unwrap().keys().map(String::as_str).collect()
     }
 
-    /// A claim with every field set away from its default, and the changes that each set one
-    /// field beyond version 1 on a claim that has none.
-    fn beyond_v1() -> Vec<(&'static str, fn(&mut HeldClaim))> {
+    /// A change that sets one field of a claim away from its default.
+    type SetField = fn(&mut HeldClaim);
+
+    /// The changes that each set one field beyond version 1 on a claim that has none.
+    fn beyond_v1() -> Vec<(&'static str, SetField)> {
         vec![
             ("adopted", |c| c.adopted = true),
             ("memory_node", |c| c.results[0].memory_node = Some(0)),
