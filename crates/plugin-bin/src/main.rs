@@ -48,6 +48,10 @@ enum Command {
         /// Where to write the CDI specs [default: a temporary directory].
         #[arg(long, value_name = "DIR")]
         cdi_dir: Option<PathBuf>,
+        /// Where to keep the agent's state (`state.json`) [default: a temporary directory]. A
+        /// state already there is restored first, as the agent restores it at start-up.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
         /// `text` or `json`.
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
@@ -107,9 +111,10 @@ fn main() -> ExitCode {
         Command::Simulate {
             scenario,
             cdi_dir,
+            state_dir,
             output,
             svg,
-        } => simulate_main(&scenario, cdi_dir, output, svg.as_deref()),
+        } => simulate_main(&scenario, cdi_dir, state_dir, output, svg.as_deref()),
         Command::Topology {
             topology,
             reserved_cpus,
@@ -151,6 +156,7 @@ fn main() -> ExitCode {
 fn simulate_main(
     path: &std::path::Path,
     cdi_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
     output: Format,
     svg: Option<&std::path::Path>,
 ) -> anyhow::Result<ExitCode> {
@@ -166,7 +172,9 @@ fn simulate_main(
     };
     let dirs = simulate::Dirs {
         cdi: cdi.clone(),
-        state: scratch.path().join("state"),
+        state: state_dir
+            .clone()
+            .unwrap_or_else(|| scratch.path().join("state")),
     };
     // The name only: reports must not depend on where the scenario was run from.
     let file = path.file_name().map_or_else(
@@ -187,6 +195,9 @@ fn simulate_main(
         eprintln!(
             "CDI specs were written to a temporary directory, removed now; pass --cdi-dir to keep them"
         );
+    }
+    if let Some(dir) = &state_dir {
+        eprintln!("state written to {}", dir.display());
     }
     if let Some(svg) = svg {
         let title = format!("resmgr simulate {file}");

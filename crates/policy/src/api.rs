@@ -177,7 +177,9 @@ pub trait Policy: Send + std::fmt::Debug {
     /// same policy). Called at most once, before anything else, and only when there is a saved
     /// state. Refuse with [`PolicyError::Restore`] what cannot be put back exactly (CPUs that
     /// no longer exist, two claims on one CPU), holding nothing from it: the resource manager
-    /// will not start on a state it cannot honour.
+    /// will not start on a state it cannot honour. That includes a snapshot a newer version
+    /// wrote with something this one does not know: refuse it naming the version or the field,
+    /// never drop the field (an agent rolled back would then save the state without it).
     fn restore(&mut self, snapshot: &serde_json::Value) -> Result<(), PolicyError>;
 
     /// The policy's durable state: whatever it must get back through [`Policy::restore`] after a

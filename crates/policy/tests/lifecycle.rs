@@ -155,10 +155,39 @@ fn restore_refuses_what_cannot_be_put_back() {
     p.allocate_claim(&claim("u1", &[("numa0", 2)])).unwrap();
     let good = p.snapshot();
     let cases = [
-        (serde_json::json!({"version": 2, "claims": []}), "version 2"),
+        (
+            serde_json::json!({"version": 3, "claims": []}),
+            "snapshot version 3 is newer than this build reads (1 to 2): it was written by a newer release",
+        ),
+        (
+            serde_json::json!({"version": 0, "claims": []}),
+            "not a topology-aware snapshot: version 0",
+        ),
         (
             serde_json::json!({"claims": 3}),
             "not a topology-aware snapshot",
+        ),
+        // A field this build does not know is refused by name and place, never dropped: the
+        // release that wrote it may rely on it (see claims::Snapshot).
+        (
+            serde_json::from_str(
+                &good
+                    .to_string()
+                    .replace(r#""request":"#, r#""memory_tier":"hbm","request":"#),
+            )
+            .unwrap(),
+            "snapshot has a field this build does not know, written by a newer release: \
+             claims[0].results[0].memory_tier: unknown field `memory_tier`",
+        ),
+        (
+            serde_json::from_str(
+                &good
+                    .to_string()
+                    .replace(r#""claims":["#, r#""generation":7,"claims":["#),
+            )
+            .unwrap(),
+            "snapshot has a field this build does not know, written by a newer release: \
+             generation: unknown field `generation`",
         ),
         (
             serde_json::from_str(&good.to_string().replace("2-3", "0-1")).unwrap(),

@@ -23,7 +23,13 @@ use std::{
 use cdi::durable::{self, WriteError};
 use serde::{Deserialize, Serialize};
 
-/// The format version this build writes and reads.
+/// The format version of the file's own records ([`State`], [`PreparedClaim`],
+/// [`DeviceRecord`]) that this build writes and reads. It has been 1 since the first state
+/// file: these records refuse fields they do not know (`deny_unknown_fields`), so a field added
+/// since (`adopted`) makes an older build refuse the file naming it, never read it in part. The
+/// policy's snapshot carries a version of its own, which its `restore` checks (the
+/// topology-aware policy's `Snapshot`). `tests/fixtures/state` holds a file of every format
+/// written so far, which this build must read.
 pub const STATE_VERSION: u32 = 1;
 
 /// The file name inside the state directory.

@@ -58,8 +58,10 @@ pub const MEMORY_ENV: &str = "DRA_MEMORY_";
 /// The prefix of the environment variable carrying a claim's hugepages (`2Mi=64Mi,1Gi=1Gi`).
 pub const HUGEPAGES_ENV: &str = "DRA_HUGEPAGES_";
 
-/// One allocation result of a claim, as granted.
+/// One allocation result of a claim, as granted. Part of the durable state: see [`Snapshot`]
+/// before adding a field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResultRecord {
     /// The NUMA node whose memory account `memory` and `hugepages` are charged to; absent when
     /// the result holds neither.
@@ -118,8 +120,10 @@ fn is_pinned(pinning: &bool) -> bool {
     *pinning
 }
 
-/// A claim the policy holds: the durable DRA truth.
+/// A claim the policy holds: the durable DRA truth. Part of the durable state: see
+/// [`Snapshot`] before adding a field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HeldClaim {
     /// UID.
     pub uid: String,
@@ -139,6 +143,19 @@ pub struct HeldClaim {
 }
 
 impl HeldClaim {
+    /// The lowest snapshot version that holds the claim (see [`Snapshot`]): [`SNAPSHOT_V2`]
+    /// when it has a field that some reader of [`SNAPSHOT_V1`] does not know.
+    pub fn fields_since(&self) -> u32 {
+        let beyond_v1 = |r: &ResultRecord| {
+            r.memory_node.is_some() || r.memory != 0 || !r.hugepages.is_empty() || !r.memory_pinning
+        };
+        if self.adopted || self.results.iter().any(beyond_v1) {
+            SNAPSHOT_V2
+        } else {
+            SNAPSHOT_V1
+        }
+    }
+
     /// Every CPU the claim holds.
     pub fn cpus(&self) -> CpuSet {
         self.results
@@ -388,12 +405,58 @@ fn cpus_word(n: u64) -> &'static str {
 }
 
 /// The durable state: the claims, by UID.
+///
+/// # Versions
+///
+/// Every build since the first state file (755633b) restores only a snapshot whose `version`
+/// is one it reads, and until version 2 that was 1 alone. Before version 2 the records did not
+/// refuse fields they did not know, so a build older than a field dropped it without a word
+/// (`memory_pinning` came with dd2cc73, `adopted` with 6c8db4b, `memory_node`, `memory` and
+/// `hugepages` with 5696b47): it would pin memory a claim leaves unpinned, treat a claim taken
+/// back from its spec as an ordinary one, or forget the memory and hugepages a claim holds
+/// and, rolled forward again, promise them twice. Hence:
+///
+/// - version 1 ([`SNAPSHOT_V1`]) is written when every claim is one each of those builds
+///   reads whole: CPUs and pinned memory nodes, nothing more ([`HeldClaim::fields_since`]);
+/// - version 2 ([`SNAPSHOT_V2`]) when a claim has a field some reader of version 1 would drop,
+///   which every one of them refuses by its version (`snapshot version 2 is not 1`);
+/// - a build reads every version up to its own (builds before version 2 wrote version 1 with
+///   every field they had, which reads the same) and refuses a newer one by its version, and
+///   any field it does not know by its name (`deny_unknown_fields`): a snapshot is never read
+///   in part.
+///
+/// A new field is written only when it matters (`skip_serializing_if` its old meaning) and
+/// raises the version of the snapshots that have it; `tests/fixtures/state` keeps a state of
+/// every format written so far, which the current build must read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Snapshot {
-    /// Format version, 1.
+    /// Format version: the lowest that holds every claim (see above).
     pub version: u32,
     /// Every claim held.
     pub claims: Vec<HeldClaim>,
+}
+
+/// The snapshot version every build reads whole: claims holding CPUs and pinned memory nodes.
+pub const SNAPSHOT_V1: u32 = 1;
+
+/// The snapshot version of claims that are adopted, hold memory or hugepages, or leave memory
+/// unpinned: fields readers of [`SNAPSHOT_V1`] would drop.
+pub const SNAPSHOT_V2: u32 = 2;
+
+/// The newest snapshot version this build writes and reads.
+pub const SNAPSHOT_VERSION: u32 = SNAPSHOT_V2;
+
+impl Snapshot {
+    /// The snapshot of `claims`, with the lowest version that holds them all.
+    pub fn of(claims: Vec<HeldClaim>) -> Self {
+        let version = claims
+            .iter()
+            .map(HeldClaim::fields_since)
+            .max()
+            .unwrap_or(SNAPSHOT_V1);
+        Self { version, claims }
+    }
 }
 
 /// The claims and result indexes `container` uses among `claims`, whose devices are CDI devices
@@ -512,6 +575,82 @@ mod tests {
             reserved_for: pods.iter().map(|p| (*p).to_owned()).collect(),
             results: vec![result("a", "2-3"), result("b", "4-5")],
             adopted: false,
+        }
+    }
+
+    /// The fields of each record that every reader of snapshot version 1 knows; every other
+    /// field makes a snapshot version 2 when present (see [`Snapshot`]).
+    const CLAIM_FIELDS_V1: &[&str] = &["uid", "namespace", "name", "reserved_for", "results"];
+    const RESULT_FIELDS_V1: &[&str] = &["request", "device", "cpus", "mems"];
+
+    fn keys(v: &serde_json::Value) -> Vec<&str> {
+        v.as_object().unwrap().keys().map(String::as_str).collect()
+    }
+
+    /// A change that sets one field of a claim away from its default.
+    type SetField = fn(&mut HeldClaim);
+
+    /// The changes that each set one field beyond version 1 on a claim that has none.
+    fn beyond_v1() -> Vec<(&'static str, SetField)> {
+        vec![
+            ("adopted", |c| c.adopted = true),
+            ("memory_node", |c| c.results[0].memory_node = Some(0)),
+            ("memory", |c| c.results[0].memory = 1 << 30),
+            ("hugepages", |c| {
+                c.results[0].hugepages.insert(2 << 20, 64 << 20);
+            }),
+            ("memory_pinning", |c| c.results[0].memory_pinning = false),
+        ]
+    }
+
+    #[test]
+    fn every_field_of_the_durable_records_has_a_snapshot_version() {
+        let mut full = held("u1", &["pod"]);
+        for (_, set) in beyond_v1() {
+            set(&mut full);
+        }
+        let json = serde_json::to_value(Snapshot::of(vec![full])).unwrap();
+        assert_eq!(keys(&json), ["claims", "version"]);
+        // A field not listed here fails this test until the snapshot versions say who reads it.
+        let beyond: Vec<&str> = beyond_v1().into_iter().map(|(f, _)| f).collect();
+        for (record, v1) in [
+            (&json["claims"][0], CLAIM_FIELDS_V1),
+            (&json["claims"][0]["results"][0], RESULT_FIELDS_V1),
+        ] {
+            for field in keys(record) {
+                assert!(
+                    v1.contains(&field) || beyond.contains(&field),
+                    "{field}: which snapshot version holds it?"
+                );
+            }
+        }
+        assert_eq!(json["version"], SNAPSHOT_V2);
+    }
+
+    #[test]
+    fn a_snapshot_is_version_1_unless_a_claim_has_a_field_some_reader_of_1_drops() {
+        let plain = held("u1", &["pod"]);
+        assert_eq!(Snapshot::of(Vec::new()).version, SNAPSHOT_V1);
+        assert_eq!(Snapshot::of(vec![plain.clone()]).version, SNAPSHOT_V1);
+        let json = serde_json::to_value(Snapshot::of(vec![plain.clone()])).unwrap();
+        let sorted = |fields: &[&'static str]| {
+            let mut fields = fields.to_vec();
+            fields.sort_unstable();
+            fields
+        };
+        let mut got = keys(&json["claims"][0]);
+        got.sort_unstable();
+        assert_eq!(got, sorted(CLAIM_FIELDS_V1));
+        let mut got = keys(&json["claims"][0]["results"][0]);
+        got.sort_unstable();
+        assert_eq!(got, sorted(RESULT_FIELDS_V1));
+        for (field, set) in beyond_v1() {
+            let mut claim = held("u2", &["pod"]);
+            set(&mut claim);
+            let snap = Snapshot::of(vec![plain.clone(), claim]);
+            assert_eq!(snap.version, SNAPSHOT_V2, "{field}");
+            let json = serde_json::to_string(&snap).unwrap();
+            assert!(json.contains(&format!("\"{field}\"")), "{field}: {json}");
         }
     }
 

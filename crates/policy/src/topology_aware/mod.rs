@@ -913,14 +913,40 @@ impl Policy for TopologyAware {
         if snapshot.is_null() {
             return Ok(());
         }
-        let snap: Snapshot = serde_json::from_value(snapshot.clone())
-            .map_err(|e| PolicyError::Restore(format!("not a topology-aware snapshot: {e}")))?;
-        if snap.version != 1 {
-            return Err(PolicyError::Restore(format!(
-                "snapshot version {} is not 1",
-                snap.version
-            )));
+        // The version first, so that a newer snapshot says so rather than naming a field this
+        // build does not know; then the shape, refusing unknown fields (see `Snapshot`).
+        if let Some(version) = snapshot.get("version") {
+            match version.as_u64() {
+                Some(v) if v > u64::from(claims::SNAPSHOT_VERSION) => {
+                    return Err(PolicyError::Restore(format!(
+                        "snapshot version {v} is newer than this build reads (1 to {}): it was \
+                         written by a newer release",
+                        claims::SNAPSHOT_VERSION
+                    )));
+                }
+                Some(1..) => {}
+                _ => {
+                    return Err(PolicyError::Restore(format!(
+                        "not a topology-aware snapshot: version {version}"
+                    )));
+                }
+            }
         }
+        let snap: Snapshot = serde_path_to_error::deserialize(snapshot).map_err(|e| {
+            let at = match e.path().to_string() {
+                root if root == "." => String::new(),
+                path => format!("{path}: "),
+            };
+            let inner = e.into_inner().to_string();
+            PolicyError::Restore(if inner.starts_with("unknown field") {
+                format!(
+                    "snapshot has a field this build does not know, written by a newer \
+                     release: {at}{inner}"
+                )
+            } else {
+                format!("not a topology-aware snapshot: {at}{inner}")
+            })
+        })?;
         // A claim keeps its CPUs whatever devices are published now (the device model or the
         // claimable CPUs may have changed since): its pods may be using them. It only needs
         // CPUs that a claim could ever have held, held by no other claim.
@@ -977,10 +1003,7 @@ impl Policy for TopologyAware {
     }
 
     fn snapshot(&self) -> serde_json::Value {
-        let snap = Snapshot {
-            version: 1,
-            claims: self.claims.values().cloned().collect(),
-        };
+        let snap = Snapshot::of(self.claims.values().cloned().collect());
         // Plain structs of strings, numbers and sets: serializing cannot fail.
         serde_json::to_value(snap).unwrap_or(serde_json::Value::Null)
     }
