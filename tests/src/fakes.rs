@@ -1,6 +1,6 @@
 //! Test doubles for the resource manager: a small deterministic policy ([`TestPolicy`]), the
-//! runtimes, and claims and containers to feed them. (Claims are served by resmgr's own
-//! in-memory `kube::fake::StaticClaims`, which the simulator uses too; the Kubernetes API server
+//! runtimes, and claims and containers to feed them. (Claims are served by kube-dra's
+//! in-memory `kube_dra::fake::StaticClaims`, which the simulator uses too; the Kubernetes API server
 //! double is [`crate::fake_apiserver`].)
 //!
 //! # Which runtime for what
@@ -24,15 +24,13 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use kube_dra::fake::StaticClaims;
 use kubelet_plugin::ClaimRef;
 use policy::{
     Adjustment, Allocation, AllocationResult, Claim, ClaimAllocation, Container, ContainerUpdate,
     CpuSet, Device, Policy, PolicyError, Quantity, Resources, cdi::ContainerEdits,
 };
-use resmgr::{
-    BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError, faults::Faults,
-    kube::fake::StaticClaims,
-};
+use resmgr::{BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError, faults::Faults};
 
 pub const DRIVER: &str = "test.resmgr.io";
 

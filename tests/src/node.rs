@@ -4,12 +4,10 @@
 
 use std::{path::Path, sync::Arc};
 
+use kube_dra::fake::StaticClaims;
 use kubelet_plugin::{KubeletConfig, KubeletPlugin};
 use policy::{Allocation, Claim, Container, Topology, TopologyAware, TopologySource};
-use resmgr::{
-    Manager, ManagerConfig, dra_handler::LifecycleHandler, kube::fake::StaticClaims,
-    state::StateFile,
-};
+use resmgr::{Manager, ManagerConfig, dra_handler::LifecycleHandler, state::StateFile};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::fakes::FakeRuntime;

@@ -23,6 +23,7 @@ use std::{
 };
 
 use integration_tests::fakes::{Harness, TestPolicy};
+use kube_dra::{ConnectError, PublisherConfig};
 use kubelet_plugin::{KubeletConfig, KubeletError, KubeletPlugin, SocketError};
 use policy::{
     TopologySource,
@@ -31,7 +32,6 @@ use policy::{
 };
 use resmgr::{
     StartError,
-    kube::{ConnectError, PublisherConfig},
     state::{STATE_FILE, StateError, StateFile},
 };
 
@@ -312,7 +312,7 @@ fn topology_and_policy_errors_name_each_cause_once() {
 // === the Kubernetes API client and the slice publisher ===
 
 async fn connect_error(kubeconfig: Option<&Path>) -> ConnectError {
-    match resmgr::kube::connect(kubeconfig).await {
+    match kube_dra::connect(kubeconfig).await {
         Ok(_) => panic!("connecting with {kubeconfig:?} must fail"),
         Err(e) => e,
     }

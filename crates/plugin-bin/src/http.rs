@@ -28,7 +28,7 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use resmgr::{Manager, kube::SlicePublisher, kubelet_plugin::RegistrationState};
+use resmgr::{Manager, kube_dra::SlicePublisher, kubelet_plugin::RegistrationState};
 use tokio::sync::watch;
 
 use crate::metrics::{Metrics, Snapshot};
@@ -47,7 +47,7 @@ pub struct Endpoints {
     /// Set once the devices are being published.
     pub publisher: Arc<OnceLock<SlicePublisher>>,
     /// The Events poster; `None` without DRA.
-    pub events: Option<resmgr::kube::KubeEvents>,
+    pub events: Option<resmgr::kube_dra::KubeEvents>,
 }
 
 impl Endpoints {
@@ -189,7 +189,7 @@ async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
         synchronized: e.manager.gate().is_open(),
         ready: e.unready().is_empty(),
         publish: e.publisher.get().map(SlicePublisher::status),
-        events: e.events.as_ref().map(resmgr::kube::KubeEvents::stats),
+        events: e.events.as_ref().map(resmgr::kube_dra::KubeEvents::stats),
         reconciliation: &e.manager.reconciliation().await,
     });
     (
@@ -241,7 +241,7 @@ mod tests {
         Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Policy,
         PolicyError, Resources,
     };
-    use resmgr::kube::fake::StaticClaims;
+    use resmgr::kube_dra::fake::StaticClaims;
 
     use super::*;
     use crate::simulate::{Dirs, start_manager, world::SimRuntime};

@@ -11,17 +11,13 @@
 
 use std::sync::Arc;
 
+use kube_dra::notices::{EventRecorder, NoEvents, Notice};
 use kubelet_plugin::{
     ClaimError, ClaimHandler, ClaimRef, PrepareResults, PreparedDevice, RequestError,
     UnprepareResults,
 };
 
-use crate::{
-    claims::AdmitError,
-    errors::chain,
-    kube::events::{EventRecorder, NoEvents, Notice},
-    manager::Manager,
-};
+use crate::{claims::AdmitError, errors::chain, manager::Manager};
 
 /// The manager, serving the kubelet.
 #[derive(Debug, Clone)]

@@ -83,7 +83,7 @@ fn outcome<T, E>(
 #[cfg(test)]
 mod tests {
     use policy::{AllocationResult, Claim, Quantity, Topology, topology_aware::Config};
-    use resmgr::kube::fake::StaticClaims;
+    use resmgr::kube_dra::fake::StaticClaims;
 
     use super::*;
     use crate::{

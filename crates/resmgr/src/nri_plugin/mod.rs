@@ -22,6 +22,7 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
+use kube_dra::notices::{EventRecorder, NoEvents, Notice, PodRef};
 use nri::{
     EventSet, Plugin, PluginError, StateChange,
     api::{self, Event},
@@ -31,7 +32,6 @@ use tracing::{info, warn};
 
 use crate::{
     errors::chain,
-    kube::events::{EventRecorder, NoEvents, Notice, PodRef},
     manager::Manager,
     runtime::{BoxFuture, Runtime, RuntimeError},
 };
