@@ -106,7 +106,7 @@ impl Policy for TestPolicy {
             snapshot
         };
         self.claims = serde_json::from_value(claims.clone())
-            .map_err(|e| PolicyError::Restore(e.to_string()))?;
+            .map_err(|e| PolicyError::undecodable_snapshot(self.name(), e))?;
         Ok(())
     }
 
@@ -231,9 +231,9 @@ impl Policy for TestPolicy {
             .first()
             .and_then(|e| e.env.iter().find_map(|v| v.strip_prefix(&name)))
             .and_then(|v| v.parse::<CpuSet>().ok())
-            .ok_or_else(|| PolicyError::Restore(format!("claim {uid}: no {name}<cpus>")))?;
+            .ok_or_else(|| PolicyError::restore(format!("claim {uid}: no {name}<cpus>")))?;
         if !self.shared().is_superset(&cpus) {
-            return Err(PolicyError::Restore(format!(
+            return Err(PolicyError::restore(format!(
                 "claim {uid}: cpus {cpus} are not free"
             )));
         }

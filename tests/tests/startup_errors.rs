@@ -434,9 +434,12 @@ fn disconnects() -> Vec<nri::Disconnect> {
     use nri::Disconnect as D;
     let all = vec![
         D::Eof,
-        D::ReadFailed("connection reset by peer".into()),
-        D::WriteFailed("broken pipe".into()),
-        D::Protocol("frame of 5 MiB".into()),
+        D::ReadFailed(io::Error::from_raw_os_error(104).into()), // ECONNRESET
+        D::WriteFailed(io::Error::from_raw_os_error(32).into()), // EPIPE
+        D::Protocol(nri::wire::WireError::FrameTooLarge {
+            conn: 1,
+            len: 5 << 20,
+        }),
         D::ClosedLocally,
     ];
     for e in &all {

@@ -116,7 +116,7 @@ pub mod version;
 pub mod wire;
 
 pub use events::EventSet;
-pub use mux::Disconnect;
+pub use mux::{Disconnect, SharedIoError};
 pub use plugin::{Delivery, Plugin, PluginError, RuntimeInfo, StateChange};
 pub use rpc::{CallError, Status, code};
 pub use stub::{

@@ -173,11 +173,20 @@ fn restore_refuses_what_cannot_be_put_back() {
         let mut q = machine();
         let err = q.restore(&snap).unwrap_err();
         assert!(
-            matches!(&err, PolicyError::Restore(m) if m.contains(want)),
+            matches!(&err, PolicyError::Restore { reason, .. } if reason.contains(want)),
             "{want}: {err}"
         );
         assert!(q.claims().is_empty());
     }
+    // The decoder's error is the cause, in `source()` and not in the message.
+    let err = machine()
+        .restore(&serde_json::json!({"claims": 3}))
+        .unwrap_err();
+    let cause = std::error::Error::source(&err)
+        .expect("the decoder's error")
+        .to_string();
+    assert!(cause.contains("invalid type"), "{cause}");
+    assert!(!err.to_string().contains(&cause), "{err}");
     // Two claims on the same CPUs cannot both be restored.
     let doubled = good.to_string().replace(
         r#""claims":["#,
@@ -556,7 +565,7 @@ fn a_claim_is_adopted_from_its_edits_with_what_they_grant_and_learns_the_rest_wh
         |p: &mut TopologyAware, uid: &str, edits: Vec<policy::cdi::ContainerEdits>| match p
             .adopt_claim(uid, &edits)
         {
-            Err(PolicyError::Restore(reason)) => reason,
+            Err(PolicyError::Restore { reason, .. }) => reason,
             other => panic!("{other:?}"),
         };
     assert_eq!(

@@ -310,7 +310,9 @@ async fn serve_runtime(
             .map_err(|e| Stop::failed("runtime connection", e))?,
         () = tasks.stopping() => return Ok(()),
     };
-    Err(Stop::RuntimeLost(connection.serve().await.to_string()))
+    Err(Stop::RuntimeLost(resmgr::errors::chain(
+        &connection.serve().await,
+    )))
 }
 
 /// Reaches the runtime's NRI socket, retrying with backoff while it is not there, and registers

@@ -914,9 +914,9 @@ impl Policy for TopologyAware {
             return Ok(());
         }
         let snap: Snapshot = serde_json::from_value(snapshot.clone())
-            .map_err(|e| PolicyError::Restore(format!("not a topology-aware snapshot: {e}")))?;
+            .map_err(|e| PolicyError::undecodable_snapshot(self.name(), e))?;
         if snap.version != 1 {
-            return Err(PolicyError::Restore(format!(
+            return Err(PolicyError::restore(format!(
                 "snapshot version {} is not 1",
                 snap.version
             )));
@@ -953,7 +953,7 @@ impl Policy for TopologyAware {
                     None
                 };
                 if let Some(why) = why {
-                    return Err(PolicyError::Restore(format!(
+                    return Err(PolicyError::restore(format!(
                         "claim {} result {i} (device {}): cpus {}: {why}",
                         claim.describe(),
                         r.device,
@@ -1121,7 +1121,7 @@ impl Policy for TopologyAware {
         if self.claims.contains_key(uid) {
             return Ok(());
         }
-        let refuse = |reason: String| PolicyError::Restore(format!("claim {uid}: {reason}"));
+        let refuse = |reason: String| PolicyError::restore(format!("claim {uid}: {reason}"));
         let granted = claims::granted(uid, edits).map_err(refuse)?;
         let memory = claims::granted_memory(uid, edits).map_err(refuse)?;
         // Results whose edits say the same are one request's: two requests never share a CPU.

@@ -309,7 +309,7 @@ impl Connection {
                     self.manager.synchronized().await;
                     tokio::join!(self.manager.run_retries(), self.manager.run_reconciler());
                 }
-                Err(e) => info!(reason = %e, "connection ended before synchronization"),
+                Err(e) => info!(reason = %chain(&e), "connection ended before synchronization"),
             }
             std::future::pending::<std::convert::Infallible>().await
         };
