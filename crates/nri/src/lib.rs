@@ -117,7 +117,7 @@ pub mod wire;
 
 pub use events::EventSet;
 pub use mux::{Disconnect, SharedIoError};
-pub use plugin::{Delivery, Plugin, PluginError, RuntimeInfo, StateChange};
+pub use plugin::{Delivery, Plugin, PluginError, PluginErrorKind, RuntimeInfo, StateChange};
 pub use rpc::{CallError, Status, code};
 pub use stub::{
     DEFAULT_SOCKET_PATH, Endpoint, Handle, PLUGIN_NRI_VERSION, PLUGIN_SOCKET_ENV, StubConfig,
