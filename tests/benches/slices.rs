@@ -14,14 +14,14 @@
 
 use std::time::{Duration, Instant};
 
-use policy::{
-    Device, Policy, Topology, TopologyAware, TopologySource,
-    topology_aware::{Config, DeviceMode, DeviceModel, Granularity, ReservedCpus},
-};
-use resmgr::kube::slices::{
+use kube_dra::slices::{
     PublisherConfig,
     build::{chunk, slice_spec, wire_device},
     validate::{validate_devices, validate_slice_spec},
+};
+use policy::{
+    Device, Policy, Topology, TopologyAware, TopologySource,
+    topology_aware::{Config, DeviceMode, DeviceModel, Granularity, ReservedCpus},
 };
 
 const ITERATIONS: usize = 200;

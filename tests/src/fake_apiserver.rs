@@ -7,12 +7,12 @@
 //! concurrency (409 on a stale update or delete precondition), `generateName`, field and label
 //! selectors, watches that resume from a resourceVersion, a Status 404 naming the object for a
 //! missing object and one naming nothing for an unserved version. It validates slices with
-//! resmgr's own `validate_slice_spec` (422 when refused). Tests can make it drop device fields
+//! kube-dra's own `validate_slice_spec` (422 when refused). Tests can make it drop device fields
 //! (a feature gate that is off), refuse the node-allocatable mapping for a Node that does not
 //! declare it (1.37's admission), fail requests, and wait for a condition on its contents: every
 //! change wakes the waiters, so no test sleeps.
 //!
-//! The kube module's tests (`tests/kube_claims.rs`, `tests/kube_slices.rs`) start it in process;
+//! kube-dra's tests (`tests/kube_claims.rs`, `tests/kube_slices.rs`) start it in process;
 //! the whole-agent conformance suite (`tests/conformance/agent`) runs it as a process, the
 //! `fake-apiserver` binary (`src/bin/fake-apiserver.rs`).
 
@@ -734,7 +734,7 @@ fn admit_slice(store: &Store, version: &str, object: &mut Value) -> Result<(), S
     }
     let spec: k8s_openapi::api::resource::v1::ResourceSliceSpec =
         serde_json::from_value(spec).map_err(|e| e.to_string())?;
-    resmgr::kube::slices::validate::validate_slice_spec(&spec).map_err(|e| e.to_string())
+    kube_dra::slices::validate::validate_slice_spec(&spec).map_err(|e| e.to_string())
 }
 
 /// 1.37's NodeDeclaredFeatureValidator: a slice whose devices map node resources names a Node

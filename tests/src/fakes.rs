@@ -1,6 +1,6 @@
 //! Test doubles for the resource manager: a small deterministic policy ([`TestPolicy`]), the
-//! runtimes, and claims and containers to feed them. (Claims are served by resmgr's own
-//! in-memory `kube::fake::StaticClaims`, which the simulator uses too; the Kubernetes API server
+//! runtimes, and claims and containers to feed them. (Claims are served by kube-dra's
+//! in-memory `kube_dra::fake::StaticClaims`, which the simulator uses too; the Kubernetes API server
 //! double is [`crate::fake_apiserver`].)
 //!
 //! # Which runtime for what
@@ -24,15 +24,13 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use kube_dra::fake::StaticClaims;
 use kubelet_plugin::ClaimRef;
 use policy::{
     Adjustment, Allocation, AllocationResult, Claim, ClaimAllocation, Container, ContainerUpdate,
     CpuSet, Device, Policy, PolicyError, Quantity, Resources, cdi::ContainerEdits,
 };
-use resmgr::{
-    BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError, faults::Faults,
-    kube::fake::StaticClaims,
-};
+use resmgr::{BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError, faults::Faults};
 
 pub const DRIVER: &str = "test.resmgr.io";
 
@@ -108,7 +106,7 @@ impl Policy for TestPolicy {
             snapshot
         };
         self.claims = serde_json::from_value(claims.clone())
-            .map_err(|e| PolicyError::Restore(e.to_string()))?;
+            .map_err(|e| PolicyError::undecodable_snapshot(self.name(), e))?;
         Ok(())
     }
 
@@ -233,9 +231,9 @@ impl Policy for TestPolicy {
             .first()
             .and_then(|e| e.env.iter().find_map(|v| v.strip_prefix(&name)))
             .and_then(|v| v.parse::<CpuSet>().ok())
-            .ok_or_else(|| PolicyError::Restore(format!("claim {uid}: no {name}<cpus>")))?;
+            .ok_or_else(|| PolicyError::restore(format!("claim {uid}: no {name}<cpus>")))?;
         if !self.shared().is_superset(&cpus) {
-            return Err(PolicyError::Restore(format!(
+            return Err(PolicyError::restore(format!(
                 "claim {uid}: cpus {cpus} are not free"
             )));
         }

@@ -4,12 +4,10 @@
 
 use std::{path::Path, sync::Arc};
 
+use kube_dra::fake::StaticClaims;
 use kubelet_plugin::{KubeletConfig, KubeletPlugin};
 use policy::{Allocation, Claim, Container, Topology, TopologyAware, TopologySource};
-use resmgr::{
-    Manager, ManagerConfig, dra_handler::LifecycleHandler, kube::fake::StaticClaims,
-    state::StateFile,
-};
+use resmgr::{Manager, ManagerConfig, dra_handler::LifecycleHandler, state::StateFile};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::fakes::FakeRuntime;
@@ -73,6 +71,7 @@ impl Node {
             driver_name: DRIVER.into(),
             plugins_dir: dir.path().join("plugins"),
             registry_dir: dir.path().join("plugins_registry"),
+            instance: None,
         };
         let handler = Arc::new(LifecycleHandler::new(manager.clone()));
         let plugin = KubeletPlugin::start(&config, handler).await.unwrap();

@@ -94,6 +94,7 @@ async fn a_cpu_going_offline_turns_its_device_unhealthy_on_an_open_stream() {
         driver_name: "test.resmgr.io".into(),
         plugins_dir: dir.path().join("plugins"),
         registry_dir: dir.path().join("registry"),
+        instance: None,
     };
     let plugin = KubeletPlugin::start_with_health(&config, Arc::new(NoClaims), monitor.spawn())
         .await

@@ -5,14 +5,11 @@ use std::{sync::Arc, time::Duration};
 
 use hyper::Method;
 use integration_tests::fake_apiserver::FakeApiServer;
-use policy::{AllocationResult, ClaimConfig, ConfigSource, Quantity};
-use resmgr::{
-    kube::{
-        ClaimReadError, ClaimReader, DiscoveryError, KubeClaimReader, ResourceApiVersions,
-        RetryPolicy,
-    },
-    kubelet_plugin::ClaimRef,
+use kube_dra::{
+    ClaimReadError, ClaimReader, DiscoveryError, KubeClaimReader, ResourceApiVersions, RetryPolicy,
 };
+use policy::{AllocationResult, ClaimConfig, ConfigSource, Quantity};
+use resmgr::kubelet_plugin::ClaimRef;
 use serde_json::{Value, json};
 
 const DRIVER: &str = "cpu.resmgr.io";

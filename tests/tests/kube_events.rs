@@ -18,12 +18,12 @@ use integration_tests::{
     fake_apiserver::FakeApiServer,
     fakes::{Harness, TestPolicy, claim_ref},
 };
+use kube_dra::{
+    Clock, EventRecorder, EventStats, EventsConfig, KubeEvents, Notice, PodRef, ResourceApiVersion,
+    ResourceApiVersions, fake::RecordingEvents,
+};
 use resmgr::{
     dra_handler::LifecycleHandler,
-    kube::{
-        Clock, EventRecorder, EventStats, EventsConfig, KubeEvents, Notice, PodRef,
-        ResourceApiVersion, ResourceApiVersions, fake::RecordingEvents,
-    },
     kubelet_plugin::{ClaimHandler, ClaimRef},
     nri::{Plugin as _, api},
     nri_plugin::ResmgrPlugin,

@@ -12,12 +12,12 @@ use std::{
 use hyper::Method;
 use integration_tests::fake_apiserver::FakeApiServer;
 use k8s_openapi::api::resource::{v1, v1beta1};
-use policy::{AttributeValue, Capacity, Device, Quantity};
-use resmgr::kube::{
+use kube_dra::{
     DevicePublisher, NodeAllocatableCpu, Notice, PublishError, PublishStatus, PublisherConfig,
     ResourceApiVersions, RetryPolicy, SlicePublisher, fake::RecordingEvents,
     slices::validate::validate_slice_spec,
 };
+use policy::{AttributeValue, Capacity, Device, Quantity};
 use serde_json::{Value, json};
 
 const DRIVER: &str = "cpu.resmgr.io";

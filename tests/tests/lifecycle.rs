@@ -75,6 +75,9 @@ async fn prepare_answers_each_result_in_order_and_grants_it_by_spec() {
 #[tokio::test(start_paused = true)]
 async fn claims_are_held_until_the_synchronize_reply_is_out_and_refused_after_the_hold() {
     let h = Harness::new();
+    // Disk work on the calling task: paused time does not run ahead while a save is on a
+    // thread of the blocking pool.
+    h.faults.run_inline();
     h.claims.insert(claim("c1", "pod-db", 2));
     let m = std::sync::Arc::new(h.start(TestPolicy::new(8)).unwrap());
     // Nothing synchronizes: held for HOLD, then refused, nothing allocated.

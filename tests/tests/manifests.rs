@@ -316,7 +316,10 @@ fn everything_on_reaches_the_objects_it_is_for() {
         spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
         "10%"
     );
-    assert_eq!(spec["updateStrategy"]["rollingUpdate"]["maxSurge"], 0);
+    assert_eq!(
+        spec["updateStrategy"]["rollingUpdate"]["maxSurge"], 0,
+        "the old way, replacing before starting, is one value away"
+    );
     assert_eq!(
         pod["nodeSelector"],
         serde_json::json!({"kubernetes.io/os": "linux", "node-role.example.com/cpu": "true"}),

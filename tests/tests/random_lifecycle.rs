@@ -54,6 +54,7 @@ use std::{
 };
 
 use integration_tests::fakes::{DRIVER, FakeRuntime, claim_on};
+use kube_dra::fake::StaticClaims;
 use policy::{
     Claim, ClaimAllocation, Container, ContainerUpdate, CpuSet, Device, Inventory, Policy,
     PolicyError, QosClass, Resources, Topology, TopologyAware, TopologySource,
@@ -64,7 +65,6 @@ use resmgr::{
     AdmitError, BoxFuture, ClaimReadError, ClaimReader, Manager, ManagerConfig, Outcome as Done,
     ReconcileConfig, ReconcileReport, Runtime, RuntimeError,
     faults::{Fault, Faults, Point},
-    kube::fake::StaticClaims,
     kubelet_plugin::ClaimRef,
     state::StateFile,
 };

@@ -12,12 +12,12 @@ use integration_tests::{
     fake_apiserver::FakeApiServer,
     fakes::{DRIVER, claim_on},
 };
+use kube_dra::{
+    DevicePublisher as _, PublisherConfig, ResourceApiVersions, RetryPolicy, SlicePublisher,
+};
 use policy::{
     Policy, Topology, TopologyAware, TopologySource,
     topology_aware::{Config, DeviceMode, DeviceModel, ReservedCpus},
-};
-use resmgr::kube::{
-    DevicePublisher as _, PublisherConfig, ResourceApiVersions, RetryPolicy, SlicePublisher,
 };
 
 const NODE: &str = "node-a";

@@ -23,6 +23,7 @@ use std::{
 };
 
 use integration_tests::fakes::{Harness, TestPolicy};
+use kube_dra::{ConnectError, PublisherConfig};
 use kubelet_plugin::{KubeletConfig, KubeletError, KubeletPlugin, SocketError};
 use policy::{
     TopologySource,
@@ -31,7 +32,6 @@ use policy::{
 };
 use resmgr::{
     StartError,
-    kube::{ConnectError, PublisherConfig},
     state::{STATE_FILE, StateError, StateFile},
 };
 
@@ -312,7 +312,7 @@ fn topology_and_policy_errors_name_each_cause_once() {
 // === the Kubernetes API client and the slice publisher ===
 
 async fn connect_error(kubeconfig: Option<&Path>) -> ConnectError {
-    match resmgr::kube::connect(kubeconfig).await {
+    match kube_dra::connect(kubeconfig).await {
         Ok(_) => panic!("connecting with {kubeconfig:?} must fail"),
         Err(e) => e,
     }
@@ -364,6 +364,9 @@ const STUB_VARIANTS: &[&str] = &[
     "NoEvents",
     "Connect",
     "InvalidSocketFd",
+    "StandardStreamFd",
+    "NotASocket",
+    "SocketFdTaken",
     "InheritedSocket",
     "Register",
     "ConfigureTimeout",
@@ -378,6 +381,9 @@ fn stub_variant(e: &nri::StubError) -> &'static str {
         S::NoEvents => "NoEvents",
         S::Connect { .. } => "Connect",
         S::InvalidSocketFd { .. } => "InvalidSocketFd",
+        S::StandardStreamFd { .. } => "StandardStreamFd",
+        S::NotASocket { .. } => "NotASocket",
+        S::SocketFdTaken { .. } => "SocketFdTaken",
         S::InheritedSocket { .. } => "InheritedSocket",
         S::Register(_) => "Register",
         S::ConfigureTimeout { .. } => "ConfigureTimeout",
@@ -428,9 +434,12 @@ fn disconnects() -> Vec<nri::Disconnect> {
     use nri::Disconnect as D;
     let all = vec![
         D::Eof,
-        D::ReadFailed("connection reset by peer".into()),
-        D::WriteFailed("broken pipe".into()),
-        D::Protocol("frame of 5 MiB".into()),
+        D::ReadFailed(io::Error::from_raw_os_error(104).into()), // ECONNRESET
+        D::WriteFailed(io::Error::from_raw_os_error(32).into()), // EPIPE
+        D::Protocol(nri::wire::WireError::FrameTooLarge {
+            conn: 1,
+            len: 5 << 20,
+        }),
         D::ClosedLocally,
     ];
     for e in &all {
@@ -457,6 +466,9 @@ fn runtime_connection_errors_name_each_cause_once() {
         S::InvalidSocketFd {
             value: "three".into(),
         },
+        S::StandardStreamFd { fd: 0 },
+        S::NotASocket { fd: 3 },
+        S::SocketFdTaken { fd: 3 },
         S::InheritedSocket {
             fd: 3,
             source: os_error(),
@@ -475,6 +487,7 @@ fn runtime_connection_errors_name_each_cause_once() {
 
 const KUBELET_VARIANTS: &[&str] = &[
     "InvalidDriverName",
+    "InvalidInstance",
     "NonUtf8Path",
     "DraSocket",
     "RegistrationSocket",
@@ -485,6 +498,7 @@ const KUBELET_VARIANTS: &[&str] = &[
 fn kubelet_variant(e: &KubeletError) -> &'static str {
     match e {
         KubeletError::InvalidDriverName(_) => "InvalidDriverName",
+        KubeletError::InvalidInstance(_) => "InvalidInstance",
         KubeletError::NonUtf8Path(_) => "NonUtf8Path",
         KubeletError::DraSocket(_) => "DraSocket",
         KubeletError::RegistrationSocket(_) => "RegistrationSocket",
@@ -567,12 +581,22 @@ async fn kubelet_plugin_errors_name_each_cause_once() {
         driver_name: driver.into(),
         plugins_dir: dir.path().join("plugins"),
         registry_dir: dir.path().join("registry"),
+        instance: None,
     };
     let handler = Arc::new(Refusing);
     let mut errors = vec![
         KubeletPlugin::start(&config("Not A Driver"), handler.clone())
             .await
             .unwrap_err(),
+        KubeletPlugin::start(
+            &KubeletConfig {
+                instance: Some("Not/A/Pod".into()),
+                ..config("cpu.resmgr.io")
+            },
+            handler.clone(),
+        )
+        .await
+        .unwrap_err(),
     ];
     // Something that is not a socket where each socket goes.
     let c = config("cpu.resmgr.io");

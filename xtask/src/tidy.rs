@@ -28,9 +28,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("crates/nri", &[]),
     ("crates/policy", &["crates/cdi"]),
     ("crates/kubelet-plugin", &["crates/dra-proto"]),
+    // `kubelet-plugin` for its `ClaimRef` and DNS name checks, each the workspace's one.
+    (
+        "crates/kube-dra",
+        &["crates/policy", "crates/kubelet-plugin"],
+    ),
     (
         "crates/resmgr",
         &[
+            "crates/kube-dra",
             "crates/policy",
             "crates/cdi",
             "crates/nri",
@@ -99,7 +105,13 @@ fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
 }
 
 /// Crates whose ARCHITECTURE.md section must have a module table, by directory under `crates/`.
-const MODULE_TABLES: &[&str] = &["kubelet-plugin", "plugin-bin", "policy", "resmgr"];
+const MODULE_TABLES: &[&str] = &[
+    "kube-dra",
+    "kubelet-plugin",
+    "plugin-bin",
+    "policy",
+    "resmgr",
+];
 
 /// The module names in the tables of `krate`'s section of ARCHITECTURE.md (`### `crates/<krate>``
 /// up to the next heading): every backticked name in the first column of a table row. `None`

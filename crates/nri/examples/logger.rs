@@ -136,10 +136,18 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    let endpoint = nri::Endpoint::from_plugin_socket_env(
-        std::env::var_os(nri::PLUGIN_SOCKET_ENV).as_deref(),
-        &args.socket,
-    )?;
+    // The one place the process reads NRI_PLUGIN_SOCKET.
+    let endpoint = match std::env::var_os(nri::PLUGIN_SOCKET_ENV) {
+        Some(value) => {
+            #[allow(unsafe_code, reason = "taking the descriptor the runtime handed us")]
+            // SAFETY: the value is the runtime's, read at start-up before anything could have
+            // closed the descriptor it names and reused the number; nothing else in this process
+            // uses that descriptor.
+            let socket = unsafe { nri::take_plugin_socket(&value) }?;
+            nri::Endpoint::Inherited(socket)
+        }
+        None => nri::Endpoint::Socket(args.socket),
+    };
     let handle = nri::connect(
         Arc::new(Logger),
         StubConfig::new(args.name, args.index),

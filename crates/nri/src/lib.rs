@@ -116,12 +116,12 @@ pub mod version;
 pub mod wire;
 
 pub use events::EventSet;
-pub use mux::Disconnect;
-pub use plugin::{Delivery, Plugin, PluginError, RuntimeInfo, StateChange};
+pub use mux::{Disconnect, SharedIoError};
+pub use plugin::{Delivery, Plugin, PluginError, PluginErrorKind, RuntimeInfo, StateChange};
 pub use rpc::{CallError, Status, code};
 pub use stub::{
     DEFAULT_SOCKET_PATH, Endpoint, Handle, PLUGIN_NRI_VERSION, PLUGIN_SOCKET_ENV, StubConfig,
-    StubError, UpdateError, connect, connect_over,
+    StubError, UpdateError, connect, connect_over, take_plugin_socket,
 };
 
 /// Re-exported so users build against the exact version our generated code was built with.

@@ -7,7 +7,7 @@
 //! message's last byte has been handed to the socket (the Synchronize notification needs that).
 //! Any trunk error, EOF or a local close ends both tasks; the reason is published once.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, io, sync::Arc};
 
 use bytes::{Bytes, BytesMut};
 use tokio::{
@@ -15,25 +15,59 @@ use tokio::{
     sync::{mpsc, oneshot, watch},
 };
 
-use crate::wire::MuxDecoder;
+use crate::wire::{MuxDecoder, WireError};
 
-/// Why the connection to the runtime ended.
+/// Why the connection to the runtime ended. The cause of a failure is its `source()`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Disconnect {
     /// The runtime closed the socket: it exited, or it dropped this plugin.
     #[error("the runtime closed the connection")]
     Eof,
-    #[error("reading from the runtime connection failed: {0}")]
-    ReadFailed(String),
-    #[error("writing to the runtime connection failed: {0}")]
-    WriteFailed(String),
+    /// Reading from the socket failed.
+    #[error("reading from the runtime connection failed")]
+    ReadFailed(#[source] SharedIoError),
+    /// Writing to the socket failed.
+    #[error("writing to the runtime connection failed")]
+    WriteFailed(#[source] SharedIoError),
     /// The runtime sent bytes that are not NRI.
-    #[error("protocol error on the runtime connection: {0}")]
-    Protocol(String),
+    #[error("protocol error on the runtime connection")]
+    Protocol(#[source] WireError),
     /// We closed the connection ourselves.
     #[error("the connection was closed by the plugin")]
     ClosedLocally,
 }
+
+/// An IO error that ended the connection, shared: everyone waiting on the connection gets the
+/// same [`Disconnect`], so it is `Clone`. Two are equal when they are the same error or say the
+/// same (kind, OS error and text).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(transparent)]
+pub struct SharedIoError(Arc<io::Error>);
+
+impl SharedIoError {
+    /// The IO error.
+    pub fn get(&self) -> &io::Error {
+        &self.0
+    }
+}
+
+impl From<io::Error> for SharedIoError {
+    fn from(e: io::Error) -> Self {
+        Self(Arc::new(e))
+    }
+}
+
+impl PartialEq for SharedIoError {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (&*self.0, &*other.0);
+        Arc::ptr_eq(&self.0, &other.0)
+            || (a.kind() == b.kind()
+                && a.raw_os_error() == b.raw_os_error()
+                && a.to_string() == b.to_string())
+    }
+}
+
+impl Eq for SharedIoError {}
 
 /// How many payloads may wait for a logical connection's reader before the trunk reader pauses.
 const INBOUND_QUEUE: usize = 64;
@@ -136,7 +170,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
         why = read_frames(&mut read, &senders) => why,
         why = closer.closed() => why,
     };
-    tracing::debug!(reason = %why, "nri mux reader stopped");
+    tracing::debug!(
+        reason = &why as &dyn std::error::Error,
+        "nri mux reader stopped"
+    );
     closer.close(why);
     // Dropping `senders` ends every logical connection's inbound stream.
 }
@@ -161,14 +198,14 @@ async fn read_frames<R: AsyncRead + Unpin>(
                     }
                 },
                 Ok(None) => break,
-                Err(e) => return Disconnect::Protocol(e.to_string()),
+                Err(e) => return Disconnect::Protocol(e),
             }
         }
         buf.reserve(READ_CHUNK);
         match read.read_buf(&mut buf).await {
             Ok(0) => return Disconnect::Eof,
             Ok(_) => {}
-            Err(e) => return Disconnect::ReadFailed(e.to_string()),
+            Err(e) => return Disconnect::ReadFailed(e.into()),
         }
     }
 }
@@ -182,7 +219,10 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         why = write_frames(&mut write, &mut rx) => why,
         why = closer.closed() => why,
     };
-    tracing::debug!(reason = %why, "nri mux writer stopped");
+    tracing::debug!(
+        reason = &why as &dyn std::error::Error,
+        "nri mux writer stopped"
+    );
     closer.close(why);
     let _ = write.shutdown().await;
 }
@@ -196,10 +236,10 @@ async fn write_frames<W: AsyncWrite + Unpin>(
             // One frame per write, flushed at once: the peer must see the frame boundaries we
             // chose (reference §2.4, rule 5).
             if let Err(e) = write.write_all(frame).await {
-                return Disconnect::WriteFailed(e.to_string());
+                return Disconnect::WriteFailed(e.into());
             }
             if let Err(e) = write.flush().await {
-                return Disconnect::WriteFailed(e.to_string());
+                return Disconnect::WriteFailed(e.into());
             }
         }
         if let Some(done) = out.written {

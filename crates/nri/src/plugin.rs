@@ -15,21 +15,75 @@ use crate::{
         UpdateContainerResponse, UpdatePodSandboxRequest,
     },
     events::EventSet,
+    rpc::code,
     version::NriVersion,
 };
 
-/// A handler's refusal. The runtime receives it as status 2 (Unknown) with this message and fails
-/// the CRI operation (container creation, pod start, ...).
+/// A handler's refusal. The runtime receives it as a ttRPC status, [`PluginError::kind`]'s code
+/// with this message, and fails the CRI operation (container creation, pod start, ...).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct PluginError {
+    /// What kind of failure it is: the status code.
+    pub kind: PluginErrorKind,
+    /// What the runtime logs and fails the CRI operation with.
     pub message: String,
 }
 
 impl PluginError {
+    /// An unclassified refusal ([`PluginErrorKind::Unknown`], what a Go plugin's plain error is).
     pub fn new(message: impl Into<String>) -> Self {
+        Self::with_kind(PluginErrorKind::Unknown, message)
+    }
+
+    /// A refusal of `kind`.
+    pub fn with_kind(kind: PluginErrorKind, message: impl Into<String>) -> Self {
         Self {
+            kind,
             message: message.into(),
+        }
+    }
+}
+
+/// What kind of failure a [`PluginError`] is, as the ttRPC status code the runtime receives
+/// (gRPC numbering, like the DRA side's statuses). The runtime fails the CRI operation whatever
+/// the code; the code tells its log, and whoever reads the CRI error, what kind of failure it
+/// was, without parsing the message.
+///
+/// There is no `ResourceExhausted`: ttRPC and NRI runtimes use it for a message over 4 MiB, and a
+/// runtime answered it on Synchronize splits the message and tries again instead of reporting
+/// the plugin's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PluginErrorKind {
+    /// Unclassified: gRPC `Unknown`.
+    #[default]
+    Unknown,
+    /// The request is malformed (a field the event needs is missing, a value that cannot be),
+    /// whatever state the plugin is in: gRPC `InvalidArgument`.
+    InvalidArgument,
+    /// The request names something the plugin does not know (an update of a container it never
+    /// saw): gRPC `NotFound`.
+    NotFound,
+    /// A well-formed request the plugin cannot grant in the state it is in (a container that
+    /// does not fit in what is free); it may once that state changes: gRPC `FailedPrecondition`.
+    FailedPrecondition,
+    /// A failure that may pass if the runtime tries again (an update the answer waits for was
+    /// not confirmed): gRPC `Unavailable`.
+    Unavailable,
+    /// The plugin itself failed (its state could not be saved): gRPC `Internal`.
+    Internal,
+}
+
+impl PluginErrorKind {
+    /// The ttRPC status code the runtime receives.
+    pub fn code(self) -> i32 {
+        match self {
+            Self::Unknown => code::UNKNOWN,
+            Self::InvalidArgument => code::INVALID_ARGUMENT,
+            Self::NotFound => code::NOT_FOUND,
+            Self::FailedPrecondition => code::FAILED_PRECONDITION,
+            Self::Unavailable => code::UNAVAILABLE,
+            Self::Internal => code::INTERNAL,
         }
     }
 }

@@ -26,7 +26,7 @@ use policy::{
 use resmgr::{
     ManagerConfig, ReconcileConfig,
     health::HealthConfig,
-    kube::{self, PublisherConfig},
+    kube_dra::{self, PublisherConfig},
     kubelet_plugin::KubeletConfig,
     policy::cdi,
 };
@@ -230,7 +230,7 @@ impl RunConfig {
         Some(PublisherConfig {
             node_allocatable_cpu: self
                 .node_allocatable_cpu
-                .then(kube::NodeAllocatableCpu::default),
+                .then(kube_dra::NodeAllocatableCpu::default),
             node_allocatable_memory: self.node_allocatable_memory,
             ..PublisherConfig::new(&self.driver_name, node)
         })

@@ -32,7 +32,7 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use resmgr::{kube::SlicePublisher, kubelet_plugin::RegistrationState};
+use resmgr::{kube_dra::SlicePublisher, kubelet_plugin::RegistrationState};
 
 use crate::{
     metrics::{Metrics, Snapshot},
@@ -52,7 +52,7 @@ pub struct Endpoints {
     /// Set once the devices are being published.
     pub publisher: Arc<OnceLock<SlicePublisher>>,
     /// The Events poster; `None` without DRA.
-    pub events: Option<resmgr::kube::KubeEvents>,
+    pub events: Option<resmgr::kube_dra::KubeEvents>,
 }
 
 impl Endpoints {
@@ -227,7 +227,7 @@ async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
         synchronized,
         ready: e.unready().is_empty(),
         publish: e.publisher.get().map(SlicePublisher::status),
-        events: e.events.as_ref().map(resmgr::kube::KubeEvents::stats),
+        events: e.events.as_ref().map(resmgr::kube_dra::KubeEvents::stats),
         reconciliation: &reconciliation,
     });
     (
@@ -288,7 +288,7 @@ mod tests {
         Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Policy,
         PolicyError, Resources,
     };
-    use resmgr::kube::fake::StaticClaims;
+    use resmgr::kube_dra::fake::StaticClaims;
 
     use super::*;
     use crate::simulate::{Dirs, start_manager, world::SimRuntime};

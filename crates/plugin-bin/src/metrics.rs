@@ -311,9 +311,9 @@ pub struct Snapshot<'a> {
     pub synchronized: bool,
     pub ready: bool,
     /// `None` without DRA.
-    pub publish: Option<resmgr::kube::PublishStatus>,
+    pub publish: Option<resmgr::kube_dra::PublishStatus>,
     /// `None` without DRA.
-    pub events: Option<resmgr::kube::EventStats>,
+    pub events: Option<resmgr::kube_dra::EventStats>,
     pub reconciliation: &'a resmgr::ReconcileReport,
 }
 
@@ -663,12 +663,12 @@ mod tests {
             pending_updates: 2,
             synchronized: true,
             ready: true,
-            publish: Some(resmgr::kube::PublishStatus {
+            publish: Some(resmgr::kube_dra::PublishStatus {
                 in_sync: true,
                 failures: 3,
                 node_allocatable_refused: true,
             }),
-            events: Some(resmgr::kube::EventStats {
+            events: Some(resmgr::kube_dra::EventStats {
                 posted: 7,
                 rate_limited: 4,
                 queue_full: 5,
@@ -794,12 +794,12 @@ mod tests {
                 pending_updates: 0,
                 synchronized: true,
                 ready: true,
-                publish: Some(resmgr::kube::PublishStatus {
+                publish: Some(resmgr::kube_dra::PublishStatus {
                     in_sync: false,
                     failures,
                     node_allocatable_refused: false,
                 }),
-                events: Some(resmgr::kube::EventStats {
+                events: Some(resmgr::kube_dra::EventStats {
                     queue_full: failures,
                     ..Default::default()
                 }),

@@ -3,14 +3,14 @@
 //! It answers "what will my node advertise?" before the agent runs there: the same settings as
 //! `resmgr run` (every flag and `--config`, resolved and checked by [`crate::config`]), the
 //! same policy ([`crate::config::RunConfig::policy`]) and the objects the publisher creates for a new
-//! node ([`resmgr::kube::slices::first_publication`]), so what it prints is what the agent
+//! node ([`resmgr::kube_dra::slices::first_publication`]), so what it prints is what the agent
 //! writes, not a description of it. The API server adds each slice's name (from its
 //! `generateName`); the owner reference needs the Node's uid, which only the API server knows,
 //! so it is printed with `--node-uid` only. `kubectl create -f` takes the output as it is.
 
 use std::{io::Write as _, process::ExitCode};
 
-use resmgr::kube::{ResourceApiVersion, slices::first_publication};
+use resmgr::kube_dra::{ResourceApiVersion, slices::first_publication};
 use serde_json::{Value, json};
 
 use crate::config::RunFlags;

@@ -133,9 +133,23 @@ fn waits_for_the_runtime_with_backoff_serves_health_and_stops_cleanly_on_sigterm
         body.contains("the container runtime has not synchronized yet"),
         "{body}"
     );
+    // The kubelet's sockets serve as early as the gate allows: before the runtime is up, its
+    // calls held until it has synchronized.
     assert!(
-        body.contains("the kubelet plugin is not serving yet"),
+        body.contains("the kubelet has not confirmed our registration"),
         "{body}"
+    );
+    let registry: Vec<_> = std::fs::read_dir(dir.path().join("registry"))
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name())
+                .filter(|n| !n.to_string_lossy().starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        registry.len(),
+        1,
+        "the registration socket serves before the runtime is up: {registry:?}"
     );
     let (status, body) = get(&addr, "/metrics");
     assert_eq!(status, 200);
@@ -157,7 +171,8 @@ fn waits_for_the_runtime_with_backoff_serves_health_and_stops_cleanly_on_sigterm
     assert_eq!(status, 200);
     let state: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(state["runtime_synchronized"], false);
-    assert_eq!(state["kubelet"], "not serving");
+    assert_eq!(state["kubelet"], "pending");
+    assert_eq!(state["standing"], "Owner");
     assert_eq!(state["allocation"]["reserved"], "0");
 
     sigterm(&child);

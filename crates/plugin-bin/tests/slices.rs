@@ -13,7 +13,7 @@ use policy::{
         ClaimCpus, Config, DeviceMode, DeviceModel, Exclusivity, Granularity, GroupBy, ReservedCpus,
     },
 };
-use resmgr::kube::{
+use resmgr::kube_dra::{
     DevicePublisher as _, NodeAllocatableCpu, PublisherConfig, ResourceApiVersions, SlicePublisher,
 };
 use serde_json::Value;

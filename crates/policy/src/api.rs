@@ -114,7 +114,7 @@
 //! call must leave the policy exactly as it was before the call: plan on the unchanged state,
 //! then commit. Input from outside the process (annotations, claims, snapshots) never panics.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
     idset::CpuSet,
@@ -161,10 +161,64 @@ pub enum PolicyError {
     /// The call names a container the policy does not know.
     #[error("unknown container {0}")]
     UnknownContainer(String),
-    /// A snapshot could not be restored.
-    #[error("cannot restore the policy state: {0}")]
-    Restore(String),
+    /// A snapshot (or a claim's CDI edits) could not be restored.
+    #[error("cannot restore the policy state: {reason}")]
+    Restore {
+        /// What cannot be put back and why, in the policy's words: `claim 1234: cpus 4-7 are
+        /// not online here`, or `not a topology-aware snapshot`.
+        reason: String,
+        /// The decoder's error, when the snapshot did not decode.
+        #[source]
+        source: Option<SnapshotError>,
+    },
 }
+
+impl PolicyError {
+    /// [`PolicyError::Restore`] of what the policy refuses to put back, saying why.
+    pub fn restore(reason: impl Into<String>) -> Self {
+        Self::Restore {
+            reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// [`PolicyError::Restore`] of a snapshot that does not decode, saying where and why.
+    pub fn restore_decoding(reason: impl Into<String>, source: serde_json::Error) -> Self {
+        Self::Restore {
+            reason: reason.into(),
+            source: Some(SnapshotError(Arc::new(source))),
+        }
+    }
+
+    /// [`PolicyError::Restore`] of a snapshot that does not decode as `policy`'s.
+    pub fn undecodable_snapshot(policy: &str, source: serde_json::Error) -> Self {
+        Self::Restore {
+            reason: format!("not a {policy} snapshot"),
+            source: Some(SnapshotError(Arc::new(source))),
+        }
+    }
+}
+
+/// Why a snapshot did not decode: the decoder's error, shared so that [`PolicyError`] stays
+/// `Clone`. Two are equal when they say the same.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(transparent)]
+pub struct SnapshotError(Arc<serde_json::Error>);
+
+impl SnapshotError {
+    /// The decoder's error.
+    pub fn get(&self) -> &serde_json::Error {
+        &self.0
+    }
+}
+
+impl PartialEq for SnapshotError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for SnapshotError {}
 
 /// Placement decisions for containers and DRA claims. See the module docs for the contract.
 pub trait Policy: Send + std::fmt::Debug {
@@ -251,7 +305,7 @@ pub trait Policy: Send + std::fmt::Debug {
     /// default refuses every claim.
     fn adopt_claim(&mut self, uid: &str, edits: &[cdi::ContainerEdits]) -> Result<(), PolicyError> {
         let _ = edits;
-        Err(PolicyError::Restore(format!(
+        Err(PolicyError::restore(format!(
             "claim {uid}: policy {} cannot take claims back from their CDI specs",
             self.name()
         )))

@@ -176,8 +176,8 @@ fn restore_refuses_what_cannot_be_put_back() {
                     .replace(r#""request":"#, r#""memory_tier":"hbm","request":"#),
             )
             .unwrap(),
-            "snapshot has a field this build does not know, written by a newer release: \
-             claims[0].results[0].memory_tier: unknown field `memory_tier`",
+            "the snapshot has a field this build does not know, written by a newer release at \
+             claims[0].results[0].memory_tier",
         ),
         (
             serde_json::from_str(
@@ -186,8 +186,8 @@ fn restore_refuses_what_cannot_be_put_back() {
                     .replace(r#""claims":["#, r#""generation":7,"claims":["#),
             )
             .unwrap(),
-            "snapshot has a field this build does not know, written by a newer release: \
-             generation: unknown field `generation`",
+            "the snapshot has a field this build does not know, written by a newer release at \
+             generation",
         ),
         (
             serde_json::from_str(&good.to_string().replace("2-3", "0-1")).unwrap(),
@@ -202,11 +202,20 @@ fn restore_refuses_what_cannot_be_put_back() {
         let mut q = machine();
         let err = q.restore(&snap).unwrap_err();
         assert!(
-            matches!(&err, PolicyError::Restore(m) if m.contains(want)),
+            matches!(&err, PolicyError::Restore { reason, .. } if reason.contains(want)),
             "{want}: {err}"
         );
         assert!(q.claims().is_empty());
     }
+    // The decoder's error is the cause, in `source()` and not in the message.
+    let err = machine()
+        .restore(&serde_json::json!({"claims": 3}))
+        .unwrap_err();
+    let cause = std::error::Error::source(&err)
+        .expect("the decoder's error")
+        .to_string();
+    assert!(cause.contains("invalid type"), "{cause}");
+    assert!(!err.to_string().contains(&cause), "{err}");
     // Two claims on the same CPUs cannot both be restored.
     let doubled = good.to_string().replace(
         r#""claims":["#,
@@ -585,7 +594,7 @@ fn a_claim_is_adopted_from_its_edits_with_what_they_grant_and_learns_the_rest_wh
         |p: &mut TopologyAware, uid: &str, edits: Vec<policy::cdi::ContainerEdits>| match p
             .adopt_claim(uid, &edits)
         {
-            Err(PolicyError::Restore(reason)) => reason,
+            Err(PolicyError::Restore { reason, .. }) => reason,
             other => panic!("{other:?}"),
         };
     assert_eq!(

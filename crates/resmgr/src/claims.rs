@@ -54,6 +54,7 @@ use std::{
 };
 
 use cdi::{ClaimUid, ContainerEdits, StoreError};
+use kube_dra::ClaimReadError;
 use kubelet_plugin::ClaimRef;
 use policy::{Claim, PolicyError};
 use tokio::{
@@ -66,7 +67,6 @@ use crate::{
     commit::{Change, CommitError, DeliveryError},
     errors::chain,
     faults::Point,
-    kube::ClaimReadError,
     manager::Manager,
     state::{DeviceRecord, PreparedClaim, StateError},
 };

@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use kube_dra::notices::{EventRecorder, NoEvents, Notice};
 use kubelet_plugin::{
     ClaimError, ClaimHandler, ClaimRef, PrepareResults, PreparedDevice, RequestError,
     UnprepareResults,
@@ -20,7 +21,6 @@ use tokio::time::Instant;
 use crate::{
     claims::{AdmitError, HOLD},
     errors::chain,
-    kube::events::{EventRecorder, NoEvents, Notice},
     manager::Manager,
 };
 

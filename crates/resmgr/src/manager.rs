@@ -41,6 +41,7 @@ use std::{
     time::Duration,
 };
 
+use kube_dra::{ClaimReader, EventRecorder, NoEvents};
 use policy::Policy;
 use tokio::sync::{Mutex, watch};
 use tracing::{info, warn};
@@ -51,7 +52,6 @@ use crate::{
     disk::Disk,
     faults::Faults,
     gate::Gate,
-    kube::{ClaimReader, EventRecorder, NoEvents},
     pending::PendingUpdates,
     published::{Guard, Published},
     reconcile::{ReconcileConfig, Reconciliation, Stray, Unconfirmed},

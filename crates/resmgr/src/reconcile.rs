@@ -63,6 +63,7 @@ use std::{
     time::Duration,
 };
 
+use kube_dra::Notice;
 use kubelet_plugin::ClaimRef;
 use policy::{Container, Policy, claim_env};
 use serde::Serialize;
@@ -72,7 +73,6 @@ use tracing::{debug, info, warn};
 
 use crate::{
     errors::chain,
-    kube::Notice,
     manager::Manager,
     state::{DeviceRecord, PreparedClaim},
 };

@@ -231,7 +231,7 @@ func TestTheSchemaRefusesWhatTheChartWouldMisread(t *testing.T) {
 		"reserved-cpu":  "config: {reserved-cpu: \"2\"}\n",
 		"cdi-dir":       "config: {cdi-dir: /etc/cdi}\n",
 		"port":          "metrics: {port: \"8891\"}\n",
-		"maxSurge":      "updateStrategy: {rollingUpdate: {maxUnavailable: 1, maxSurge: 1}}\n",
+		"maxSurge":      "updateStrategy: {rollingUpdate: {maxUnavailable: 1, maxSurge: -1}}\n",
 		"operater":      "tolerations: [{operater: Exists}]\n",
 		"seLinuxOption": "securityContext: {seLinuxOption: {type: spc_t}}\n",
 		"pullPolicy":    "image: {pullPolicy: Sometimes}\n",

@@ -254,7 +254,7 @@ func TestExamplesMatchTheKubernetes134Schemas(t *testing.T) {
 func TestSchemaValidationRefusesWhatKubernetes134Would(t *testing.T) {
 	base := readFile(t, filepath.Join(repoRoot(t), "deploy", "manifests", "resmgr.yaml"))
 	cases := map[string][2]string{
-		"unknown field":        {"maxUnavailable: 1\n", "maxUnavailable: 1\n      maxUnavaliable: 1\n"},
+		"unknown field":        {"maxUnavailable: 0\n", "maxUnavailable: 0\n      maxUnavaliable: 1\n"},
 		"wrong type":           {"containerPort: 8891", "containerPort: [8891]"},
 		"missing required":     {"roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: resmgr\n", ""},
 		"unknown policy field": {"  failurePolicy: Fail\n", "  failurePolicy: Fail\n  failureMode: Fail\n"},

@@ -10,7 +10,8 @@
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
 use integration_tests::fakes::{FileRuntime, TestPolicy, claim, claim_ref};
-use resmgr::{Manager, ManagerConfig, kube::fake::StaticClaims, state::StateFile};
+use kube_dra::fake::StaticClaims;
+use resmgr::{Manager, ManagerConfig, state::StateFile};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();

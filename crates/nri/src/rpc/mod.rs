@@ -19,10 +19,15 @@ pub mod code {
     pub const UNKNOWN: i32 = 2;
     pub const INVALID_ARGUMENT: i32 = 3;
     pub const DEADLINE_EXCEEDED: i32 = 4;
-    /// A message over 4 MiB.
+    pub const NOT_FOUND: i32 = 5;
+    /// A message over 4 MiB. NRI runtimes read it so: on a Synchronize they split the message
+    /// and retry, so a plugin must not refuse with it.
     pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const FAILED_PRECONDITION: i32 = 9;
     /// Unknown service or method; drives the v0.12 StateChange fallback.
     pub const UNIMPLEMENTED: i32 = 12;
+    pub const INTERNAL: i32 = 13;
+    pub const UNAVAILABLE: i32 = 14;
 }
 
 /// A non-OK ttrpc status.

@@ -6,14 +6,14 @@
 //! Synchronize reply has been written to the socket, and the connection is lost. The stub does not
 //! reconnect: the resource manager exits on a lost connection and is restarted.
 
+mod inherited;
 mod service;
 #[cfg(test)]
 mod tests;
 
 use std::{
-    ffi::OsStr,
-    os::fd::{FromRawFd, OwnedFd, RawFd},
-    path::{Path, PathBuf},
+    os::fd::{OwnedFd, RawFd},
+    path::PathBuf,
     sync::Arc,
     time::Duration,
 };
@@ -25,6 +25,7 @@ use tokio::{
     sync::watch,
 };
 
+pub use self::inherited::take_plugin_socket;
 use self::service::{DEFAULT_REQUEST_TIMEOUT, IN_EVENT_HANDLER, PluginService};
 use crate::{
     api,
@@ -66,6 +67,14 @@ pub enum StubError {
     },
     #[error("{PLUGIN_SOCKET_ENV}={value:?} is not a file descriptor number")]
     InvalidSocketFd { value: String },
+    #[error("{PLUGIN_SOCKET_ENV}={fd} names a standard stream, not the runtime's socket")]
+    StandardStreamFd { fd: RawFd },
+    #[error("{PLUGIN_SOCKET_ENV}={fd} is not a socket")]
+    NotASocket { fd: RawFd },
+    #[error(
+        "{PLUGIN_SOCKET_ENV}={fd}: the runtime's socket has been taken already (once per process)"
+    )]
+    SocketFdTaken { fd: RawFd },
     #[error("using inherited socket fd {fd}")]
     InheritedSocket {
         fd: RawFd,
@@ -124,47 +133,15 @@ impl StubConfig {
     }
 }
 
-/// Where the runtime is.
+/// Where the runtime is. As the reference stub does, a plugin uses the socket in
+/// `NRI_PLUGIN_SOCKET` when that is set (the library reads no environment: the binary takes it
+/// with [`take_plugin_socket`]) and dials the runtime's socket otherwise.
 #[derive(Debug)]
 pub enum Endpoint {
     /// An external plugin dials the runtime's socket.
     Socket(PathBuf),
     /// A pre-launched plugin owns one end of a socketpair the runtime made.
     Inherited(OwnedFd),
-}
-
-impl Endpoint {
-    /// The endpoint the reference stub would use: the fd in `NRI_PLUGIN_SOCKET` if that is set
-    /// (pass its value, the library reads no environment), otherwise `default_socket`.
-    ///
-    /// Takes ownership of the inherited fd: call this once per process.
-    pub fn from_plugin_socket_env(
-        plugin_socket: Option<&OsStr>,
-        default_socket: &Path,
-    ) -> Result<Self, StubError> {
-        let Some(value) = plugin_socket else {
-            return Ok(Self::Socket(default_socket.to_path_buf()));
-        };
-        let text = value.to_string_lossy();
-        let fd: RawFd = text
-            .trim()
-            .parse()
-            .ok()
-            .filter(|&fd| fd >= 0)
-            .ok_or_else(|| StubError::InvalidSocketFd {
-                value: text.clone().into_owned(),
-            })?;
-        Ok(Self::Inherited(adopt_inherited_fd(fd)))
-    }
-}
-
-#[allow(unsafe_code)]
-fn adopt_inherited_fd(fd: RawFd) -> OwnedFd {
-    // SAFETY: the runtime hands a pre-launched plugin this fd (one end of a socketpair) for the
-    // plugin to own, and `Endpoint::from_plugin_socket_env` documents that it takes ownership, once
-    // per process; nothing else in the process uses that descriptor. An fd that is not open makes
-    // the first socket operation fail with EBADF, reported as `StubError::InheritedSocket`.
-    unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
 /// Connects `plugin` to the runtime at `endpoint`, registers it and waits for Configure.
@@ -214,7 +191,11 @@ where
         let (shared, closer) = (shared.clone(), mux.closer.clone());
         tokio::spawn(async move {
             let why = closer.closed().await;
-            tracing::info!(reason = %why, "NRI connection lost");
+            // As an error, so that the subscriber prints its cause too.
+            tracing::info!(
+                reason = &why as &dyn std::error::Error,
+                "NRI connection lost"
+            );
             shared.set_closed(why);
         });
     }

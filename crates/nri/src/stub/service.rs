@@ -268,8 +268,9 @@ fn decode<M: Message + Default>(payload: Bytes) -> Result<M, Status> {
     })
 }
 
+/// A handler's refusal as the status the runtime receives: its kind's code, its message.
 fn refusal(e: PluginError) -> Status {
-    Status::new(code::UNKNOWN, e.message)
+    Status::new(e.kind.code(), e.message)
 }
 
 /// A timeout announced in milliseconds; 0 or negative means "not announced".

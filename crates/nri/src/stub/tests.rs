@@ -159,6 +159,8 @@ struct TestPlugin {
     sync_update: Vec<api::ContainerUpdate>,
     /// Copied into the adjustment's annotations (to make big replies).
     echo_annotations: bool,
+    /// What CreateContainer refuses with, if it refuses.
+    refuse_create: Mutex<Option<PluginError>>,
 }
 
 impl Plugin for TestPlugin {
@@ -183,6 +185,9 @@ impl Plugin for TestPlugin {
         request: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, PluginError> {
         let container = request.container.unwrap_or_default();
+        if let Some(refusal) = self.refuse_create.lock().unwrap().clone() {
+            return Err(refusal);
+        }
         let handle = self.handle.lock().unwrap().clone();
         if let Some(handle) = handle {
             let outcome = handle.update_containers(vec![]).await;
@@ -213,6 +218,7 @@ fn test_plugin(events: &[Event]) -> (TestPlugin, mpsc::UnboundedReceiver<Seen>) 
         handle: Mutex::new(None),
         sync_update: vec![],
         echo_annotations: false,
+        refuse_create: Mutex::new(None),
     };
     (plugin, rx)
 }
@@ -514,6 +520,41 @@ async fn hundred_kilobyte_messages_cross_both_ways() {
     let reply: api::CreateContainerResponse = runtime.call("CreateContainer", &req).await.unwrap();
     assert!(matches!(seen.recv().await.unwrap(), Seen::Create(id) if id == "big"));
     assert_eq!(reply.adjust.unwrap().annotations["payload"], big);
+}
+
+#[tokio::test]
+async fn a_handlers_refusal_reaches_the_runtime_with_its_kinds_code() {
+    use crate::PluginErrorKind as K;
+    let (plugin, _seen) = test_plugin(&[Event::CreateContainer]);
+    let (_h, runtime, plugin, _) = handshake(plugin, StubConfig::new("test", "10"), "").await;
+    let req = api::CreateContainerRequest {
+        pod: Some(api::PodSandbox::default()),
+        container: Some(container("c1")),
+    };
+    for (kind, code) in [
+        (K::Unknown, code::UNKNOWN),
+        (K::InvalidArgument, code::INVALID_ARGUMENT),
+        (K::NotFound, code::NOT_FOUND),
+        (K::FailedPrecondition, code::FAILED_PRECONDITION),
+        (K::Unavailable, code::UNAVAILABLE),
+        (K::Internal, code::INTERNAL),
+    ] {
+        let message = format!("refused as {kind:?}");
+        *plugin.refuse_create.lock().unwrap() = Some(PluginError::with_kind(kind, &message));
+        let err = runtime
+            .call::<_, api::CreateContainerResponse>("CreateContainer", &req)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            CallError::Status {
+                method: "CreateContainer".into(),
+                status: Status::new(code, message),
+            }
+        );
+    }
+    // A plain error is what a Go plugin's is.
+    assert_eq!(PluginError::new("no").kind, K::Unknown);
 }
 
 // === unsolicited updates ===

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use resmgr::{
     claims::HOLD,
     dra_handler::LifecycleHandler,
-    kube::EventRecorder,
+    kube_dra::EventRecorder,
     kubelet_plugin::{ClaimHandler, ClaimRef, PrepareResults, RequestError, UnprepareResults},
 };
 use tokio::time::Instant;
@@ -123,7 +123,7 @@ fn outcome<T, E>(
 #[cfg(test)]
 mod tests {
     use policy::{AllocationResult, Claim, Quantity, Topology, topology_aware::Config};
-    use resmgr::kube::fake::StaticClaims;
+    use resmgr::kube_dra::fake::StaticClaims;
 
     use super::*;
     use crate::{
@@ -171,7 +171,7 @@ mod tests {
         node.own(manager.clone());
         let handler = Measured {
             node,
-            events: Arc::new(resmgr::kube::NoEvents),
+            events: Arc::new(resmgr::kube_dra::NoEvents),
             metrics: metrics.clone(),
         };
         let refs = [

@@ -42,7 +42,7 @@ use policy::topology_aware::DeviceMode;
 use resmgr::{
     ClaimReader, Manager,
     health::{HealthConfig, HealthMonitor},
-    kube::{
+    kube_dra::{
         self, EventRecorder, EventsConfig, KubeEvents, NoEvents, ResourceApiVersions, RetryPolicy,
         SlicePublisher,
     },
@@ -162,11 +162,11 @@ impl Agent {
         let (versions, claims, kube_events): (_, Arc<dyn ClaimReader>, _) = match config.publisher()
         {
             Some(_) => {
-                let client = kube::connect(config.kubeconfig.as_deref())
+                let client = kube_dra::connect(config.kubeconfig.as_deref())
                     .await
                     .context("the Kubernetes API client")?;
                 let versions = Arc::new(ResourceApiVersions::discover(client));
-                let claims = Arc::new(kube::KubeClaimReader::new(
+                let claims = Arc::new(kube_dra::KubeClaimReader::new(
                     versions.clone(),
                     &config.driver_name,
                     RetryPolicy::default(),
@@ -180,7 +180,7 @@ impl Agent {
                 );
                 (Some(versions), claims, Some(events))
             }
-            None => (None, Arc::new(kube::NoClaims), None),
+            None => (None, Arc::new(kube_dra::NoClaims), None),
         };
         let events: Arc<dyn EventRecorder> = match &kube_events {
             Some((events, _)) => Arc::new(events.clone()),

@@ -6,7 +6,7 @@ use std::{collections::BTreeSet, sync::Arc};
 use policy::topology_aware::DeviceMode;
 use resmgr::{
     Published,
-    kube::{self, DevicePublisher as _, SlicePublisher},
+    kube_dra::{self, DevicePublisher as _, SlicePublisher},
 };
 use tokio::sync::watch;
 use tracing::{error, info, warn};
@@ -45,7 +45,7 @@ pub async fn publish(publisher: SlicePublisher, mut snapshots: watch::Receiver<A
 /// the new devices. Returns what was published.
 async fn republish_if_changed(
     devices: Result<Vec<policy::Device>, policy::PolicyError>,
-    publisher: &impl kube::DevicePublisher,
+    publisher: &impl kube_dra::DevicePublisher,
     published: &mut Vec<policy::Device>,
 ) -> Option<Vec<policy::Device>> {
     let devices = devices.ok()?;
@@ -144,7 +144,8 @@ mod tests {
         policy.restore(&grouped.snapshot()).unwrap();
         let mut published = policy.devices().unwrap();
         assert_eq!(published.len(), 1, "cpu3 only: u1 holds 1-2");
-        let publisher = resmgr::kube::fake::RecordingPublisher::new(crate::config::DEFAULT_DRIVER);
+        let publisher =
+            resmgr::kube_dra::fake::RecordingPublisher::new(crate::config::DEFAULT_DRIVER);
         assert_eq!(
             republish_if_changed(policy.devices(), &publisher, &mut published).await,
             None

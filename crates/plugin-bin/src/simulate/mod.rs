@@ -27,7 +27,8 @@ use policy::{
     Resources, Topology, cdi, scheduler::Scheduler, topology_aware::Config,
 };
 use resmgr::{
-    Manager, ManagerConfig, kube::fake::StaticClaims, kubelet_plugin::ClaimRef, state::StateFile,
+    Manager, ManagerConfig, kube_dra::fake::StaticClaims, kubelet_plugin::ClaimRef,
+    state::StateFile,
 };
 
 use self::{
@@ -172,8 +173,8 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         .context("the policy's devices")?;
     // The simulated API server checks the devices as a real one would check the ResourceSlice.
     {
-        use resmgr::kube::DevicePublisher as _;
-        resmgr::kube::fake::RecordingPublisher::new(&driver)
+        use resmgr::kube_dra::DevicePublisher as _;
+        resmgr::kube_dra::fake::RecordingPublisher::new(&driver)
             .publish(published.clone())
             .await
             .map_err(|e| anyhow::anyhow!("{file}: the API server refuses the devices: {e}"))?;

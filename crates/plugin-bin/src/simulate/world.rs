@@ -1,5 +1,5 @@
 //! The simulated container runtime: it applies what it is told. (The simulated API server is
-//! resmgr's own in-memory claim store, `resmgr::kube::fake::StaticClaims`.)
+//! kube-dra's in-memory claim store, `resmgr::kube_dra::fake::StaticClaims`.)
 //!
 //! It is deliberately dumb: the decisions under test are the real manager's and the real
 //! policy's, and it only records their effects so the report can show them.

@@ -918,7 +918,7 @@ impl Policy for TopologyAware {
         if let Some(version) = snapshot.get("version") {
             match version.as_u64() {
                 Some(v) if v > u64::from(claims::SNAPSHOT_VERSION) => {
-                    return Err(PolicyError::Restore(format!(
+                    return Err(PolicyError::restore(format!(
                         "snapshot version {v} is newer than this build reads (1 to {}): it was \
                          written by a newer release",
                         claims::SNAPSHOT_VERSION
@@ -926,7 +926,7 @@ impl Policy for TopologyAware {
                 }
                 Some(1..) => {}
                 _ => {
-                    return Err(PolicyError::Restore(format!(
+                    return Err(PolicyError::restore(format!(
                         "not a topology-aware snapshot: version {version}"
                     )));
                 }
@@ -935,17 +935,18 @@ impl Policy for TopologyAware {
         let snap: Snapshot = serde_path_to_error::deserialize(snapshot).map_err(|e| {
             let at = match e.path().to_string() {
                 root if root == "." => String::new(),
-                path => format!("{path}: "),
+                path => format!(" at {path}"),
             };
-            let inner = e.into_inner().to_string();
-            PolicyError::Restore(if inner.starts_with("unknown field") {
+            let inner = e.into_inner();
+            let reason = if inner.to_string().starts_with("unknown field") {
                 format!(
-                    "snapshot has a field this build does not know, written by a newer \
-                     release: {at}{inner}"
+                    "the snapshot has a field this build does not know, written by a newer \
+                     release{at}"
                 )
             } else {
-                format!("not a topology-aware snapshot: {at}{inner}")
-            })
+                format!("not a topology-aware snapshot{at}")
+            };
+            PolicyError::restore_decoding(reason, inner)
         })?;
         // A claim keeps its CPUs whatever devices are published now (the device model or the
         // claimable CPUs may have changed since): its pods may be using them. It only needs
@@ -979,7 +980,7 @@ impl Policy for TopologyAware {
                     None
                 };
                 if let Some(why) = why {
-                    return Err(PolicyError::Restore(format!(
+                    return Err(PolicyError::restore(format!(
                         "claim {} result {i} (device {}): cpus {}: {why}",
                         claim.describe(),
                         r.device,
@@ -1144,7 +1145,7 @@ impl Policy for TopologyAware {
         if self.claims.contains_key(uid) {
             return Ok(());
         }
-        let refuse = |reason: String| PolicyError::Restore(format!("claim {uid}: {reason}"));
+        let refuse = |reason: String| PolicyError::restore(format!("claim {uid}: {reason}"));
         let granted = claims::granted(uid, edits).map_err(refuse)?;
         let memory = claims::granted_memory(uid, edits).map_err(refuse)?;
         // Results whose edits say the same are one request's: two requests never share a CPU.

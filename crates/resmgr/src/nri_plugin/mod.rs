@@ -9,6 +9,10 @@
 //! also told to the [`EventRecorder`], for an Event on its pod: the runtime's error reaches the
 //! kubelet's log, but not always the user.
 //!
+//! A refusal reaches the runtime classified ([`refusal`]), as the DRA side's do: a malformed
+//! request is `InvalidArgument`, a container that does not fit `FailedPrecondition`, a change
+//! that could not be saved `Internal`.
+//!
 //! Subscribed events: CreateContainer, UpdateContainer and StopContainer (whose replies carry
 //! updates to other containers), PostStartContainer (until which the runtime may drop a
 //! container's updates: [`crate::pending`]) and RemoveContainer (both arrive as StateChange, or as
@@ -22,16 +26,18 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
+use kube_dra::notices::{EventRecorder, NoEvents, Notice, PodRef};
 use nri::{
-    EventSet, Plugin, PluginError, StateChange,
+    EventSet, Plugin, PluginError, PluginErrorKind, StateChange,
     api::{self, Event},
 };
-use policy::ContainerUpdate;
+use policy::{ContainerUpdate, PolicyError};
 use tracing::{info, warn};
 
 use crate::{
+    commit::CommitError,
     errors::chain,
-    kube::events::{EventRecorder, NoEvents, Notice, PodRef},
+    events::EventError,
     manager::Manager,
     runtime::{BoxFuture, Runtime, RuntimeError},
 };
@@ -104,8 +110,43 @@ impl ResmgrPlugin {
     }
 }
 
+/// A request without what its event needs: malformed, whatever our state.
 fn missing(call: &str, what: &str) -> PluginError {
-    PluginError::new(format!("{call} request without a {what}"))
+    PluginError::with_kind(
+        PluginErrorKind::InvalidArgument,
+        format!("{call} request without a {what}"),
+    )
+}
+
+/// The manager's failure of an event as the status the runtime gets, by its typed cause (gRPC's
+/// meanings, as `dra_handler` answers the kubelet):
+///
+/// - the policy's refusals: a container that does not fit, or a policy that serves no claims,
+///   is a well-formed request the node cannot grant as it is (`FailedPrecondition`; not
+///   `ResourceExhausted`, which NRI runtimes read as an oversized message); a malformed
+///   annotation or claim configuration is `InvalidArgument`; a container the policy does not
+///   know is `NotFound`; a failed restore cannot come from an event (`Internal`);
+/// - the commit's: the state could not be saved (the disk failed) is `Internal`; the runtime
+///   did not confirm updates the change waits for is `Unavailable`, which a retry may get
+///   through.
+pub fn refusal(e: &EventError) -> PluginError {
+    let kind = match e {
+        EventError::Policy { source, .. } => match source {
+            PolicyError::DoesNotFit { .. } | PolicyError::NoDraClaims => {
+                PluginErrorKind::FailedPrecondition
+            }
+            PolicyError::Invalid { .. } | PolicyError::ClaimConfig { .. } => {
+                PluginErrorKind::InvalidArgument
+            }
+            PolicyError::UnknownContainer(_) => PluginErrorKind::NotFound,
+            PolicyError::Restore { .. } => PluginErrorKind::Internal,
+        },
+        EventError::Commit { source, .. } => match source {
+            CommitError::Save(_) => PluginErrorKind::Internal,
+            CommitError::Deliver(_) => PluginErrorKind::Unavailable,
+        },
+    };
+    PluginError::with_kind(kind, chain(e))
 }
 
 fn updates(updates: &[ContainerUpdate]) -> Vec<api::ContainerUpdate> {
@@ -150,9 +191,7 @@ impl Plugin for ResmgrPlugin {
             }
         }
         let result = self.manager.synchronize(&live).await;
-        result
-            .map(|u| updates(&u))
-            .map_err(|e| PluginError::new(chain(&e)))
+        result.map(|u| updates(&u)).map_err(|e| refusal(&e))
     }
 
     async fn create_container(
@@ -172,7 +211,7 @@ impl Plugin for ResmgrPlugin {
         let allocation = match self.manager.create_container(&container).await {
             Ok(allocation) => allocation,
             Err(e) => {
-                let message = chain(&e);
+                let refused = refusal(&e);
                 self.events.record(Notice::ContainerRefused {
                     pod: PodRef {
                         namespace: container.pod.namespace.clone(),
@@ -180,9 +219,9 @@ impl Plugin for ResmgrPlugin {
                         uid: container.pod.uid.clone(),
                     },
                     container: container.name.clone(),
-                    message: message.clone(),
+                    message: refused.message.clone(),
                 });
-                return Err(PluginError::new(message));
+                return Err(refused);
             }
         };
         Ok(api::CreateContainerResponse {
@@ -210,7 +249,7 @@ impl Plugin for ResmgrPlugin {
             .manager
             .update_container(&translate::container(pod, c), &resources)
             .await
-            .map_err(|e| PluginError::new(chain(&e)))?;
+            .map_err(|e| refusal(&e))?;
         Ok(api::UpdateContainerResponse {
             update: updates(&u),
             evict: Vec::new(),
@@ -309,7 +348,7 @@ impl Connection {
                     self.manager.synchronized().await;
                     tokio::join!(self.manager.run_retries(), self.manager.run_reconciler());
                 }
-                Err(e) => info!(reason = %e, "connection ended before synchronization"),
+                Err(e) => info!(reason = %chain(&e), "connection ended before synchronization"),
             }
             std::future::pending::<std::convert::Infallible>().await
         };
@@ -317,5 +356,95 @@ impl Connection {
             why = self.handle.closed() => why,
             never = work => match never {},
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::{
+        commit::{DeliveryCause, DeliveryError},
+        runtime::RuntimeError,
+        state::StateError,
+    };
+
+    fn policy(source: PolicyError) -> EventError {
+        EventError::Policy {
+            container: "ns/pod/c".into(),
+            source,
+        }
+    }
+
+    fn commit(source: CommitError) -> EventError {
+        EventError::Commit {
+            container: "ns/pod/c".into(),
+            source,
+        }
+    }
+
+    #[test]
+    fn each_failure_reaches_the_runtime_classified_with_its_whole_chain() {
+        use PluginErrorKind as K;
+        let reason = |r: &str| r.to_owned();
+        let cases = [
+            (
+                policy(PolicyError::DoesNotFit {
+                    subject: "container c".into(),
+                    reason: reason("needs 4 cpus"),
+                }),
+                K::FailedPrecondition,
+            ),
+            (policy(PolicyError::NoDraClaims), K::FailedPrecondition),
+            (
+                policy(PolicyError::Invalid {
+                    subject: "container c".into(),
+                    reason: reason("bad annotation"),
+                }),
+                K::InvalidArgument,
+            ),
+            (
+                policy(PolicyError::ClaimConfig {
+                    claim: "ns/claim (uid)".into(),
+                    requests: "all requests".into(),
+                    field: "memoryPinning".into(),
+                    reason: reason("not a bool"),
+                }),
+                K::InvalidArgument,
+            ),
+            (
+                policy(PolicyError::UnknownContainer("c".into())),
+                K::NotFound,
+            ),
+            (policy(PolicyError::restore("no")), K::Internal),
+            (
+                commit(CommitError::Save(StateError::Read {
+                    path: "/state/state.json".into(),
+                    source: std::io::Error::from_raw_os_error(5),
+                })),
+                K::Internal,
+            ),
+            (
+                commit(CommitError::Deliver(DeliveryError {
+                    containers: BTreeSet::from(["other".to_owned()]),
+                    cause: DeliveryCause::Runtime(RuntimeError::Disconnected),
+                })),
+                K::Unavailable,
+            ),
+        ];
+        for (error, kind) in cases {
+            let refused = refusal(&error);
+            assert_eq!(refused.kind, kind, "{error:?}");
+            assert_eq!(refused.message, chain(&error));
+            assert!(refused.message.starts_with("container ns/pod/c: "));
+        }
+    }
+
+    #[test]
+    fn a_request_without_its_pod_or_container_is_an_invalid_argument() {
+        let refused = missing("CreateContainer", "pod");
+        assert_eq!(refused.kind, PluginErrorKind::InvalidArgument);
+        assert_eq!(refused.message, "CreateContainer request without a pod");
     }
 }

@@ -163,7 +163,7 @@ pub fn validate_slice_spec(
         }
     }
     let devices = spec.devices.as_deref().unwrap_or_default();
-    if devices.len() > crate::kube::slices::build::MAX_DEVICES_PER_SLICE {
+    if devices.len() > crate::slices::build::MAX_DEVICES_PER_SLICE {
         return Err(error(
             "devices".into(),
             format!("{} devices, at most 128 allowed", devices.len()),

@@ -110,7 +110,7 @@ pub trait ClaimReader: Send + Sync + fmt::Debug {
     fn get_claim<'a>(&'a self, claim: &'a ClaimRef)
     -> BoxFuture<'a, Result<Claim, ClaimReadError>>;
 
-    /// Where a claim stands, for reconciliation ([`crate::reconcile`]): `Some` with our driver's
+    /// Where a claim stands, for reconciliation (resmgr's `reconcile`): `Some` with our driver's
     /// results while a claim of that UID is allocated, `None` when there is none (deleted,
     /// re-created under another UID) or it is not allocated. `claim` may have no name (a claim
     /// taken back from its CDI spec knows only its UID): then the claim is looked for by UID.
@@ -132,7 +132,7 @@ pub trait ClaimReader: Send + Sync + fmt::Debug {
 
 /// Reads no claims: the agent without DRA, which talks to no API server and is never asked to
 /// prepare (the kubelet does not know it). A claim reads as not found, and none is found by UID;
-/// reconciliation without DRA does not ask ([`crate::reconcile::ReconcileConfig::pool`]).
+/// reconciliation without DRA does not ask (resmgr's `ReconcileConfig::pool`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoClaims;
 

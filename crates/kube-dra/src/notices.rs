@@ -3,7 +3,7 @@
 //! the claim, and on each pod it is reserved for), so that `kubectl describe pod` and `kubectl
 //! describe resourceclaim` say why.
 //!
-//! [`EventRecorder`] is what the rest of the resource manager sees: it takes a [`Notice`], in
+//! [`EventRecorder`] is what the driver (the resource manager) sees: it takes a [`Notice`], in
 //! domain terms, and never blocks or fails, because its callers are an NRI handler (the runtime
 //! waits for our answer, holding its own locks) and the claim lifecycle. [`KubeEvents`] puts
 //! notices on a bounded queue and returns; a task of its own posts them. When the queue is full
@@ -88,7 +88,7 @@ pub enum Notice {
         message: String,
     },
     /// Reconciling the node's CDI specs and held claims did something an operator must hear of
-    /// ([`crate::reconcile`]): an Event on the Node.
+    /// (resmgr's `reconcile`): an Event on the Node.
     ClaimReconciled {
         /// What was done, as the agent logged it.
         message: String,

@@ -17,7 +17,7 @@ use k8s_openapi::{
 use serde_json::Value;
 
 use super::allocatable;
-use crate::kube::version::ResourceApiVersion;
+use crate::version::ResourceApiVersion;
 
 /// The spec as `version` writes it, with the node-allocatable mapping in both of its forms
 /// ([`allocatable`]).

@@ -71,11 +71,9 @@ use super::{
 };
 use crate::{
     errors::chain,
-    kube::{
-        events::{EventRecorder, NoEvents, Notice},
-        retry::{AttemptError, RetryError},
-        version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions, is_path_not_served},
-    },
+    notices::{EventRecorder, NoEvents, Notice},
+    retry::{AttemptError, RetryError},
+    version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions, is_path_not_served},
 };
 
 /// Times a reconciliation starts over after a write conflict before giving up.
@@ -473,15 +471,15 @@ impl SlicePublisher {
             state.dropped.clear();
         }
         state.written.clear();
-        let mut run = Reconciliation {
+        let mut pass = SyncPass {
             publisher: self,
             api: self.api(version),
             version,
             state,
             report: PublishReport::default(),
         };
-        match run.run(devices).await {
-            Ok(()) => Ok(Ok(run.report)),
+        match pass.run(devices).await {
+            Ok(()) => Ok(Ok(pass.report)),
             Err(Failure::Conflict) => Err(Conflict),
             Err(Failure::Error(error)) => Ok(Err(error)),
         }
@@ -553,8 +551,9 @@ struct Restart {
     version_gone: bool,
 }
 
-/// One pass of making the pool match.
-struct Reconciliation<'a> {
+/// One pass of syncing the pool's slices with the wanted devices: the publisher's [`State`] it
+/// reads and updates, and its report of what it did.
+struct SyncPass<'a> {
     publisher: &'a SlicePublisher,
     api: Api<DynamicObject>,
     version: ResourceApiVersion,
@@ -562,7 +561,7 @@ struct Reconciliation<'a> {
     report: PublishReport,
 }
 
-impl Reconciliation<'_> {
+impl SyncPass<'_> {
     fn config(&self) -> &PublisherConfig {
         &self.publisher.inner.config
     }
@@ -597,7 +596,7 @@ impl Reconciliation<'_> {
         tracing::warn!(
             attributes = ?lists,
             gate = LIST_ATTRIBUTES_GATE,
-            refusal = %crate::errors::chain(error),
+            refusal = %chain(error),
             "the api server refuses list-valued device attributes: the {LIST_ATTRIBUTES_GATE} \
              feature gate is off on it (alpha, Kubernetes 1.36 and later); publishing the \
              resource slices without them (turn the gate on for the api server and the \

@@ -1,5 +1,5 @@
-//! In-memory stand-ins for the Kubernetes API, for the simulator and for tests of the resource
-//! manager: [`StaticClaims`] answers claim reads from a map, [`RecordingPublisher`] records what
+//! In-memory stand-ins for the Kubernetes API, for the simulator and for tests of a driver (the
+//! resource manager's): [`StaticClaims`] answers claim reads from a map, [`RecordingPublisher`] records what
 //! would have been published, [`RecordingEvents`] the notices that would have become Events. The
 //! first two apply the same checks as the real ones (UID, allocation, device validation), so a
 //! simulation refuses what a cluster would.
@@ -14,7 +14,7 @@ use crate::sync::lock;
 
 use super::{
     claims::{ClaimReadError, ClaimReader},
-    events::{EventRecorder, Notice},
+    notices::{EventRecorder, Notice},
     slices::{DevicePublisher, PublishError, PublishReport, validate::validate_devices},
 };
 
