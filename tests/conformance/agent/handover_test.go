@@ -30,9 +30,11 @@ import (
 )
 
 const (
-	oldPod   = "0a0a0a0a-0000-4000-8000-00000000000a"
-	newPod   = "0b0b0b0b-0000-4000-8000-00000000000b"
-	thirdPod = "0c0c0c0c-0000-4000-8000-00000000000c"
+	// Short pod UIDs: the sockets named after them live under the test's temporary directory,
+	// and a Unix socket's path has at most 107 bytes.
+	oldPod   = "0a"
+	newPod   = "0b"
+	thirdPod = "0c"
 )
 
 // instance is one more `resmgr run` of the cluster, with a pod UID of its own.
@@ -123,7 +125,12 @@ func (c *cluster) registrationSocket(pod string) string {
 func (c *cluster) registerInstance(pod string) string {
 	c.t.Helper()
 	socket := c.registrationSocket(pod)
-	c.waitFor("the registration socket of "+pod, exists(socket))
+	// Not c.waitFor: the cluster's first agent may die meanwhile, on purpose.
+	for deadline := time.Now().Add(waitLimit); !exists(socket)(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out waiting for the registration socket of %s", pod)
+		}
+	}
 	//lint:ignore SA1019 the kubelet's plugin watcher dials with DialContext.
 	conn, err := grpc.DialContext(context.Background(), socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -184,8 +191,9 @@ func (c *cluster) createBestEffortNow(name string) string {
 	return resp.GetAdjust().GetLinux().GetResources().GetCpu().GetCpus()
 }
 
-// The upgrade: the new agent takes the node over while the kubelet calls it.
-func TestAnUpgradeHandsTheNodeOverWithoutRefusingTheKubelet(t *testing.T) {
+// The upgrade: the new agent takes the node over while the kubelet calls it; the kubelet is
+// never refused.
+func TestUpgradeHandsOver(t *testing.T) {
 	c, db := ownedByTheOldAgent(t)
 	oldState, err := os.ReadFile(c.path("state", "state.json"))
 	if err != nil {
@@ -243,12 +251,12 @@ func (c *cluster) oldInstance() *instance {
 	return &instance{t: c.t, pod: oldPod, cmd: c.agent, exited: c.exited, logs: c.logs, metrics: c.metrics}
 }
 
-// The old agent dies at each step of its side of the handover: the new agent finds the state
+// The old agent dies mid-handover, at each step of its side: the new agent finds the state
 // directory free when it does, starts from what is on disk, and serves every claim; the claim the
 // kubelet sent it meanwhile is served, not refused.
-func TestTheOldAgentDyingMidHandoverLeavesTheNodeToTheNewOne(t *testing.T) {
+func TestOldAgentDies(t *testing.T) {
 	for _, point := range []string{"handover.accepted", "handover.drained", "handover.runtime-closed", "handover.saved"} {
-		t.Run(point, func(t *testing.T) {
+		t.Run(strings.TrimPrefix(point, "handover."), func(t *testing.T) {
 			c := startSetup(t, setup{dra: true, topology: "pack:1 numa:2 core:4 pu:2", args: []string{"--pod-uid", oldPod},
 				before: func(c *cluster) { t.Setenv("RESMGR_CRASH_AT", point) }})
 			c.waitFor("the old agent's registration socket", exists(c.registrationSocket(oldPod)))
@@ -284,9 +292,9 @@ func TestTheOldAgentDyingMidHandoverLeavesTheNodeToTheNewOne(t *testing.T) {
 	}
 }
 
-// The new agent dies before it tells the old one to go: the old agent keeps the node and stays
+// The new agent dies mid-handover, before it tells the old one to go: the old agent keeps the node and stays
 // ready; the next new agent (the DaemonSet's restart of the pod) takes it over.
-func TestTheNewAgentDyingBeforeGoLeavesTheNodeToTheOldOne(t *testing.T) {
+func TestNewAgentDiesBeforeGo(t *testing.T) {
 	c, db := ownedByTheOldAgent(t)
 	doomed := c.spawn(newPod, "RESMGR_CRASH_AT=takeover.go")
 	// The kubelet registers it and connects to it, which is when it would say go.
@@ -318,7 +326,7 @@ func TestTheNewAgentDyingBeforeGoLeavesTheNodeToTheOldOne(t *testing.T) {
 
 // Two new agents at once: one takes the node over, then the other takes it from that one; at no
 // time are two agents connected to the runtime, and every claim survives.
-func TestTwoNewAgentsAtOnceEndWithOneOwner(t *testing.T) {
+func TestTwoNewAgents(t *testing.T) {
 	c, db := ownedByTheOldAgent(t)
 	second, third := c.spawn(newPod), c.spawn(thirdPod)
 	// Both register when the owner they asked accepts them.
