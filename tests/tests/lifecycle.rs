@@ -1251,3 +1251,28 @@ async fn a_lost_state_directory_adopts_the_claims_from_their_specs() {
     );
     assert_eq!(h.saved_claims(), ["c1", "c3"]);
 }
+
+#[tokio::test]
+async fn a_failed_save_is_retried_in_the_background_without_another_commit() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    assert_eq!(h.saved_claims(), ["c1"]);
+
+    // The release's save fails: released in memory, its spec gone, still on disk.
+    h.faults.arm(Point::StateSave, Fault::Fail, Some(1));
+    let answers = m.unprepare(&[claim_ref("c1")]).await.unwrap();
+    let err = resmgr::errors::chain(answers["c1"].as_ref().unwrap_err());
+    assert!(err.contains("saving the state"), "{err}");
+    assert!(h.specs().is_empty());
+    assert_eq!(
+        h.saved_claims(),
+        ["c1"],
+        "the failed save left the disk as it was"
+    );
+
+    // Nothing else commits (an idle node): the background retry saves it.
+    m.retry_once().await.unwrap();
+    assert!(h.saved_claims().is_empty(), "{:?}", h.saved_claims());
+}

@@ -5,7 +5,7 @@
 //! one), a scripted runtime, claims from an API server double. Each step starts a few
 //! operations at once — a pod's prepare (and sometimes a retry overlapping it), containers
 //! created, a pod stopped and its claims unprepared, a container resized, a retry of an
-//! unprepare that failed, a background delivery — after arming faults: `UpdateContainers`
+//! unprepare that failed, the background retry (a failed save, undelivered updates) — after arming faults: `UpdateContainers`
 //! failing as a whole or for one container, a state save or spec write or removal failing (also
 //! after the spec landed), a slow disk, and a crash at a named crash or disk point followed by a
 //! restart (sometimes with the state directory wiped, so the claims must be adopted from their
@@ -1186,9 +1186,9 @@ impl World {
             }
         }
         Some((
-            "background delivery".into(),
+            "background retry".into(),
             tokio::spawn(async move {
-                let _ = m.deliver().await;
+                let _ = m.retry_once().await;
                 Outcome::Nothing
             }),
         ))
@@ -1743,9 +1743,12 @@ impl World {
             rt.report_failed.clear();
             rt.fail_calls = 0;
         }
-        let _ = self.m().deliver().await;
-        if let Err(e) = self.m().deliver().await {
-            return Err(format!("with no faults, a delivery failed: {e}"));
+        let _ = self.m().retry_once().await;
+        if let Err(e) = self.m().retry_once().await {
+            return Err(format!(
+                "with no faults, the background retry failed: {}",
+                resmgr::errors::chain(&e)
+            ));
         }
         let pending = self.m().pending_updates().await;
         if pending != 0 {

@@ -82,8 +82,9 @@ impl Guard<'_> {
     /// they changed nothing durable), and the updates to wait for. An event that changed nothing
     /// durable does not wait for anyone else's save.
     pub(crate) fn change(mut self, ticket: Ticket) -> Change {
+        let version = self.note_changes().or_else(|| self.unsaved());
         Change {
-            version: self.note_changes(),
+            version,
             ticket,
             points: None,
             grants: false,
@@ -155,6 +156,8 @@ pub(crate) struct Io {
     delivery: Mutex<()>,
     /// Serializes saves; holds the version on disk.
     saved: Mutex<u64>,
+    /// The version on disk, for the manager's lock's side ([`Inner::unsaved`]).
+    saved_version: Arc<std::sync::atomic::AtomicU64>,
     /// Wakes the background retry when updates become pending or deliverable.
     pending_changed: Notify,
     /// Wakes deliveries waiting for the runtime to start a container.
@@ -162,13 +165,19 @@ pub(crate) struct Io {
 }
 
 impl Io {
-    pub(crate) fn new(disk: Disk, runtime: Arc<dyn Runtime>, update_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        disk: Disk,
+        runtime: Arc<dyn Runtime>,
+        update_timeout: Duration,
+        saved_version: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
         Self {
             disk,
             runtime,
             update_timeout,
             delivery: Mutex::new(()),
             saved: Mutex::new(0),
+            saved_version,
             pending_changed: Notify::new(),
             started: Notify::new(),
         }
@@ -183,8 +192,12 @@ impl Manager {
     /// Commits a change: saves the durable state up to its version, then delivers its updates.
     /// A failed save delivers nothing (the updates stay pending, retried in the background).
     pub(crate) async fn commit(&self, change: Change) -> Result<(), CommitError> {
-        if let Some(version) = change.version {
-            self.persist(version).await.map_err(CommitError::Save)?;
+        if let Some(version) = change.version
+            && let Err(e) = self.persist(version).await
+        {
+            // The background retry saves it, unless a commit does first.
+            self.io.pending_changed.notify_one();
+            return Err(CommitError::Save(e));
         }
         if let Some((saved, _)) = change.points {
             self.io.faults().crash_point(saved);
@@ -237,6 +250,9 @@ impl Manager {
         self.io.disk.save_state(state).await?;
         self.io.faults().crash_point(Point::CommitStateWritten);
         *saved = version;
+        self.io
+            .saved_version
+            .fetch_max(version, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -431,20 +447,36 @@ impl Manager {
         }
     }
 
-    /// Retries undelivered updates in the background, with exponential backoff, for as long as
-    /// the manager lives. Started once the gate is open.
+    /// One pass of what commits could not finish: saves the state if a save failed since the
+    /// last one succeeded (a failed save is otherwise retried only by the next commit, and an
+    /// idle node may have none), then delivers what is pending.
+    pub async fn retry_once(&self) -> Result<(), CommitError> {
+        let unsaved = self.lock().await.unsaved();
+        if let Some(version) = unsaved {
+            self.persist(version).await.map_err(CommitError::Save)?;
+        }
+        self.deliver().await.map_err(CommitError::Deliver)
+    }
+
+    /// Retries, in the background, what commits could not finish (a failed save, undelivered
+    /// updates: [`Manager::retry_once`]), with exponential backoff, for as long as the manager
+    /// lives. Started once the gate is open.
     pub async fn run_retries(&self) {
         let mut backoff = self.config.retry_backoff;
         loop {
             let notified = self.io.pending_changed.notified();
-            if !self.lock().await.pending.is_deliverable() {
+            let due = {
+                let inner = self.lock().await;
+                inner.pending.is_deliverable() || inner.unsaved().is_some()
+            };
+            if !due {
                 notified.await;
                 continue;
             }
-            match self.deliver().await {
+            match self.retry_once().await {
                 Ok(()) => backoff = self.config.retry_backoff,
                 Err(e) => {
-                    warn!(error = %chain(&e), retry_in = ?backoff, "container updates still pending");
+                    warn!(error = %chain(&e), retry_in = ?backoff, "retrying what a commit could not finish");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.config.max_retry_backoff);
                 }

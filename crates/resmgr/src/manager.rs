@@ -100,6 +100,9 @@ pub(crate) struct Inner {
     pub(crate) reconcile: Reconciliation,
     /// Counts changes of the durable state.
     version: u64,
+    /// The version on disk, which the commit module sets after each save: a version above it is
+    /// unsaved (a save failed), and the next commit saves it.
+    pub(crate) saved: Arc<std::sync::atomic::AtomicU64>,
     /// The durable state as of `version`: the policy's snapshot and the claim records.
     durable: (serde_json::Value, BTreeMap<String, PreparedClaim>),
 }
@@ -116,6 +119,13 @@ impl Inner {
         self.durable = (snapshot, self.records.clone());
         self.version += 1;
         Some(self.version)
+    }
+
+    /// The newest version if it is not on disk yet (an earlier save failed): what any commit
+    /// saves, so that a failed save is retried by the next commit, whatever it changed.
+    pub(crate) fn unsaved(&self) -> Option<u64> {
+        (self.version > self.saved.load(std::sync::atomic::Ordering::Acquire))
+            .then_some(self.version)
     }
 
     /// Notes changes ([`Inner::note_changes`]) and returns the version that includes every
@@ -293,6 +303,7 @@ impl Manager {
             info!(claims = adopted, "adopted claims saved");
         }
         let durable = (policy.snapshot(), records.clone());
+        let saved = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let published = watch::Sender::new(Arc::new(Published::of(policy.as_ref(), &records)));
         Ok(Self {
             published,
@@ -302,12 +313,14 @@ impl Manager {
                 pending: PendingUpdates::default(),
                 reconcile,
                 version: 0,
+                saved: saved.clone(),
                 durable,
             }),
             io: Io::new(
                 Disk::new(state_file, specs, config.faults.clone()),
                 runtime,
                 config.update_timeout,
+                saved,
             ),
             claim_locks: ClaimLocks::default(),
             claim_reader,
