@@ -14,6 +14,8 @@
 //! - [`notices`]: [`EventRecorder`] turns a [`Notice`] (a container refused, a claim that failed
 //!   to prepare) into a Kubernetes Event on the pod and the claim, deduplicated, combined and
 //!   rate-limited like client-go's recorder, never blocking its caller.
+//! - [`waiting`]: [`WaitingPods`] marks the node's pods that wait for a prepare the kubelet
+//!   would retry only at its next resync (after the driver was down), so that it syncs them now.
 //! - [`client`]: the API client, from a kubeconfig or the pod's service account.
 //! - [`fake`]: in-memory implementations of the traits for the simulator and for tests of the
 //!   resource manager; the agent (`resmgr run`) uses none of them.
@@ -35,6 +37,7 @@ mod retry;
 pub mod slices;
 pub mod sync;
 pub mod version;
+pub mod waiting;
 
 pub use claims::{ClaimReadError, ClaimReader, KubeClaimReader, NoClaims};
 pub use client::{ConnectError, connect};
@@ -47,6 +50,7 @@ pub use slices::{
     PublishStatus, PublisherConfig, PublisherConfigError, SlicePublisher,
 };
 pub use version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions};
+pub use waiting::{WaitingPods, WaitingPodsError};
 
 /// Re-exported so callers build clients and configs against exactly the versions we use.
 pub use ::kube as kube_rs;

@@ -59,9 +59,10 @@ pub struct KubeletConfig {
     /// `<driver>-<instance>-reg.sock` for an instance.
     pub registry_dir: PathBuf,
     /// This instance of the driver, when two may be registered at once (a rolling update with
-    /// a surge): the pod's UID. Its sockets are then named after it, as the Go helper's
-    /// `RollingUpdate(podUID)` names them, so that the kubelet (1.33 or later) registers both
-    /// and calls the newest one it is connected to. `None`: one instance, the plain names.
+    /// a surge): a name of its pod (its UID, or part of it: a socket's path has at most 107
+    /// bytes). Its sockets are then named after it, as the Go helper's `RollingUpdate(podUID)`
+    /// names them, so that the kubelet (1.33 or later) registers both and calls the newest one
+    /// it is connected to. `None`: one instance, the plain names.
     pub instance: Option<String>,
 }
 

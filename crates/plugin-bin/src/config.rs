@@ -158,6 +158,8 @@ pub struct RunConfig {
     pub node_allocatable_cpu: bool,
     pub node_allocatable_memory: bool,
     pub expose_pcie_roots: bool,
+    /// Mark the node's pods that wait for their claims once the agent serves.
+    pub retry_waiting_pods: bool,
     pub topology: TopologySource,
     /// `sysfs-root` as given; see [`RunConfig::sysfs_root`].
     pub sysfs_root_given: Option<PathBuf>,
@@ -220,7 +222,13 @@ impl RunConfig {
             driver_name: self.driver_name.clone(),
             plugins_dir: self.kubelet_plugins_dir.clone(),
             registry_dir: self.kubelet_registry_dir.clone(),
-            instance: self.pod_uid.clone(),
+            // The pod UID's first eight characters (its first group): a Unix socket's path has
+            // at most 107 bytes, which a whole UID under a kubelet root dir other than
+            // /var/lib/kubelet can exceed; two pods of the DaemonSet on one node differ there.
+            instance: self
+                .pod_uid
+                .as_ref()
+                .map(|uid| uid.chars().take(8).collect()),
         }
     }
 
@@ -690,6 +698,7 @@ impl RunFlags {
         let node_allocatable_cpu = r.take(&NODE_ALLOCATABLE_CPU)?;
         let node_allocatable_memory = r.take(&NODE_ALLOCATABLE_MEMORY)?;
         let expose_pcie_roots = r.take(&EXPOSE_PCIE_ROOTS)?;
+        let retry_waiting_pods = r.take(&RETRY_WAITING_PODS)?;
         let topology = r.take(&TOPOLOGY)?;
         let sysfs_root_given = r.optional(&SYSFS_ROOT)?.map(|p| p.0);
 
@@ -801,6 +810,7 @@ impl RunFlags {
             node_allocatable_cpu,
             node_allocatable_memory,
             expose_pcie_roots,
+            retry_waiting_pods,
             topology,
             sysfs_root_given,
             reserved_cpus,

@@ -169,6 +169,7 @@ pub const SETTINGS: &[&dyn AnySetting] = &[
     &NODE_ALLOCATABLE_CPU,
     &NODE_ALLOCATABLE_MEMORY,
     &EXPOSE_PCIE_ROOTS,
+    &RETRY_WAITING_PODS,
     &TOPOLOGY,
     &SYSFS_ROOT,
     &RESERVED_CPUS,
@@ -215,7 +216,8 @@ pub const POD_UID: Typed<PodUid> = Typed::new(Setting {
     ),
     summary: "The agent's pod's UID: lets a new agent take the node over from the old one.",
     details: "With it, the agent registers with the kubelet under sockets named after its \
-              pod (`<driver>-<uid>-reg.sock`, `dra-<uid>.sock`), so that the kubelet (1.33 \
+              pod (`<driver>-<uid>-reg.sock`, `dra-<uid>.sock`, with the UID's first eight \
+              characters: a socket's path has at most 107 bytes), so that the kubelet (1.33 \
               or later) keeps two agents registered during a rolling update and calls the \
               newest, and a new agent that finds the node owned asks the owner to hand it \
               over (through `<state-dir>/handover.sock`) instead of failing: docs/deploy.md, \
@@ -359,6 +361,24 @@ pub const EXPOSE_PCIE_ROOTS: Typed<bool> = Typed::new(Setting {
               the attribute and warns naming the gate. Roots come from sysfs \
               (`sysfs-root`); a device whose CPUs no root is local to gets none. Aligning on \
               `resource.kubernetes.io/numaNode` needs no gate (docs/kubernetes.md).",
+});
+
+pub const RETRY_WAITING_PODS: Typed<bool> = Typed::new(Setting {
+    key: "retry-waiting-pods",
+    section: Section::Kubernetes,
+    value_name: "BOOL",
+    shape: Shape::Scalar,
+    default: DefaultValue::Value("false"),
+    summary: "Once it serves, mark the node's pods that wait for their claims, so that the \
+              kubelet prepares them at once.",
+    details: "The kubelet retries a prepare that failed (while the agent was down: a crash, a \
+              pod deleted without a surge) only at its resync, 60 to 90 s later; a change of \
+              a pod's annotations makes it sync the pod at once. With this on, an agent that \
+              becomes ready sets `<driver-name>/prepare-retry` on the pending pods of its node \
+              that have resource claims and no started container. It needs `list` and \
+              `patch` on pods: the chart grants them only with its admission policy, which \
+              lets the agent change that annotation and nothing else, of pods on its own node \
+              (docs/deploy.md, \"When the agent was down\").",
 });
 
 // === The policy ===

@@ -7,6 +7,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -130,7 +131,56 @@ func TestTheAgentMayWriteOnlyItsOwnNodesSlices(t *testing.T) {
 	if err := agent.ResourceV1().ResourceClaims("default").Delete(c, "any", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) {
 		t.Fatalf("the agent deleting a claim: %v, want forbidden", err)
 	}
-	if _, err := agent.CoreV1().Pods("default").List(c, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
-		t.Fatalf("the agent listing pods: %v, want forbidden", err)
+	if _, err := agent.CoreV1().Secrets("default").List(c, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the agent listing secrets: %v, want forbidden", err)
+	}
+}
+
+// Once it serves, the agent marks its node's pods that wait for their claims (retryWaitingPods):
+// it may list pods and set its one annotation on a pod of its own node, and the second admission
+// policy refuses it any other change (a label, another annotation, the spec) and a pod of another
+// node; RBAC refuses creating or deleting pods.
+func TestTheAgentMayMarkOnlyItsOwnNodesPods(t *testing.T) {
+	ns := namespace(t)
+	create(t, ns, podSpec{name: "here"})
+	running(t, ns, "here")
+	elsewhere := podSpec{name: "elsewhere"}.pod(ns)
+	elsewhere.Spec.NodeName = otherNode // no such node: it stays Pending, bound there
+	c, cancel := cx()
+	defer cancel()
+	if _, err := node.Client.CoreV1().Pods(ns).Create(c, elsewhere, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	agent := tokenClient(t, "--bound-object-kind", "Pod", "--bound-object-name", agentPod(t).Name)
+	mark := driver + "/prepare-retry"
+	patch := func(name, body string) error {
+		c, cancel := cx()
+		defer cancel()
+		_, err := agent.CoreV1().Pods(ns).Patch(c, name, types.MergePatchType, []byte(body),
+			metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	if _, err := agent.CoreV1().Pods("").List(c, metav1.ListOptions{FieldSelector: "spec.nodeName=" + onenode.NodeName}); err != nil {
+		t.Fatalf("the agent listing its node's pods: %v", err)
+	}
+	if err := patch("here", `{"metadata":{"annotations":{"`+mark+`":"1"}}}`); err != nil {
+		t.Fatalf("the agent marking a pod of its node: %v", err)
+	}
+	for what, body := range map[string]string{
+		"a label":            `{"metadata":{"labels":{"taken":"over"}}}`,
+		"another annotation": `{"metadata":{"annotations":{"` + mark + `":"1","other":"x"}}}`,
+		"the spec":           `{"spec":{"activeDeadlineSeconds":5}}`,
+	} {
+		err := patch("here", body)
+		if err == nil || !strings.Contains(err.Error(), "may change only the annotation "+mark) {
+			t.Fatalf("the agent changing %s of a pod: %v, want the policy to refuse it", what, err)
+		}
+	}
+	err := patch("elsewhere", `{"metadata":{"annotations":{"`+mark+`":"1"}}}`)
+	if err == nil || !strings.Contains(err.Error(), "may mark only pods on its own node") {
+		t.Fatalf("the agent marking a pod of node %s: %v, want the policy to refuse it", otherNode, err)
+	}
+	if err := agent.CoreV1().Pods(ns).Delete(c, "here", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the agent deleting a pod: %v, want forbidden", err)
 	}
 }

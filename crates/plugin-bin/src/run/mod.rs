@@ -44,9 +44,9 @@ use resmgr::{
     health::{HealthConfig, HealthMonitor},
     kube_dra::{
         self, EventRecorder, EventsConfig, KubeEvents, NoEvents, ResourceApiVersions, RetryPolicy,
-        SlicePublisher,
+        SlicePublisher, WaitingPods,
     },
-    kubelet_plugin::{KubeletConfig, KubeletPlugin},
+    kubelet_plugin::{KubeletConfig, KubeletPlugin, RegistrationState},
     nri,
     nri_plugin::{self, NriRuntime, ResmgrPlugin},
     state::StateFile,
@@ -149,6 +149,9 @@ struct Dra {
     publisher: SlicePublisher,
     /// Set once the devices are being published, for the endpoints.
     publishing: Arc<OnceLock<SlicePublisher>>,
+    /// The node's pods that wait for their claims, marked once the agent serves
+    /// (`retry-waiting-pods`).
+    waiting: Option<WaitingPods>,
 }
 
 impl Agent {
@@ -159,12 +162,20 @@ impl Agent {
         let policy = config.policy()?;
         // Without DRA, nothing reads claims (the kubelet never calls us): an empty reader stands
         // in, and refusals are only logged (there is no API server to post Events to).
+        let mut waiting = None;
         let (versions, claims, kube_events): (_, Arc<dyn ClaimReader>, _) = match config.publisher()
         {
             Some(_) => {
                 let client = kube_dra::connect(config.kubeconfig.as_deref())
                     .await
                     .context("the Kubernetes API client")?;
+                if config.retry_waiting_pods {
+                    waiting = Some(WaitingPods::new(
+                        client.clone(),
+                        config.node_name.clone().unwrap_or_default(),
+                        &config.driver_name,
+                    ));
+                }
                 let versions = Arc::new(ResourceApiVersions::discover(client));
                 let claims = Arc::new(kube_dra::KubeClaimReader::new(
                     versions.clone(),
@@ -224,6 +235,7 @@ impl Agent {
                     .context("the resource slice publisher")?
                     .with_events(events.clone()),
                 publishing,
+                waiting,
             }),
             _ => None,
         };
@@ -465,6 +477,7 @@ async fn serve_claims(
         poster,
         publisher,
         publishing,
+        waiting,
     } = dra;
     tokio::select! {
         () = node.registering() => {}
@@ -506,6 +519,9 @@ async fn serve_claims(
         let Some(manager) = node.manager().cloned() else {
             return;
         };
+        if let Some(waiting) = &waiting {
+            retry_waiting_pods(waiting, &node).await;
+        }
         let _ = publishing.set(publisher.clone());
         tokio::join!(
             publish::publish(publisher.clone(), manager.published()),
@@ -524,6 +540,32 @@ async fn serve_claims(
         warn!(error = %resmgr::errors::chain(&e), "stopping the kubelet plugin");
     }
     Ok(())
+}
+
+/// Once the kubelet has registered the agent, marks the node's pods that wait for their claims,
+/// so that the kubelet prepares them now rather than at its next resync (`retry-waiting-pods`).
+async fn retry_waiting_pods(waiting: &WaitingPods, node: &Node) {
+    if let Some(kubelet) = node.kubelet() {
+        let mut registration = kubelet.registration;
+        let registered = registration.wait_for(|r| *r == RegistrationState::Registered);
+        if tokio::time::timeout(Duration::from_secs(30), registered)
+            .await
+            .is_err()
+        {
+            warn!(
+                "the kubelet has not registered the agent within 30 s; marking the waiting pods anyway"
+            );
+        }
+    }
+    // Seconds since the epoch: a value that differs at every start, which is what makes the
+    // kubelet see an update.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        .to_string();
+    if let Err(e) = waiting.retry(&stamp).await {
+        warn!(error = %resmgr::errors::chain(&e), "marking the pods that wait for their claims failed: the kubelet prepares them at its next resync");
+    }
 }
 
 /// The end of the agent: what the drain needs once every task is spawned.

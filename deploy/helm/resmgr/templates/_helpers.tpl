@@ -29,6 +29,11 @@ An address and a port as the agent takes them: IPv6 addresses in brackets ("::" 
 The agent's configuration file: the settings the chart's own values decide (paths it mounts,
 ports it exposes, the driver its objects name), then every other setting from .Values.config.
 */ -}}
+{{- /* Whether the agent marks waiting pods: only with the admission policy that confines it. */ -}}
+{{- define "resmgr.retryWaitingPods" -}}
+{{- and .Values.retryWaitingPods .Values.admissionPolicy.enabled .Values.config.dra -}}
+{{- end -}}
+
 {{- define "resmgr.configFile" -}}
 {{- $derived := dict
   "driver-name" .Values.driverName
@@ -39,6 +44,7 @@ ports it exposes, the driver its objects name), then every other setting from .V
   "state-dir" .Values.stateDir
   "metrics-addr" (include "resmgr.hostPort" (list .Values.metrics.bindAddress .Values.metrics.port))
   "debug-addr" (ternary (include "resmgr.hostPort" (list .Values.debug.bindAddress .Values.debug.port)) "off" .Values.debug.enabled)
+  "retry-waiting-pods" (include "resmgr.retryWaitingPods" . | eq "true")
 -}}
 {{- range $key, $_ := $derived }}
 {{- if hasKey $.Values.config $key }}
