@@ -274,6 +274,8 @@ fn every_plain_manifest_parses_into_its_type_with_no_unknown_fields() {
             "DaemonSet",
             "DeviceClass",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding"
         ]
     );
@@ -695,9 +697,10 @@ fn the_daemonset_runs_critical_with_the_node_name_probes_and_a_gentle_rollout() 
     let daemonset: DaemonSet =
         serde_json::from_value(object_of_kind(&plain_manifests(), "DaemonSet")).unwrap();
     let spec = daemonset.spec.unwrap();
+    // The new agent starts beside the old one, which hands the node over to it.
     let rolling = spec.update_strategy.unwrap().rolling_update.unwrap();
-    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(1)));
-    assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)));
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
     let pod = spec.template.spec.unwrap();
     assert_eq!(
         pod.priority_class_name.as_deref(),
@@ -718,6 +721,19 @@ fn the_daemonset_runs_critical_with_the_node_name_probes_and_a_gentle_rollout() 
         .and_then(|v| v.field_ref.as_ref())
         .map(|f| f.field_path.as_str());
     assert_eq!(node_name, Some("spec.nodeName"));
+    let pod_uid = container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_UID")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(
+        pod_uid,
+        Some("metadata.uid"),
+        "the pod names its kubelet sockets"
+    );
     let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
         p.as_ref()
             .and_then(|p| p.http_get.as_ref())
@@ -850,6 +866,8 @@ fn rbac_grants_exactly_what_the_agent_needs() {
         grants,
         [
             ("".to_owned(), "nodes".to_owned(), owned(&["get"])),
+            // retryWaitingPods, with the admission policy that confines it.
+            ("".to_owned(), "pods".to_owned(), owned(&["list", "patch"])),
             (
                 "events.k8s.io".to_owned(),
                 "events".to_owned(),

@@ -205,6 +205,10 @@ impl Policy for Shared {
     fn inventory(&self) -> Inventory {
         self.get().inventory()
     }
+    // Forwarded, so that the manager's change tracking by counters is what the soak checks.
+    fn generations(&self) -> policy::Generations {
+        self.get().generations()
+    }
 }
 
 /// The scripted runtime, whose calls stay in flight for a seeded number of scheduler turns.

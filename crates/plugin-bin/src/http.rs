@@ -209,7 +209,7 @@ fn bind_dual_stack(addr: SocketAddrV6) -> io::Result<std::net::TcpListener> {
 async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
     let (inventory, pending, synchronized, reconciliation) = match e.node.manager() {
         Some(m) => (
-            crate::view::inventory(m),
+            crate::view::inventory(m).await,
             m.pending_updates().await,
             m.gate().is_open(),
             m.reconciliation().await,
@@ -259,7 +259,8 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
             "standing": standing,
         }));
     };
-    let claims = manager.snapshot().claims.clone();
+    let claims = (*manager.snapshot().claims).clone();
+    let allocation = crate::view::inventory(manager).await;
     let pending = manager.pending_updates().await;
     let kubelet = match e.registration() {
         None if !e.dra => "not used: DRA is off".to_owned(),
@@ -277,7 +278,7 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
         "pending_updates": pending,
         "prepared_claims": claims,
         "reconciliation": manager.reconciliation().await,
-        "allocation": crate::view::inventory(manager),
+        "allocation": allocation,
     }))
 }
 

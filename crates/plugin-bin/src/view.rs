@@ -131,12 +131,7 @@ pub fn devices_to_show(policy: &dyn Policy) -> Result<Vec<Device>, PolicyError> 
 /// What the manager publishes, as a reader holds it ([`resmgr::Manager::published`]).
 pub type Snapshots = tokio::sync::watch::Receiver<std::sync::Arc<resmgr::Published>>;
 
-/// What the manager has placed where, as of its last change, in printed form.
-pub fn inventory(manager: &resmgr::Manager) -> InventoryRows {
-    InventoryRows::from(manager.snapshot().inventory.clone())
-}
-
-/// The inventory of the last snapshot `snapshots` saw, in printed form.
-pub fn snapshot_inventory(snapshots: &Snapshots) -> InventoryRows {
-    InventoryRows::from(snapshots.borrow().inventory.clone())
+/// What the manager has placed where, now, in printed form ([`resmgr::Manager::inventory`]).
+pub async fn inventory(manager: &resmgr::Manager) -> InventoryRows {
+    InventoryRows::from(manager.inventory().await)
 }

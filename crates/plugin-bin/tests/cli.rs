@@ -141,6 +141,7 @@ fn the_config_file_sets_every_key_and_flags_win() {
     let body = "apiVersion: resmgr.io/v1alpha1\n\
          kind: AgentConfiguration\n\
          node-name: file-node\n\
+         pod-uid: 0b6c2a4e-7f3d-4c1e-9a2b-5d6e7f8a9b0c\n\
          dra: true\n\
          driver-name: cpu.example.io\n\
          nri-socket: /file/nri.sock\n\
@@ -152,6 +153,7 @@ fn the_config_file_sets_every_key_and_flags_win() {
          node-allocatable-cpu: true\n\
          node-allocatable-memory: true\n\
          expose-pcie-roots: true\n\
+         retry-waiting-pods: true\n\
          topology: synthetic:pack:1 core:2 pu:1\n\
          sysfs-root: /file/sys\n\
          reserved-cpus: '0'\n\

@@ -344,4 +344,24 @@ pub trait Policy: Send + std::fmt::Debug {
     fn device_cpus(&self) -> BTreeMap<String, CpuSet> {
         BTreeMap::new()
     }
+
+    /// Counters of what the resource manager reads back after calls: it saves
+    /// [`Policy::snapshot`] and re-reads [`Policy::devices`] and [`Policy::device_cpus`] only
+    /// when their counter moved, so an event that changed neither costs it nothing. A policy that
+    /// keeps counters must move each whenever what it counts could read differently. The
+    /// default tracks nothing: the manager then serializes the snapshot after every mutating
+    /// call to compare it, and re-reads the devices, which is correct and costs every event
+    /// time that grows with what the node holds.
+    fn generations(&self) -> Generations {
+        Generations::default()
+    }
+}
+
+/// What [`Policy::generations`] reports; `None` where the policy keeps no counter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Generations {
+    /// Moves whenever [`Policy::snapshot`] would return another value.
+    pub durable: Option<u64>,
+    /// Moves whenever [`Policy::devices`] or [`Policy::device_cpus`] would.
+    pub devices: Option<u64>,
 }

@@ -28,7 +28,7 @@ pub mod scheduler;
 pub mod topology;
 pub mod topology_aware;
 
-pub use api::{Policy, PolicyError, SnapshotError};
+pub use api::{Generations, Policy, PolicyError, SnapshotError};
 pub use idset::{CpuSet, IdSet, IdSetParseError, NodeSet};
 pub use inventory::{
     ClaimPlacement, ContainerPlacement, Fallback, GrantKind, Inventory, PoolUsage,

@@ -82,7 +82,9 @@ impl Guard<'_> {
     /// they changed nothing durable), and the updates to wait for. An event that changed nothing
     /// durable does not wait for anyone else's save.
     pub(crate) fn change(mut self, ticket: Ticket) -> Change {
-        let version = self.note_changes().or_else(|| self.unsaved());
+        // Not what an earlier failed save left unsaved: an event must never wait for, or fail
+        // by, a disk that another change found broken (the background retry saves it).
+        let version = self.note_changes();
         Change {
             version,
             ticket,

@@ -56,7 +56,7 @@ use crate::{
     published::{Guard, Published},
     reconcile::{ReconcileConfig, Reconciliation, Stray, Unconfirmed},
     runtime::Runtime,
-    state::{PreparedClaim, STATE_VERSION, State, StateError, StateFile, StateLock},
+    state::{PreparedClaim, Records, STATE_VERSION, State, StateError, StateFile, StateLock},
 };
 
 /// Settings of the resource manager.
@@ -95,34 +95,74 @@ impl ManagerConfig {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) policy: Box<dyn Policy>,
-    pub(crate) records: BTreeMap<String, PreparedClaim>,
+    pub(crate) records: Records,
     pub(crate) pending: PendingUpdates,
     pub(crate) reconcile: Reconciliation,
     /// Counts changes of the durable state.
     version: u64,
     /// The version on disk, which the commit module sets after each save: a version above it is
-    /// unsaved (a save failed), and the next commit saves it.
+    /// unsaved (a save failed, or is under way), and the background retry saves it.
     pub(crate) saved: Arc<std::sync::atomic::AtomicU64>,
-    /// The durable state as of `version`: the policy's snapshot and the claim records.
-    durable: (serde_json::Value, BTreeMap<String, PreparedClaim>),
+    /// The durable state as of `version`.
+    durable: Durable,
+    /// The counters the published snapshot was made at ([`crate::published`]).
+    pub(crate) published_at: PublishedAt,
+}
+
+/// The durable state as of the manager's version: the policy's snapshot and the claim records,
+/// with the counters they were taken at.
+#[derive(Debug)]
+struct Durable {
+    snapshot: serde_json::Value,
+    records: BTreeMap<String, PreparedClaim>,
+    /// The policy's durable counter ([`policy::Generations::durable`]); `None`: it keeps none.
+    policy: Option<u64>,
+    records_generation: u64,
+}
+
+/// The counters the published snapshot was made at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PublishedAt {
+    /// The policy's devices counter; `None`: it keeps none.
+    pub(crate) devices: Option<u64>,
+    pub(crate) records: u64,
 }
 
 impl Inner {
-    /// Takes note of what the calls since the last note changed: if the policy's snapshot or the
-    /// records differ from the durable state noted, that is a new version, returned for
+    /// Takes note of what the calls since the last note changed: if the policy's durable state
+    /// or the records changed, that is a new version, returned for
     /// [`crate::commit::Change`]; `None` if nothing durable changed.
+    ///
+    /// Changes are told by counters ([`policy::Policy::generations`], [`Records::generation`]):
+    /// nothing is serialized or copied to find out, so an event that changed nothing durable
+    /// costs nothing here. Only a policy that keeps no counter has its snapshot taken and
+    /// compared after every mutating call.
     pub(crate) fn note_changes(&mut self) -> Option<u64> {
-        let snapshot = self.policy.snapshot();
-        if snapshot == self.durable.0 && self.records == self.durable.1 {
+        let counted = self.policy.generations().durable;
+        let records_changed = self.records.generation() != self.durable.records_generation;
+        let snapshot = match counted {
+            Some(now) if Some(now) == self.durable.policy => None,
+            Some(_) => Some(self.policy.snapshot()),
+            None => Some(self.policy.snapshot()).filter(|s| *s != self.durable.snapshot),
+        };
+        if snapshot.is_none() && !records_changed {
             return None;
         }
-        self.durable = (snapshot, self.records.clone());
+        if let Some(snapshot) = snapshot {
+            self.durable.snapshot = snapshot;
+            self.durable.policy = counted;
+        }
+        if records_changed {
+            self.durable.records = (*self.records).clone();
+            self.durable.records_generation = self.records.generation();
+        }
         self.version += 1;
         Some(self.version)
     }
 
-    /// The newest version if it is not on disk yet (an earlier save failed): what any commit
-    /// saves, so that a failed save is retried by the next commit, whatever it changed.
+    /// The newest version if it is not on disk yet (an earlier save failed, or one is under
+    /// way): what a claim's commit and the background retry save
+    /// ([`crate::commit::Manager::retry_once`]).
     pub(crate) fn unsaved(&self) -> Option<u64> {
         (self.version > self.saved.load(std::sync::atomic::Ordering::Acquire))
             .then_some(self.version)
@@ -140,8 +180,8 @@ impl Inner {
         let state = State {
             version: STATE_VERSION,
             policy: self.policy.name().to_owned(),
-            policy_state: self.durable.0.clone(),
-            claims: self.durable.1.clone(),
+            policy_state: self.durable.snapshot.clone(),
+            claims: self.durable.records.clone(),
         };
         (self.version, state)
     }
@@ -302,9 +342,20 @@ impl Manager {
             })?;
             info!(claims = adopted, "adopted claims saved");
         }
-        let durable = (policy.snapshot(), records.clone());
+        let records = Records::new(records);
+        let generations = policy.generations();
+        let durable = Durable {
+            snapshot: policy.snapshot(),
+            records: (*records).clone(),
+            policy: generations.durable,
+            records_generation: records.generation(),
+        };
         let saved = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let published = watch::Sender::new(Arc::new(Published::of(policy.as_ref(), &records)));
+        let published_at = PublishedAt {
+            devices: generations.devices,
+            records: records.generation(),
+        };
         Ok(Self {
             published,
             inner: Mutex::new(Inner {
@@ -315,6 +366,7 @@ impl Manager {
                 version: 0,
                 saved: saved.clone(),
                 durable,
+                published_at,
             }),
             io: Io::new(
                 Disk::new(state_file, specs, config.faults.clone()),
@@ -385,6 +437,13 @@ impl Manager {
 
     /// Every prepared claim's record, by UID: what `/debug/state` shows.
     pub async fn claim_records(&self) -> std::collections::BTreeMap<String, PreparedClaim> {
-        self.lock().await.records.clone()
+        (*self.lock().await.records).clone()
+    }
+
+    /// What the policy has placed where, now ([`Policy::inventory`]): for metrics, debugging
+    /// and the simulator. It takes the lock, briefly: an inventory grows with what runs on the
+    /// node, so it is made when a reader asks (a scrape, a debug request), not at every change.
+    pub async fn inventory(&self) -> policy::Inventory {
+        self.lock().await.policy.inventory()
     }
 }

@@ -74,7 +74,7 @@ use tracing::{debug, info, warn};
 use crate::{
     errors::chain,
     manager::Manager,
-    state::{DeviceRecord, PreparedClaim},
+    state::{DeviceRecord, PreparedClaim, Records},
 };
 
 /// How long an unconfirmed claim that nothing wants is kept, by default: twice the kubelet's
@@ -343,7 +343,7 @@ impl Reconciliation {
         &mut self,
         driver: &str,
         policy: &mut dyn Policy,
-        records: &mut BTreeMap<String, PreparedClaim>,
+        records: &mut Records,
         containers: &[Container],
     ) -> Vec<Reconciled> {
         let mut done = Vec::new();
@@ -440,7 +440,7 @@ impl Reconciliation {
         uid: &str,
         edits: &[cdi::ContainerEdits],
         policy: &mut dyn Policy,
-        records: &mut BTreeMap<String, PreparedClaim>,
+        records: &mut Records,
         users_of: &impl Fn(&str) -> Vec<&'c Container>,
         done: &mut Vec<Reconciled>,
     ) -> bool {

@@ -58,6 +58,54 @@ pub struct State {
     pub claims: BTreeMap<String, PreparedClaim>,
 }
 
+/// The claim records the manager holds, by UID, with a count of their changes: the durable
+/// state and the published snapshot take a copy only when the count moved, never to find out
+/// whether it did. Read through `Deref`; changed only through [`Records::insert`] and
+/// [`Records::remove`], which count.
+#[derive(Debug, Clone, Default)]
+pub struct Records {
+    map: BTreeMap<String, PreparedClaim>,
+    generation: u64,
+}
+
+impl Records {
+    /// Records as loaded.
+    pub fn new(map: BTreeMap<String, PreparedClaim>) -> Self {
+        Self { map, generation: 0 }
+    }
+
+    /// Records a claim (replacing its record). The same record again is no change: a
+    /// re-prepare writes nothing.
+    pub fn insert(&mut self, uid: String, record: PreparedClaim) -> Option<PreparedClaim> {
+        if self.map.get(&uid) == Some(&record) {
+            return Some(record);
+        }
+        self.generation += 1;
+        self.map.insert(uid, record)
+    }
+
+    /// Forgets a claim's record, if there is one.
+    pub fn remove(&mut self, uid: &str) -> Option<PreparedClaim> {
+        let removed = self.map.remove(uid);
+        if removed.is_some() {
+            self.generation += 1;
+        }
+        removed
+    }
+
+    /// Moves whenever the records change.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+impl std::ops::Deref for Records {
+    type Target = BTreeMap<String, PreparedClaim>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
 /// What we answered the kubelet for a claim, kept to serve unprepare and to show in
 /// `/debug/state` without asking the API server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

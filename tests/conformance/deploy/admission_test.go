@@ -49,14 +49,23 @@ func objectOf(t *testing.T, kind string, out any) {
 // objectIn finds the one object of kind in a multi-document text and decodes it strictly into out.
 func objectIn(t *testing.T, text, kind string, out any) {
 	t.Helper()
+	objectNamed(t, text, kind, "", out)
+}
+
+// objectNamed finds the one object of kind whose name ends with suffix ("": any name) in a
+// multi-document text and decodes it strictly into out.
+func objectNamed(t *testing.T, text, kind, suffix string, out any) {
+	t.Helper()
 	var found []map[string]any
 	for _, obj := range documents(t, text) {
-		if obj["kind"] == kind {
+		meta, _ := obj["metadata"].(map[string]any)
+		name, _ := meta["name"].(string)
+		if obj["kind"] == kind && strings.HasSuffix(name, suffix) {
 			found = append(found, obj)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("want one %s, found %d", kind, len(found))
+		t.Fatalf("want one %s named *%s, found %d", kind, suffix, len(found))
 	}
 	b, err := yaml.Marshal(found[0])
 	if err != nil {
@@ -67,7 +76,13 @@ func objectIn(t *testing.T, text, kind string, out any) {
 	}
 }
 
-// compilePolicy compiles every expression of the policy the way a Kubernetes 1.34 API server
+// The two admission policies, by the end of their names.
+const (
+	slicesPolicy = "-own-node-resourceslices"
+	podsPolicy   = "-own-node-pods"
+)
+
+// compilePolicy compiles every expression of the slices policy the way a Kubernetes 1.34 API server
 // compiles new expressions: in its base CEL environment at compatibility version 1.33 (an API
 // server accepts new expressions only in the environment of its previous minor version, so that
 // a rollback keeps them valid), with request, object, oldObject and variables declared.
@@ -76,11 +91,18 @@ func compilePolicy(t *testing.T) *policy {
 	return compilePolicyIn(t, readFile(t, filepath.Join(repoRoot(t), "deploy", "manifests", "resmgr.yaml")))
 }
 
-// compilePolicyIn compiles the admission policy of a multi-document text, as compilePolicy does.
+// compilePolicyIn compiles the slices policy of a multi-document text, as compilePolicy does.
 func compilePolicyIn(t *testing.T, text string) *policy {
 	t.Helper()
+	return compileNamedPolicy(t, text, slicesPolicy)
+}
+
+// compileNamedPolicy compiles the admission policy whose name ends with suffix, as compilePolicy
+// does.
+func compileNamedPolicy(t *testing.T, text, suffix string) *policy {
+	t.Helper()
 	var vap admissionv1.ValidatingAdmissionPolicy
-	objectIn(t, text, "ValidatingAdmissionPolicy", &vap)
+	objectNamed(t, text, "ValidatingAdmissionPolicy", suffix, &vap)
 	envSet, err := environment.MustBaseEnvSet(version.MajorMinor(1, 33)).Extend(environment.VersionedOptions{
 		IntroducedVersion: version.MajorMinor(1, 30),
 		EnvOptions: []cel.EnvOption{
@@ -303,10 +325,11 @@ func TestAdmissionPolicyLeavesOtherUsersAlone(t *testing.T) {
 
 func TestAdmissionPolicyIsBoundAndCoversEveryWrite(t *testing.T) {
 	p := compilePolicy(t)
+	manifests := readFile(t, filepath.Join(repoRoot(t), "deploy", "manifests", "resmgr.yaml"))
 	var binding admissionv1.ValidatingAdmissionPolicyBinding
-	objectOf(t, "ValidatingAdmissionPolicyBinding", &binding)
+	objectNamed(t, manifests, "ValidatingAdmissionPolicyBinding", slicesPolicy, &binding)
 	var vap admissionv1.ValidatingAdmissionPolicy
-	objectOf(t, "ValidatingAdmissionPolicy", &vap)
+	objectNamed(t, manifests, "ValidatingAdmissionPolicy", slicesPolicy, &vap)
 	if binding.Spec.PolicyName != vap.Name {
 		t.Errorf("the binding names policy %q, the policy is %q", binding.Spec.PolicyName, vap.Name)
 	}
@@ -325,5 +348,63 @@ func TestAdmissionPolicyIsBoundAndCoversEveryWrite(t *testing.T) {
 	if fmt.Sprint(r.APIGroups) != "[resource.k8s.io]" || fmt.Sprint(r.Resources) != "[resourceslices]" ||
 		fmt.Sprint(r.APIVersions) != "[*]" || ops != "[CREATE UPDATE DELETE]" {
 		t.Errorf("the policy matches %v %v %v %v", r.APIGroups, r.APIVersions, r.Resources, r.Operations)
+	}
+}
+
+// pod is a pod bound to node, with annotations and labels.
+func pod(node string, annotations, labels map[string]any) map[string]any {
+	return map[string]any{
+		"apiVersion": "v1",
+		"kind":       "Pod",
+		"metadata":   map[string]any{"name": "app", "namespace": "default", "annotations": annotations, "labels": labels},
+		"spec":       map[string]any{"nodeName": node, "containers": []any{map[string]any{"name": "app", "image": "i"}}},
+	}
+}
+
+// The pods policy (retryWaitingPods): the agent may set its one annotation on a pod of its own
+// node, and nothing else; other users are not its concern.
+func TestThePodsPolicyLetsTheAgentChangeOnlyItsAnnotationOfItsNodesPods(t *testing.T) {
+	p := compileNamedPolicy(t, readFile(t, filepath.Join(repoRoot(t), "deploy", "manifests", "resmgr.yaml")), podsPolicy)
+	user := agentUser(t)
+	mark := ourDriver + "/prepare-retry"
+	before := pod("node-a", map[string]any{"team": "a"}, map[string]any{"app": "x"})
+	marked := pod("node-a", map[string]any{"team": "a", mark: "1733470000"}, map[string]any{"app": "x"})
+	if d := p.evaluate(t, admissionRequest("UPDATE", user, "node-a"), marked, before); !d.matched || len(d.denials) != 0 {
+		t.Fatalf("marking a pod of its node: matched %v, denied %v", d.matched, d.denials)
+	}
+	remarked := pod("node-a", map[string]any{"team": "a", mark: "1733470099"}, map[string]any{"app": "x"})
+	if d := p.evaluate(t, admissionRequest("UPDATE", user, "node-a"), remarked, marked); len(d.denials) != 0 {
+		t.Fatalf("marking it again: denied %v", d.denials)
+	}
+	denied := func(what string, request, object, old map[string]any, message string) {
+		t.Helper()
+		d := p.evaluate(t, request, object, old)
+		if !d.matched || !strings.Contains(strings.Join(d.denials, "; "), message) {
+			t.Errorf("%s: matched %v, denied %v; want %q", what, d.matched, d.denials, message)
+		}
+	}
+	req := admissionRequest("UPDATE", user, "node-a")
+	denied("a label", req, pod("node-a", map[string]any{"team": "a"}, map[string]any{"app": "y"}), before,
+		"may change only the annotation "+mark)
+	denied("another annotation", req, pod("node-a", map[string]any{"team": "b", mark: "1"}, map[string]any{"app": "x"}), before,
+		"may change only the annotation "+mark)
+	denied("an annotation removed", req, pod("node-a", map[string]any{mark: "1"}, map[string]any{"app": "x"}), before,
+		"may change only the annotation "+mark)
+	respec := pod("node-a", map[string]any{"team": "a"}, map[string]any{"app": "x"})
+	respec["spec"].(map[string]any)["activeDeadlineSeconds"] = 5
+	denied("the spec", req, respec, before, "may change only the annotation "+mark)
+	denied("a pod of another node", req, pod("node-b", map[string]any{mark: "1"}, nil), pod("node-b", nil, nil),
+		"may mark only pods on its own node")
+	denied("a token without a node", admissionRequest("UPDATE", user, ""), marked, before,
+		"may mark only pods on its own node")
+	denied("creating a pod", admissionRequest("CREATE", user, "node-a"), marked, nil,
+		"may only mark pods")
+	denied("deleting a pod", admissionRequest("DELETE", user, "node-a"), nil, before,
+		"may only mark pods")
+	status := admissionRequest("UPDATE", user, "node-a")
+	status["subResource"] = "status"
+	denied("a subresource", status, marked, before, "may only mark pods")
+	if d := p.evaluate(t, admissionRequest("UPDATE", "system:node:node-a", "node-a"), respec, before); d.matched {
+		t.Errorf("the policy applied to the kubelet")
 	}
 }

@@ -63,7 +63,7 @@ impl ClaimHandler for Measured {
         self.metrics
             .prepared(start.elapsed().as_secs_f64(), ok, failed);
         if let (Ok(results), Some(manager)) = (&answer, self.node.manager()) {
-            let inventory = view::inventory(manager);
+            let inventory = view::inventory(manager).await;
             for c in inventory
                 .claims
                 .iter()
@@ -85,7 +85,7 @@ impl ClaimHandler for Measured {
                 return Err(refused);
             }
         };
-        let before = view::inventory(lifecycle.manager());
+        let before = view::inventory(lifecycle.manager()).await;
         let answer = lifecycle.unprepare_until(claims, deadline).await;
         let (_, failed) = outcome(&answer, claims.len());
         self.metrics
@@ -141,7 +141,7 @@ mod tests {
         let claims = Arc::new(StaticClaims::new());
         let driver = crate::config::DEFAULT_DRIVER;
         let dirs = Dirs::under(dir.path());
-        let (manager, view) = start_manager(
+        let (manager, _) = start_manager(
             driver,
             policy_choice::build(topology, Config::default()).unwrap(),
             &dirs,
@@ -197,7 +197,7 @@ mod tests {
             assert!(text.contains(wanted), "{wanted:?} not in\n{text}");
         }
         assert!(
-            view::snapshot_inventory(&view).claims.is_empty(),
+            view::inventory(&manager).await.claims.is_empty(),
             "the claim was released"
         );
     }

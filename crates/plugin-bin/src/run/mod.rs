@@ -493,7 +493,7 @@ async fn serve_claims(
         let node = node.clone();
         move || {
             node.manager()
-                .map(|m| m.snapshot().device_cpus.clone())
+                .map(|m| (*m.snapshot().device_cpus).clone())
                 .unwrap_or_default()
         }
     })

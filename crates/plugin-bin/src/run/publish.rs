@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 /// [`SlicePublisher::maintain`]. Returns when the manager is gone.
 pub async fn publish(publisher: SlicePublisher, mut snapshots: watch::Receiver<Arc<Published>>) {
     let mut published = Vec::new();
-    let first = snapshots.borrow_and_update().devices.clone();
+    let first = (*snapshots.borrow_and_update().devices).clone();
     match first {
         Ok(devices) => {
             published.clone_from(&devices);
@@ -34,7 +34,7 @@ pub async fn publish(publisher: SlicePublisher, mut snapshots: watch::Receiver<A
         Err(e) => warn!(error = %e, "the policy publishes no devices"),
     }
     while snapshots.changed().await.is_ok() {
-        let devices = snapshots.borrow_and_update().devices.clone();
+        let devices = (*snapshots.borrow_and_update().devices).clone();
         republish_if_changed(devices, &publisher, &mut published).await;
     }
 }

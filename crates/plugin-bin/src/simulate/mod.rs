@@ -115,6 +115,8 @@ struct Sim {
     manager: Option<Manager>,
     /// What the agent published last; still readable after a failed restart dropped it.
     view: Snapshots,
+    /// What the agent had placed where when last asked; kept after a failed restart dropped it.
+    last_inventory: InventoryRows,
     runtime: Arc<SimRuntime>,
     api: Arc<StaticClaims>,
     devices: Vec<DeviceSummary>,
@@ -187,6 +189,7 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         config,
         manager: Some(manager),
         view,
+        last_inventory: InventoryRows::from(policy::Inventory::default()),
         runtime,
         api,
         devices,
@@ -208,13 +211,13 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
     let mut steps = Vec::new();
     for (i, (line, step)) in scenario.steps.iter().enumerate() {
         sim.current_step = i + 1;
-        let before = sim.observe();
+        let before = sim.observe().await;
         let outcome = sim.step(step).await;
         // The background retry, made deterministic: whatever is pending goes out now.
         if let Ok(manager) = sim.manager() {
             let _ = manager.deliver().await;
         }
-        let after = sim.observe();
+        let after = sim.observe().await;
         let mut changes = sim.diff(&before, &after);
         let error = match outcome {
             Ok(extra) => {
@@ -235,7 +238,7 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
             changes,
         });
     }
-    let inventory = sim.named_inventory();
+    let inventory = sim.named_inventory().await;
     let report = Report::new(
         file,
         scenario,
@@ -304,10 +307,18 @@ impl Sim {
             .ok_or_else(|| "the agent is not running: its restart failed".to_owned())
     }
 
-    fn observe(&self) -> Observed {
+    /// What the agent has placed where now (as it was before a failed restart dropped it).
+    async fn inventory(&mut self) -> InventoryRows {
+        if let Some(manager) = &self.manager {
+            self.last_inventory = view::inventory(manager).await;
+        }
+        self.last_inventory.clone()
+    }
+
+    async fn observe(&mut self) -> Observed {
         Observed {
             applied: self.runtime.table(),
-            inventory: view::snapshot_inventory(&self.view),
+            inventory: self.inventory().await,
             devices: self
                 .view
                 .borrow()
@@ -329,8 +340,8 @@ impl Sim {
     }
 
     /// The inventory with container names filled in.
-    fn named_inventory(&self) -> InventoryRows {
-        let mut inv = view::snapshot_inventory(&self.view);
+    async fn named_inventory(&mut self) -> InventoryRows {
+        let mut inv = self.inventory().await;
         for c in &mut inv.containers {
             c.name = self.container_name(&c.id);
         }
@@ -549,7 +560,9 @@ impl Sim {
         };
         match self.prepare(&step.pod, claim, consumed).await {
             Ok((mut changes, _)) => {
-                let granted = view::snapshot_inventory(&self.view)
+                let granted = self
+                    .inventory()
+                    .await
                     .source
                     .claims
                     .iter()
@@ -850,7 +863,7 @@ impl Sim {
             .map_err(|e| resmgr::errors::chain(&e))?;
         self.runtime.apply(&updates);
         self.manager()?.synchronized().await;
-        let restored = view::snapshot_inventory(&self.view).claims.len();
+        let restored = self.inventory().await.claims.len();
         Ok(vec![Change::Restarted {
             claims: restored,
             containers: running.len(),

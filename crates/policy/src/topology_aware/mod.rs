@@ -321,6 +321,16 @@ pub struct TopologyAware {
     containers: BTreeMap<String, Placed>,
     claims: BTreeMap<String, HeldClaim>,
     ledger: Ledger,
+    /// Counters of what the resource manager reads back ([`Policy::generations`]): moved where
+    /// `claims` changes (the snapshot is the claims) and where `table` is built again.
+    generations: Counters,
+}
+
+/// [`Policy::generations`]' counters.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    durable: u64,
+    devices: u64,
 }
 
 /// The updates a call collects. A container may be queued several times (a ripple, then its
@@ -394,6 +404,7 @@ impl TopologyAware {
             containers: BTreeMap::new(),
             claims: BTreeMap::new(),
             ledger,
+            generations: Counters::default(),
             topo,
             config,
         };
@@ -583,6 +594,7 @@ impl TopologyAware {
         } else {
             full
         };
+        self.generations.devices += 1;
     }
 
     /// What each pool's shared containers run on: see [`TopologyAware::runs_on`]'s field docs.
@@ -998,6 +1010,7 @@ impl Policy for TopologyAware {
             self.account_claim(record, true);
         }
         self.claims.extend(restored);
+        self.generations.durable += 1;
         self.refresh_devices();
         self.ripple(&changed, &mut updates);
         Ok(())
@@ -1130,6 +1143,7 @@ impl Policy for TopologyAware {
         self.taken = self.taken.union(&cpus);
         self.account_claim(&record, true);
         self.claims.insert(claim.uid.clone(), record);
+        self.generations.durable += 1;
         let mut updates = Updates::new();
         self.ripple(&cpus, &mut updates);
         warnings
@@ -1260,6 +1274,7 @@ impl Policy for TopologyAware {
         };
         self.account_claim(&record, true);
         self.claims.insert(uid.to_owned(), record);
+        self.generations.durable += 1;
         // Before Synchronize nobody runs here to update; the ripple keeps the pools right.
         self.ripple(&changed, &mut Updates::new());
         Ok(())
@@ -1269,6 +1284,7 @@ impl Policy for TopologyAware {
         let Some(record) = self.claims.remove(uid) else {
             return Ok(Vec::new());
         };
+        self.generations.durable += 1;
         let cpus = record.cpus();
         self.taken = self.taken.difference(&cpus);
         self.account_claim(&record, false);
@@ -1294,6 +1310,13 @@ impl Policy for TopologyAware {
 
     fn inventory(&self) -> crate::inventory::Inventory {
         inventory::of(self)
+    }
+
+    fn generations(&self) -> crate::Generations {
+        crate::Generations {
+            durable: Some(self.generations.durable),
+            devices: Some(self.generations.devices),
+        }
     }
 }
 
