@@ -1172,6 +1172,7 @@ impl World {
                 busy.insert(c.pod.uid.clone());
                 let milli = 100 + self.rng.below(1500);
                 let runtime = self.runtime.clone();
+                let rng = self.shared_rng.clone();
                 return Some((
                     format!("resize {} to {milli}m", c.id),
                     tokio::spawn(async move {
@@ -1182,7 +1183,16 @@ impl World {
                         if let Ok(updates) = m.update_container(&c, &resources).await
                             && !m_crashed(&m)
                         {
-                            runtime.apply_reply(&updates);
+                            // As containerd: the updates of others apply with the reply, under
+                            // its NRI lock; the container's own after the event, outside it (an
+                            // update of ours may land in between and be overwritten), then
+                            // PostUpdateContainer.
+                            let (own, others): (Vec<_>, Vec<_>) =
+                                updates.into_iter().partition(|u| u.container_id == c.id);
+                            runtime.apply_reply(&others);
+                            yield_some(&rng, 4).await;
+                            runtime.apply_reply(&own);
+                            m.container_updated(&c).await;
                         }
                         Outcome::Nothing
                     }),

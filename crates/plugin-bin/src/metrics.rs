@@ -112,7 +112,7 @@ pub const METRICS: &[MetricDoc] = &[
         kind: Kind::Counter,
         labels: &[(
             "kind",
-            "`synchronize`, `create-container`, `post-start-container`, `update-container`, `stop-container` or `remove-container`",
+            "`synchronize`, `create-container`, `post-start-container`, `update-container`, `post-update-container`, `stop-container` or `remove-container`",
         )],
         help: "NRI events handled, by kind",
         details: "",

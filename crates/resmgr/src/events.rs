@@ -212,7 +212,17 @@ impl Manager {
                     container: describe(container),
                     source,
                 })?;
-            inner.pending.delivered_in_reply(&updates);
+            // The updates of others apply with the reply; the container's own after the
+            // event: until its PostUpdateContainer ours could be overwritten (crate::pending).
+            let (own, others): (Vec<_>, Vec<_>) = updates
+                .iter()
+                .cloned()
+                .partition(|u| u.container_id == container.id);
+            inner.pending.delivered_in_reply(&others);
+            if !own.is_empty() {
+                inner.pending.updating(&container.id);
+                inner.pending.delivered_in_reply(&own);
+            }
             (updates, inner.change(Ticket::default()))
         };
         self.commit(change)
@@ -222,6 +232,13 @@ impl Manager {
                 source,
             })?;
         Ok(updates)
+    }
+
+    /// The runtime updated a container (its PostUpdateContainer): updates of it made meanwhile
+    /// go out now, from the background.
+    pub async fn container_updated(&self, container: &Container) {
+        let mut inner = self.lock().await;
+        self.note_started(&mut inner, &container.id);
     }
 
     /// A container stopped: release what it held. The updates go in the StopContainer reply.

@@ -290,8 +290,37 @@ impl Manager {
         };
         specs.remove_temporary_files()?;
         let mut reconcile = Reconciliation::default();
-        let accounted: BTreeSet<String> = policy.claims().into_iter().collect();
+        let mut accounted: BTreeSet<String> = policy.claims().into_iter().collect();
         let on_disk = specs.claims()?;
+        // A spec proves a prepare completed; a state that holds its claim on other CPUs is older
+        // than it (a backup restored): the state's record gives way, and the spec is judged as a
+        // stray below.
+        for uid in &on_disk {
+            if !accounted.contains(uid.as_str()) {
+                continue;
+            }
+            let Ok(edits) = specs.read_claim(uid.as_str()) else {
+                continue;
+            };
+            let granted =
+                policy::claim_env::cpuset_in(edits.iter().flat_map(|e| &e.env), uid.as_str())
+                    .and_then(|cpus| cpus.parse::<policy::CpuSet>().ok());
+            let held = policy.claim_cpus(uid.as_str());
+            if let (Some(granted), Some(held)) = (granted, held)
+                && granted != held
+            {
+                warn!(claim = %uid, spec = %granted, state = %held,
+                    "the state holds this claim on other cpus than its CDI spec grants: the state is older than the spec, which is taken back");
+                policy
+                    .release_claim(uid.as_str())
+                    .map_err(|source| StartError::Restore {
+                        path: state_file.path(),
+                        source,
+                    })?;
+                records.remove(uid.as_str());
+                accounted.remove(uid.as_str());
+            }
+        }
         let mut adopted = 0;
         for uid in &on_disk {
             if accounted.contains(uid.as_str()) {

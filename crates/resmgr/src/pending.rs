@@ -44,10 +44,29 @@
 //! So until a container's PostStartContainer an update of it is never taken as delivered: it
 //! stays pending, is not sent ([`PendingUpdates::begin`] leaves it out), and goes out once the
 //! runtime says it started the container ([`PendingUpdates::started`]).
+//!
+//! Likewise while the runtime updates a container (a resize): containerd applies the updates of
+//! other containers in our UpdateContainer reply under its NRI lock, but the container's own
+//! resources after the event, outside it, so that an `UpdateContainers` of ours it serves in
+//! between is overwritten by what our reply said. Until the container's PostUpdateContainer its
+//! updates are held back the same way ([`PendingUpdates::updating`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use policy::{ContainerUpdate, CpuSet};
+
+/// How long a container whose update the runtime did not finish (no PostUpdateContainer: its
+/// update failed) holds our updates of it back: a runtime applies an update in milliseconds.
+pub const UPDATE_SETTLES: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why the runtime may drop or overwrite our updates of a container now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settling {
+    /// It is being created and started.
+    Creating,
+    /// It is being updated, since then.
+    Updating(tokio::time::Instant),
+}
 
 /// One pending update and the version it is at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,9 +119,10 @@ pub struct PendingUpdates {
     in_flight: BTreeMap<String, u32>,
     /// The CPUs the runtime last confirmed for each container, as far as we know.
     known: BTreeMap<String, CpuSet>,
-    /// Containers whose CreateContainer was answered and whose PostStartContainer has not come
-    /// (see the module docs): the runtime may drop their updates.
-    starting: BTreeSet<String>,
+    /// Containers whose CreateContainer was answered and whose PostStartContainer has not come,
+    /// or whose UpdateContainer was answered and whose PostUpdateContainer has not come (see
+    /// the module docs): the runtime may drop or overwrite their updates.
+    starting: BTreeMap<String, Settling>,
     next_seq: u64,
 }
 
@@ -161,7 +181,7 @@ impl PendingUpdates {
     pub fn delivered_in_reply(&mut self, updates: &[ContainerUpdate]) {
         for update in updates {
             if self.in_flight.contains_key(&update.container_id)
-                || self.starting.contains(&update.container_id)
+                || self.is_starting(&update.container_id)
             {
                 self.record([update.clone()]);
             } else {
@@ -211,13 +231,27 @@ impl PendingUpdates {
     /// Takes note that the runtime is creating a container: we answered its CreateContainer, and
     /// it may drop updates of it until it says it started it ([`Self::started`]).
     pub fn creating(&mut self, container_id: &str) {
-        self.starting.insert(container_id.to_owned());
+        self.starting
+            .insert(container_id.to_owned(), Settling::Creating);
     }
 
-    /// Takes note that the runtime started a container (its PostStartContainer): its updates
-    /// can be delivered. Whether one is pending, to send now.
+    /// Takes note that the runtime is updating a container: we answered its UpdateContainer, and
+    /// it applies the container's own resources after that event, outside the lock it serves
+    /// our `UpdateContainers` under, so that one of ours sent before it is done is overwritten,
+    /// until it says it did (PostUpdateContainer, [`Self::started`]). A runtime that never says
+    /// (its update failed) holds our updates of the container back for [`UPDATE_SETTLES`] at
+    /// most. A container still being created stays so.
+    pub fn updating(&mut self, container_id: &str) {
+        self.starting
+            .entry(container_id.to_owned())
+            .or_insert(Settling::Updating(tokio::time::Instant::now()));
+    }
+
+    /// Takes note that the runtime started (PostStartContainer) or updated
+    /// (PostUpdateContainer) a container: its updates can be delivered. Whether one is pending,
+    /// to send now.
     pub fn started(&mut self, container_id: &str) -> bool {
-        self.starting.remove(container_id) && self.entries.contains_key(container_id)
+        self.starting.remove(container_id).is_some() && self.entries.contains_key(container_id)
     }
 
     /// Takes note of a Synchronize: the runtime knows every container it lists, and its updates
@@ -226,9 +260,13 @@ impl PendingUpdates {
         self.starting.clear();
     }
 
-    /// Whether the runtime has not started this container yet.
+    /// Whether the runtime may still drop or overwrite updates of this container: it has not
+    /// started it, or not finished updating it.
     pub fn is_starting(&self, container_id: &str) -> bool {
-        self.starting.contains(container_id)
+        self.starting.get(container_id).is_some_and(|s| match s {
+            Settling::Creating => true,
+            Settling::Updating(since) => since.elapsed() < UPDATE_SETTLES,
+        })
     }
 
     /// Whether anything is pending.
@@ -238,7 +276,7 @@ impl PendingUpdates {
 
     /// Whether anything pending can be sent now: pending for a container the runtime knows.
     pub fn is_deliverable(&self) -> bool {
-        self.entries.keys().any(|id| !self.starting.contains(id))
+        self.entries.keys().any(|id| !self.is_starting(id))
     }
 
     /// How many containers have pending updates.
@@ -315,7 +353,7 @@ impl PendingUpdates {
             .entries
             .iter()
             .filter(|(id, _)| only.is_none_or(|only| only.contains(*id)))
-            .filter(|(id, _)| !self.starting.contains(*id))
+            .filter(|(id, _)| !self.is_starting(id))
             .map(|(_, e)| e.current.clone())
             .collect();
         for v in &batch {
@@ -330,7 +368,7 @@ impl PendingUpdates {
     /// Starts a delivery of one container's pending update, if it has one and the runtime knows
     /// the container.
     pub fn begin_one(&mut self, container_id: &str) -> Option<Versioned> {
-        if self.starting.contains(container_id) {
+        if self.is_starting(container_id) {
             return None;
         }
         let v = self.entries.get(container_id)?.current.clone();

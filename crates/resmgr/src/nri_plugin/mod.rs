@@ -14,8 +14,8 @@
 //! that could not be saved `Internal`.
 //!
 //! Subscribed events: CreateContainer, UpdateContainer and StopContainer (whose replies carry
-//! updates to other containers), PostStartContainer (until which the runtime may drop a
-//! container's updates: [`crate::pending`]) and RemoveContainer (both arrive as StateChange, or as
+//! updates to other containers), PostStartContainer and PostUpdateContainer (until which the
+//! runtime may drop or overwrite a container's updates: [`crate::pending`]) and RemoveContainer (both arrive as StateChange, or as
 //! their own calls on NRI v0.12 runtimes, and carry none). Pod events change nothing the policy
 //! decides.
 
@@ -160,6 +160,8 @@ impl Plugin for ResmgrPlugin {
             // Until it, the runtime may drop updates of the container (crate::pending).
             Event::PostStartContainer,
             Event::UpdateContainer,
+            // Until it, the runtime may overwrite updates of the container (crate::pending).
+            Event::PostUpdateContainer,
             Event::StopContainer,
             Event::RemoveContainer,
         ])
@@ -289,6 +291,17 @@ impl Plugin for ResmgrPlugin {
                 let pod = change.pod.unwrap_or_default();
                 self.manager
                     .container_started(&translate::container(&pod, c))
+                    .await;
+            }
+            Event::PostUpdateContainer => {
+                self.observer.event("post-update-container");
+                let c = change
+                    .container
+                    .as_ref()
+                    .ok_or_else(|| missing("PostUpdateContainer", "container"))?;
+                let pod = change.pod.unwrap_or_default();
+                self.manager
+                    .container_updated(&translate::container(&pod, c))
                     .await;
             }
             Event::RemoveContainer => {
