@@ -18,6 +18,12 @@ pub const BUSYBOX: &str = "/bin/busybox";
 
 /// Builds the image from `busybox` into `out`; its path.
 pub fn build(busybox: &Path, out: &Path) -> anyhow::Result<PathBuf> {
+    build_as(busybox, out, NAME, "resmgr-e2e-image.tar")
+}
+
+/// Builds the same image under another name (`docker.io/library/busybox:1.37`, which the
+/// examples run) into `out/file`; its path.
+pub fn build_as(busybox: &Path, out: &Path, name: &str, file: &str) -> anyhow::Result<PathBuf> {
     let applets = util::output(std::process::Command::new(busybox).arg("--list"))?;
     let tree = tempfile::tempdir()?;
     let bin = tree.path().join("bin");
@@ -48,12 +54,12 @@ pub fn build(busybox: &Path, out: &Path) -> anyhow::Result<PathBuf> {
         "resmgr e2e test image: busybox, sleeps".into(),
     );
     let image = Image {
-        name: NAME.into(),
+        name: name.into(),
         config,
         layers: vec![Layer::from_dir(tree.path(), Compression::Gzip)?],
         annotations: Default::default(),
     };
-    let path = out.join("resmgr-e2e-image.tar");
+    let path = out.join(file);
     image.write_archive(&path)?;
     Ok(path)
 }

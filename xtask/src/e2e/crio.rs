@@ -21,7 +21,7 @@ use crate::{
 /// Debian packages the stage uses: CRI-O's monitor and OCI runtime, libseccomp's headers for
 /// the build, the test image's only program, and iptables (CRI-O will not start without it: its
 /// HostPortManager needs iptables or nft, which a fresh machine may not have).
-const PACKAGES: &[&str] = &[
+pub(crate) const PACKAGES: &[&str] = &[
     "conmon",
     "runc",
     "libseccomp-dev",
@@ -42,7 +42,7 @@ pub fn prerequisites() -> Vec<Missing> {
 }
 
 /// conmon as installed by the package.
-fn conmon() -> anyhow::Result<PathBuf> {
+pub(crate) fn conmon() -> anyhow::Result<PathBuf> {
     ["/usr/bin/conmon", "/usr/libexec/crio/conmon"]
         .into_iter()
         .map(PathBuf::from)

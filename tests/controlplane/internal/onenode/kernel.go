@@ -83,7 +83,7 @@ func (n *Node) containerCgroup(controller, containerID string) (hierarchy, strin
 	if !found {
 		return base, "", fmt.Errorf("no %s hierarchy", controller)
 	}
-	dir, err := findCgroup(filepath.Join(base.Mount, n.st.CgroupRoot), containerID)
+	dir, err := findCgroup(filepath.Join(base.Mount, n.st.CgroupRoot), n.rt.cgroupName(containerID))
 	if err != nil {
 		return base, "", fmt.Errorf("%s: %w", controller, err)
 	}
@@ -168,7 +168,7 @@ func (n *Node) MemoryLimits(containerID string) (container, pod MemoryLimits, er
 	if err != nil {
 		return container, pod, err
 	}
-	hugeDir, err := findCgroup(filepath.Join(hugetlb, n.st.CgroupRoot), containerID)
+	hugeDir, err := findCgroup(filepath.Join(hugetlb, n.st.CgroupRoot), n.rt.cgroupName(containerID))
 	if err != nil {
 		return container, pod, fmt.Errorf("hugetlb: %w", err)
 	}
@@ -216,18 +216,18 @@ func readLimit(file string) (int64, error) {
 	return v, nil
 }
 
-// findCgroup finds the cgroup named containerID below root.
-func findCgroup(root, containerID string) (string, error) {
+// findCgroup finds the cgroup named name (a container's, as its runtime names it) below root.
+func findCgroup(root, name string) (string, error) {
 	var dir string
 	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() && d.Name() == containerID {
+		if err == nil && d.IsDir() && d.Name() == name {
 			dir = path
 			return filepath.SkipAll
 		}
 		return nil
 	})
 	if dir == "" {
-		return "", fmt.Errorf("no cgroup of container %s under %s", containerID, root)
+		return "", fmt.Errorf("no cgroup %s under %s", name, root)
 	}
 	return dir, nil
 }
