@@ -178,7 +178,11 @@ mod tests {
                 Ok(())
             })
             .unwrap();
-        assert!(steps.run("fails", || anyhow::bail!("no")).is_err());
+        assert!(
+            steps
+                .run("fails", || -> anyhow::Result<()> { anyhow::bail!("no") })
+                .is_err()
+        );
         steps.not_run("cluster stage");
         let table = steps.table();
         let lines: Vec<&str> = table.lines().collect();
