@@ -249,18 +249,29 @@ func kubeletConfig(l layout, runtimeSocket, nodeIP, cgroupRoot, reservedCPUs, ca
 	return string(b)
 }
 
+// AgentCPURequest is the agent's CPU request on this node: none. The kubelet reserves CPU 0
+// for the system by set (reservedSystemCPUs) and the agent, in a reserved namespace, runs on
+// exactly that CPU, whose time no pod is allocated; a request would charge it a second time
+// against the allocatable CPUs claims are for. On the smallest node the cluster runs on (two
+// CPUs, allocatable 1) the chart's 50m would leave no room for any claim of a whole CPU whose
+// pod states it in its requests, README.md's "Try it" included; docs/deploy.md gives the same
+// advice for every node whose claims should get every CPU. The chart's default stays for the
+// nodes it is sized for; TestTheAgentsCPURequestCountsAgainstAClaimOfEveryCPU shows both.
+const AgentCPURequest = "0"
+
 // agentValues are the chart's values for this node: its host paths under the run directory,
-// the image imported into containerd (never pulled), the kubelet's reserved CPUs, and the API
-// server's address, which the pod cannot reach through the kubernetes Service without
-// kube-proxy.
+// the image loaded into the runtime (never pulled), the kubelet's reserved CPUs, the agent's CPU
+// request (AgentCPURequest), and the API server's address, which the pod cannot reach through
+// the kubernetes Service without kube-proxy.
 func agentValues(l layout, repository, tag, nodeIP, reservedCPUs string) map[string]any {
 	return map[string]any{
-		"image":    map[string]any{"repository": repository, "tag": tag, "pullPolicy": "Never"},
-		"nri":      map[string]any{"socketDir": l.at("nri")},
-		"kubelet":  map[string]any{"rootDir": l.KubeletRoot},
-		"cdi":      map[string]any{"specDir": l.CDIDir},
-		"stateDir": l.at("agent-state"),
-		"config":   map[string]any{"reserved-cpus": reservedCPUs},
+		"image":     map[string]any{"repository": repository, "tag": tag, "pullPolicy": "Never"},
+		"nri":       map[string]any{"socketDir": l.at("nri")},
+		"kubelet":   map[string]any{"rootDir": l.KubeletRoot},
+		"cdi":       map[string]any{"specDir": l.CDIDir},
+		"stateDir":  l.at("agent-state"),
+		"resources": map[string]any{"requests": map[string]any{"cpu": AgentCPURequest}},
+		"config":    map[string]any{"reserved-cpus": reservedCPUs},
 		"extraEnv": []any{
 			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": nodeIP},
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": strconv.Itoa(apiPort)},
