@@ -26,7 +26,16 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     let result = checks(root, &mut steps);
     eprintln!("\n{}", steps.table());
     result?;
-    eprintln!("all checks passed");
+    let skipped = steps.skipped();
+    if skipped.is_empty() {
+        eprintln!("all checks passed");
+    } else {
+        eprintln!(
+            "all checks that ran passed; {} skipped, which is not passed:\n  {}",
+            skipped.len(),
+            skipped.join("\n  ")
+        );
+    }
     Ok(())
 }
 

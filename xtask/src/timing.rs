@@ -3,8 +3,9 @@
 //! at the end (also when a step fails), so that the next person sees it without a profile.
 //!
 //! The builds ([`crate::build::background`], the control planes' prefetch) report a wait and a
-//! finished build here ([`waited`], [`built`]); the steps ([`Steps`]) collect the waits that
-//! happened while they ran. A command other than `cargo xtask test` reports into nothing anyone
+//! finished build here ([`waited`], [`built`]), and the stages a test they skipped
+//! ([`skipped`]); the steps ([`Steps`]) collect those that happened while they ran, and the
+//! table lists the skipped tests as not passed. A command other than `cargo xtask test` reports into nothing anyone
 //! reads, which costs a lock and a few bytes.
 
 use std::{
@@ -21,6 +22,12 @@ struct Event {
 
 static WAITS: Mutex<Vec<Event>> = Mutex::new(Vec::new());
 static BUILT: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+static SKIPPED: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+
+/// Records that a test was skipped ("TestX: why"): not passed.
+pub fn skipped(what: impl Into<String>) {
+    push(&SKIPPED, what.into(), Duration::ZERO);
+}
 
 /// Records that the caller waited `took` for `what` ("the e2e's CRI-O build").
 pub fn waited(what: impl Into<String>, took: Duration) {
@@ -54,6 +61,7 @@ struct Row {
     took: Duration,
     outcome: &'static str,
     waits: Vec<Event>,
+    skipped: Vec<Event>,
 }
 
 /// The steps of a run, timed.
@@ -72,6 +80,7 @@ impl Default for Steps {
 impl Steps {
     pub fn new() -> Self {
         take(&WAITS);
+        take(&SKIPPED);
         Self {
             started: Instant::now(),
             rows: Vec::new(),
@@ -85,13 +94,20 @@ impl Steps {
         step: impl FnOnce() -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
         take(&WAITS);
+        take(&SKIPPED);
         let began = Instant::now();
         let result = step();
+        let skipped = take(&SKIPPED);
         self.rows.push(Row {
             name: name.into(),
             took: began.elapsed(),
-            outcome: if result.is_ok() { "" } else { "FAILED" },
+            outcome: match (&result, skipped.is_empty()) {
+                (Err(_), _) => "FAILED",
+                (Ok(_), false) => "SKIPPED SOME",
+                (Ok(_), true) => "",
+            },
             waits: take(&WAITS),
+            skipped,
         });
         result
     }
@@ -103,7 +119,16 @@ impl Steps {
             took: Duration::ZERO,
             outcome: "NOT RUN",
             waits: Vec::new(),
+            skipped: Vec::new(),
         });
+    }
+
+    /// The tests skipped in every step so far, each "TestX: why" (not passed).
+    pub fn skipped(&self) -> Vec<String> {
+        self.rows
+            .iter()
+            .flat_map(|r| r.skipped.iter().map(|s| s.what.clone()))
+            .collect()
     }
 
     /// The table: each step's wall time and what it waited for, the total, and the background
@@ -134,6 +159,12 @@ impl Steps {
                 out.push_str(row.outcome);
             }
             out.push('\n');
+            for skip in &row.skipped {
+                out.push_str(&format!(
+                    "{:width$}  {:>9}  skipped, not passed: {}\n",
+                    "", "", skip.what
+                ));
+            }
         }
         out.push_str(&format!(
             "{:width$}  {:>9}\n",
@@ -184,6 +215,12 @@ mod tests {
                 .is_err()
         );
         steps.not_run("cluster stage");
+        steps
+            .run("cluster on CRI-O", || {
+                skipped("TestX: why");
+                Ok(())
+            })
+            .unwrap();
         let table = steps.table();
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("step "), "{table}");
@@ -191,7 +228,13 @@ mod tests {
         assert!(lines[1].ends_with("the helm build 1:15 min"), "{table}");
         assert!(lines[2].ends_with("FAILED"), "{table}");
         assert!(lines[3].starts_with("cluster stage") && lines[3].ends_with("-  NOT RUN"));
-        assert!(lines[4].starts_with("total "), "{table}");
+        assert!(lines[4].starts_with("cluster on CRI-O") && lines[4].ends_with("SKIPPED SOME"));
+        assert!(
+            lines[5].ends_with("skipped, not passed: TestX: why"),
+            "{table}"
+        );
+        assert!(lines[6].starts_with("total "), "{table}");
+        assert_eq!(steps.skipped(), ["TestX: why"]);
     }
 
     #[test]

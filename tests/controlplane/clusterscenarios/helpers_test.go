@@ -52,7 +52,11 @@ func poll(t testing.TB, what string, within time.Duration, cond func() (bool, er
 	}
 }
 
-// namespace creates a namespace for one test, deleted when it ends.
+// namespace creates a namespace for one test, deleted when it ends: the test's end waits until
+// it is gone, its pods stopped and its claims unprepared, so that no test's pods are still
+// stopping while the next one runs. (Whatever a test's pods are doing when it ends would
+// otherwise meet the next test's claims: on CRI-O 1.36 the agent's moving a stopping container
+// deadlocks the runtime's NRI, TestAClaimReleasedWhileTheContainersItMovesBackStop.)
 func namespace(t testing.TB) string {
 	t.Helper()
 	name := strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))
@@ -67,8 +71,18 @@ func namespace(t testing.TB) string {
 	}
 	t.Cleanup(func() {
 		c, cancel := cx()
-		defer cancel()
-		_ = node.Client.CoreV1().Namespaces().Delete(c, name, metav1.DeleteOptions{})
+		err := node.Client.CoreV1().Namespaces().Delete(c, name, metav1.DeleteOptions{})
+		cancel()
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting namespace %s: %v", name, err)
+			return
+		}
+		poll(t, "namespace "+name+" to be gone", limit, func() (bool, error) {
+			c, cancel := cx()
+			defer cancel()
+			_, err := node.Client.CoreV1().Namespaces().Get(c, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), err
+		})
 	})
 	// The controller-manager's serviceaccount controller makes the default ServiceAccount,
 	// without which pods are refused.
@@ -101,7 +115,13 @@ func claimTemplate(t testing.TB, ns, name string, cpus int) {
 	}
 }
 
-// podSpec is a pod of the test image that sleeps, in containers named by names.
+// sleeper is the command of the test pods' containers: a shell that sleeps and exits on SIGTERM,
+// so that a pod stops as soon as the kubelet asks (the test image's own sleep, PID 1 of its
+// namespace, ignores SIGTERM and would be killed only at the end of the grace period). Both
+// processes carry the container's environment and cpuset.
+var sleeper = []string{"/bin/sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"}
+
+// podSpec is a pod of the test image that sleeps (sleeper), in containers named by names.
 type podSpec struct {
 	name       string
 	containers []string
@@ -135,7 +155,7 @@ func (p podSpec) pod(ns string) *corev1.Pod {
 	}
 	for _, name := range names {
 		c := corev1.Container{Name: name, Image: os.Getenv(onenode.EnvTestName), ImagePullPolicy: corev1.PullNever,
-			Resources: corev1.ResourceRequirements{Requests: p.requests, Limits: p.limits}}
+			Command: sleeper, Resources: corev1.ResourceRequirements{Requests: p.requests, Limits: p.limits}}
 		if p.template != "" || p.claim != "" {
 			c.Resources.Claims = []corev1.ResourceClaim{{Name: "cpus"}}
 		}
