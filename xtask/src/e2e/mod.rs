@@ -5,7 +5,7 @@
 //!   runner `tests/src/bin/e2e`, which plays the kubelet at instants a real one does not give;
 //! - [`crio`]: the same scenarios on CRI-O, runc and conmon, through the same runner;
 //! - [`controlplane`]: against a real kube-apiserver, kube-scheduler and
-//!   kube-controller-manager, on nodes without a kubelet;
+//!   kube-controller-manager, on nodes without a kubelet (any topology, flags and gates);
 //! - [`cluster`]: in a real one-node cluster, kubelet and controller-manager included, the agent
 //!   installed with Helm, on containerd and on CRI-O.
 //!
@@ -108,8 +108,6 @@ pub fn start_builds(root: &Path) -> Builds {
 /// that order, so on a fresh machine the next release's build overlaps the stages of the one
 /// before it (the CRI-O cluster of the primary release among them).
 pub fn in_test(root: &Path, mut builds: Builds, steps: &mut Steps) -> anyhow::Result<()> {
-    // CRI-O before the control plane, whose real-runtime scenarios also run on the CRI-O it
-    // builds.
     let mut stages = vec![(Stage::Containerd, None, None), (Stage::Crio, None, None)];
     for release in kubernetes::releases(root)? {
         stages.push((Stage::Controlplane, Some(release.clone()), None));

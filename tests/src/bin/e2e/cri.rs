@@ -334,14 +334,29 @@ impl Cri {
             .map(drop)
     }
 
-    /// Stops (at once) and removes a pod and its containers.
+    /// Stops (at once) and removes a pod and its containers, as the kubelet does: each running
+    /// container first (SIGKILL at once, a grace of 0), then the sandbox. CRI-O's
+    /// StopPodSandbox would SIGTERM the containers still running and wait for them up to the
+    /// request's deadline less a second (29 s here) before killing them, where containerd's kills
+    /// them at once; the test containers' sleep ignores SIGTERM, so every pod removal took 29 s
+    /// on CRI-O. The kubelet never leaves the sandbox's stop any container to wait for (the
+    /// cluster stage checks it on both runtimes:
+    /// TestDeletingAClaimPodUnpreparesRightAfterTheKubeletStopsItsContainers).
     pub fn remove_pod(&self, pod_id: &str) -> anyhow::Result<()> {
+        for id in self.run(&["ps", "--quiet", "--pod", pod_id])?.lines() {
+            self.stop(id.trim(), std::time::Duration::ZERO)?;
+        }
         self.run(&["stopp", pod_id])?;
         self.run(&["rmp", pod_id]).map(drop)
     }
 
-    /// Stops and removes every pod: the run's end, while containerd still answers.
+    /// Stops and removes every pod: the run's end, while the runtime still answers. The
+    /// containers first, at once, as in [`Self::remove_pod`].
     pub fn remove_all_pods(&self) -> anyhow::Result<()> {
+        for id in self.run(&["ps", "--quiet"])?.lines() {
+            // One that exits meanwhile is no reason to keep the rest.
+            let _ = self.stop(id.trim(), std::time::Duration::ZERO);
+        }
         self.run(&["rmp", "--all", "--force"]).map(drop)
     }
 }

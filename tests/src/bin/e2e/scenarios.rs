@@ -222,6 +222,41 @@ pub const PHASES: &[Phase] = &[
     },
 ];
 
+/// The scenarios this runner runs on CRI-O, and why each needs it: the cluster stage runs every
+/// kubelet-driven case on CRI-O under the real kubelet (tests/controlplane/clusterscenarios, one
+/// cluster per runtime), so what stays here is what a real kubelet gives no hold on, an exact
+/// instant or a fault, and what those build on. `--only` still runs any scenario on CRI-O.
+pub const ON_CRIO: &[(&str, &str)] = &[
+    (
+        "shared",
+        "the shared container the claim moves, which the scenarios after it build on",
+    ),
+    (
+        "claim",
+        "the claim the scenarios after it act on (its placement under the real kubelet: the cluster stage)",
+    ),
+    (
+        "agent-sigkill",
+        "the agent killed with SIGKILL between two given steps; the kubelet only ever deletes its pod (SIGTERM), which the cluster stage does",
+    ),
+    (
+        "runtime-restart",
+        "what CRI-O reports at the moment it is back, before the agent synchronizes again: it forgets NRI's updates",
+    ),
+    (
+        "unprepare",
+        "the claim given back at a given step, before the race below (its unprepare under the real kubelet: the cluster stage)",
+    ),
+    (
+        "create-while-prepare",
+        "a container created at given instants while a claim is prepared, the kernel sampled all along",
+    ),
+    (
+        "stray-spec",
+        "a fault: a stray CDI spec planted while the agent is down",
+    ),
+];
+
 /// The command of every test container: a shell that execs a long sleep, so the process the
 /// kernel shows is the one the environment check reads, with what a shell passes on.
 fn sleeper() -> Vec<String> {
@@ -276,6 +311,24 @@ impl World {
         if let Some(unknown) = only.iter().find(|o| !names.contains(&o.as_str())) {
             bail!("no scenario {unknown:?}; there are {}", names.join(", "));
         }
+        let only: Vec<String> = if only.is_empty() && self.runtime.kind() == Kind::Crio {
+            for (name, why) in ON_CRIO {
+                eprintln!("e2e: on CRI-O, {name}: {why}");
+            }
+            let covered: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|n| !ON_CRIO.iter().any(|(o, _)| o == n))
+                .collect();
+            eprintln!(
+                "e2e: on CRI-O the cluster stage runs what the others check, with the real kubelet: {}",
+                covered.join(", ")
+            );
+            ON_CRIO.iter().map(|(n, _)| (*n).to_owned()).collect()
+        } else {
+            only.to_vec()
+        };
+        let only = only.as_slice();
         for phase in PHASES {
             let chosen: Vec<&Scenario> = phase
                 .scenarios
@@ -1450,6 +1503,19 @@ mod tests {
             cpus: cpus(held),
             members: members.iter().map(|m| (*m).to_owned()).collect(),
         }
+    }
+
+    #[test]
+    fn the_crio_scenarios_are_scenarios_in_their_order() {
+        let names: Vec<&str> = PHASES
+            .iter()
+            .flat_map(|p| p.scenarios.iter().map(|(n, _)| *n))
+            .collect();
+        let positions: Vec<usize> = ON_CRIO
+            .iter()
+            .map(|(n, _)| names.iter().position(|m| m == n).expect(n))
+            .collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
     }
 
     #[test]
