@@ -1171,8 +1171,8 @@ fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
     let (pod_id, _) = w.pods[&pod.name].clone();
     // The claims the kubelet has been answered OK for, with their CPUs: what no container but
     // their own may run on. A claim is added once its answer is in, and taken out before its
-    // unprepare is sent.
-    let answered: Arc<Mutex<Vec<(String, CpuSet)>>> = Arc::default();
+    // unprepare is sent, which starts a new epoch (the first number).
+    let answered: Arc<Mutex<Answered>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let sampler = std::thread::spawn({
         let (cri, answered, done) = (w.cri.clone(), answered.clone(), done.clone());
@@ -1194,15 +1194,19 @@ fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
             answered
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .1
                 .push((claim.uid.clone(), w.granted[&claim.uid].cpus.clone()));
             let id = created.with_context(|| format!("round {round}: creating {}", c.name))?;
             w.track(&pod, &c, id, Expect::Shared)?;
             w.check(&[])
                 .with_context(|| format!("round {round}, with the claim prepared"))?;
-            answered
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clear();
+            {
+                let mut answered = answered
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                answered.0 += 1;
+                answered.1.clear();
+            }
             w.kubelet
                 .unprepare(&claim.namespace, &claim.name, &claim.uid)?;
             w.granted.remove(&claim.uid);
@@ -1229,19 +1233,32 @@ fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
     w.remove_pod(&pod.name)
 }
 
+/// The claims answered OK, with their CPUs, and the epoch: how many times they were taken out
+/// before an unprepare.
+type Answered = (u64, Vec<(String, CpuSet)>);
+
 /// Samples every running container in the kernel's view until `done`, each against the claims
-/// answered OK before the sample began (none of which these containers use); the number of
-/// samples, and what each intrusion was.
+/// answered OK before the sample began and still held when its view was read (none of which
+/// these containers use); the number of samples, and what each intrusion was. A view read after
+/// the claims were taken out is not compared with them: their unprepare may have moved the
+/// container back onto their CPUs meanwhile (a sample lists and inspects every container, which
+/// takes longer than an unprepare on a busy machine).
 fn sample_intrusions(
     cri: &Cri,
-    answered: &std::sync::Mutex<Vec<(String, CpuSet)>>,
+    answered: &std::sync::Mutex<Answered>,
     done: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<(u64, Vec<String>)> {
     let mut known: BTreeMap<String, (String, u32)> = BTreeMap::new();
     let mut samples = 0;
     let mut intrusions = Vec::new();
+    let epoch = || {
+        answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    };
     while !done.load(std::sync::atomic::Ordering::SeqCst) {
-        let claims = answered
+        let (began, claims) = answered
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
@@ -1257,6 +1274,9 @@ fn sample_intrusions(
             let Ok(view) = kernel::view(*pid) else {
                 continue; // gone since it was listed: it runs on nothing
             };
+            if epoch() != began {
+                continue; // the claims were taken out, and may be unprepared, meanwhile
+            }
             for (uid, cpus) in &claims {
                 let on = cpus.intersection(&view.cgroup_cpus.union(&view.allowed_cpus));
                 if !on.is_empty() {
