@@ -53,10 +53,11 @@ func poll(t testing.TB, what string, within time.Duration, cond func() (bool, er
 }
 
 // namespace creates a namespace for one test, deleted when it ends: the test's end waits until
-// it is gone, its pods stopped and its claims unprepared, so that no test's pods are still
+// its pods are gone (stopped, their claims unprepared), so that no test's pods are still
 // stopping while the next one runs. (Whatever a test's pods are doing when it ends would
 // otherwise meet the next test's claims: on CRI-O 1.36 the agent's moving a stopping container
-// deadlocks the runtime's NRI, TestAClaimReleasedWhileTheContainersItMovesBackStop.)
+// can deadlock the runtime's NRI, TestAClaimReleasedWhileTheContainersItMovesBackStop.) The
+// namespace itself goes later; waiting for it would cost the namespace controller's seconds.
 func namespace(t testing.TB) string {
 	t.Helper()
 	name := strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))
@@ -77,11 +78,11 @@ func namespace(t testing.TB) string {
 			t.Errorf("deleting namespace %s: %v", name, err)
 			return
 		}
-		poll(t, "namespace "+name+" to be gone", limit, func() (bool, error) {
+		poll(t, "the pods of namespace "+name+" to be gone", limit, func() (bool, error) {
 			c, cancel := cx()
 			defer cancel()
-			_, err := node.Client.CoreV1().Namespaces().Get(c, name, metav1.GetOptions{})
-			return apierrors.IsNotFound(err), err
+			pods, err := node.Client.CoreV1().Pods(name).List(c, metav1.ListOptions{})
+			return err == nil && len(pods.Items) == 0, err
 		})
 	})
 	// The controller-manager's serviceaccount controller makes the default ServiceAccount,
