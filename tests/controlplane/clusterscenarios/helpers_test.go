@@ -71,12 +71,12 @@ func namespace(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// The pods first, by us: the namespace controller would start on them seconds later.
 		c, cancel := cx()
-		err := node.Client.CoreV1().Namespaces().Delete(c, name, metav1.DeleteOptions{})
+		err := node.Client.CoreV1().Pods(name).DeleteCollection(c, metav1.DeleteOptions{}, metav1.ListOptions{})
 		cancel()
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("deleting namespace %s: %v", name, err)
-			return
+		if err != nil {
+			t.Errorf("deleting the pods of namespace %s: %v", name, err)
 		}
 		poll(t, "the pods of namespace "+name+" to be gone", limit, func() (bool, error) {
 			c, cancel := cx()
@@ -84,6 +84,11 @@ func namespace(t testing.TB) string {
 			pods, err := node.Client.CoreV1().Pods(name).List(c, metav1.ListOptions{})
 			return err == nil && len(pods.Items) == 0, err
 		})
+		c, cancel = cx()
+		defer cancel()
+		if err := node.Client.CoreV1().Namespaces().Delete(c, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting namespace %s: %v", name, err)
+		}
 	})
 	// The controller-manager's serviceaccount controller makes the default ServiceAccount,
 	// without which pods are refused.

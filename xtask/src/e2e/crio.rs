@@ -1,5 +1,7 @@
-//! The e2e's CRI-O stage: the containerd stage's scenarios on CRI-O ([`crate::build::crio`]),
-//! with Debian's conmon and runc, through the same runner (`e2e --runtime crio`). Debian's crun
+//! The e2e's CRI-O stage: the containerd stage's runner on CRI-O ([`crate::build::crio`]), with
+//! Debian's conmon and runc (`e2e --runtime crio`), running there only the scenarios that need an
+//! exact instant or a fault, and those they build on (the runner's `ON_CRIO`, each with why); the
+//! cluster stage runs the rest on CRI-O under the real kubelet ([`super::cluster`]). Debian's crun
 //! (1.8.1, OCI spec 1.0) refuses the specs CRI-O 1.36 writes (`unknown version specified`), so
 //! the OCI runtime is runc, as on the containerd stage.
 

@@ -3,7 +3,8 @@
 //!
 //! - [`containerd`]: on containerd and runc, real containers checked in the kernel, through the
 //!   runner `tests/src/bin/e2e`, which plays the kubelet at instants a real one does not give;
-//! - [`crio`]: the same scenarios on CRI-O, runc and conmon, through the same runner;
+//! - [`crio`]: those of its scenarios that need an exact instant or a fault, on CRI-O, runc and
+//!   conmon, through the same runner;
 //! - [`controlplane`]: against a real kube-apiserver, kube-scheduler and
 //!   kube-controller-manager, on nodes without a kubelet (any topology, flags and gates);
 //! - [`cluster`]: in a real one-node cluster, kubelet and controller-manager included, the agent
