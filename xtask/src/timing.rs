@@ -23,6 +23,13 @@ struct Event {
 static WAITS: Mutex<Vec<Event>> = Mutex::new(Vec::new());
 static BUILT: Mutex<Vec<Event>> = Mutex::new(Vec::new());
 static SKIPPED: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+static ELSEWHERE: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+
+/// Records a test a stage leaves to another run of it on purpose ("TestX (on containerd
+/// only)"), which the table names.
+pub fn not_run_here(what: impl Into<String>) {
+    push(&ELSEWHERE, what.into(), Duration::ZERO);
+}
 
 /// Records that a test was skipped ("TestX: why"): not passed.
 pub fn skipped(what: impl Into<String>) {
@@ -62,6 +69,7 @@ struct Row {
     outcome: &'static str,
     waits: Vec<Event>,
     skipped: Vec<Event>,
+    elsewhere: Vec<Event>,
 }
 
 /// The steps of a run, timed.
@@ -95,6 +103,7 @@ impl Steps {
     ) -> anyhow::Result<T> {
         take(&WAITS);
         take(&SKIPPED);
+        take(&ELSEWHERE);
         let began = Instant::now();
         let result = step();
         let skipped = take(&SKIPPED);
@@ -108,6 +117,7 @@ impl Steps {
             },
             waits: take(&WAITS),
             skipped,
+            elsewhere: take(&ELSEWHERE),
         });
         result
     }
@@ -120,6 +130,7 @@ impl Steps {
             outcome: "NOT RUN",
             waits: Vec::new(),
             skipped: Vec::new(),
+            elsewhere: Vec::new(),
         });
     }
 
@@ -162,7 +173,15 @@ impl Steps {
             for skip in &row.skipped {
                 out.push_str(&format!(
                     "{:width$}  {:>9}  skipped, not passed: {}\n",
-                    "", "", skip.what
+                    "",
+                    "",
+                    short(&skip.what)
+                ));
+            }
+            for cut in &row.elsewhere {
+                out.push_str(&format!(
+                    "{:width$}  {:>9}  not run here: {}\n",
+                    "", "", cut.what
                 ));
             }
         }
@@ -182,6 +201,14 @@ impl Steps {
             }
         }
         out
+    }
+}
+
+/// The first sentence of a long reason, for the table (the stage printed all of it).
+fn short(what: &str) -> String {
+    match what.find(". ") {
+        Some(end) if end < what.len() - 2 => format!("{}. (…)", &what[..end]),
+        _ => what.to_owned(),
     }
 }
 

@@ -269,7 +269,7 @@ func TestDeletingAClaimPodUnpreparesRightAfterTheKubeletStopsItsContainers(t *te
 
 // crioUpdateDeadlock is why TestAClaimReleasedWhileTheContainersItMovesBackStop cannot run on
 // CRI-O 1.36.2.
-const crioUpdateDeadlock = "CRI-O 1.36.2 deadlocks here: its NRI adaptation (NRI v0.11.0) holds the adaptation's lock " +
+const crioUpdateDeadlock = "CRI-O 1.36.2 deadlocks here (NRI v0.11's lock order; cri-o/cri-o#9835). Its NRI adaptation holds the adaptation's lock " +
 	"while it applies a plugin's unsolicited UpdateContainers, which then takes CRI-O's own NRI lock, while every " +
 	"container event (StopContainer here) takes CRI-O's lock first and the adaptation's second. An update queued " +
 	"behind a slow one (runc update waits for a container being killed) meets the kubelet's StopContainer, and from " +
@@ -286,7 +286,8 @@ const crioUpdateDeadlock = "CRI-O 1.36.2 deadlocks here: its NRI adaptation (NRI
 // containers stopped, every pod goes, the claim is unprepared, and the next claim is prepared
 // and pinned: neither the runtime nor the agent is left stuck. On CRI-O 1.36.2 this wedges the
 // runtime (crioUpdateDeadlock), so it runs on containerd only; the agent could narrow the window
-// (docs/deploy.md#cri-o-under-the-kubelet) but not close it.
+// (never a second UpdateContainers while one that timed out may still be applied) but not close
+// it.
 func TestAClaimReleasedWhileTheContainersItMovesBackStop(t *testing.T) {
 	if node.Runtime() == onenode.CRIO {
 		t.Skip(crioUpdateDeadlock)

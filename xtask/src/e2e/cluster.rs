@@ -154,6 +154,17 @@ pub(crate) fn environment(
 /// the test image, busybox too, is loaded under it.
 const EXAMPLE_IMAGE: &str = "docker.io/library/busybox:1.37";
 
+/// The scenarios the stage runs on containerd only, and why each adds nothing on CRI-O: what
+/// they check is the agent's and the kubelet's, and the part of it that is the runtime's another
+/// scenario checks on CRI-O. This is what pays for the CRI-O cluster in `cargo xtask test`'s
+/// time; `--only` runs one on CRI-O all the same.
+pub const CONTAINERD_ONLY: &[(&str, &str)] = &[(
+    "TestAPrepareRefusedWhileTheCPUsAreStillHeldIsAnEventOnThePodAndRunsLater",
+    "the agent refusing a prepare while a force-deleted pod's claim still holds the CPUs, and the \
+     kubelet retrying it at its pod resync, 70 to 90 s later; the runtime's part, stopping the old \
+     pod's containers before the unprepare, is TestDeletingAClaimPodUnpreparesRightAfterTheKubeletStopsItsContainers",
+)];
+
 /// The runtimes the stage runs on for `release`: those `wanted` names, or by default containerd
 /// on every release and CRI-O on the primary one. The CRI-O build is 1.36, which goes with
 /// Kubernetes 1.36 (CRI-O's minor follows Kubernetes'); what CRI-O adds to the scenarios is its
@@ -200,6 +211,13 @@ pub fn run(
         .args(["test", "-count=1", "-v", "-timeout=30m"]);
     if !only.is_empty() {
         go.args(["-run", &only.join("|")]);
+    } else if runtime == Runtime::Crio {
+        let names: Vec<&str> = CONTAINERD_ONLY.iter().map(|(n, _)| *n).collect();
+        go.args(["-skip", &format!("^({})$", names.join("|"))]);
+        for (name, why) in CONTAINERD_ONLY {
+            eprintln!("not run on CRI-O, run on containerd: {name}: {why}");
+            timing::not_run_here(format!("{name} (on containerd only)"));
+        }
     }
     let skipped = util::run_go_test(go.arg("./clusterscenarios/"))?;
     eprintln!(
