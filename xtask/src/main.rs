@@ -21,6 +21,7 @@ mod sysdeps;
 mod test;
 #[cfg(test)]
 mod tidy;
+mod timing;
 mod util;
 mod workspace;
 
@@ -105,6 +106,9 @@ enum Command {
         /// under tests/controlplane pins); default: the primary one, tests/controlplane/build.
         #[arg(long, value_name = "MINOR")]
         kubernetes: Option<String>,
+        /// The node's container runtime.
+        #[arg(long, value_enum, default_value_t = e2e::args::Runtime::Containerd)]
+        runtime: e2e::args::Runtime,
     },
 }
 
@@ -129,8 +133,10 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(&root, &args),
         Command::E2e(args) => e2e::run(&root, &args),
         Command::Soak(args) => soak::run(&root, &args),
-        Command::Cluster { action, kubernetes } => {
-            e2e::cluster::command(&root, action, kubernetes.as_deref())
-        }
+        Command::Cluster {
+            action,
+            kubernetes,
+            runtime,
+        } => e2e::cluster::command(&root, action, kubernetes.as_deref(), runtime),
     }
 }

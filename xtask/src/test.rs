@@ -10,42 +10,71 @@
 //!    and `go test` (which vets) of the chart renderer's Go program, `tools/helm-chart/go`.
 //! 7. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane and cluster stages,
 //!    each when the machine can run it (under `CI=true` it must).
+//!
+//! It ends, whether it passed or not, with a table of each step's wall time, the background
+//! builds each waited for and how long, and how long each background build took
+//! ([`crate::timing`]).
 
 use std::{path::Path, process::Command};
 
 use anyhow::bail;
 
-use crate::{codegen, docs, e2e, sysdeps, util, workspace};
+use crate::{codegen, docs, e2e, sysdeps, timing::Steps, util, workspace};
 
 pub fn run(root: &Path) -> anyhow::Result<()> {
-    sysdeps::ensure()?;
+    let mut steps = Steps::new();
+    let result = checks(root, &mut steps);
+    eprintln!("\n{}", steps.table());
+    result?;
+    let skipped = steps.skipped();
+    if skipped.is_empty() {
+        eprintln!("all checks passed");
+    } else {
+        eprintln!(
+            "all checks that ran passed; {} skipped, which is not passed:\n  {}",
+            skipped.len(),
+            skipped.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// Every check, each a step of `steps`.
+fn checks(root: &Path, steps: &mut Steps) -> anyhow::Result<()> {
+    steps.run("system packages", sysdeps::ensure)?;
     // The e2e's builds (Go, minutes on a fresh machine) overlap the steps below.
     let builds = e2e::start_builds(root);
-    util::run(
-        util::cargo()
-            .current_dir(root)
-            .args(["fmt", "--all", "--", "--check"]),
-    )?;
-    codegen::run(root, true)?;
-    docs::run(root, true)?;
-    util::run(util::cargo().current_dir(root).args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--locked",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    util::run(
-        util::cargo()
-            .current_dir(root)
-            .args(["test", "--workspace", "--locked"]),
-    )?;
-    conformance(root)?;
-    e2e::in_test(root, builds)?;
-    eprintln!("all checks passed");
-    Ok(())
+    steps.run("cargo fmt --check", || {
+        util::run(
+            util::cargo()
+                .current_dir(root)
+                .args(["fmt", "--all", "--", "--check"]),
+        )
+    })?;
+    steps.run("codegen --check, docs --check", || {
+        codegen::run(root, true)?;
+        docs::run(root, true)
+    })?;
+    steps.run("clippy", || {
+        util::run(util::cargo().current_dir(root).args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
+    steps.run("cargo test --workspace", || {
+        util::run(
+            util::cargo()
+                .current_dir(root)
+                .args(["test", "--workspace", "--locked"]),
+        )
+    })?;
+    steps.run("Go conformance tests", || conformance(root))?;
+    e2e::in_test(root, builds, steps)
 }
 
 /// Builds the binaries the Go tests drive and runs `go test ./...` in every Go module under

@@ -397,7 +397,10 @@ Prose naming `x`.
 /// helpers know no command, a build knows nothing of the stage that runs it, and a stage no
 /// command. `main` (the CLI) and `tidy` (these tests) stand above them all.
 const XTASK_LAYERS: &[(&str, &[&str])] = &[
-    ("helpers", &["util", "sysdeps", "missing", "workspace"]),
+    (
+        "helpers",
+        &["util", "sysdeps", "missing", "workspace", "timing"],
+    ),
     ("builds", &["build"]),
     ("stages", &["e2e"]),
     (

@@ -80,6 +80,52 @@ fn show(cmd: &Command) -> String {
     s
 }
 
+/// Runs `go test -v ...` to completion like [`run`], its output passed through as it comes, and
+/// returns the tests it skipped, each with its reason (`go test` counts a package whose tests
+/// skipped as `ok`: the caller must not).
+pub fn run_go_test(cmd: &mut Command) -> anyhow::Result<Vec<String>> {
+    use std::io::BufRead as _;
+
+    eprintln!("$ {}", show(cmd));
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start `{}`", show(cmd)))?;
+    let stdout = child.stdout.take().context("go test's output")?;
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        eprintln!("{line}");
+        lines.push(line);
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("`{}` failed: {status}", show(cmd));
+    }
+    Ok(skipped_tests(&lines))
+}
+
+/// The tests `go test -v` output says were skipped (`--- SKIP: Name (0.00s)`), each with its
+/// reason: the last line the test logged before (`    file_test.go:12: why`).
+fn skipped_tests(lines: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix("--- SKIP: ") else {
+            continue;
+        };
+        let name = rest.split_whitespace().next().unwrap_or(rest);
+        let reason = lines[..i]
+            .iter()
+            .rev()
+            .take_while(|l| !l.starts_with("=== RUN") && !l.trim_start().starts_with("--- "))
+            .find(|l| l.starts_with(' ') && l.contains(".go:"))
+            .map(|l| l.trim())
+            .unwrap_or("no reason given");
+        out.push(format!("{name}: {reason}"));
+    }
+    out
+}
+
 /// The first line where `have` and `want` differ, described for a human; None when equal.
 pub fn first_difference(have: &str, want: &str) -> Option<String> {
     if have == want {
@@ -101,4 +147,33 @@ pub fn first_difference(have: &str, want: &str) -> Option<String> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipped_go_tests_are_found_with_their_reason() {
+        let out: Vec<String> = [
+            "=== RUN   TestA",
+            "    a_test.go:3: fine",
+            "--- PASS: TestA (1.00s)",
+            "=== RUN   TestB",
+            "    runtimes_test.go:12: CRI-O 1.36.2 deadlocks here",
+            "--- SKIP: TestB (0.00s)",
+            "=== RUN   TestC",
+            "--- SKIP: TestC (0.00s)",
+            "PASS",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(
+            skipped_tests(&out),
+            [
+                "TestB: runtimes_test.go:12: CRI-O 1.36.2 deadlocks here",
+                "TestC: no reason given"
+            ]
+        );
+    }
 }

@@ -18,11 +18,20 @@ func TestAPrepareRefusedWhileTheCPUsAreStillHeldIsAnEventOnThePodAndRunsLater(t 
 	// Each claims every CPU the node publishes, so that the second cannot be put elsewhere.
 	all := len(cpus(t, sharedCPUs(t)))
 	claimTemplate(t, ns, "every-cpu", all)
-	create(t, ns, podSpec{name: "first", template: "every-cpu"})
-	first := running(t, ns, "first")
-	granted := grantedCPUs(t, placement(t, first, "app"), podClaim(t, first))
+	// Its container ignores SIGTERM, so that it still holds the CPUs when the next claim is
+	// prepared: the kubelet kills it at the end of its grace period (2 s at least).
+	first := podSpec{name: "first", template: "every-cpu"}.pod(ns)
+	first.Spec.Containers[0].Command = sleepIgnoringSIGTERM
 	c, cancel := cx()
-	err := node.Client.CoreV1().Pods(ns).Delete(c, "first", *metav1.NewDeleteOptions(0))
+	_, err := node.Client.CoreV1().Pods(ns).Create(c, first, metav1.CreateOptions{})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	running1 := running(t, ns, "first")
+	granted := grantedCPUs(t, placement(t, running1, "app"), podClaim(t, running1))
+	c, cancel = cx()
+	err = node.Client.CoreV1().Pods(ns).Delete(c, "first", *metav1.NewDeleteOptions(0))
 	cancel()
 	if err != nil {
 		t.Fatal(err)

@@ -33,7 +33,8 @@ func TestTheExamplesApplyAsTheyAre(t *testing.T) {
 			if _, err := node.Kubectl("apply", "-f", file); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _, _ = node.Kubectl("delete", "--wait=true", "-f", file) })
+			// The example's sleep ignores SIGTERM: a short grace period, not its 30 s.
+			t.Cleanup(func() { _, _ = node.Kubectl("delete", "--wait=true", "--grace-period=1", "-f", file) })
 			name := podName(t, string(text))
 			var pod *corev1.Pod
 			poll(t, "pod "+name+" to run or be refused by the scheduler", limit, func() (bool, error) {

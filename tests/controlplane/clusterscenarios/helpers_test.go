@@ -52,7 +52,12 @@ func poll(t testing.TB, what string, within time.Duration, cond func() (bool, er
 	}
 }
 
-// namespace creates a namespace for one test, deleted when it ends.
+// namespace creates a namespace for one test, deleted when it ends: the test's end waits until
+// its pods are gone (stopped, their claims unprepared), so that no test's pods are still
+// stopping while the next one runs. (Whatever a test's pods are doing when it ends would
+// otherwise meet the next test's claims: on CRI-O 1.36 the agent's moving a stopping container
+// can deadlock the runtime's NRI, TestAClaimReleasedWhileTheContainersItMovesBackStop.) The
+// namespace itself goes later; waiting for it would cost the namespace controller's seconds.
 func namespace(t testing.TB) string {
 	t.Helper()
 	name := strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))
@@ -66,9 +71,24 @@ func namespace(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// The pods first, by us: the namespace controller would start on them seconds later.
 		c, cancel := cx()
+		err := node.Client.CoreV1().Pods(name).DeleteCollection(c, metav1.DeleteOptions{}, metav1.ListOptions{})
+		cancel()
+		if err != nil {
+			t.Errorf("deleting the pods of namespace %s: %v", name, err)
+		}
+		poll(t, "the pods of namespace "+name+" to be gone", limit, func() (bool, error) {
+			c, cancel := cx()
+			defer cancel()
+			pods, err := node.Client.CoreV1().Pods(name).List(c, metav1.ListOptions{})
+			return err == nil && len(pods.Items) == 0, err
+		})
+		c, cancel = cx()
 		defer cancel()
-		_ = node.Client.CoreV1().Namespaces().Delete(c, name, metav1.DeleteOptions{})
+		if err := node.Client.CoreV1().Namespaces().Delete(c, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting namespace %s: %v", name, err)
+		}
 	})
 	// The controller-manager's serviceaccount controller makes the default ServiceAccount,
 	// without which pods are refused.
@@ -101,7 +121,13 @@ func claimTemplate(t testing.TB, ns, name string, cpus int) {
 	}
 }
 
-// podSpec is a pod of the test image that sleeps, in containers named by names.
+// sleeper is the command of the test pods' containers: a shell that sleeps and exits on SIGTERM,
+// so that a pod stops as soon as the kubelet asks (the test image's own sleep, PID 1 of its
+// namespace, ignores SIGTERM and would be killed only at the end of the grace period). Both
+// processes carry the container's environment and cpuset.
+var sleeper = []string{"/bin/sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"}
+
+// podSpec is a pod of the test image that sleeps (sleeper), in containers named by names.
 type podSpec struct {
 	name       string
 	containers []string
@@ -135,7 +161,7 @@ func (p podSpec) pod(ns string) *corev1.Pod {
 	}
 	for _, name := range names {
 		c := corev1.Container{Name: name, Image: os.Getenv(onenode.EnvTestName), ImagePullPolicy: corev1.PullNever,
-			Resources: corev1.ResourceRequirements{Requests: p.requests, Limits: p.limits}}
+			Command: sleeper, Resources: corev1.ResourceRequirements{Requests: p.requests, Limits: p.limits}}
 		if p.template != "" || p.claim != "" {
 			c.Resources.Claims = []corev1.ResourceClaim{{Name: "cpus"}}
 		}

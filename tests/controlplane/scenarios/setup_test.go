@@ -56,8 +56,6 @@ type options struct {
 	// nodeCPU is the Node's allocatable cpu, as the kubelet would report it.
 	nodeCPU string
 	args    []string
-	// runtime runs the pods' containers for real (nil: containerd's NRI library).
-	runtime *node.RealRuntime
 }
 
 // env is one scenario's cluster: the control plane and the agent's node.
@@ -143,7 +141,7 @@ func start(t *testing.T, o options) *env {
 	pod := agentPodOn(t, cp, nodeName)
 	kubeconfig := cp.TokenKubeconfig("agent.kubeconfig", agentToken(cp, pod.Name))
 	n := node.Start(t, node.Config{Name: nodeName, Kubeconfig: kubeconfig, Topology: o.topology,
-		Reserved: o.reserved, Args: o.args, Runtime: o.runtime})
+		Reserved: o.reserved, Args: o.args})
 	e := &env{t: t, cp: cp, node: n}
 	t.Cleanup(func() {
 		if t.Failed() {

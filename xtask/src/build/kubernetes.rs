@@ -34,7 +34,7 @@ use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
 use super::cache;
-use crate::util;
+use crate::{timing, util};
 
 /// The commands built from the Kubernetes module, and our etcd main.
 const PACKAGES: [&str; 6] = [
@@ -203,9 +203,17 @@ pub fn in_background(root: &Path) -> Option<Prefetch> {
     let (send, built) = mpsc::channel();
     let build_logs = logs.clone();
     std::thread::spawn(move || {
+        let started = Instant::now();
         for release in releases {
             let log = &build_logs[&release.version];
             let result = binaries(&release, Some(log));
+            timing::built(
+                format!(
+                    "the control plane {} (one after the other)",
+                    release.version
+                ),
+                started.elapsed(),
+            );
             if result.is_ok() {
                 let _ = fs::remove_file(log);
             }
@@ -228,19 +236,25 @@ impl Prefetch {
         let Some(log) = self.logs.remove(&release.version) else {
             return binaries(release, None);
         };
-        let mut said = false;
+        let mut waiting: Option<Instant> = None;
         loop {
             if let Some(result) = self.received.remove(&release.version) {
+                if let Some(waiting) = waiting {
+                    timing::waited(
+                        format!("the build of the control plane {}", release.version),
+                        waiting.elapsed(),
+                    );
+                }
                 return result;
             }
             let Ok((version, result)) = self.built.try_recv().or_else(|_| {
-                if !said {
+                if waiting.is_none() {
                     eprintln!(
                         "waiting for the build of the control plane {} to finish (its output: {})",
                         release.version,
                         log.display()
                     );
-                    said = true;
+                    waiting = Some(Instant::now());
                 }
                 self.built.recv()
             }) else {

@@ -27,6 +27,10 @@ pub struct E2eArgs {
     /// every release.
     #[arg(long, value_name = "MINOR")]
     pub kubernetes: Vec<String>,
+    /// Run the cluster stage on this container runtime only (repeat); default: containerd on
+    /// every release, and CRI-O on the primary one (CRI-O 1.36 goes with Kubernetes 1.36).
+    #[arg(long, value_enum, value_name = "RUNTIME")]
+    pub runtime: Vec<Runtime>,
     /// Run only these scenarios (repeat); default: all. Most build on the ones before them.
     #[arg(long, value_name = "SCENARIO")]
     pub only: Vec<String>,
@@ -41,6 +45,33 @@ pub struct E2eArgs {
     /// is in its environment: RESMGR_E2E_*).
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// The container runtime of the cluster's node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Runtime {
+    /// containerd 2.4 and runc (the containerd stage's build).
+    Containerd,
+    /// CRI-O 1.36, conmon and runc (the CRI-O stage's build).
+    Crio,
+}
+
+impl Runtime {
+    /// Its name as `--runtime` and the cluster's RESMGR_CLUSTER_RUNTIME take it.
+    pub fn arg(self) -> &'static str {
+        match self {
+            Self::Containerd => "containerd",
+            Self::Crio => "crio",
+        }
+    }
+
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Containerd => "containerd",
+            Self::Crio => "CRI-O",
+        }
+    }
 }
 
 /// How the e2e starts the agent.

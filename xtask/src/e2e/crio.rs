@@ -1,5 +1,7 @@
-//! The e2e's CRI-O stage: the containerd stage's scenarios on CRI-O ([`crate::build::crio`]),
-//! with Debian's conmon and runc, through the same runner (`e2e --runtime crio`). Debian's crun
+//! The e2e's CRI-O stage: the containerd stage's runner on CRI-O ([`crate::build::crio`]), with
+//! Debian's conmon and runc (`e2e --runtime crio`), running there only the scenarios that need an
+//! exact instant or a fault, and those they build on (the runner's `ON_CRIO`, each with why); the
+//! cluster stage runs the rest on CRI-O under the real kubelet ([`super::cluster`]). Debian's crun
 //! (1.8.1, OCI spec 1.0) refuses the specs CRI-O 1.36 writes (`unknown version specified`), so
 //! the OCI runtime is runc, as on the containerd stage.
 
@@ -21,7 +23,7 @@ use crate::{
 /// Debian packages the stage uses: CRI-O's monitor and OCI runtime, libseccomp's headers for
 /// the build, the test image's only program, and iptables (CRI-O will not start without it: its
 /// HostPortManager needs iptables or nft, which a fresh machine may not have).
-const PACKAGES: &[&str] = &[
+pub(crate) const PACKAGES: &[&str] = &[
     "conmon",
     "runc",
     "libseccomp-dev",
@@ -42,7 +44,7 @@ pub fn prerequisites() -> Vec<Missing> {
 }
 
 /// conmon as installed by the package.
-fn conmon() -> anyhow::Result<PathBuf> {
+pub(crate) fn conmon() -> anyhow::Result<PathBuf> {
     ["/usr/bin/conmon", "/usr/libexec/crio/conmon"]
         .into_iter()
         .map(PathBuf::from)

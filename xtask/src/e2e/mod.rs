@@ -3,16 +3,19 @@
 //!
 //! - [`containerd`]: on containerd and runc, real containers checked in the kernel, through the
 //!   runner `tests/src/bin/e2e`, which plays the kubelet at instants a real one does not give;
-//! - [`crio`]: the same scenarios on CRI-O, runc and conmon, through the same runner;
+//! - [`crio`]: those of its scenarios that need an exact instant or a fault, on CRI-O, runc and
+//!   conmon, through the same runner;
 //! - [`controlplane`]: against a real kube-apiserver, kube-scheduler and
-//!   kube-controller-manager, on nodes without a kubelet;
+//!   kube-controller-manager, on nodes without a kubelet (any topology, flags and gates);
 //! - [`cluster`]: in a real one-node cluster, kubelet and controller-manager included, the agent
-//!   installed with Helm.
+//!   installed with Helm, on containerd and on CRI-O.
 //!
 //! The last two run once per Kubernetes release the repository has a build module for
-//! ([`build::kubernetes::releases`]; `--kubernetes 1.37` picks one). What the stages run is built
-//! by [`crate::build`]; `cargo xtask test` runs each stage after the conformance tests when the
-//! machine can, and under `CI=true` a missing prerequisite fails the run instead ([`in_test`]).
+//! ([`build::kubernetes::releases`]; `--kubernetes 1.37` picks one), the cluster stage once per
+//! runtime of each ([`cluster::runtimes`]; `--runtime crio` picks one). What the stages run is
+//! built by [`crate::build`]; `cargo xtask test` runs each stage after the conformance tests when
+//! the machine can, and under `CI=true` a missing prerequisite fails the run instead
+//! ([`in_test`]).
 
 pub mod args;
 pub mod cluster;
@@ -24,11 +27,13 @@ use std::{path::Path, path::PathBuf};
 
 use anyhow::bail;
 
-pub use args::{E2eArgs, Stage};
+pub use args::{E2eArgs, Runtime, Stage};
 
 use crate::{
     build::{self, background::Background, kubernetes},
-    missing, workspace,
+    missing,
+    timing::Steps,
+    workspace,
 };
 
 /// `cargo xtask e2e`: the stages `args` selects, in order.
@@ -62,7 +67,9 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
     if all || args.stage.contains(&Stage::Cluster) {
         for release in &releases {
             let binaries = kubernetes::binaries(release, None)?;
-            cluster::run(root, &args.only, release, &binaries, None, None)?;
+            for runtime in cluster::runtimes(release, &args.runtime) {
+                cluster::run(root, &args.only, release, runtime, &binaries, None, None)?;
+            }
         }
     }
     Ok(())
@@ -92,29 +99,39 @@ pub fn start_builds(root: &Path) -> Builds {
     }
 }
 
-/// The e2e as a step of `cargo xtask test`: each stage runs when the machine can, with what
-/// [`start_builds`] started; when it cannot, fail under `CI=true` (CI machines are made for it)
-/// and otherwise say what is missing and go on.
+/// The e2e as steps of `cargo xtask test` (each timed in `steps`): each stage runs when the
+/// machine can, with what [`start_builds`] started; when it cannot, fail under `CI=true` (CI
+/// machines are made for it) and otherwise say what is missing and go on.
 ///
 /// The control plane and cluster stages run once per Kubernetes release
-/// ([`kubernetes::releases`]), the primary release's two first: the releases are built in the
-/// background in that order, so on a fresh machine the next release's build overlaps the stages
-/// of the one before it.
-pub fn in_test(root: &Path, mut builds: Builds) -> anyhow::Result<()> {
-    // CRI-O before the control plane, whose real-runtime scenarios also run on the CRI-O it
-    // builds.
-    let mut stages = vec![(Stage::Containerd, None), (Stage::Crio, None)];
+/// ([`kubernetes::releases`]), the primary release's two first, and the cluster stage once per
+/// runtime of the release ([`cluster::runtimes`]): the releases are built in the background in
+/// that order, so on a fresh machine the next release's build overlaps the stages of the one
+/// before it (the CRI-O cluster of the primary release among them).
+pub fn in_test(root: &Path, mut builds: Builds, steps: &mut Steps) -> anyhow::Result<()> {
+    let mut stages = vec![(Stage::Containerd, None, None), (Stage::Crio, None, None)];
     for release in kubernetes::releases(root)? {
-        stages.push((Stage::Controlplane, Some(release.clone())));
-        stages.push((Stage::Cluster, Some(release)));
+        stages.push((Stage::Controlplane, Some(release.clone()), None));
+        for runtime in cluster::runtimes(&release, &[]) {
+            stages.push((Stage::Cluster, Some(release.clone()), Some(runtime)));
+        }
     }
-    for (stage, release) in stages {
+    for (stage, release, runtime) in stages {
         let (name, missing) = match stage {
             Stage::Containerd => ("the containerd e2e", containerd::prerequisites()),
             Stage::Crio => ("the CRI-O e2e", crio::prerequisites()),
             Stage::Controlplane => ("the control plane e2e", controlplane::prerequisites()),
-            Stage::Cluster => ("the cluster e2e", cluster::prerequisites()),
+            Stage::Cluster => (
+                "the cluster e2e",
+                cluster::prerequisites_on(runtime.unwrap_or(Runtime::Containerd)),
+            ),
         };
+        let on = match (&release, runtime) {
+            (Some(r), Some(rt)) => format!(" on Kubernetes {} and {}", r.minor(), rt.name()),
+            (Some(r), None) => format!(" on Kubernetes {}", r.minor()),
+            _ => String::new(),
+        };
+        let step = format!("{name}{on}");
         if missing.is_empty() {
             let args = E2eArgs {
                 stage: vec![stage],
@@ -124,44 +141,57 @@ pub fn in_test(root: &Path, mut builds: Builds) -> anyhow::Result<()> {
                 Some(p) => p.take(release),
                 None => kubernetes::binaries(release, None),
             };
-            match (stage, release) {
-                (Stage::Containerd, _) => containerd::run(root, &args, builds.containerd.take())?,
-                (Stage::Crio, _) => crio::run(root, &args, builds.crio.take())?,
-                (Stage::Controlplane, Some(release)) => {
+            match (stage, release, runtime) {
+                (Stage::Containerd, ..) => steps.run(step, || {
+                    containerd::run(root, &args, builds.containerd.take())
+                })?,
+                (Stage::Crio, ..) => {
+                    steps.run(step, || crio::run(root, &args, builds.crio.take()))?
+                }
+                (Stage::Controlplane, Some(release), _) => steps.run(step, || {
                     let binaries = binaries(&release)?;
                     let bin_dir = workspace::build_test_binaries(root)?;
-                    controlplane::run(root, &bin_dir, &release, &binaries)?;
-                }
-                (Stage::Cluster, Some(release)) => {
+                    controlplane::run(root, &bin_dir, &release, &binaries)
+                })?,
+                (Stage::Cluster, Some(release), Some(runtime)) => steps.run(step, || {
                     let binaries = binaries(&release)?;
-                    cluster::run(root, &[], &release, &binaries, builds.helm.take(), None)?;
-                }
-                // The control plane and cluster stages are listed with their release.
-                (Stage::Controlplane | Stage::Cluster, None) => {}
+                    cluster::run(
+                        root,
+                        &[],
+                        &release,
+                        runtime,
+                        &binaries,
+                        builds.helm.take(),
+                        None,
+                    )
+                })?,
+                // The control plane and cluster stages are listed with their release (and the
+                // cluster stage with its runtime).
+                (Stage::Controlplane | Stage::Cluster, ..) => {}
             }
         } else {
-            let on = release
-                .as_ref()
-                .map(|r| format!(" on Kubernetes {}", r.minor()))
-                .unwrap_or_default();
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 bail!(
                     "CI=true and {name}{on} cannot run here:\n{}",
                     missing::list(&missing)
                 );
             }
-            let release_arg = release
+            let mut options = release
                 .as_ref()
                 .map(|r| format!(" --kubernetes {}", r.minor()))
                 .unwrap_or_default();
+            if let Some(runtime) = runtime {
+                options.push_str(&format!(" --runtime {}", runtime.arg()));
+            }
             eprintln!(
-                "NOT RUN: {name}{on} (`cargo xtask e2e --stage {}{release_arg}`), because this machine lacks:\n{}\n\
+                "NOT RUN: {name}{on} (`cargo xtask e2e --stage {}{options}`), because this machine lacks:\n{}\n\
                  (under CI=true this is a failure)",
                 clap::ValueEnum::to_possible_value(&stage)
                     .map(|v| v.get_name().to_owned())
                     .unwrap_or_default(),
                 missing::list(&missing)
             );
+            steps.not_run(step);
         }
     }
     Ok(())

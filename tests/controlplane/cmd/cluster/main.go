@@ -43,8 +43,10 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
-		logf("\nresmgr runs as the DaemonSet %s/%s on node %s. Use the cluster with:\n", onenode.Namespace, onenode.Release, onenode.NodeName)
+		logf("\nresmgr runs as the DaemonSet %s/%s on node %s (%s), with no CPU request: it runs on the CPU the kubelet reserves, %s. Use the cluster with:\n",
+			onenode.Namespace, onenode.Release, onenode.NodeName, n.Runtime(), onenode.ReservedCPUs)
 		fmt.Printf("export KUBECONFIG=%s\n", n.Kubeconfig)
+		logf("\nand claim a CPU: kubectl apply -f examples/kubernetes/claim-1-cpu.yaml; kubectl logs dra-pinned-one-cpu")
 		logf("\nkubectl of the cluster's version: %s/kubectl; helm: %s; the cluster's logs: %s/logs.\n"+
 			"Take it all down with `cargo xtask cluster down`.", os.Getenv(onenode.EnvControlPlane), os.Getenv(onenode.EnvHelm), dir)
 		return nil

@@ -50,9 +50,6 @@ type Config struct {
 	Reserved string
 	// Args are more flags of `resmgr run`.
 	Args []string
-	// Runtime, when set, is the real runtime the agent plugs into; when nil, containerd's NRI
-	// library with an in-memory runtime stands in.
-	Runtime *RealRuntime
 }
 
 // Node is the agent with its runtime and kubelet.
@@ -95,11 +92,7 @@ func Start(t testing.TB, cfg Config) *Node {
 		_ = os.RemoveAll(dir)
 	})
 	n := &Node{t: t, cfg: cfg, dir: dir, bin: bin, prepared: map[string]map[string][]string{}}
-	if cfg.Runtime != nil {
-		n.runtime = newCRIRuntime(t, cfg.Runtime, dir)
-	} else {
-		n.runtime = startNRIRuntime(t, dir)
-	}
+	n.runtime = startNRIRuntime(t, dir)
 	n.StartAgent()
 	return n
 }

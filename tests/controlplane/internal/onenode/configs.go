@@ -3,6 +3,7 @@ package onenode
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"strconv"
 )
 
@@ -28,7 +29,7 @@ func toml(s string) string {
 // (tests/src/bin/e2e/containerd.rs), and adds the CRI's CNI: Debian's plugins, the run's
 // network configuration, and pod network namespaces under containerd's state directory instead
 // of /run/netns.
-func containerdConfig(l layout, runc, cniBin, sandboxImage string) string {
+func containerdConfig(l layout, socket, runc, cniBin, sandboxImage string) string {
 	return fmt.Sprintf(`# containerd of one resmgr cluster: everything lives under its run directory.
 version = 3
 root = %[1]s
@@ -90,10 +91,89 @@ disabled_plugins = [
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 `, toml(l.at("containerd/root")), toml(l.at("containerd/state")), toml(l.at("containerd/tmp")),
-		toml(l.ContainerdSocket), toml(l.at("containerd/containerd.sock.ttrpc")), toml(l.at("containerd/opt")),
+		toml(socket), toml(l.at("containerd/containerd.sock.ttrpc")), toml(l.at("containerd/opt")),
 		toml(l.at("s")), toml(l.at("nri/nri.sock")), toml(l.at("nri/plugins")), toml(l.at("nri/conf.d")),
 		toml(sandboxImage), toml(l.CDIDir), toml(l.at("cni/net.d")), toml(cniBin), toml(runc),
 		toml(l.at("containerd/runc")))
+}
+
+// crioConfig is the main configuration of the run's CRI-O, everything under the run directory
+// as with the CRI-O stage's (tests/src/bin/e2e/crio.rs), and the CRI's CNI as containerd's
+// above: the cgroupfs manager with conmon in the pod's cgroup (the kubelet takes the driver from
+// CRI-O), runc behind the run's wrapper (runcWrapper), CDI specs from the agent's directory, the
+// test image as the pause image of the pods that need an infra container (drop_infra_ctr stays
+// at its default, true: only pods sharing a PID namespace get one), images from the run's
+// directory of archives (the default transport; nothing is pulled from a registry), and NRI off:
+// the drop-in docs/deploy.md gives operators, written next to this file, turns it on.
+func crioConfig(l layout, socket, runc, conmon, crioDir, cniBin, sandboxImage string) string {
+	return fmt.Sprintf(`# CRI-O of one resmgr cluster: everything lives under its run directory.
+[crio]
+root = %[1]s
+runroot = %[2]s
+storage_driver = "overlay"
+log_dir = %[3]s
+version_file = %[4]s
+version_file_persist = %[5]s
+clean_shutdown_file = %[6]s
+
+[crio.api]
+listen = %[7]s
+stream_address = "127.0.0.1"
+stream_port = "0"
+
+[crio.runtime]
+default_runtime = "runc"
+cgroup_manager = "cgroupfs"
+pinns_path = %[8]s
+namespaces_dir = %[9]s
+container_exits_dir = %[10]s
+container_attach_socket_dir = %[11]s
+cdi_spec_dirs = [%[12]s]
+hooks_dir = []
+decryption_keys_path = %[13]s
+selinux = false
+irqbalance_config_file = %[14]s
+irqbalance_config_restore_file = %[15]s
+
+[crio.runtime.runtimes.runc]
+runtime_path = %[16]s
+runtime_type = "oci"
+runtime_root = %[17]s
+monitor_path = %[18]s
+monitor_cgroup = "pod"
+
+[crio.image]
+default_transport = %[19]s
+pause_image = %[20]s
+pause_command = ""
+signature_policy = %[21]s
+big_files_temporary_dir = %[22]s
+
+[crio.network]
+network_dir = %[23]s
+plugin_dirs = [%[24]s]
+
+[crio.metrics]
+enable_metrics = false
+
+[crio.nri]
+# Off here: the drop-in docs/deploy.md gives operators turns it on.
+enable_nri = false
+nri_plugin_dir = %[25]s
+nri_plugin_config_dir = %[26]s
+`, toml(l.at("crio/root")), toml(l.at("crio/run")), toml(l.at("crio/pod-logs")), toml(l.at("crio/version")),
+		toml(l.at("crio/version-persist")), toml(l.at("crio/clean.shutdown")), toml(socket),
+		toml(filepath.Join(crioDir, "pinns")), toml(l.at("crio/ns")), toml(l.at("crio/exits")), toml(l.at("crio/attach")),
+		toml(l.CDIDir), toml(l.at("crio/keys")), toml(l.at("crio/irqbalance")), toml(l.at("crio/orig_irq_banned_cpus")),
+		toml(runc), toml(l.at("crio/runc-state")), toml(conmon), toml("oci-archive:"+l.at("crio/images")+"/"),
+		toml(sandboxImage), toml(l.at("crio/policy.json")), toml(l.at("crio/tmp")), toml(l.at("cni/net.d")), toml(cniBin),
+		toml(l.at("nri/plugins")), toml(l.at("nri/conf.d")))
+}
+
+// crioNRISocketDropin follows the documented drop-in: the run's NRI socket, in the directory
+// the chart mounts into the agent's pod (nri.socketDir), instead of the node's.
+func crioNRISocketDropin(l layout) string {
+	return "# After the documented drop-in: this run's NRI socket, not the node's.\n[crio.nri]\nnri_listen = " + toml(l.at("nri/nri.sock")) + "\n"
 }
 
 // cniConfig is the pods' network: a bridge in the run's network namespace, the node's address
@@ -123,7 +203,7 @@ func cniConfig(l layout) string {
 // kubeletConfig is the KubeletConfiguration of the run's kubelet: cgroupfs under the run's own
 // cgroup root, no CPU manager (the agent owns cpusets), every port on loopback or the node's
 // address, no host tuning the machine's root cannot do, and every directory under the run's.
-func kubeletConfig(l layout, nodeIP, cgroupRoot, reservedCPUs, ca string, gates map[string]bool) string {
+func kubeletConfig(l layout, runtimeSocket, nodeIP, cgroupRoot, reservedCPUs, ca string, gates map[string]bool) string {
 	conf := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
@@ -138,7 +218,7 @@ func kubeletConfig(l layout, nodeIP, cgroupRoot, reservedCPUs, ca string, gates 
 		"readOnlyPort":                0,
 		"healthzBindAddress":          "127.0.0.1",
 		"healthzPort":                 10248,
-		"containerRuntimeEndpoint":    "unix://" + l.ContainerdSocket,
+		"containerRuntimeEndpoint":    "unix://" + runtimeSocket,
 		"cgroupDriver":                "cgroupfs",
 		"cgroupRoot":                  "/" + cgroupRoot,
 		"cpuManagerPolicy":            "none",
@@ -169,18 +249,29 @@ func kubeletConfig(l layout, nodeIP, cgroupRoot, reservedCPUs, ca string, gates 
 	return string(b)
 }
 
+// AgentCPURequest is the agent's CPU request on this node: none. The kubelet reserves CPU 0
+// for the system by set (reservedSystemCPUs) and the agent, in a reserved namespace, runs on
+// exactly that CPU, whose time no pod is allocated; a request would charge it a second time
+// against the allocatable CPUs claims are for. On the smallest node the cluster runs on (two
+// CPUs, allocatable 1) the chart's 50m would leave no room for any claim of a whole CPU whose
+// pod states it in its requests, README.md's "Try it" included; docs/deploy.md gives the same
+// advice for every node whose claims should get every CPU. The chart's default stays for the
+// nodes it is sized for; TestTheAgentsCPURequestCountsAgainstAClaimOfEveryCPU shows both.
+const AgentCPURequest = "0"
+
 // agentValues are the chart's values for this node: its host paths under the run directory,
-// the image imported into containerd (never pulled), the kubelet's reserved CPUs, and the API
-// server's address, which the pod cannot reach through the kubernetes Service without
-// kube-proxy.
+// the image loaded into the runtime (never pulled), the kubelet's reserved CPUs, the agent's CPU
+// request (AgentCPURequest), and the API server's address, which the pod cannot reach through
+// the kubernetes Service without kube-proxy.
 func agentValues(l layout, repository, tag, nodeIP, reservedCPUs string) map[string]any {
 	return map[string]any{
-		"image":    map[string]any{"repository": repository, "tag": tag, "pullPolicy": "Never"},
-		"nri":      map[string]any{"socketDir": l.at("nri")},
-		"kubelet":  map[string]any{"rootDir": l.KubeletRoot},
-		"cdi":      map[string]any{"specDir": l.CDIDir},
-		"stateDir": l.at("agent-state"),
-		"config":   map[string]any{"reserved-cpus": reservedCPUs},
+		"image":     map[string]any{"repository": repository, "tag": tag, "pullPolicy": "Never"},
+		"nri":       map[string]any{"socketDir": l.at("nri")},
+		"kubelet":   map[string]any{"rootDir": l.KubeletRoot},
+		"cdi":       map[string]any{"specDir": l.CDIDir},
+		"stateDir":  l.at("agent-state"),
+		"resources": map[string]any{"requests": map[string]any{"cpu": AgentCPURequest}},
+		"config":    map[string]any{"reserved-cpus": reservedCPUs},
 		"extraEnv": []any{
 			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": nodeIP},
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": strconv.Itoa(apiPort)},

@@ -21,9 +21,14 @@ type Placement struct {
 // Process is one process of a container as the kernel sees it.
 type Process struct {
 	PID         int
+	Name        string
 	CPUsAllowed string
 	MemsAllowed string
 	Env         map[string]string
+	// PIDNamespace is its PID namespace (the link /proc/<pid>/ns/pid), NSPID its PID in each
+	// namespace from the host's down (the last is its PID in its own).
+	PIDNamespace string
+	NSPID        []int
 }
 
 // Placement reads a container's placement (containerID without the runtime's prefix) from its
@@ -69,6 +74,48 @@ func (n *Node) Placement(containerID string) (Placement, error) {
 	return p, nil
 }
 
+// PodCgroups are the processes of each cgroup of a pod (the cpuset hierarchy's), found from
+// one of its containers (containerID without the runtime's prefix), by cgroup name: its
+// containers', and what the runtime runs for the pod besides (containerd's pause container,
+// CRI-O's infra container when the pod has one and each container's conmon). A cgroup without
+// processes is left out.
+func (n *Node) PodCgroups(containerID string) (map[string][]Process, error) {
+	_, dir, err := n.containerCgroup("cpuset", containerID)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(filepath.Dir(dir))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]Process{}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(filepath.Dir(dir), e.Name(), "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, field := range strings.Fields(string(data)) {
+			pid, err := strconv.Atoi(field)
+			if err != nil {
+				continue
+			}
+			if proc, err := readProcess(pid); err == nil {
+				out[e.Name()] = append(out[e.Name()], proc)
+			}
+		}
+	}
+	return out, nil
+}
+
+// ContainerCgroupName is the name the node's runtime gives a container's cgroup.
+func (n *Node) ContainerCgroupName(containerID string) string { return n.rt.cgroupName(containerID) }
+
+// NRISocket is the runtime's NRI socket, which the agent plugs into.
+func (n *Node) NRISocket() string { return n.l.at("nri/nri.sock") }
+
 // containerCgroup is the hierarchy of a controller (the unified one on cgroup v2) and a
 // container's cgroup in it, under the run's cgroup root where the kubelet's cgroupfs driver
 // puts it.
@@ -83,7 +130,7 @@ func (n *Node) containerCgroup(controller, containerID string) (hierarchy, strin
 	if !found {
 		return base, "", fmt.Errorf("no %s hierarchy", controller)
 	}
-	dir, err := findCgroup(filepath.Join(base.Mount, n.st.CgroupRoot), containerID)
+	dir, err := findCgroup(filepath.Join(base.Mount, n.st.CgroupRoot), n.rt.cgroupName(containerID))
 	if err != nil {
 		return base, "", fmt.Errorf("%s: %w", controller, err)
 	}
@@ -131,12 +178,21 @@ func readProcess(pid int) (Process, error) {
 			continue
 		}
 		switch key {
+		case "Name":
+			p.Name = strings.TrimSpace(value)
+		case "NSpid":
+			for _, f := range strings.Fields(value) {
+				if id, err := strconv.Atoi(f); err == nil {
+					p.NSPID = append(p.NSPID, id)
+				}
+			}
 		case "Cpus_allowed_list":
 			p.CPUsAllowed = strings.TrimSpace(value)
 		case "Mems_allowed_list":
 			p.MemsAllowed = strings.TrimSpace(value)
 		}
 	}
+	p.PIDNamespace, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
 	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 	if err != nil {
 		return p, err
@@ -168,7 +224,7 @@ func (n *Node) MemoryLimits(containerID string) (container, pod MemoryLimits, er
 	if err != nil {
 		return container, pod, err
 	}
-	hugeDir, err := findCgroup(filepath.Join(hugetlb, n.st.CgroupRoot), containerID)
+	hugeDir, err := findCgroup(filepath.Join(hugetlb, n.st.CgroupRoot), n.rt.cgroupName(containerID))
 	if err != nil {
 		return container, pod, fmt.Errorf("hugetlb: %w", err)
 	}
@@ -216,18 +272,18 @@ func readLimit(file string) (int64, error) {
 	return v, nil
 }
 
-// findCgroup finds the cgroup named containerID below root.
-func findCgroup(root, containerID string) (string, error) {
+// findCgroup finds the cgroup named name (a container's, as its runtime names it) below root.
+func findCgroup(root, name string) (string, error) {
 	var dir string
 	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() && d.Name() == containerID {
+		if err == nil && d.IsDir() && d.Name() == name {
 			dir = path
 			return filepath.SkipAll
 		}
 		return nil
 	})
 	if dir == "" {
-		return "", fmt.Errorf("no cgroup of container %s under %s", containerID, root)
+		return "", fmt.Errorf("no cgroup %s under %s", name, root)
 	}
 	return dir, nil
 }

@@ -1,9 +1,10 @@
 // Package onenode runs a real one-node Kubernetes cluster with resmgr installed, for the
 // cluster e2e stage and for `cargo xtask cluster up`: etcd, kube-apiserver, kube-scheduler,
-// kube-controller-manager and a kubelet from the control-plane build, containerd and runc from
-// the containerd stage, pod networking from Debian's CNI plugins, and the agent installed with
-// Helm from our chart, its image imported into containerd. Nothing of the cluster is played by
-// our own code.
+// kube-controller-manager and a kubelet from the control-plane build, a container runtime
+// (Config.Runtime: containerd and runc from the containerd stage, or CRI-O, conmon and runc from
+// the CRI-O stage; runtime.go), pod networking from Debian's CNI plugins, and the agent
+// installed with Helm from our chart, its image loaded into the runtime. Nothing of the cluster
+// is played by our own code.
 //
 // The host stays untouched. Every process of the run is in a network namespace of the run's own
 // (the API server is reached from the host through a veth pair; this kernel has no dummy
@@ -49,15 +50,24 @@ import (
 // Environment variables that `cargo xtask e2e --stage cluster` and `cargo xtask cluster` set.
 const (
 	EnvControlPlane = "RESMGR_CONTROLPLANE_BIN_DIR"
-	EnvContainerd   = "RESMGR_CLUSTER_CONTAINERD_DIR"
-	EnvRunc         = "RESMGR_CLUSTER_RUNC"
-	EnvCNI          = "RESMGR_CLUSTER_CNI_DIR"
-	EnvHelm         = "RESMGR_CLUSTER_HELM"
-	EnvChart        = "RESMGR_CLUSTER_CHART"
-	EnvAgentImage   = "RESMGR_CLUSTER_AGENT_IMAGE"
-	EnvAgentName    = "RESMGR_CLUSTER_AGENT_IMAGE_NAME"
-	EnvTestImage    = "RESMGR_CLUSTER_TEST_IMAGE"
-	EnvTestName     = "RESMGR_CLUSTER_TEST_IMAGE_NAME"
+	// EnvRuntime is the node's container runtime (containerd, crio); containerd when unset.
+	EnvRuntime    = "RESMGR_CLUSTER_RUNTIME"
+	EnvContainerd = "RESMGR_CLUSTER_CONTAINERD_DIR"
+	EnvRunc       = "RESMGR_CLUSTER_RUNC"
+	EnvCNI        = "RESMGR_CLUSTER_CNI_DIR"
+	EnvHelm       = "RESMGR_CLUSTER_HELM"
+	EnvChart      = "RESMGR_CLUSTER_CHART"
+	EnvAgentImage = "RESMGR_CLUSTER_AGENT_IMAGE"
+	EnvAgentName  = "RESMGR_CLUSTER_AGENT_IMAGE_NAME"
+	EnvTestImage  = "RESMGR_CLUSTER_TEST_IMAGE"
+	EnvTestName   = "RESMGR_CLUSTER_TEST_IMAGE_NAME"
+	// EnvExampleImage is the test image's archive named ExampleImage.
+	EnvExampleImage = "RESMGR_CLUSTER_EXAMPLE_IMAGE"
+	// EnvCrio (crio and pinns), EnvConmon and EnvDeployDoc (docs/deploy.md, whose CRI-O drop-in
+	// the node's CRI-O uses) are needed with the crio runtime only.
+	EnvCrio      = "RESMGR_CLUSTER_CRIO_DIR"
+	EnvConmon    = "RESMGR_CLUSTER_CONMON"
+	EnvDeployDoc = "RESMGR_CLUSTER_DEPLOY_DOC"
 )
 
 const (
@@ -68,7 +78,8 @@ const (
 	Release   = "resmgr"
 	// ReservedCPUs are the kubelet's reservedSystemCPUs and the agent's reserved-cpus.
 	ReservedCPUs = "0"
-	// ExampleImage is the image examples/kubernetes runs, tagged locally.
+	// ExampleImage is the image examples/kubernetes runs: the test image under that name
+	// (EnvExampleImage).
 	ExampleImage = "docker.io/library/busybox:1.37"
 	// runPrefix names the run directories (under the system's temporary directory) and cgroups.
 	runPrefix = "resmgr-cluster-"
@@ -76,31 +87,48 @@ const (
 	WaitLimit = 3 * time.Minute
 )
 
-// Config is where the cluster's programs and images are.
+// Config is where the cluster's programs and images are, and which runtime the node runs.
 type Config struct {
+	Runtime                                              Runtime
 	ControlPlane, Containerd, Runc, CNI, Helm, Chart     string
 	AgentImage, AgentImageName, TestImage, TestImageName string
+	ExampleImage                                         string
+	// CRI-O's: the directory of crio and pinns, conmon, and docs/deploy.md.
+	Crio, Conmon, DeployDoc string
 }
 
 // ConfigFromEnv reads the configuration, failing with what to do when part of it is missing.
 func ConfigFromEnv() (Config, error) {
 	c := Config{
+		Runtime:      Runtime(os.Getenv(EnvRuntime)),
 		ControlPlane: os.Getenv(EnvControlPlane), Containerd: os.Getenv(EnvContainerd),
 		Runc: os.Getenv(EnvRunc), CNI: os.Getenv(EnvCNI), Helm: os.Getenv(EnvHelm),
 		Chart: os.Getenv(EnvChart), AgentImage: os.Getenv(EnvAgentImage),
 		AgentImageName: os.Getenv(EnvAgentName), TestImage: os.Getenv(EnvTestImage),
-		TestImageName: os.Getenv(EnvTestName),
+		TestImageName: os.Getenv(EnvTestName), ExampleImage: os.Getenv(EnvExampleImage),
+		Crio: os.Getenv(EnvCrio), Conmon: os.Getenv(EnvConmon), DeployDoc: os.Getenv(EnvDeployDoc),
 	}
-	var missing []string
-	for name, value := range map[string]string{
+	if c.Runtime == "" {
+		c.Runtime = Containerd
+	}
+	if _, err := runtimeOf(c.Runtime, layout{}); err != nil {
+		return c, fmt.Errorf("%s: %w", EnvRuntime, err)
+	}
+	required := map[string]string{
 		EnvControlPlane: c.ControlPlane, EnvContainerd: c.Containerd, EnvRunc: c.Runc, EnvCNI: c.CNI,
 		EnvHelm: c.Helm, EnvChart: c.Chart, EnvAgentImage: c.AgentImage, EnvAgentName: c.AgentImageName,
-		EnvTestImage: c.TestImage, EnvTestName: c.TestImageName,
-	} {
+		EnvTestImage: c.TestImage, EnvTestName: c.TestImageName, EnvExampleImage: c.ExampleImage,
+	}
+	if c.Runtime == CRIO {
+		required[EnvCrio], required[EnvConmon], required[EnvDeployDoc] = c.Crio, c.Conmon, c.DeployDoc
+	}
+	var missing []string
+	for name, value := range required {
 		if value == "" {
 			missing = append(missing, name)
 		}
 	}
+	sort.Strings(missing)
 	if len(missing) > 0 {
 		return c, fmt.Errorf("%s not set: run this with `cargo xtask e2e --stage cluster` or `cargo xtask cluster up`, which build everything and set them", strings.Join(missing, ", "))
 	}
@@ -109,20 +137,18 @@ func ConfigFromEnv() (Config, error) {
 
 // layout is where a run keeps things.
 type layout struct {
-	Dir              string
-	ContainerdSocket string
-	KubeletRoot      string
-	CDIDir           string
+	Dir         string
+	KubeletRoot string
+	CDIDir      string
 }
 
 func (l layout) at(name string) string { return filepath.Join(l.Dir, name) }
 
 func layoutOf(dir string) layout {
 	return layout{
-		Dir:              dir,
-		ContainerdSocket: filepath.Join(dir, "containerd/containerd.sock"),
-		KubeletRoot:      filepath.Join(dir, "kubelet"),
-		CDIDir:           filepath.Join(dir, "cdi"),
+		Dir:         dir,
+		KubeletRoot: filepath.Join(dir, "kubelet"),
+		CDIDir:      filepath.Join(dir, "cdi"),
 	}
 }
 
@@ -152,6 +178,7 @@ func statePath(dir string) string { return filepath.Join(dir, "state.json") }
 type Node struct {
 	cfg    Config
 	l      layout
+	rt     runtime
 	pki    *pki
 	detach bool
 	procs  string // the daemons' cgroup.procs
@@ -210,7 +237,11 @@ func Up(cfg Config, o Options) (n *Node, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, l: layoutOf(dir), detach: o.Detach, gates: o.FeatureGates, cmds: map[string]*exec.Cmd{}, exits: map[string]chan error{}}
+	rt, err := runtimeOf(cfg.Runtime, layoutOf(dir))
+	if err != nil {
+		return nil, err
+	}
+	n = &Node{cfg: cfg, l: layoutOf(dir), rt: rt, detach: o.Detach, gates: o.FeatureGates, cmds: map[string]*exec.Cmd{}, exits: map[string]chan error{}}
 	n.st = state{Dir: dir, CgroupRoot: runPrefix + id, PIDs: map[string]int{}}
 	if !o.Detach {
 		n.st.Owner = os.Getpid()
@@ -232,20 +263,21 @@ func Up(cfg Config, o Options) (n *Node, err error) {
 		return n, err
 	}
 	o.Logf("cluster: control plane ready at https://%s:%d after %s", n.NodeIP, apiPort, time.Since(began).Round(time.Millisecond))
-	if err := n.startContainerd(); err != nil {
+	if err := n.writeCNIConfig(); err != nil {
 		return n, err
 	}
-	for _, archive := range []string{cfg.TestImage, cfg.AgentImage} {
-		if err := n.importImage(archive); err != nil {
-			return n, err
-		}
+	if err := n.rt.start(n); err != nil {
+		return n, err
 	}
 	// The examples (examples/kubernetes) name busybox from Docker Hub, which the node cannot
-	// pull: the test image, busybox too, stands in for it.
-	if err := run(filepath.Join(n.cfg.Containerd, "ctr"), "--address", n.l.ContainerdSocket, "--namespace", "k8s.io",
-		"images", "tag", cfg.TestImageName, ExampleImage); err != nil {
-		return n, err
+	// pull: the test image, busybox too, stands in for it under that name.
+	for _, image := range [][2]string{{cfg.TestImage, cfg.TestImageName}, {cfg.AgentImage, cfg.AgentImageName},
+		{cfg.ExampleImage, ExampleImage}} {
+		if err := n.rt.load(n, image[0], image[1]); err != nil {
+			return n, fmt.Errorf("loading the image %s into %s: %w", image[1], n.rt.daemon(), err)
+		}
 	}
+	o.Logf("cluster: %s up with the test image, the agent's and the examples' after %s", n.rt.daemon(), time.Since(began).Round(time.Millisecond))
 	if err := n.startKubelet(); err != nil {
 		return n, err
 	}
@@ -263,6 +295,9 @@ func Up(cfg Config, o Options) (n *Node, err error) {
 // Dir is the run directory.
 func (n *Node) Dir() string { return n.l.Dir }
 
+// Runtime is the node's container runtime.
+func (n *Node) Runtime() Runtime { return n.cfg.Runtime }
+
 // Chart is the chart's directory.
 func (n *Node) Chart() string { return n.cfg.Chart }
 
@@ -272,8 +307,16 @@ func (n *Node) CDIDir() string { return n.l.CDIDir }
 // KubeletRoot is the kubelet's --root-dir.
 func (n *Node) KubeletRoot() string { return n.l.KubeletRoot }
 
-// Log is the path of a process's log.
-func (n *Node) Log(name string) string { return n.l.at("logs/" + name + ".log") }
+// Log is the path of a process's log (RuntimeDaemon: the runtime's).
+func (n *Node) Log(name string) string { return n.l.at("logs/" + n.daemon(name) + ".log") }
+
+// daemon resolves RuntimeDaemon to the runtime's process name.
+func (n *Node) daemon(name string) string {
+	if name == RuntimeDaemon {
+		return n.rt.daemon()
+	}
+	return name
+}
 
 func (n *Node) save() error {
 	n.mu.Lock()
@@ -421,19 +464,22 @@ func (n *Node) spawn(name string, inNS bool, program string, args ...string) (in
 	return cmd.Process.Pid, n.save()
 }
 
-// Start starts one of the cluster's daemons again after Stop (kubelet, containerd).
+// Start starts one of the cluster's daemons again after Stop: the kubelet, or the runtime
+// (RuntimeDaemon, or its own name).
 func (n *Node) Start(name string) error {
-	switch name {
+	switch n.daemon(name) {
 	case "kubelet":
 		return n.startKubelet()
-	case "containerd":
-		return n.startContainerd()
+	case n.rt.daemon():
+		return n.rt.start(n)
 	}
 	return fmt.Errorf("no daemon %q to start", name)
 }
 
-// Stop stops a daemon with SIGTERM (SIGKILL after 20 s) and waits for it to exit.
+// Stop stops a daemon with SIGTERM (SIGKILL after 20 s) and waits for it to exit; RuntimeDaemon
+// is the runtime's.
 func (n *Node) Stop(name string) error {
+	name = n.daemon(name)
 	n.mu.Lock()
 	cmd, exit := n.cmds[name], n.exits[name]
 	n.mu.Unlock()
@@ -456,6 +502,7 @@ func (n *Node) Stop(name string) error {
 
 // Running says whether a daemon started by this process is still running.
 func (n *Node) Running(name string) bool {
+	name = n.daemon(name)
 	n.mu.Lock()
 	exit := n.exits[name]
 	_, started := n.cmds[name]
@@ -608,33 +655,14 @@ func gateFlag(gates map[string]bool) string {
 	return strings.Join(parts, ",")
 }
 
-func (n *Node) startContainerd() error {
-	config := n.l.at("containerd/config.toml")
-	if err := os.WriteFile(config, []byte(containerdConfig(n.l, n.cfg.Runc, n.cfg.CNI, n.cfg.TestImageName)), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(n.l.at("cni/net.d/10-resmgr-cluster.conflist"), []byte(cniConfig(n.l)), 0o644); err != nil {
-		return err
-	}
-	// containerd finds its shim on PATH.
-	if _, err := n.spawn("containerd", true, "env", "PATH="+n.cfg.Containerd+":"+os.Getenv("PATH"),
-		filepath.Join(n.cfg.Containerd, "containerd"), "--config", config); err != nil {
-		return err
-	}
-	return n.waitFor("containerd's socket", "containerd", time.Minute, func() (bool, error) {
-		err := exec.Command(filepath.Join(n.cfg.Containerd, "ctr"), "--address", n.l.ContainerdSocket, "version").Run()
-		return err == nil, err
-	})
-}
-
-func (n *Node) importImage(archive string) error {
-	return run(filepath.Join(n.cfg.Containerd, "ctr"), "--address", n.l.ContainerdSocket,
-		"--namespace", "k8s.io", "images", "import", "--local", archive)
+// writeCNIConfig writes the pods' network configuration, which either runtime reads.
+func (n *Node) writeCNIConfig() error {
+	return os.WriteFile(n.l.at("cni/net.d/10-resmgr-cluster.conflist"), []byte(cniConfig(n.l)), 0o644)
 }
 
 func (n *Node) startKubelet() error {
 	config := n.l.at("kubelet-config.json")
-	if err := os.WriteFile(config, []byte(kubeletConfig(n.l, n.NodeIP, n.st.CgroupRoot, ReservedCPUs, n.pki.CA, n.gates)), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte(kubeletConfig(n.l, n.rt.socket(), n.NodeIP, n.st.CgroupRoot, ReservedCPUs, n.pki.CA, n.gates)), 0o644); err != nil {
 		return err
 	}
 	_, err := n.spawn("kubelet", true, filepath.Join(n.cfg.ControlPlane, "kubelet"),

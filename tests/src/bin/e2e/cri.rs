@@ -137,9 +137,22 @@ impl Cri {
         json!({"network": 2, "pid": 1})
     }
 
+    /// The labels the kubelet gives a pod's sandbox and its containers. CRI-O tells NRI
+    /// plugins a container's name from the label `io.kubernetes.container.name` alone (through
+    /// its spec's annotation), so without them every container of the run was nameless to the
+    /// agent on CRI-O, which no kubelet-made container is.
+    fn pod_labels(pod: &Pod) -> serde_json::Map<String, Value> {
+        let mut labels = serde_json::Map::new();
+        labels.insert("io.kubernetes.pod.name".into(), json!(pod.name));
+        labels.insert("io.kubernetes.pod.namespace".into(), json!(pod.namespace));
+        labels.insert("io.kubernetes.pod.uid".into(), json!(pod.uid));
+        labels
+    }
+
     pub fn pod_config(&self, pod: &Pod) -> Value {
         json!({
             "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid, "attempt": 0},
+            "labels": Self::pod_labels(pod),
             "log_directory": self.dir.join(format!("logs-{}", pod.name)),
             "linux": {
                 "cgroup_parent": self.cgroup_parent(pod),
@@ -179,8 +192,11 @@ impl Cri {
         if c.memory_limit > 0 {
             resources["memory_limit_in_bytes"] = json!(c.memory_limit);
         }
+        let mut labels = Self::pod_labels(pod);
+        labels.insert("io.kubernetes.container.name".into(), json!(c.name));
         let mut config = json!({
             "metadata": {"name": c.name},
+            "labels": labels,
             "image": {"image": self.image},
             "command": c.command,
             "log_path": format!("{}.log", c.name),
@@ -334,14 +350,29 @@ impl Cri {
             .map(drop)
     }
 
-    /// Stops (at once) and removes a pod and its containers.
+    /// Stops (at once) and removes a pod and its containers, as the kubelet does: each running
+    /// container first (SIGKILL at once, a grace of 0), then the sandbox. CRI-O's
+    /// StopPodSandbox would SIGTERM the containers still running and wait for them up to the
+    /// request's deadline less a second (29 s here) before killing them, where containerd's kills
+    /// them at once; the test containers' sleep ignores SIGTERM, so every pod removal took 29 s
+    /// on CRI-O. The kubelet never leaves the sandbox's stop any container to wait for (the
+    /// cluster stage checks it on both runtimes:
+    /// TestDeletingAClaimPodUnpreparesRightAfterTheKubeletStopsItsContainers).
     pub fn remove_pod(&self, pod_id: &str) -> anyhow::Result<()> {
+        for id in self.run(&["ps", "--quiet", "--pod", pod_id])?.lines() {
+            self.stop(id.trim(), std::time::Duration::ZERO)?;
+        }
         self.run(&["stopp", pod_id])?;
         self.run(&["rmp", pod_id]).map(drop)
     }
 
-    /// Stops and removes every pod: the run's end, while containerd still answers.
+    /// Stops and removes every pod: the run's end, while the runtime still answers. The
+    /// containers first, at once, as in [`Self::remove_pod`].
     pub fn remove_all_pods(&self) -> anyhow::Result<()> {
+        for id in self.run(&["ps", "--quiet"])?.lines() {
+            // One that exits meanwhile is no reason to keep the rest.
+            let _ = self.stop(id.trim(), std::time::Duration::ZERO);
+        }
         self.run(&["rmp", "--all", "--force"]).map(drop)
     }
 }

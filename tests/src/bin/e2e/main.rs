@@ -6,13 +6,14 @@
 //! in the kernel's view of each container. `cargo xtask e2e` builds the pieces and runs this.
 //!
 //! It plays the kubelet (registration, prepare and unprepare over the DRA socket, pods and
-//! containers over CRI) where a real one cannot serve: it is the one stage on CRI-O, for which
-//! there is no cluster stage yet, and its scenarios act at exact instants a kubelet gives no hold
-//! on (the agent killed with SIGKILL or the runtime stopped between two given steps, a stray CDI
-//! spec planted while the agent is down) and compare the runtime's own CRI reports with the
-//! kernel around them. On containerd, what a real kubelet does (claims from templates, unprepare
-//! when a pod goes, an in-place resize, its own restart and the agent pod's) is the cluster
-//! stage's, with nothing played (`tests/controlplane/clusterscenarios`).
+//! containers over CRI) where a real one cannot serve: its scenarios act at exact instants a
+//! kubelet gives no hold on (the agent killed with SIGKILL or the runtime stopped between two
+//! given steps, containers created while a claim is prepared, a stray CDI spec planted while the
+//! agent is down) and compare the runtime's own CRI reports with the kernel around them. What a
+//! real kubelet does (claims from templates, unprepare when a pod goes, an in-place resize, its
+//! own restart and the agent pod's) is the cluster stage's, on containerd and on CRI-O, with
+//! nothing played (`tests/controlplane/clusterscenarios`); on CRI-O this runner runs only the
+//! scenarios that need it ([`scenarios::ON_CRIO`], each with why).
 //!
 //! Each run lives in a mount namespace of its own (its mounts never reach the host: [`hugetlb`]),
 //! a directory of its own (sockets, the runtime's root and state, runc's state,

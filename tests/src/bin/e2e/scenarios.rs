@@ -222,6 +222,41 @@ pub const PHASES: &[Phase] = &[
     },
 ];
 
+/// The scenarios this runner runs on CRI-O, and why each needs it: the cluster stage runs every
+/// kubelet-driven case on CRI-O under the real kubelet (tests/controlplane/clusterscenarios, one
+/// cluster per runtime), so what stays here is what a real kubelet gives no hold on, an exact
+/// instant or a fault, and what those build on. `--only` still runs any scenario on CRI-O.
+pub const ON_CRIO: &[(&str, &str)] = &[
+    (
+        "shared",
+        "the shared container the claim moves, which the scenarios after it build on",
+    ),
+    (
+        "claim",
+        "the claim the scenarios after it act on (its placement under the real kubelet: the cluster stage)",
+    ),
+    (
+        "agent-sigkill",
+        "the agent killed with SIGKILL between two given steps; the kubelet only ever deletes its pod (SIGTERM), which the cluster stage does",
+    ),
+    (
+        "runtime-restart",
+        "what CRI-O reports at the moment it is back, before the agent synchronizes again: it forgets NRI's updates",
+    ),
+    (
+        "unprepare",
+        "the claim given back at a given step, before the race below (its unprepare under the real kubelet: the cluster stage)",
+    ),
+    (
+        "create-while-prepare",
+        "a container created at given instants while a claim is prepared, the kernel sampled all along",
+    ),
+    (
+        "stray-spec",
+        "a fault: a stray CDI spec planted while the agent is down",
+    ),
+];
+
 /// The command of every test container: a shell that execs a long sleep, so the process the
 /// kernel shows is the one the environment check reads, with what a shell passes on.
 fn sleeper() -> Vec<String> {
@@ -276,6 +311,24 @@ impl World {
         if let Some(unknown) = only.iter().find(|o| !names.contains(&o.as_str())) {
             bail!("no scenario {unknown:?}; there are {}", names.join(", "));
         }
+        let only: Vec<String> = if only.is_empty() && self.runtime.kind() == Kind::Crio {
+            for (name, why) in ON_CRIO {
+                eprintln!("e2e: on CRI-O, {name}: {why}");
+            }
+            let covered: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|n| !ON_CRIO.iter().any(|(o, _)| o == n))
+                .collect();
+            eprintln!(
+                "e2e: on CRI-O the cluster stage runs what the others check, with the real kubelet: {}",
+                covered.join(", ")
+            );
+            ON_CRIO.iter().map(|(n, _)| (*n).to_owned()).collect()
+        } else {
+            only.to_vec()
+        };
+        let only = only.as_slice();
         for phase in PHASES {
             let chosen: Vec<&Scenario> = phase
                 .scenarios
@@ -1118,8 +1171,8 @@ fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
     let (pod_id, _) = w.pods[&pod.name].clone();
     // The claims the kubelet has been answered OK for, with their CPUs: what no container but
     // their own may run on. A claim is added once its answer is in, and taken out before its
-    // unprepare is sent.
-    let answered: Arc<Mutex<Vec<(String, CpuSet)>>> = Arc::default();
+    // unprepare is sent, which starts a new epoch (the first number).
+    let answered: Arc<Mutex<Answered>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let sampler = std::thread::spawn({
         let (cri, answered, done) = (w.cri.clone(), answered.clone(), done.clone());
@@ -1141,15 +1194,19 @@ fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
             answered
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .1
                 .push((claim.uid.clone(), w.granted[&claim.uid].cpus.clone()));
             let id = created.with_context(|| format!("round {round}: creating {}", c.name))?;
             w.track(&pod, &c, id, Expect::Shared)?;
             w.check(&[])
                 .with_context(|| format!("round {round}, with the claim prepared"))?;
-            answered
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clear();
+            {
+                let mut answered = answered
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                answered.0 += 1;
+                answered.1.clear();
+            }
             w.kubelet
                 .unprepare(&claim.namespace, &claim.name, &claim.uid)?;
             w.granted.remove(&claim.uid);
@@ -1176,19 +1233,32 @@ fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
     w.remove_pod(&pod.name)
 }
 
+/// The claims answered OK, with their CPUs, and the epoch: how many times they were taken out
+/// before an unprepare.
+type Answered = (u64, Vec<(String, CpuSet)>);
+
 /// Samples every running container in the kernel's view until `done`, each against the claims
-/// answered OK before the sample began (none of which these containers use); the number of
-/// samples, and what each intrusion was.
+/// answered OK before the sample began and still held when its view was read (none of which
+/// these containers use); the number of samples, and what each intrusion was. A view read after
+/// the claims were taken out is not compared with them: their unprepare may have moved the
+/// container back onto their CPUs meanwhile (a sample lists and inspects every container, which
+/// takes longer than an unprepare on a busy machine).
 fn sample_intrusions(
     cri: &Cri,
-    answered: &std::sync::Mutex<Vec<(String, CpuSet)>>,
+    answered: &std::sync::Mutex<Answered>,
     done: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<(u64, Vec<String>)> {
     let mut known: BTreeMap<String, (String, u32)> = BTreeMap::new();
     let mut samples = 0;
     let mut intrusions = Vec::new();
+    let epoch = || {
+        answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    };
     while !done.load(std::sync::atomic::Ordering::SeqCst) {
-        let claims = answered
+        let (began, claims) = answered
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
@@ -1204,6 +1274,9 @@ fn sample_intrusions(
             let Ok(view) = kernel::view(*pid) else {
                 continue; // gone since it was listed: it runs on nothing
             };
+            if epoch() != began {
+                continue; // the claims were taken out, and may be unprepared, meanwhile
+            }
             for (uid, cpus) in &claims {
                 let on = cpus.intersection(&view.cgroup_cpus.union(&view.allowed_cpus));
                 if !on.is_empty() {
@@ -1450,6 +1523,19 @@ mod tests {
             cpus: cpus(held),
             members: members.iter().map(|m| (*m).to_owned()).collect(),
         }
+    }
+
+    #[test]
+    fn the_crio_scenarios_are_scenarios_in_their_order() {
+        let names: Vec<&str> = PHASES
+            .iter()
+            .flat_map(|p| p.scenarios.iter().map(|(n, _)| *n))
+            .collect();
+        let positions: Vec<usize> = ON_CRIO
+            .iter()
+            .map(|(n, _)| names.iter().position(|m| m == n).expect(n))
+            .collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
     }
 
     #[test]
