@@ -336,12 +336,18 @@ impl Manager {
         }
         let deadline = tokio::time::Instant::now() + START_WAIT;
         let containers = ticket.containers();
+        // Nothing failed, yet something is unsettled and not starting: it was starting when the
+        // batch was made and started since (or another delivery carried it); look again, a few
+        // times, rather than fail the claim for a race with the runtime's event.
+        let mut again = 3;
         loop {
             // Registered before looking, so a start noted in between is not missed.
             let started = self.io.started.notified();
             tokio::pin!(started);
             started.as_mut().enable();
-            let cause = match self.deliver_only(Some(&containers)).await {
+            let delivered = self.deliver_only(Some(&containers)).await;
+            let nothing_failed = delivered.is_ok();
+            let cause = match delivered {
                 Ok(()) => DeliveryCause::InFlight,
                 Err(e) => e.cause,
             };
@@ -357,6 +363,10 @@ impl Manager {
             };
             if unsettled.is_empty() {
                 return Ok(());
+            }
+            if nothing_failed && starting.is_empty() && again > 0 {
+                again -= 1;
+                continue;
             }
             if starting.is_empty() || !grants {
                 let cause = if !starting.is_empty() && starting == unsettled {
