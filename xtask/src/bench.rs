@@ -33,8 +33,10 @@ pub struct BenchArgs {
     /// kube-apiserver) instead of the others.
     #[arg(long)]
     pub scale: bool,
-    /// Run only the benchmarks of the one-node cluster (pod start-up with and without a claim,
-    /// what an agent restart costs a claim).
+    /// Run only the benchmarks of the one-node cluster: pod start-up with and without a claim,
+    /// claim pods' start-up during a rolling update of the agent beside the same run's calm
+    /// figures, and what a claim pod created as the agent's pod is deleted or its process killed
+    /// waits.
     #[arg(long, conflicts_with = "scale")]
     pub cluster: bool,
     #[command(flatten)]
@@ -276,7 +278,7 @@ mod tests {
     #[test]
     fn named_go_phases_are_a_row_each() {
         let rows = parse_go_bench(
-            "BenchmarkAgentRestartToServing-2  1  9 ns/op  5200000000 ready-ns  74100000000 claim-running-ns",
+            "BenchmarkAgentGap/pod-deleted-2  1  9 ns/op  2100000000 ready-ns  2900000000 claim-running-ns",
         );
         let rows: Vec<_> = rows
             .iter()
@@ -285,8 +287,8 @@ mod tests {
         assert_eq!(
             rows,
             [
-                ("AgentRestartToServing-2 ready", "5200000000 ns"),
-                ("AgentRestartToServing-2 claim-running", "74100000000 ns"),
+                ("AgentGap/pod-deleted-2 ready", "2100000000 ns"),
+                ("AgentGap/pod-deleted-2 claim-running", "2900000000 ns"),
             ]
         );
         let rows =

@@ -47,9 +47,12 @@
 //!
 //! # What the old agent does afterwards
 //!
-//! It deregisters from the kubelet (a call that still reaches it is forwarded to its successor,
-//! or refused), is not ready, writes nothing, and waits for the DaemonSet to delete its pod; on
-//! SIGTERM it exits without saving. It never owns the node again: it would have to take the
+//! It deregisters from the kubelet, is not ready, writes nothing, and waits for the DaemonSet to
+//! delete its pod; on SIGTERM it exits without saving. A kubelet call that still reaches it is
+//! refused as `Unavailable`, naming the successor's pod ([`crate::claims::AdmitError::HandedOver`]).
+//! None should: the kubelet was connected to the successor before `go`, and calls the newest
+//! instance it is connected to. Forwarding such a call instead would need the old agent to reach
+//! the new one's DRA socket, for a case the kubelet does not produce. It never owns the node again: it would have to take the
 //! lock, and an agent that handed over answers nobody.
 //!
 //! # When either dies in the middle

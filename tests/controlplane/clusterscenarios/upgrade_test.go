@@ -23,7 +23,7 @@ const churnAfter = 30 * time.Second
 // alongside. After each claim pod runs it checks, in the kernel, that the pod runs on its claim's
 // CPUs and that no other pod of the namespace runs on them. Returns each claim pod's creation to
 // Running time.
-func churn(t *testing.T, ns, prefix string, done <-chan struct{}) []time.Duration {
+func churn(t testing.TB, ns, prefix string, done <-chan struct{}) []time.Duration {
 	t.Helper()
 	claimTemplate(t, ns, prefix, 1)
 	var plain []*corev1.Pod
@@ -81,7 +81,7 @@ func allowedOnly(p onenode.Placement, cpus string) bool {
 }
 
 // allowedOutside says whether no process of the container may run on any of cpus.
-func allowedOutside(t *testing.T, p onenode.Placement, cpus string) bool {
+func allowedOutside(t testing.TB, p onenode.Placement, cpus string) bool {
 	for _, proc := range p.Processes {
 		if overlaps(t, proc.CPUsAllowed, cpus) {
 			return false
@@ -91,7 +91,7 @@ func allowedOutside(t *testing.T, p onenode.Placement, cpus string) bool {
 }
 
 // runningQuickly waits, polling every 20 ms, until the pod runs.
-func runningQuickly(t *testing.T, ns, name string) *corev1.Pod {
+func runningQuickly(t testing.TB, ns, name string) *corev1.Pod {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
@@ -129,7 +129,7 @@ func median(ds []time.Duration) time.Duration {
 }
 
 // failedPrepares are the kubelet's FailedPrepareDynamicResources Events in the namespace.
-func failedPrepares(t *testing.T, ns string) []string {
+func failedPrepares(t testing.TB, ns string) []string {
 	t.Helper()
 	c, cancel := cx()
 	defer cancel()
@@ -146,7 +146,7 @@ func failedPrepares(t *testing.T, ns string) []string {
 
 // baseline is claim pods' creation to Running with nothing happening to the agent, in the same
 // run as the rollouts it is compared with.
-func baseline(t *testing.T, ns string) []time.Duration {
+func baseline(t testing.TB, ns string) []time.Duration {
 	t.Helper()
 	done := make(chan struct{})
 	close(done)
@@ -155,11 +155,12 @@ func baseline(t *testing.T, ns string) []time.Duration {
 }
 
 // rollOut runs act (what rolls the agent's DaemonSet) while claim pods are created, and checks
-// that no prepare failed and that claim pods started as fast as without a rollout. Returns the
-// durations, for the log.
-func rollOut(t *testing.T, what string, act func() error) {
+// that no prepare failed and that claim pods started as fast as without a rollout. Returns each
+// claim pod's creation to Running, without a rollout (calm) and during it.
+func rollOut(t testing.TB, what string, act func() error) (calm, during []time.Duration) {
+	t.Helper()
 	ns := namespace(t)
-	calm := baseline(t, ns)
+	calm = baseline(t, ns)
 	before := agentPod(t)
 	done := make(chan struct{})
 	errs := make(chan error, 1)
@@ -172,7 +173,7 @@ func rollOut(t *testing.T, what string, act func() error) {
 		_, err := node.Kubectl("-n", onenode.Namespace, "rollout", "status", "daemonset/"+onenode.Release, "--timeout=3m")
 		errs <- err
 	}()
-	during := churn(t, ns, "rolled", done)
+	during = churn(t, ns, "rolled", done)
 	if err := <-errs; err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
@@ -188,13 +189,14 @@ func rollOut(t *testing.T, what string, act func() error) {
 	if p99(during) > p99(calm)+time.Second {
 		t.Fatalf("during %s a claim pod took %s to run (p99), %s without one: more than 1 s later", what, p99(during), p99(calm))
 	}
+	return calm, during
 }
 
 // A helm upgrade that changes a setting rolls the agent: the new agent starts beside the old one
 // and takes the node over. Claim pods created all along start as fast as without the upgrade,
 // and the kubelet fails no prepare.
 func TestAHelmUpgradeNeverStallsAClaimPod(t *testing.T) {
-	rollOut(t, "helm upgrade", func() error {
+	_, _ = rollOut(t, "helm upgrade", func() error {
 		values, err := node.ValuesFile("values-rolling.json", map[string]any{"config": map[string]any{"log-level": "info,resmgr::handover=debug"}})
 		if err != nil {
 			return err
@@ -206,15 +208,18 @@ func TestAHelmUpgradeNeverStallsAClaimPod(t *testing.T) {
 
 // kubectl rollout restart: the same, for a restart with nothing changed.
 func TestARolloutRestartNeverStallsAClaimPod(t *testing.T) {
-	rollOut(t, "kubectl rollout restart", func() error {
-		_, err := node.Kubectl("-n", onenode.Namespace, "rollout", "restart", "daemonset/"+onenode.Release)
-		return err
-	})
+	_, _ = rollOut(t, "kubectl rollout restart", restartAgents)
+}
+
+// restartAgents is `kubectl rollout restart` of the agent's DaemonSet.
+func restartAgents() error {
+	_, err := node.Kubectl("-n", onenode.Namespace, "rollout", "restart", "daemonset/"+onenode.Release)
+	return err
 }
 
 // readyAgent waits until an agent pod other than `gone` is Ready, or `gone` itself once its
 // container restarted more than `restarts` times, and returns when it saw it Ready.
-func readyAgent(t *testing.T, gone *corev1.Pod, restarts int32, same bool) time.Time {
+func readyAgent(t testing.TB, gone *corev1.Pod, restarts int32, same bool) time.Time {
 	t.Helper()
 	var at time.Time
 	poll(t, "the agent to be Ready again", limit, func() (bool, error) {
@@ -244,50 +249,64 @@ func readyAgent(t *testing.T, gone *corev1.Pod, restarts int32, same bool) time.
 	return at
 }
 
-// Windows no handover covers: the agent's pod deleted (without a surge the DaemonSet makes the
-// next one only as the old one goes), and the agent's process killed (SIGKILL, as the OOM killer
-// does; the kubelet restarts its container). A claim pod created in the gap has its prepare
-// refused, or unroutable, and the kubelet would retry it only at its resync, 60 to 90 s later;
-// the agent that comes back marks the node's waiting pods (retry-waiting-pods), which makes the
-// kubelet prepare them at once. Each runs within 10 s of the agent being Ready again.
+// agentGaps are the windows no handover covers: the agent's pod deleted (without a surge the
+// DaemonSet makes the next one only as the old one goes), and the agent's process killed
+// (SIGKILL, as the OOM killer does; the kubelet restarts its container).
+var agentGaps = []string{"pod deleted", "process killed"}
+
+// agentGap opens the window `how` (one of agentGaps) and at the same instant creates a claim pod
+// from template `template` of namespace ns. It checks, in the kernel, that the pod runs on its
+// claim's CPUs, deletes it, and returns when the agent was Ready again and when the pod ran, each
+// after the window opened.
+func agentGap(t testing.TB, ns, template, how string) (ready, ran time.Duration) {
+	t.Helper()
+	agent := agentPod(t)
+	restarts := agent.Status.ContainerStatuses[0].RestartCount
+	name := template + "-" + strings.Fields(how)[1]
+	c, cancel := cx()
+	switch how {
+	case "pod deleted":
+		if err := node.Client.CoreV1().Pods(agent.Namespace).Delete(c, agent.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	case "process killed":
+		procs := placement(t, agent, "resmgr").Processes
+		if len(procs) == 0 {
+			t.Fatal("the agent's container has no process")
+		}
+		if err := syscall.Kill(procs[0].PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("no agent gap %q", how)
+	}
+	cancel()
+	began := time.Now()
+	create(t, ns, podSpec{name: name, template: template})
+	readyAt := readyAgent(t, agent, restarts, how == "process killed")
+	pod := running(t, ns, name)
+	ranAt := time.Now()
+	p := placement(t, pod, "app")
+	if granted := grantedCPUs(t, p, podClaim(t, pod)); p.CgroupCPUs != granted {
+		t.Fatalf("%s runs on %q, its claim holds %q", name, p.CgroupCPUs, granted)
+	}
+	deletePod(t, ns, name)
+	return readyAt.Sub(began), ranAt.Sub(began)
+}
+
+// A claim pod created in an agent gap has its prepare refused, or unroutable, and the kubelet
+// would retry it only at its resync, 60 to 90 s later; the agent that comes back marks the
+// node's waiting pods (retry-waiting-pods), which makes the kubelet prepare them at once. Each
+// runs within 10 s of the agent being Ready again.
 func TestAClaimPodCreatedWhileTheAgentIsDownRunsSoonAfterItIsBack(t *testing.T) {
 	ns := namespace(t)
 	claimTemplate(t, ns, "gap", 1)
-	for _, how := range []string{"pod deleted", "process killed"} {
-		agent := agentPod(t)
-		restarts := agent.Status.ContainerStatuses[0].RestartCount
-		name := "gap-" + strings.Fields(how)[1]
-		c, cancel := cx()
-		switch how {
-		case "pod deleted":
-			if err := node.Client.CoreV1().Pods(agent.Namespace).Delete(c, agent.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		case "process killed":
-			procs := placement(t, agent, "resmgr").Processes
-			if len(procs) == 0 {
-				t.Fatal("the agent's container has no process")
-			}
-			if err := syscall.Kill(procs[0].PID, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-		}
-		cancel()
-		began := time.Now()
-		create(t, ns, podSpec{name: name, template: "gap"})
-		ready := readyAgent(t, agent, restarts, how == "process killed")
-		pod := running(t, ns, name)
-		ran := time.Now()
-		p := placement(t, pod, "app")
-		if granted := grantedCPUs(t, p, podClaim(t, pod)); p.CgroupCPUs != granted {
-			t.Fatalf("%s runs on %q, its claim holds %q", name, p.CgroupCPUs, granted)
-		}
+	for _, how := range agentGaps {
+		ready, ran := agentGap(t, ns, "gap", how)
 		t.Logf("agent %s: the agent Ready %s later, a claim pod created then ran %s later, %s after the agent was Ready",
-			how, ready.Sub(began).Round(10*time.Millisecond), ran.Sub(began).Round(10*time.Millisecond),
-			ran.Sub(ready).Round(10*time.Millisecond))
-		if ran.Sub(ready) > 10*time.Second {
-			t.Fatalf("agent %s: the claim pod ran %s after the agent was Ready again, more than 10 s", how, ran.Sub(ready))
+			how, ready.Round(10*time.Millisecond), ran.Round(10*time.Millisecond), (ran - ready).Round(10*time.Millisecond))
+		if ran-ready > 10*time.Second {
+			t.Fatalf("agent %s: the claim pod ran %s after the agent was Ready again, more than 10 s", how, ran-ready)
 		}
-		deletePod(t, ns, name)
 	}
 }
