@@ -134,6 +134,10 @@ fn show(value: f64, unit: &str) -> String {
 const GO_TARGETS: &[(&str, &str, &str)] = &[
     // Issue 17: the agent's peak resident memory with 500 containers.
     ("Footprint/", "VmHWM-bytes", "< 15 MiB"),
+    // Issue 38: the agent beside a no-op plugin on the same events, through the NRI adaptation.
+    ("EventPath/", "create-p50-x", "<= 1.5 x"),
+    ("EventPath/", "iteration-p50-x", "<= 1.5 x"),
+    ("EventPath/", "cpu-x", "<= 1.5 x"),
 ];
 
 /// The rows of one Go benchmark result line: its time, or its sizes if it reports any.
@@ -148,16 +152,12 @@ fn parse_go_bench(line: &str) -> Vec<Row> {
         .filter_map(|w| {
             let label = w[1].strip_suffix("-bytes")?;
             let bytes: f64 = w[0].parse().ok()?;
-            let target = GO_TARGETS
-                .iter()
-                .find(|(prefix, unit, _)| name.starts_with(prefix) && *unit == w[1])
-                .map_or("", |(_, _, target)| target);
             Some(Row {
                 source: "go".into(),
                 name: format!("{name} {label}"),
                 median: show(bytes / 1_048_576.0, "MiB"),
                 p99: String::new(),
-                target: target.into(),
+                target: target(name, w[1]).into(),
             })
         })
         .collect();
@@ -183,14 +183,35 @@ fn parse_go_bench(line: &str) -> Vec<Row> {
             })
         })
         .collect();
+    // Ratios (`create-p50-x`, the agent over a no-op plugin): one row each, after the times.
+    let ratios = rest.windows(2).filter_map(|w| {
+        let label = w[1].strip_suffix("-x")?;
+        let ratio: f64 = w[0].parse().ok()?;
+        Some(Row {
+            source: "go".into(),
+            name: format!("{name} {label}"),
+            median: show(ratio, "x"),
+            p99: String::new(),
+            target: target(name, w[1]).into(),
+        })
+    });
     if phases.is_empty() || rest.contains(&"median-ns") {
         parse_go_time(name, &rest)
             .into_iter()
             .chain(phases)
+            .chain(ratios)
             .collect()
     } else {
-        phases
+        phases.into_iter().chain(ratios).collect()
     }
+}
+
+/// The target of a Go benchmark's metric, if it has one ([`GO_TARGETS`]).
+fn target(name: &str, unit: &str) -> &'static str {
+    GO_TARGETS
+        .iter()
+        .find(|(prefix, u, _)| name.starts_with(prefix) && *u == unit)
+        .map_or("", |(_, _, target)| target)
 }
 
 fn parse_go_time(name: &str, rest: &[&str]) -> Option<Row> {
@@ -273,6 +294,25 @@ mod tests {
             ("GetInfo-2", "180000 ns")
         );
         assert!(parse_go_bench("ok  github.com/x 1.2s").is_empty());
+    }
+
+    #[test]
+    fn go_ratios_are_a_row_each_with_their_target() {
+        let rows = parse_go_bench(
+            "BenchmarkEventPath/fit-2  1  9 ns/op  2000 create-p50-ns  1600 noop-create-p50-ns  1.25 create-p50-x",
+        );
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| (r.name.as_str(), r.median.as_str(), r.target.as_str()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("EventPath/fit-2 create-p50", "2000 ns", ""),
+                ("EventPath/fit-2 noop-create-p50", "1600 ns", ""),
+                ("EventPath/fit-2 create-p50", "1.25 x", "<= 1.5 x"),
+            ]
+        );
     }
 
     #[test]

@@ -420,6 +420,9 @@ impl Container {
             uid: crate::scenarios::pod_uid(&format!("agent{n}")),
             qos: pod.qos,
         };
+        for key in &pod.pod_uid_env {
+            pod.env.push((key.clone(), sandbox.uid.clone()));
+        }
         let mut sandbox_config = cri.pod_config(&sandbox);
         let logs = config.dir.join("agent-logs");
         std::fs::create_dir_all(&logs)?;

@@ -182,6 +182,9 @@ pub struct AgentPod {
     pub command: Vec<String>,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Environment variables that hold the pod's UID (fieldRef `metadata.uid`): the UID is the
+    /// sandbox's, known only once the e2e names it.
+    pub pod_uid_env: Vec<String>,
     pub mounts: Vec<Mount>,
     /// Host directories to make first (`hostPath` of type `DirectoryOrCreate`).
     pub make_dirs: Vec<PathBuf>,
@@ -327,6 +330,7 @@ pub fn translate(docs: &[Value], node: &str, config_dir: &Path) -> anyhow::Resul
         bail!("imagePullPolicy Always: the e2e has no registry to pull from");
     }
     let mut env = Vec::new();
+    let mut pod_uid_env = Vec::new();
     for e in c["env"].as_array().into_iter().flatten() {
         let key = e["name"]
             .as_str()
@@ -338,8 +342,12 @@ pub fn translate(docs: &[Value], node: &str, config_dir: &Path) -> anyhow::Resul
             match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("spec.nodeName") => node.to_owned(),
                 Some("metadata.namespace") => namespace.clone(),
+                Some("metadata.uid") => {
+                    pod_uid_env.push(key);
+                    continue;
+                }
                 _ => bail!(
-                    "env {key}: only values and the fieldRefs spec.nodeName and metadata.namespace are modelled: {e}"
+                    "env {key}: only values and the fieldRefs spec.nodeName, metadata.namespace and metadata.uid are modelled: {e}"
                 ),
             }
         };
@@ -546,6 +554,7 @@ pub fn translate(docs: &[Value], node: &str, config_dir: &Path) -> anyhow::Resul
         command,
         args,
         env,
+        pod_uid_env,
         mounts,
         make_dirs,
         files,
@@ -586,7 +595,8 @@ mod tests {
         let mut container = json!({
             "name": "resmgr", "image": "localhost/resmgr:1",
             "args": ["run", "--config=/etc/resmgr/config.yaml", "--node-name=$(NODE_NAME)"],
-            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}],
             "ports": [{"name": "metrics", "containerPort": 8891}],
             "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5},
             "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}},
@@ -637,6 +647,7 @@ mod tests {
             ]
         );
         assert_eq!(pod.env, [("NODE_NAME".to_owned(), "node-1".to_owned())]);
+        assert_eq!(pod.pod_uid_env, ["POD_UID"]);
         assert_eq!(
             pod.mounts,
             [
