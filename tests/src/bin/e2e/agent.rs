@@ -252,13 +252,12 @@ impl Agent {
             run,
             addr: ready.0.clone(),
         };
-        let socket = kubelet.registration_socket();
         // A registration socket left by a killed agent may be there before the new one is: dial
         // until the agent answers, as the kubelet's plugin watcher does on each new socket.
         let mut last = None;
         wait_until("the agent to accept its registration", LIMIT, || {
             agent.check_alive(config)?;
-            if !socket.exists() {
+            if kubelet.registration_socket().is_none() {
                 return Ok(false);
             }
             match kubelet.register() {

@@ -65,14 +65,30 @@ impl Kubelet {
         })
     }
 
-    /// The registration socket the agent creates.
-    pub fn registration_socket(&self) -> PathBuf {
-        self.registry_dir.join(format!("{}-reg.sock", self.driver))
+    /// The registration socket the agent created last, if any: `<driver>-reg.sock`, or
+    /// `<driver>-<instance>-reg.sock` when the agent names its sockets after its pod (as the
+    /// kubelet's plugin watcher, this takes any socket in the registry directory; the newest is
+    /// the agent just started).
+    pub fn registration_socket(&self) -> Option<PathBuf> {
+        let entries = std::fs::read_dir(&self.registry_dir).ok()?;
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name().to_str().is_some_and(|name| {
+                    name.strip_prefix(self.driver.as_str())
+                        .is_some_and(|rest| rest.ends_with("-reg.sock"))
+                })
+            })
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .max()
+            .map(|(_, path)| path)
     }
 
     /// Registers the plugin as the kubelet's plugin watcher does: GetInfo, check it, accept.
     pub fn register(&mut self) -> anyhow::Result<()> {
-        let socket = self.registration_socket();
+        let socket = self
+            .registration_socket()
+            .with_context(|| format!("no registration socket in {}", self.registry_dir.display()))?;
         let driver = self.driver.clone();
         let endpoint = self.runtime.block_on(async {
             let mut client = RegistrationClient::new(unix_channel(socket).await?);
