@@ -86,9 +86,9 @@ impl Kubelet {
 
     /// Registers the plugin as the kubelet's plugin watcher does: GetInfo, check it, accept.
     pub fn register(&mut self) -> anyhow::Result<()> {
-        let socket = self
-            .registration_socket()
-            .with_context(|| format!("no registration socket in {}", self.registry_dir.display()))?;
+        let socket = self.registration_socket().with_context(|| {
+            format!("no registration socket in {}", self.registry_dir.display())
+        })?;
         let driver = self.driver.clone();
         let endpoint = self.runtime.block_on(async {
             let mut client = RegistrationClient::new(unix_channel(socket).await?);
