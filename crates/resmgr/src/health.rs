@@ -22,12 +22,13 @@
 use std::{
     collections::BTreeMap,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use kubelet_plugin::{DeviceHealth, Health, HealthReport};
 use policy::{CpuSet, topology::sysfs};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
 use crate::errors;
@@ -71,6 +72,8 @@ pub type DeviceCpus = Box<dyn Fn() -> BTreeMap<String, CpuSet> + Send + Sync>;
 pub struct HealthMonitor {
     config: HealthConfig,
     devices: DeviceCpus,
+    /// Asks for a check now, before the next poll ([`Self::refresh_on`]).
+    refresh: Option<Arc<Notify>>,
     /// Every device published in this run, with the CPUs last seen behind it.
     seen: BTreeMap<String, CpuSet>,
 }
@@ -93,8 +96,18 @@ impl HealthMonitor {
         Self {
             config,
             devices: Box::new(devices),
+            refresh: None,
             seen: BTreeMap::new(),
         }
+    }
+
+    /// Checks again at once whenever `refresh` is notified, besides every poll interval: when
+    /// the devices appear (the agent takes the node only after its kubelet plugin, and the
+    /// health stream's first report, are up), the kubelet learns of them then, not a poll later.
+    #[must_use]
+    pub fn refresh_on(mut self, refresh: Arc<Notify>) -> Self {
+        self.refresh = Some(refresh);
+        self
     }
 
     /// Checks every device once, as of `now`.
@@ -173,9 +186,16 @@ impl HealthMonitor {
             let mut ticks = tokio::time::interval(self.config.poll);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await; // the first tick is now: the report above
+            let refresh = self.refresh.clone();
             loop {
                 tokio::select! {
                     _ = ticks.tick() => {}
+                    () = async {
+                        match &refresh {
+                            Some(refresh) => refresh.notified().await,
+                            None => std::future::pending().await,
+                        }
+                    } => ticks.reset(),
                     () = tx.closed() => return,
                 }
                 let report = self.check(SystemTime::now());
@@ -391,6 +411,29 @@ mod tests {
         assert!(
             !rx.has_changed().unwrap(),
             "a quiet poll woke the receivers"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refresh_reports_devices_that_appeared_without_waiting_for_the_poll() {
+        let (mut monitor, published) = monitor(None, &[]);
+        // A poll far beyond the test's deadline: only the refresh can report in time.
+        monitor.config.poll = Duration::from_secs(3600);
+        let refresh = Arc::new(Notify::new());
+        let mut rx = monitor.refresh_on(refresh.clone()).spawn();
+        assert!(rx.borrow_and_update().devices.is_empty());
+        published
+            .lock()
+            .unwrap()
+            .insert("numa0".into(), cpus("0-3"));
+        refresh.notify_one();
+        tokio::time::timeout(Duration::from_secs(10), rx.changed())
+            .await
+            .expect("a report within the deadline")
+            .unwrap();
+        assert_eq!(
+            summary(&rx.borrow_and_update()),
+            [row("numa0", Health::Healthy, "")]
         );
     }
 }

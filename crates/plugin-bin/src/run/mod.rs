@@ -489,6 +489,10 @@ async fn serve_claims(
     });
     // The health poll runs here, not in a task of its own: the kubelet's health streams read
     // it until the plugin has shut down.
+    // Its first report comes before this agent owns the node (no devices yet): it reports them
+    // as soon as it does, refreshed below, not a poll later, when the kubelet would have shown
+    // the devices of pods started meanwhile as Unknown.
+    let devices_appeared = Arc::new(tokio::sync::Notify::new());
     let (reports, poll) = HealthMonitor::new(health, {
         let node = node.clone();
         move || {
@@ -497,6 +501,7 @@ async fn serve_claims(
                 .unwrap_or_default()
         }
     })
+    .refresh_on(devices_appeared.clone())
     .start();
     let mut poll = std::pin::pin!(poll);
     let handler = Arc::new(Measured {
@@ -515,6 +520,7 @@ async fn serve_claims(
 
     let serve = async {
         node.opened().await;
+        devices_appeared.notify_one();
         memory::return_freed_memory();
         let Some(manager) = node.manager().cloned() else {
             return;
