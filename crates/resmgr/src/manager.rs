@@ -73,7 +73,7 @@ pub struct ManagerConfig {
     pub retry_backoff: Duration,
     /// Longest delay between retries.
     pub max_retry_backoff: Duration,
-    /// Injected faults, for tests; see [`crate::faults`]. Inert in release builds.
+    /// Injected faults, for tests; see [`crate::faults`]. None by default, as in the agent.
     pub faults: Faults,
     /// Reconciliation of strays and unconfirmed claims ([`crate::reconcile`]).
     pub reconcile: ReconcileConfig,
