@@ -30,7 +30,9 @@ use policy::{
     Adjustment, Allocation, AllocationResult, Claim, ClaimAllocation, Container, ContainerUpdate,
     CpuSet, Device, Policy, PolicyError, Quantity, Resources, cdi::ContainerEdits,
 };
-use resmgr::{BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError, faults::Faults};
+use resmgr::{BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError};
+
+use crate::faults::FaultTable;
 
 pub const DRIVER: &str = "test.resmgr.io";
 
@@ -460,7 +462,7 @@ pub struct Harness {
     pub runtime: Arc<FakeRuntime>,
     pub claims: Arc<StaticClaims>,
     /// The faults of every manager the harness starts.
-    pub faults: Faults,
+    pub faults: FaultTable,
     /// How its managers reconcile: as with DRA, our devices in pool `node-a` (where
     /// [`claim`]'s results are).
     pub reconcile: resmgr::ReconcileConfig,
@@ -478,7 +480,7 @@ impl Harness {
             dir: tempfile::tempdir().unwrap(),
             runtime: Arc::new(FakeRuntime::default()),
             claims: Arc::new(StaticClaims::new()),
-            faults: Faults::armable(),
+            faults: FaultTable::new(),
             reconcile: resmgr::ReconcileConfig {
                 pool: Some("node-a".into()),
                 ..resmgr::ReconcileConfig::default()
@@ -489,7 +491,7 @@ impl Harness {
     /// The manager settings the harness starts managers with.
     pub fn config(&self) -> ManagerConfig {
         ManagerConfig {
-            faults: self.faults.clone(),
+            faults: self.faults.handle(),
             reconcile: self.reconcile.clone(),
             ..ManagerConfig::new(DRIVER)
         }

@@ -8,12 +8,12 @@
 
 use std::sync::Arc;
 
-use integration_tests::fakes::{Harness, TestPolicy, claim, claim_ref, container, prepare_error};
-use policy::CpuSet;
-use resmgr::{
-    Manager,
+use integration_tests::{
+    fakes::{Harness, TestPolicy, claim, claim_ref, container, prepare_error},
     faults::{Fault, Point},
 };
+use policy::CpuSet;
+use resmgr::Manager;
 
 fn set(s: &str) -> CpuSet {
     s.parse().unwrap()

@@ -9,15 +9,15 @@
 
 use std::{sync::Arc, time::Duration};
 
-use integration_tests::fakes::{
-    Harness, TWO_NUMA, TestPolicy, claim, claim_on, claim_ref, container, prepare_error,
-    topology_aware, topology_aware_with,
-};
-use policy::{CpuSet, QosClass, Resources};
-use resmgr::{
-    Manager,
+use integration_tests::{
+    fakes::{
+        Harness, TWO_NUMA, TestPolicy, claim, claim_on, claim_ref, container, prepare_error,
+        topology_aware, topology_aware_with,
+    },
     faults::{Fault, Point},
 };
+use policy::{CpuSet, QosClass, Resources};
+use resmgr::Manager;
 
 /// The real policy on [`TWO_NUMA`], with Guaranteed containers on CPUs of their own and CPUs 4-7
 /// (numa0) set aside for claims, lent to the shared pool while unclaimed.

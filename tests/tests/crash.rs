@@ -12,9 +12,12 @@ use std::{
     process::{Command, Output},
 };
 
-use integration_tests::fakes::{FileRuntime, RuntimeFile, saved_claims};
+use integration_tests::{
+    crash::CRASH_AT_ENV,
+    fakes::{FileRuntime, RuntimeFile, saved_claims},
+};
 use policy::CpuSet;
-use resmgr::{crash::CRASH_AT_ENV, points::Point};
+use resmgr::points::Point;
 
 const CHILD: &str = env!("CARGO_BIN_EXE_crash-child");
 

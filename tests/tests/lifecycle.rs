@@ -4,15 +4,14 @@
 
 use std::fs;
 
-use integration_tests::fakes::{
-    self as support, Harness, TWO_NUMA, TestPolicy, claim, claim_on, claim_ref, container,
-    prepare_error, topology_aware,
-};
-use resmgr::{
-    AdmitError,
+use integration_tests::{
+    fakes::{
+        self as support, Harness, TWO_NUMA, TestPolicy, claim, claim_on, claim_ref, container,
+        prepare_error, topology_aware,
+    },
     faults::{Fault, Point},
-    state::StateFile,
 };
+use resmgr::{AdmitError, state::StateFile};
 
 fn spec_path(h: &Harness, uid: &str) -> std::path::PathBuf {
     h.cdi_dir()

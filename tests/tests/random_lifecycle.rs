@@ -53,7 +53,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::fakes::{DRIVER, FakeRuntime, claim_on};
+use integration_tests::{
+    fakes::{DRIVER, FakeRuntime, claim_on},
+    faults::{Fault, FaultTable, Point},
+};
 use kube_dra::fake::StaticClaims;
 use policy::{
     Claim, ClaimAllocation, Container, ContainerUpdate, CpuSet, Device, Inventory, Policy,
@@ -63,9 +66,7 @@ use policy::{
 };
 use resmgr::{
     AdmitError, BoxFuture, ClaimReadError, ClaimReader, Manager, ManagerConfig, Outcome as Done,
-    ReconcileConfig, ReconcileReport, Runtime, RuntimeError,
-    faults::{Fault, Faults, Point},
-    kubelet_plugin::ClaimRef,
+    ReconcileConfig, ReconcileReport, Runtime, RuntimeError, kubelet_plugin::ClaimRef,
     state::StateFile,
 };
 
@@ -367,7 +368,7 @@ struct World {
     policy: Shared,
     /// The agent; `None` only while it restarts.
     manager: Option<Arc<Manager>>,
-    faults: Faults,
+    faults: FaultTable,
     /// Whether the runtime reports CDI devices (containerd ≥ 2.3) or only the environment.
     reports_cdi_devices: bool,
     /// Who gets CPUs of their own: only claims, or claims from a partition and Guaranteed
@@ -505,7 +506,7 @@ fn container(id: &str, pod: &Pod) -> Container {
 fn start_manager(
     dir: &std::path::Path,
     policy: Shared,
-    faults: &Faults,
+    faults: &FaultTable,
     runtime: Arc<FakeRuntime>,
     api: Arc<StaticClaims>,
     rng: &SharedRng,
@@ -513,7 +514,7 @@ fn start_manager(
 ) -> Result<Manager, resmgr::StartError> {
     Manager::start(
         ManagerConfig {
-            faults: faults.clone(),
+            faults: faults.handle(),
             // As with DRA: claim_on allocates in pool node-a.
             reconcile: ReconcileConfig {
                 pool: Some("node-a".into()),
@@ -536,8 +537,8 @@ fn start_manager(
     )
 }
 
-fn fresh_faults() -> Faults {
-    let faults = Faults::armable();
+fn fresh_faults() -> FaultTable {
+    let faults = FaultTable::new();
     faults.run_inline();
     faults
 }
@@ -1928,7 +1929,7 @@ async fn unprepare(m: &Manager, claims: &[ClaimRef]) -> Outcome {
 
 /// Whether the manager had crashed when an answer came back: the kubelet never got it.
 fn m_crashed(m: &Manager) -> bool {
-    m.config().faults.crashed_at().is_some()
+    m.config().faults.crashed()
 }
 
 // ============================================================================================

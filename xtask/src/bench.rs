@@ -85,16 +85,9 @@ pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     // Benchmarks measure optimized code: the Go side is compiled with optimizations, so the Rust
-    // binaries and examples the Go benchmarks drive are built with the release profile.
-    util::run(util::cargo().current_dir(root).args([
-        "build",
-        "--workspace",
-        "--bins",
-        "--examples",
-        "--release",
-        "--locked",
-    ]))?;
-    let bin_dir = workspace::target_dir(root)?.join("release");
+    // binaries and examples the Go benchmarks drive are built with the release profile (the
+    // agent as it ships, see `build_binaries`).
+    let bin_dir = workspace::build_binaries(root, "release")?;
     for module in workspace::go_modules(&root.join("tests/conformance"))? {
         let out = util::output(
             Command::new("go")

@@ -38,7 +38,10 @@ pub fn release(
     let version = workspace::workspace_version(root)?;
     check_chart_version(root, &version)?;
     let bin = match binary {
-        Some(path) => path.to_path_buf(),
+        Some(path) => {
+            workspace::ensure_shipped(path)?;
+            path.to_path_buf()
+        }
         None => {
             sysdeps::ensure()?;
             workspace::build_release(root, "dist")?

@@ -9,6 +9,12 @@
 //!
 //! A crate whose section in ARCHITECTURE.md has a module table lists every top-level module of
 //! the crate there, and nothing else, so the code map cannot silently fall behind the code.
+//!
+//! The agent that ships holds no test machinery: no product crate's source has the crash test's
+//! hook (its environment variable or a process abort), and no package outside the product
+//! crates turns on a feature of one (cargo would unify it into the agent that the tests run).
+//! Tests reach into the agent through the fault seam (`resmgr::faults`) instead. `cargo xtask`
+//! checks the built binaries too (`workspace::ensure_shipped`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -21,7 +27,8 @@ use crate::util;
 /// Allowed normal (non-dev, non-build) dependencies between the workspace's library crates, by
 /// directory: the product crates under `crates/` and the tooling crates under `tools/` (the
 /// build system's parts that the tests use too, which depend on no product crate and which no
-/// product crate depends on). The test and xtask packages may depend on anything.
+/// product crate depends on), and the test package, `tests`. The xtask package may depend on
+/// anything.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("crates/dra-proto", &[]),
     ("crates/cdi", &[]),
@@ -46,13 +53,48 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("crates/plugin-bin", &["crates/resmgr", "crates/policy"]),
     ("tools/oci-archive", &[]),
     ("tools/helm-chart", &[]),
+    // Every product crate; plugin-bin's library (`resmgr_agent`) only for `resmgr-crashing`, the
+    // agent with the crash test's hook. No other package depends on the binary's crate.
+    (
+        "tests",
+        &[
+            "crates/dra-proto",
+            "crates/cdi",
+            "crates/nri",
+            "crates/policy",
+            "crates/kubelet-plugin",
+            "crates/kube-dra",
+            "crates/resmgr",
+            "crates/plugin-bin",
+        ],
+    ),
 ];
 
 /// The directories that hold the workspace's library crates (see [`ALLOWED`]).
 const LAYERED_DIRS: [&str; 2] = ["crates", "tools"];
 
+/// The test package's directory (see [`ALLOWED`]).
+const TESTS_DIR: &str = "tests";
+
+/// A package of `metadata` (the JSON of `cargo metadata`) as [`ALLOWED`] names it:
+/// `crates/<dir>`, `tools/<dir>` or `tests`; `None` for the others (xtask).
+fn layered_dir(package: &serde_json::Value) -> Option<String> {
+    let manifest = Path::new(package["manifest_path"].as_str()?);
+    let dir = manifest.parent()?;
+    let name = dir.file_name()?.to_str()?;
+    if name == TESTS_DIR {
+        return Some(TESTS_DIR.to_owned());
+    }
+    let parent = dir.parent()?.file_name()?.to_str()?;
+    LAYERED_DIRS
+        .contains(&parent)
+        .then(|| format!("{parent}/{name}"))
+}
+
 /// Every internal edge of `metadata` (the JSON of `cargo metadata`) that [`ALLOWED`] does not
-/// list, as "crates/a -> crates/b", plus layered crates missing from [`ALLOWED`].
+/// list, as "crates/a -> crates/b", layered crates missing from [`ALLOWED`], and features of a
+/// product crate that a package outside `crates/` turns on (any kind of dependency: cargo
+/// unifies them into the binaries the tests run).
 fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
     let allowed: BTreeMap<&str, BTreeSet<&str>> = ALLOWED
         .iter()
@@ -62,34 +104,38 @@ fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or_default();
-    // Package name -> `crates/<dir>` or `tools/<dir>`, for the layered crates only.
+    // Package name -> `crates/<dir>`, `tools/<dir>` or `tests`.
     let dir_of: BTreeMap<&str, String> = packages
         .iter()
-        .filter_map(|p| {
-            let name = p["name"].as_str()?;
-            let manifest = Path::new(p["manifest_path"].as_str()?);
-            let dir = manifest.parent()?;
-            let parent = dir.parent()?.file_name()?.to_str()?;
-            let dir = dir.file_name()?.to_str()?;
-            LAYERED_DIRS
-                .contains(&parent)
-                .then(|| (name, format!("{parent}/{dir}")))
-        })
+        .filter_map(|p| Some((p["name"].as_str()?, layered_dir(p)?)))
         .collect();
     let mut problems = Vec::new();
     for p in packages {
-        let Some(src) = p["name"].as_str().and_then(|n| dir_of.get(n)) else {
+        let src = p["name"].as_str().and_then(|n| dir_of.get(n));
+        let deps = p["dependencies"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if !src.is_some_and(|s| s.starts_with("crates/")) {
+            let from = src.map_or_else(|| p["name"].as_str().unwrap_or("?"), String::as_str);
+            for dep in deps {
+                let Some(dst) = dep["name"].as_str().and_then(|n| dir_of.get(n)) else {
+                    continue;
+                };
+                let features = dep["features"].as_array().map_or(0, Vec::len);
+                if dst.starts_with("crates/") && features > 0 {
+                    problems.push(format!("{from} turns on features of {dst}"));
+                }
+            }
+        }
+        let Some(src) = src else {
             continue;
         };
         let Some(allowed_deps) = allowed.get(src.as_str()) else {
             problems.push(format!("{src} is not in the layering table"));
             continue;
         };
-        for dep in p["dependencies"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
+        for dep in deps {
             if !dep["kind"].is_null() {
                 continue; // dev- and build-dependencies may cross layers
             }
@@ -101,6 +147,37 @@ fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
             }
         }
     }
+    problems
+}
+
+/// What no source of a product crate (`crates/*/src`, what the shipped agent is built from) may
+/// hold: the crash test's hook, which the tests package supplies through the fault seam.
+const CRASH_HOOK: [&str; 2] = ["RESMGR_CRASH_AT", "process::abort"];
+
+/// The product crates' sources that hold any of [`CRASH_HOOK`], as "path: what".
+fn crash_hook_problems(root: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Ok(crates) = fs::read_dir(root.join("crates")) else {
+        return vec!["no crates/ directory".into()];
+    };
+    let mut stack: Vec<PathBuf> = crates.flatten().map(|e| e.path().join("src")).collect();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for path in entries.flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = fs::read_to_string(&path).unwrap_or_default();
+                for what in CRASH_HOOK.iter().filter(|w| text.contains(*w)) {
+                    let shown = path.strip_prefix(root).unwrap_or(&path);
+                    problems.push(format!("{}: {what}", shown.display()));
+                }
+            }
+        }
+    }
+    problems.sort();
     problems
 }
 
@@ -264,16 +341,12 @@ fn internal_dependencies_only_point_down() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| {
-            p["manifest_path"]
-                .as_str()
-                .is_some_and(|m| LAYERED_DIRS.iter().any(|d| m.contains(&format!("/{d}/"))))
-        })
+        .filter(|p| layered_dir(p).is_some())
         .count();
     assert_eq!(
         crates,
         ALLOWED.len(),
-        "every crate under crates/ and tools/ is in the layering table"
+        "every crate under crates/ and tools/, and tests, is in the layering table"
     );
     let problems = forbidden_edges(&meta);
     assert!(
@@ -302,6 +375,16 @@ fn layering_check_catches_a_forbidden_edge() {
             ]},
             {"name": "xtask", "manifest_path": "/r/xtask/Cargo.toml", "dependencies": [
                 {"name": "oci-archive", "kind": null},
+                {"name": "plugin-bin", "kind": null},
+            ]},
+            {"name": "plugin-bin", "manifest_path": "/r/crates/plugin-bin/Cargo.toml", "dependencies": [
+                {"name": "resmgr", "kind": null, "features": ["crash-points"]},
+            ]},
+            {"name": "integration-tests", "manifest_path": "/r/tests/Cargo.toml", "dependencies": [
+                {"name": "plugin-bin", "kind": null},
+                {"name": "resmgr", "kind": null, "features": ["faults"]},
+                {"name": "oci-archive", "kind": null},
+                {"name": "helm-chart", "kind": "dev"},
             ]},
         ]
     });
@@ -311,6 +394,40 @@ fn layering_check_catches_a_forbidden_edge() {
             "crates/policy -> crates/nri",
             "crates/rogue is not in the layering table",
             "tools/oci-archive -> crates/cdi",
+            "tests turns on features of crates/resmgr",
+            "tests -> tools/oci-archive",
+        ]
+    );
+}
+
+#[test]
+fn no_product_crate_holds_the_crash_hook() {
+    let root = util::repo_root().unwrap();
+    let problems = crash_hook_problems(&root);
+    assert!(
+        problems.is_empty(),
+        "the crash test's hook is in a product crate (it belongs in tests/src/crash.rs, \
+         reached through resmgr::faults):\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn crash_hook_check_finds_a_planted_hook() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("crates/rogue/src/deep");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(
+        src.join("crash.rs"),
+        "//! x\nfn f() { if std::env::var_os(\"RESMGR_CRASH_AT\").is_some() { std::process::abort() } }\n",
+    )
+    .unwrap();
+    fs::write(root.path().join("crates/rogue/src/lib.rs"), "//! fine\n").unwrap();
+    assert_eq!(
+        crash_hook_problems(root.path()),
+        [
+            "crates/rogue/src/deep/crash.rs: RESMGR_CRASH_AT",
+            "crates/rogue/src/deep/crash.rs: process::abort",
         ]
     );
 }

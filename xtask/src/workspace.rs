@@ -1,6 +1,7 @@
 //! The workspace as the other commands see it: where cargo puts things, the binaries the tests
-//! and stages run, the release binary and version, the Go flags and modules of the Go tests,
-//! and the chart renderer. Helpers only: this module runs no command of its own.
+//! and stages run, the release binary and version, the check that the agent's binary holds no
+//! crash hook, the Go flags and modules of the Go tests, and the chart renderer. Helpers only:
+//! this module runs no command of its own.
 
 use std::{
     path::{Path, PathBuf},
@@ -14,14 +15,85 @@ use crate::util;
 
 /// Builds every binary and example of the workspace (debug) and returns the directory they are in.
 pub fn build_test_binaries(root: &Path) -> anyhow::Result<PathBuf> {
+    build_binaries(root, "dev")
+}
+
+/// Builds every binary and example of the workspace with cargo's `profile` (`dev` or
+/// `release`) and returns the directory they are in, the agent as it ships: the `resmgr` binary
+/// the tests and stages drive is built on its own (`-p plugin-bin`, as [`build_release`] builds
+/// it), so that no feature the test package turns on, on the crates it shares with the agent,
+/// is unified into it, and it is checked to hold no crash hook ([`ensure_shipped`]). The
+/// agent with the crash test's hook is the test package's `resmgr-crashing`, checked to hold it.
+pub fn build_binaries(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
     util::run(util::cargo().current_dir(root).args([
         "build",
         "--workspace",
+        "--exclude",
+        "plugin-bin",
         "--bins",
         "--examples",
+        "--profile",
+        profile,
         "--locked",
     ]))?;
-    Ok(target_dir(root)?.join("debug"))
+    util::run(util::cargo().current_dir(root).args([
+        "build",
+        "-p",
+        "plugin-bin",
+        "--bin",
+        "resmgr",
+        "--profile",
+        profile,
+        "--locked",
+    ]))?;
+    let dir = target_dir(root)?.join(if profile == "dev" { "debug" } else { profile });
+    ensure_shipped(&dir.join("resmgr"))?;
+    let crashing = dir.join("resmgr-crashing");
+    anyhow::ensure!(
+        contains(&read(&crashing)?, CRASH_HOOK_MARK.as_bytes()),
+        "{} does not hold `{CRASH_HOOK_MARK}`: the check that the shipped binary has no crash \
+         hook looks for what the hook no longer has (tests/src/crash.rs)",
+        crashing.display()
+    );
+    Ok(dir)
+}
+
+/// What the crash test's fault hook holds, and the agent that ships must not: the environment
+/// variable that names where it aborts (`CRASH_AT_ENV` in tests/src/crash.rs). Each build of the
+/// test binaries checks that the `resmgr-crashing` binary does hold it, so that this check
+/// cannot go vacuous.
+pub const CRASH_HOOK_MARK: &str = "RESMGR_CRASH_AT";
+
+/// Fails if the binary `bin` of the agent holds the crash test's hook ([`CRASH_HOOK_MARK`]):
+/// the agent that is tested and the one that ships are both built without it.
+pub fn ensure_shipped(bin: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !contains(&read(bin)?, CRASH_HOOK_MARK.as_bytes()),
+        "{} holds `{CRASH_HOOK_MARK}`: the crash test's hook (tests/src/crash.rs) is in the agent \
+         that ships; only the test package's `resmgr-crashing` may have it",
+        bin.display()
+    );
+    Ok(())
+}
+
+fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Whether `needle` (not empty) occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    let Some((&first, rest)) = needle.split_first() else {
+        return true;
+    };
+    let mut at = 0;
+    while let Some(i) = haystack[at..].iter().position(|&b| b == first) {
+        let start = at + i + 1;
+        if haystack[start..].starts_with(rest) {
+            return true;
+        }
+        at = start;
+    }
+    false
 }
 
 /// GOFLAGS for the conformance modules: the NRI adaptation is built without its WASM plugin
@@ -69,7 +141,8 @@ pub fn target_dir(root: &Path) -> anyhow::Result<PathBuf> {
         .context("cargo metadata has no target_directory")
 }
 
-/// Builds `resmgr` with cargo's `profile` and returns the binary's path.
+/// Builds `resmgr` with cargo's `profile`, checks that it holds no crash hook
+/// ([`ensure_shipped`]) and returns the binary's path.
 pub fn build_release(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
     util::run(util::cargo().current_dir(root).args([
         "build",
@@ -79,7 +152,9 @@ pub fn build_release(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
         "-p",
         "plugin-bin",
     ]))?;
-    Ok(target_dir(root)?.join(profile).join("resmgr"))
+    let bin = target_dir(root)?.join(profile).join("resmgr");
+    ensure_shipped(&bin)?;
+    Ok(bin)
 }
 
 /// The version the workspace gives the binary (plugin-bin's).
@@ -108,4 +183,31 @@ pub fn revision(root: &Path) -> Option<String> {
 pub fn build_helm(root: &Path) -> anyhow::Result<Helm> {
     let bin_dir = target_dir(root)?.join("helm-chart");
     Ok(Helm::build(root, &bin_dir)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contains_finds_a_needle_anywhere_and_only_whole() {
+        assert!(contains(b"RESMGR_CRASH_AT", b"RESMGR_CRASH_AT"));
+        assert!(contains(b"\0RRESMGR_CRASH_ATx", b"RESMGR_CRASH_AT"));
+        assert!(!contains(b"RESMGR_CRASH_A", b"RESMGR_CRASH_AT"));
+        assert!(!contains(b"RESMGR_CRASH_aT RESMGR_", b"RESMGR_CRASH_AT"));
+        assert!(!contains(b"", b"R"));
+    }
+
+    #[test]
+    fn a_binary_with_the_crash_hook_is_not_shipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let clean = dir.path().join("clean");
+        std::fs::write(&clean, b"\x7fELF resmgr run prepare.saved").unwrap();
+        ensure_shipped(&clean).unwrap();
+        let hooked = dir.path().join("hooked");
+        std::fs::write(&hooked, b"\x7fELF ... RESMGR_CRASH_AT\0 prepare.saved").unwrap();
+        let err = ensure_shipped(&hooked).unwrap_err().to_string();
+        assert!(err.contains("holds `RESMGR_CRASH_AT`"), "{err}");
+        assert!(ensure_shipped(&dir.path().join("missing")).is_err());
+    }
 }

@@ -402,57 +402,59 @@ impl Manager {
         claim: &Claim,
     ) -> Result<Allocated, PolicyError> {
         let uid = claim_ref.uid.as_str();
-        let mut inner = self.lock().await;
-        let created = !inner.records.contains_key(uid);
-        let allocation = inner.policy.allocate_claim(claim)?;
-        self.faults().crash_point(Point::PrepareAllocated);
-        for warning in &allocation.warnings {
-            warn!(claim = %claim_ref, "{warning}");
-        }
-        let mut ticket = self.record_pending(&mut inner, allocation.updates);
-        // Also every container that may still run on the claim's CPUs and is not meant to, moved
-        // away or not by this allocation (see crate::pending). A claim held before (an earlier
-        // prepare failed and could not roll back, or it was prepared and is prepared again)
-        // waits for them too: the allocation that moved them may be an earlier call's, whose
-        // updates the runtime has not confirmed yet.
-        let at_risk = match inner.policy.claim_cpus(uid) {
-            Some(cpus) => inner.pending.at_risk(&cpus),
-            None => inner.pending.displaced(),
-        };
-        ticket.extend(at_risk);
-        let devices = if allocation.edits.len() == claim.results.len() {
-            self.devices(claim)
-                .map_err(|cause| (Step::NamingDevices, cause))
-        } else {
-            Err((
-                Step::Allocating,
-                Cause::Edits {
-                    edits: allocation.edits.len(),
-                    results: claim.results.len(),
-                },
-            ))
-        };
-        let outcome = match devices {
-            Ok(devices) => {
-                inner.records.insert(
-                    uid.to_owned(),
-                    PreparedClaim {
-                        namespace: claim.namespace.clone(),
-                        name: claim.name.clone(),
-                        devices: devices.clone(),
-                        adopted: false,
-                    },
-                );
-                inner.reconcile.confirm(uid);
-                Ok((
-                    allocation.edits,
-                    devices,
-                    inner.change_all(ticket).granting(),
-                ))
+        self.with_lock(|mut inner| {
+            let created = !inner.records.contains_key(uid);
+            let allocation = inner.policy.allocate_claim(claim)?;
+            self.faults().crash_point(Point::PrepareAllocated);
+            for warning in &allocation.warnings {
+                warn!(claim = %claim_ref, "{warning}");
             }
-            Err(e) => Err(e),
-        };
-        Ok(Allocated { created, outcome })
+            let mut ticket = self.record_pending(&mut inner, allocation.updates);
+            // Also every container that may still run on the claim's CPUs and is not meant to,
+            // moved away or not by this allocation (see crate::pending). A claim held before (an
+            // earlier prepare failed and could not roll back, or it was prepared and is prepared
+            // again) waits for them too: the allocation that moved them may be an earlier call's,
+            // whose updates the runtime has not confirmed yet.
+            let at_risk = match inner.policy.claim_cpus(uid) {
+                Some(cpus) => inner.pending.at_risk(&cpus),
+                None => inner.pending.displaced(),
+            };
+            ticket.extend(at_risk);
+            let devices = if allocation.edits.len() == claim.results.len() {
+                self.devices(claim)
+                    .map_err(|cause| (Step::NamingDevices, cause))
+            } else {
+                Err((
+                    Step::Allocating,
+                    Cause::Edits {
+                        edits: allocation.edits.len(),
+                        results: claim.results.len(),
+                    },
+                ))
+            };
+            let outcome = match devices {
+                Ok(devices) => {
+                    inner.records.insert(
+                        uid.to_owned(),
+                        PreparedClaim {
+                            namespace: claim.namespace.clone(),
+                            name: claim.name.clone(),
+                            devices: devices.clone(),
+                            adopted: false,
+                        },
+                    );
+                    inner.reconcile.confirm(uid);
+                    Ok((
+                        allocation.edits,
+                        devices,
+                        inner.change_all(ticket).granting(),
+                    ))
+                }
+                Err(e) => Err(e),
+            };
+            Ok(Allocated { created, outcome })
+        })
+        .await
     }
 
     /// The devices to answer, in allocation-result order.
@@ -493,16 +495,17 @@ impl Manager {
             Ok(true) => return Undo::SpecOnDisk,
             Err(e) => return Undo::SpecMayBeOnDisk(e),
         }
-        let change = {
-            let mut inner = self.lock().await;
-            match inner.policy.release_claim(uid) {
-                Ok(updates) => {
-                    inner.records.remove(uid);
-                    let ticket = self.record_pending(&mut inner, updates);
-                    inner.change_all(ticket)
-                }
-                Err(e) => return Undo::Failed(e),
-            }
+        let released = self
+            .with_lock(|mut inner| {
+                let updates = inner.policy.release_claim(uid)?;
+                inner.records.remove(uid);
+                let ticket = self.record_pending(&mut inner, updates);
+                Ok(inner.change_all(ticket))
+            })
+            .await;
+        let change = match released {
+            Ok(change) => change,
+            Err(e) => return Undo::Failed(e),
         };
         match self.commit(change).await {
             Ok(()) => Undo::RolledBack,
@@ -537,18 +540,17 @@ impl Manager {
             .await
             .map_err(|e| fail(Step::RemovingSpec, e.into()))?;
         self.faults().crash_point(Point::UnprepareSpecRemoved);
-        let change = {
-            let mut inner = self.lock().await;
-            let updates = inner
-                .policy
-                .release_claim(uid)
-                .map_err(|e| fail(Step::Releasing, e.into()))?;
-            self.faults().crash_point(Point::UnprepareReleased);
-            inner.records.remove(uid);
-            inner.reconcile.forget(uid);
-            let ticket = self.record_pending(&mut inner, updates);
-            inner.change_all(ticket)
-        };
+        let change = self
+            .with_lock(|mut inner| {
+                let updates = inner.policy.release_claim(uid)?;
+                self.faults().crash_point(Point::UnprepareReleased);
+                inner.records.remove(uid);
+                inner.reconcile.forget(uid);
+                let ticket = self.record_pending(&mut inner, updates);
+                Ok(inner.change_all(ticket))
+            })
+            .await
+            .map_err(|e: PolicyError| fail(Step::Releasing, e.into()))?;
         // A claim already gone changed nothing: nothing is written, so a read-only or full
         // state directory does not fail it. A release not saved yet (an earlier attempt failed)
         // is saved now. Containers growing back onto its CPUs is not urgent: what is not
@@ -569,7 +571,8 @@ impl Manager {
 
     /// What was answered for a prepared claim, if it is prepared.
     pub async fn claim_record(&self, uid: &str) -> Option<PreparedClaim> {
-        self.lock().await.records.get(uid).cloned()
+        self.with_lock(|inner| inner.records.get(uid).cloned())
+            .await
     }
 }
 

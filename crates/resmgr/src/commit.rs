@@ -11,19 +11,34 @@
 //! confirm them ([`crate::pending`]); what it could not deliver goes out from the background
 //! retry ([`Manager::run_retries`]).
 //!
-//! # The lock is never held across IO, by construction
+//! # The lock is never held across IO: it does not compile
 //!
 //! The disk ([`crate::disk::Disk`]) and the runtime ([`crate::Runtime`]) are fields of [`Io`],
-//! private to this module: nothing else can reach them. Every function here that does IO takes
-//! `&Manager`, never a guard, and takes the manager lock itself only for in-memory work (copying
-//! the newest state, beginning and finishing a batch of updates), so no caller can hold it across
-//! a save, a spec write or an `UpdateContainers` call. Why that matters is in [`crate::manager`].
+//! private to this module: nothing else can reach them, and everything here that reaches them
+//! (a save, a spec written, removed, looked for or set aside, an `UpdateContainers` call) is
+//! an `async fn`, awaited by its caller; the disk's blocking work runs on the blocking pool
+//! (`crate::disk`).
+//!
+//! The manager lock, for its part, is only ever held inside a plain closure:
+//! [`Manager::with_lock`] takes the lock, hands the closure the [`Guard`], and lets go when the
+//! closure returns. Nothing can be awaited in a closure that is not async, and the guard cannot
+//! leave it (its lifetime is the closure's own: returning it, or a future holding it, or
+//! keeping it in a captured variable does not compile). So no code holds the lock across IO,
+//! or while it waits for any other lock (the lock order, below); the examples of
+//! [`Manager::with_lock`] are the compile-fail tests that keep it so. Here the lock is taken
+//! only for in-memory work: copying the newest state, beginning and finishing a batch of
+//! updates. Why it matters is in [`crate::manager`].
+//!
+//! A closure rather than a token that the guard borrows and the IO needs: the manager is shared
+//! (`&self`) by every task, so there would be a token per task, and code holding one task's
+//! guard could make another token and do IO with it; a rule that only holds by convention. The
+//! closure needs none.
 //!
 //! # Lock order
 //!
 //! claim lock ([`crate::claims`]) → save lock or delivery lock → manager lock. The manager lock
-//! is innermost and never held while another lock is awaited; the save lock and the delivery lock
-//! are never held together.
+//! is innermost and never held while another lock is awaited (it cannot be: see above); the save
+//! lock and the delivery lock are never held together.
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
@@ -248,7 +263,7 @@ impl Manager {
     }
 
     async fn write_state(&self, saved: &mut u64) -> Result<(), StateError> {
-        let (version, state) = self.lock().await.durable_state();
+        let (version, state) = self.with_lock(|inner| inner.durable_state()).await;
         self.io.disk.save_state(state).await?;
         self.io.faults().crash_point(Point::CommitStateWritten);
         *saved = version;
@@ -351,16 +366,17 @@ impl Manager {
                 Ok(()) => DeliveryCause::InFlight,
                 Err(e) => e.cause,
             };
-            let (unsettled, starting) = {
-                let inner = self.lock().await;
-                let unsettled = inner.pending.unsettled(ticket);
-                let starting: BTreeSet<String> = unsettled
-                    .iter()
-                    .filter(|id| inner.pending.is_starting(id))
-                    .cloned()
-                    .collect();
-                (unsettled, starting)
-            };
+            let (unsettled, starting) = self
+                .with_lock(|inner| {
+                    let unsettled = inner.pending.unsettled(ticket);
+                    let starting: BTreeSet<String> = unsettled
+                        .iter()
+                        .filter(|id| inner.pending.is_starting(id))
+                        .cloned()
+                        .collect();
+                    (unsettled, starting)
+                })
+                .await;
             if unsettled.is_empty() {
                 return Ok(());
             }
@@ -390,7 +406,7 @@ impl Manager {
 
     async fn deliver_only(&self, only: Option<&BTreeSet<String>>) -> Result<(), DeliveryError> {
         let _serial = self.io.delivery.lock().await;
-        let batch = self.lock().await.pending.begin(only);
+        let batch = self.with_lock(|mut inner| inner.pending.begin(only)).await;
         if batch.is_empty() {
             return Ok(());
         }
@@ -400,14 +416,13 @@ impl Manager {
         let (failed, cause) = match result {
             Ok(failed) => {
                 let failed: BTreeSet<String> = failed.into_iter().collect();
-                self.lock()
-                    .await
-                    .pending
-                    .finish(&batch, |id| !failed.contains(id));
+                self.with_lock(|mut inner| inner.pending.finish(&batch, |id| !failed.contains(id)))
+                    .await;
                 (failed.clone(), DeliveryCause::Failed(failed))
             }
             Err(e) => {
-                self.lock().await.pending.finish(&batch, |_| false);
+                self.with_lock(|mut inner| inner.pending.finish(&batch, |_| false))
+                    .await;
                 let mut failed = BTreeSet::new();
                 if batch.len() > 1 {
                     debug!(error = %e, updates = batch.len(), "batch refused; sending updates one by one");
@@ -436,14 +451,15 @@ impl Manager {
     /// nothing was pending for it any more).
     async fn send_one(&self, single: &Versioned) -> bool {
         let id = &single.update.container_id;
-        let Some(one) = self.lock().await.pending.begin_one(id) else {
+        let Some(one) = self
+            .with_lock(|mut inner| inner.pending.begin_one(id))
+            .await
+        else {
             return true;
         };
         let ok = matches!(self.send(vec![one.update.clone()]).await, Ok(f) if f.is_empty());
-        self.lock()
-            .await
-            .pending
-            .finish(std::slice::from_ref(&one), |_| ok);
+        self.with_lock(|mut inner| inner.pending.finish(std::slice::from_ref(&one), |_| ok))
+            .await;
         ok
     }
 
@@ -463,7 +479,7 @@ impl Manager {
     /// last one succeeded (a failed save is otherwise retried only by the next commit, and an
     /// idle node may have none), then delivers what is pending.
     pub async fn retry_once(&self) -> Result<(), CommitError> {
-        let unsaved = self.lock().await.unsaved();
+        let unsaved = self.with_lock(|inner| inner.unsaved()).await;
         if let Some(version) = unsaved {
             self.persist(version).await.map_err(CommitError::Save)?;
         }
@@ -477,10 +493,9 @@ impl Manager {
         let mut backoff = self.config.retry_backoff;
         loop {
             let notified = self.io.pending_changed.notified();
-            let due = {
-                let inner = self.lock().await;
-                inner.pending.is_deliverable() || inner.unsaved().is_some()
-            };
+            let due = self
+                .with_lock(|inner| inner.pending.is_deliverable() || inner.unsaved().is_some())
+                .await;
             if !due {
                 notified.await;
                 continue;

@@ -23,7 +23,8 @@ use crate::{
 };
 
 /// Runs blocking disk work for `point` on tokio's blocking pool, off the async runtime's
-/// threads (or inline on the calling task, when a test asks: [`Faults::run_inline`]).
+/// threads (or inline on the calling task, when a test's hooks ask:
+/// [`crate::faults::FaultHooks::inline`]).
 pub(crate) async fn off_thread<T: Send + 'static>(
     faults: &Faults,
     point: Point,

@@ -55,35 +55,42 @@ impl Manager {
         &self,
         containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, EventError> {
-        let (updates, change) = {
-            let mut inner = self.lock().await;
-            // Strays are judged by who runs before the policy places anyone (crate::reconcile).
-            let Inner {
-                policy,
-                records,
-                reconcile,
-                ..
-            } = &mut *inner;
-            let reconciled =
-                reconcile.synchronize(&self.config.driver, policy.as_mut(), records, containers);
-            for done in reconciled {
-                self.tell(&done);
-            }
-            let updates = inner
-                .policy
-                .sync(containers)
-                .map_err(|source| EventError::Policy {
-                    container: format!("(synchronizing {} containers)", containers.len()),
-                    source,
-                })?;
-            // Where each container runs, as the runtime says; then what the reply changes.
-            inner.pending.synchronized();
-            for c in containers {
-                inner.pending.placed(&c.id, c.cpus.as_ref());
-            }
-            inner.pending.delivered_in_reply(&updates);
-            (updates, inner.change(Ticket::default()))
-        };
+        let (updates, change) = self
+            .with_lock(|mut inner| {
+                // Strays are judged by who runs before the policy places anyone
+                // (crate::reconcile).
+                let Inner {
+                    policy,
+                    records,
+                    reconcile,
+                    ..
+                } = &mut *inner;
+                let reconciled = reconcile.synchronize(
+                    &self.config.driver,
+                    policy.as_mut(),
+                    records,
+                    containers,
+                );
+                for done in reconciled {
+                    self.tell(&done);
+                }
+                let updates =
+                    inner
+                        .policy
+                        .sync(containers)
+                        .map_err(|source| EventError::Policy {
+                            container: format!("(synchronizing {} containers)", containers.len()),
+                            source,
+                        })?;
+                // Where each container runs, as the runtime says; then what the reply changes.
+                inner.pending.synchronized();
+                for c in containers {
+                    inner.pending.placed(&c.id, c.cpus.as_ref());
+                }
+                inner.pending.delivered_in_reply(&updates);
+                Ok((updates, inner.change(Ticket::default())))
+            })
+            .await?;
         self.commit(change)
             .await
             .map_err(|source| EventError::Commit {
@@ -110,7 +117,7 @@ impl Manager {
             // trying: holding claims back would not get these updates through any sooner.
             warn!(error = %e, "updates pending when the claim gate opens");
         }
-        if let Some(why) = self.lock().await.reconcile.contested() {
+        if let Some(why) = self.with_lock(|inner| inner.reconcile.contested()).await {
             self.gate.refuse(why.clone());
             error!("runtime synchronized, but claims stay refused and the agent unready: {why}");
             return;
@@ -127,50 +134,55 @@ impl Manager {
     /// send that update into the gap before the runtime knows the container (which it skips,
     /// reporting it applied) and answer while the container runs on its CPUs.
     pub async fn create_container(&self, container: &Container) -> Result<Allocation, EventError> {
-        let (allocation, change) = {
-            let mut inner = self.lock().await;
-            inner
-                .reconcile
-                .container_created(&self.config.driver, container);
-            let allocation =
+        let (allocation, change) = self
+            .with_lock(|mut inner| {
                 inner
-                    .policy
-                    .allocate(container)
-                    .map_err(|source| EventError::Policy {
-                        container: describe(container),
-                        source,
-                    })?;
-            // The runtime creates it where the reply says (or where it asked, if we do not say).
-            let cpus = allocation
-                .adjustment
-                .cpus
-                .as_ref()
-                .or(container.cpus.as_ref());
-            inner.pending.placed(&container.id, cpus);
-            inner.pending.delivered_in_reply(&allocation.updates);
-            // Until its PostStartContainer the runtime may drop updates of it (crate::pending).
-            inner.pending.creating(&container.id);
-            (allocation, inner.change(Ticket::default()))
-        };
+                    .reconcile
+                    .container_created(&self.config.driver, container);
+                let allocation =
+                    inner
+                        .policy
+                        .allocate(container)
+                        .map_err(|source| EventError::Policy {
+                            container: describe(container),
+                            source,
+                        })?;
+                // The runtime creates it where the reply says (or where it asked, if we do not
+                // say).
+                let cpus = allocation
+                    .adjustment
+                    .cpus
+                    .as_ref()
+                    .or(container.cpus.as_ref());
+                inner.pending.placed(&container.id, cpus);
+                inner.pending.delivered_in_reply(&allocation.updates);
+                // Until its PostStartContainer the runtime may drop updates of it
+                // (crate::pending).
+                inner.pending.creating(&container.id);
+                Ok((allocation, inner.change(Ticket::default())))
+            })
+            .await?;
         if let Err(source) = self.commit(change).await {
             // The runtime fails the container, and the reply with the updates of others never
             // reaches it: what placing it changed for them is undone, and asserted again in case
             // any of it reached them, from wherever they may be now.
-            let mut inner = self.lock().await;
-            inner.pending.forget(&container.id);
-            for moved in &allocation.updates {
-                inner.pending.placed(&moved.container_id, None);
-            }
-            match inner.policy.release(&container.id) {
-                Ok(updates) => {
-                    self.record_pending(&mut inner, updates);
+            self.with_lock(|mut inner| {
+                inner.pending.forget(&container.id);
+                for moved in &allocation.updates {
+                    inner.pending.placed(&moved.container_id, None);
                 }
-                Err(e) => {
-                    warn!(container = %describe(container), error = %e, "releasing a container that could not be saved")
+                match inner.policy.release(&container.id) {
+                    Ok(updates) => {
+                        self.record_pending(&mut inner, updates);
+                    }
+                    Err(e) => {
+                        warn!(container = %describe(container), error = %e, "releasing a container that could not be saved")
+                    }
                 }
-            }
-            // Saved by the next commit.
-            let _ = inner.change(Ticket::default());
+                // Saved by the next commit.
+                let _ = inner.change(Ticket::default());
+            })
+            .await;
             return Err(EventError::Commit {
                 container: describe(container),
                 source,
@@ -193,8 +205,8 @@ impl Manager {
     /// was being created and started go out now, from the background (the runtime waits for
     /// this event's answer under the lock it serves `UpdateContainers` with).
     pub async fn container_started(&self, container: &Container) {
-        let mut inner = self.lock().await;
-        self.note_started(&mut inner, &container.id);
+        self.with_lock(|mut inner| self.note_started(&mut inner, &container.id))
+            .await;
     }
 
     /// A container's resources changed.
@@ -203,28 +215,30 @@ impl Manager {
         container: &Container,
         resources: &Resources,
     ) -> Result<Vec<ContainerUpdate>, EventError> {
-        let (updates, change) = {
-            let mut inner = self.lock().await;
-            let updates = inner
-                .policy
-                .update(&container.id, resources)
-                .map_err(|source| EventError::Policy {
-                    container: describe(container),
-                    source,
-                })?;
-            // The updates of others apply with the reply; the container's own after the
-            // event: until its PostUpdateContainer ours could be overwritten (crate::pending).
-            let (own, others): (Vec<_>, Vec<_>) = updates
-                .iter()
-                .cloned()
-                .partition(|u| u.container_id == container.id);
-            inner.pending.delivered_in_reply(&others);
-            if !own.is_empty() {
-                inner.pending.updating(&container.id);
-                inner.pending.delivered_in_reply(&own);
-            }
-            (updates, inner.change(Ticket::default()))
-        };
+        let (updates, change) = self
+            .with_lock(|mut inner| {
+                let updates = inner
+                    .policy
+                    .update(&container.id, resources)
+                    .map_err(|source| EventError::Policy {
+                        container: describe(container),
+                        source,
+                    })?;
+                // The updates of others apply with the reply; the container's own after the
+                // event: until its PostUpdateContainer ours could be overwritten
+                // (crate::pending).
+                let (own, others): (Vec<_>, Vec<_>) = updates
+                    .iter()
+                    .cloned()
+                    .partition(|u| u.container_id == container.id);
+                inner.pending.delivered_in_reply(&others);
+                if !own.is_empty() {
+                    inner.pending.updating(&container.id);
+                    inner.pending.delivered_in_reply(&own);
+                }
+                Ok((updates, inner.change(Ticket::default())))
+            })
+            .await?;
         self.commit(change)
             .await
             .map_err(|source| EventError::Commit {
@@ -237,26 +251,27 @@ impl Manager {
     /// The runtime updated a container (its PostUpdateContainer): updates of it made meanwhile
     /// go out now, from the background.
     pub async fn container_updated(&self, container: &Container) {
-        let mut inner = self.lock().await;
-        self.note_started(&mut inner, &container.id);
+        self.with_lock(|mut inner| self.note_started(&mut inner, &container.id))
+            .await;
     }
 
     /// A container stopped: release what it held. The updates go in the StopContainer reply.
     pub async fn stop_container(&self, container: &Container) -> Vec<ContainerUpdate> {
-        let (updates, change) = {
-            let mut inner = self.lock().await;
-            inner.pending.forget(&container.id);
-            inner.reconcile.container_gone(&container.id);
-            let updates = match inner.policy.release(&container.id) {
-                Ok(updates) => updates,
-                Err(e) => {
-                    warn!(container = %describe(container), error = %e, "releasing a stopped container");
-                    Vec::new()
-                }
-            };
-            inner.pending.delivered_in_reply(&updates);
-            (updates, inner.change(Ticket::default()))
-        };
+        let (updates, change) = self
+            .with_lock(|mut inner| {
+                inner.pending.forget(&container.id);
+                inner.reconcile.container_gone(&container.id);
+                let updates = match inner.policy.release(&container.id) {
+                    Ok(updates) => updates,
+                    Err(e) => {
+                        warn!(container = %describe(container), error = %e, "releasing a stopped container");
+                        Vec::new()
+                    }
+                };
+                inner.pending.delivered_in_reply(&updates);
+                (updates, inner.change(Ticket::default()))
+            })
+            .await;
         if let Err(e) = self.commit(change).await {
             warn!(container = %describe(container), error = %chain(&e), "committing a stopped container");
         }
@@ -266,21 +281,22 @@ impl Manager {
     /// A container was removed (or stopped without a StopContainer event reaching us). Its reply
     /// carries no updates, so what releasing it changes is delivered in the background.
     pub async fn remove_container(&self, container: &Container) {
-        let change = {
-            let mut inner = self.lock().await;
-            inner.pending.forget(&container.id);
-            inner.reconcile.container_gone(&container.id);
-            match inner.policy.release(&container.id) {
-                Ok(updates) => {
-                    // Delivered in the background: nothing here waits for them.
-                    self.record_pending(&mut inner, updates);
+        let change = self
+            .with_lock(|mut inner| {
+                inner.pending.forget(&container.id);
+                inner.reconcile.container_gone(&container.id);
+                match inner.policy.release(&container.id) {
+                    Ok(updates) => {
+                        // Delivered in the background: nothing here waits for them.
+                        self.record_pending(&mut inner, updates);
+                    }
+                    Err(e) => {
+                        warn!(container = %describe(container), error = %e, "releasing a removed container");
+                    }
                 }
-                Err(e) => {
-                    warn!(container = %describe(container), error = %e, "releasing a removed container");
-                }
-            }
-            inner.change(Ticket::default())
-        };
+                inner.change(Ticket::default())
+            })
+            .await;
         if let Err(e) = self.commit(change).await {
             warn!(container = %describe(container), error = %chain(&e), "committing a removed container");
         }

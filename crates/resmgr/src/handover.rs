@@ -88,6 +88,7 @@ use tracing::{info, warn};
 
 use crate::{
     errors::chain,
+    faults::Faults,
     manager::Manager,
     points::Point,
     runtime::BoxFuture,
@@ -285,15 +286,19 @@ pub struct Owner {
     /// Agents that handed the node over to this one (or to one that handed it to this one):
     /// refused if they ask for it back.
     predecessors: BTreeSet<String>,
+    /// Passed at [`Point::HandoverAccepted`]; the manager's own for the points after it.
+    faults: Faults,
 }
 
 impl Owner {
     /// Serves `<state_dir>/handover.sock` for the agent of pod `pod_uid`, which took the node
-    /// from the agents of `predecessors` (none after a plain start).
+    /// from the agents of `predecessors` (none after a plain start). `faults` are the manager's
+    /// ([`crate::ManagerConfig::faults`]).
     pub fn bind(
         state_dir: &Path,
         pod_uid: &str,
         predecessors: BTreeSet<String>,
+        faults: Faults,
     ) -> Result<Self, HandoverError> {
         let path = state_dir.join(SOCKET);
         let bind_error = |source| HandoverError::Bind {
@@ -311,6 +316,7 @@ impl Owner {
             path,
             pod_uid: pod_uid.to_owned(),
             predecessors,
+            faults,
         })
     }
 
@@ -374,7 +380,7 @@ impl Owner {
             owner: self.pod_uid.clone(),
         })
         .await?;
-        crate::crash::crash_point(Point::HandoverAccepted);
+        self.faults.crash_point(Point::HandoverAccepted);
         info!(pod = %hello.pod_uid, version = %hello.version, "an agent asks for the node; accepted, waiting for it to register with the kubelet");
         match conn.recv(GO_WAIT).await? {
             Message::Go => Ok(Successor { conn, hello }),
@@ -535,6 +541,7 @@ mod tests {
             dir,
             owner,
             predecessors.iter().map(|p| (*p).to_owned()).collect(),
+            Faults::default(),
         )
         .unwrap()
     }

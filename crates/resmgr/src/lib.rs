@@ -12,7 +12,6 @@
 
 pub mod claims;
 pub mod commit;
-pub mod crash;
 pub(crate) mod disk;
 pub mod dra_handler;
 pub mod events;

@@ -5,7 +5,9 @@
 //! Everything the policy decides lives in [`Inner`] behind one async mutex. NRI event handlers,
 //! the runtime's Synchronize, and the kubelet's prepare and unprepare all take it, so the policy
 //! sees one sequence of calls. It is held only for in-memory work: never across a call to the
-//! runtime, and never across disk IO.
+//! runtime, and never across disk IO. It is taken only through [`Manager::with_lock`], by a plain
+//! closure that cannot await, so code that would hold it across IO does not compile (see
+//! [`crate::commit`]).
 //!
 //! # The lock is never held across a call to the runtime
 //!
@@ -32,8 +34,8 @@
 //! # Commit
 //!
 //! A commit makes a change durable and delivers the container updates it made; both rules above
-//! are enforced by [`crate::commit`], which alone holds the disk and the runtime, and which takes
-//! a change only once the lock is let go.
+//! are kept by [`crate::commit`], which alone holds the disk and the runtime, and which takes a
+//! change only once the lock is let go: the change is what the lock's closure returns.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -71,7 +73,7 @@ pub struct ManagerConfig {
     pub retry_backoff: Duration,
     /// Longest delay between retries.
     pub max_retry_backoff: Duration,
-    /// Injected faults, for tests; see [`crate::faults`]. Inert in release builds.
+    /// Injected faults, for tests; see [`crate::faults`]. None by default, as in the agent.
     pub faults: Faults,
     /// Reconciliation of strays and unconfirmed claims ([`crate::reconcile`]).
     pub reconcile: ReconcileConfig,
@@ -91,9 +93,11 @@ impl ManagerConfig {
     }
 }
 
-/// What the lock protects.
+/// What the lock protects. Public only because [`Manager::with_lock`] is (for its doc tests);
+/// nothing of it is usable outside this crate.
+#[doc(hidden)]
 #[derive(Debug)]
-pub(crate) struct Inner {
+pub struct Inner {
     pub(crate) policy: Box<dyn Policy>,
     pub(crate) records: Records,
     pub(crate) pending: PendingUpdates,
@@ -210,7 +214,8 @@ pub enum StartError {
 /// The resource manager.
 #[derive(Debug)]
 pub struct Manager {
-    pub(crate) inner: Mutex<Inner>,
+    /// Reached only through [`Manager::with_lock`].
+    inner: Mutex<Inner>,
     /// What readers see ([`crate::published`]).
     published: watch::Sender<Arc<Published>>,
     /// The disk and the runtime, reached only through [`crate::commit`].
@@ -436,13 +441,76 @@ impl Manager {
         &self.config
     }
 
-    /// Takes the lock.
-    pub(crate) async fn lock(&self) -> Guard<'_> {
-        Guard {
-            inner: self.inner.lock().await,
-            published: &self.published,
-            changed: false,
-        }
+    /// Runs `f` with the manager lock held, and lets the lock go when `f` returns: the one way
+    /// to the manager's state.
+    ///
+    /// `f` is a plain closure, so nothing can be awaited while the lock is held, and every IO
+    /// of the manager is awaited (the state file, CDI specs, the runtime: [`crate::commit`]);
+    /// the guard's lifetime is `f`'s own, so it cannot leave `f`, in what `f` returns or
+    /// otherwise. So holding the lock across IO does not compile.
+    ///
+    /// Public only for the examples below, which are the tests of that (a doc test, like a
+    /// `trybuild` case, sees only the public API): outside this crate the guard ([`Guard`]) can
+    /// be held but not used. The IO they try is the state's save, the one that is public; the
+    /// spec IO is crate-private, and awaited like it. The first is refused by the closure not
+    /// being async; the other two, by the guard's lifetime being `f`'s (given `f` a guard that
+    /// outlives it, they compile).
+    ///
+    /// None of these compiles: awaiting IO with the lock held,
+    ///
+    /// ```compile_fail
+    /// # async fn f(manager: &resmgr::Manager) {
+    /// manager.with_lock(|_guard| manager.save_state().await).await;
+    /// # }
+    /// ```
+    ///
+    /// returning a future that holds the guard, to await once `f` has returned,
+    ///
+    /// ```compile_fail
+    /// # async fn f(manager: &resmgr::Manager) {
+    /// let save = manager
+    ///     .with_lock(|guard| async move {
+    ///         let _held = guard;
+    ///         manager.save_state().await
+    ///     })
+    ///     .await;
+    /// save.await.unwrap();
+    /// # }
+    /// ```
+    ///
+    /// or keeping the guard outside `f`:
+    ///
+    /// ```compile_fail
+    /// # async fn f(manager: &resmgr::Manager) {
+    /// let mut held = None;
+    /// manager.with_lock(|guard| held = Some(guard)).await;
+    /// manager.save_state().await.unwrap();
+    /// drop(held);
+    /// # }
+    /// ```
+    ///
+    /// The same code without the guard held across the save compiles (so the examples above
+    /// fail for that alone):
+    ///
+    /// ```
+    /// # async fn f(manager: &resmgr::Manager) {
+    /// // A future made under the lock and awaited after it.
+    /// manager.with_lock(|_guard| manager.save_state()).await.await.unwrap();
+    /// // A future that does not hold the guard.
+    /// let save = manager
+    ///     .with_lock(|_guard| async move { manager.save_state().await })
+    ///     .await;
+    /// save.await.unwrap();
+    /// // Something else kept outside.
+    /// let mut held = None;
+    /// manager.with_lock(|_guard| held = Some(())).await;
+    /// manager.save_state().await.unwrap();
+    /// drop(held);
+    /// # }
+    /// ```
+    #[doc(hidden)]
+    pub async fn with_lock<R>(&self, f: impl FnOnce(Guard<'_>) -> R) -> R {
+        f(Guard::new(self.inner.lock().await, &self.published))
     }
 
     /// What readers need, refreshed under the lock at every change ([`crate::published`]).
@@ -461,18 +529,18 @@ impl Manager {
     }
     /// How many containers have updates pending.
     pub async fn pending_updates(&self) -> usize {
-        self.lock().await.pending.len()
+        self.with_lock(|inner| inner.pending.len()).await
     }
 
     /// Every prepared claim's record, by UID: what `/debug/state` shows.
     pub async fn claim_records(&self) -> std::collections::BTreeMap<String, PreparedClaim> {
-        (*self.lock().await.records).clone()
+        self.with_lock(|inner| (*inner.records).clone()).await
     }
 
     /// What the policy has placed where, now ([`Policy::inventory`]): for metrics, debugging
     /// and the simulator. It takes the lock, briefly: an inventory grows with what runs on the
     /// node, so it is made when a reader asks (a scrape, a debug request), not at every change.
     pub async fn inventory(&self) -> policy::Inventory {
-        self.lock().await.policy.inventory()
+        self.with_lock(|inner| inner.policy.inventory()).await
     }
 }

@@ -1,8 +1,9 @@
 //! The named points of the claim lifecycle, the commit and the manager's disk: one list, checked
 //! by the compiler, for both kinds of failure test.
 //!
-//! A crash test aborts the process at a point ([`crate::crash`]); a fault test makes the
-//! operation at a point fail, wait, block or freeze the manager in-process ([`crate::faults`]).
+//! A crash test aborts the process at a point; a fault test makes the operation at a point fail,
+//! wait, block or freeze the manager in-process. Both reach the points through the fault seam
+//! ([`crate::faults`]), with hooks the tests package supplies.
 //! Every step of prepare, unprepare and commit ([`Point::STEPS`]), every disk operation
 //! ([`Point::DISK`]) and every step of a handover ([`Point::HANDOVER`]) is a point, so a new operation cannot be left out of either test by
 //! forgetting a string.
@@ -108,7 +109,7 @@ impl Point {
         Point::SpecSetAside,
     ];
 
-    /// Its name, as `RESMGR_CRASH_AT` and the failure reports spell it.
+    /// Its name, as the crash test's environment and the failure reports spell it.
     pub const fn name(self) -> &'static str {
         match self {
             Point::PrepareAllocated => "prepare.allocated",

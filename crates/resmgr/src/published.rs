@@ -53,12 +53,32 @@ impl Published {
     }
 }
 
-/// The manager lock, held. Reading through it changes nothing; the first mutable access marks
-/// it, and dropping a marked guard publishes what changed before the lock is released.
-pub(crate) struct Guard<'a> {
-    pub(crate) inner: MutexGuard<'a, Inner>,
-    pub(crate) published: &'a watch::Sender<Arc<Published>>,
-    pub(crate) changed: bool,
+/// The manager lock, held: what [`crate::Manager::with_lock`] hands its closure, which alone
+/// makes one. Reading through it changes nothing; the first mutable access marks it, and
+/// dropping a marked guard publishes what changed before the lock is released.
+///
+/// Public only because [`crate::Manager::with_lock`] is (for its doc tests); nothing of it is
+/// usable outside this crate.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Guard<'a> {
+    inner: MutexGuard<'a, Inner>,
+    published: &'a watch::Sender<Arc<Published>>,
+    changed: bool,
+}
+
+impl<'a> Guard<'a> {
+    /// The guard of the lock `inner` was taken from, publishing to `published`.
+    pub(crate) fn new(
+        inner: MutexGuard<'a, Inner>,
+        published: &'a watch::Sender<Arc<Published>>,
+    ) -> Self {
+        Self {
+            inner,
+            published,
+            changed: false,
+        }
+    }
 }
 
 impl std::ops::Deref for Guard<'_> {

@@ -580,13 +580,15 @@ impl Manager {
 
     /// What reconciliation did and holds.
     pub async fn reconciliation(&self) -> ReconcileReport {
-        self.lock().await.reconcile.report()
+        self.with_lock(|inner| inner.reconcile.report()).await
     }
 
     /// The disk work the Synchronize decided: sweeping strays that were never adopted, setting
     /// aside unreadable ones that nothing uses.
     pub(crate) async fn do_reconcile_chores(&self) {
-        let chores = std::mem::take(&mut self.lock().await.reconcile.chores);
+        let chores = self
+            .with_lock(|mut inner| std::mem::take(&mut inner.reconcile.chores))
+            .await;
         for chore in chores {
             let done = match chore {
                 Chore::Sweep(uid) => self.sweep_refused(uid).await,
@@ -618,22 +620,27 @@ impl Manager {
                          and {why}: claims are refused so that no cpu is granted twice. The other claim, if nothing wants it, \
                          is released after unconfirmed-claim-grace; then restart the agent (delete its pod) to take this one back"
                     );
-                    let mut inner = self.lock().await;
-                    inner
-                        .reconcile
-                        .report
-                        .contested
-                        .insert(uid.clone(), detail.clone());
-                    return Some(inner.reconcile.note(&uid, Outcome::Contested, detail));
+                    return self
+                        .with_lock(|mut inner| {
+                            inner
+                                .reconcile
+                                .report
+                                .contested
+                                .insert(uid.clone(), detail.clone());
+                            Some(inner.reconcile.note(&uid, Outcome::Contested, detail))
+                        })
+                        .await;
                 }
             }
         }
         match self.remove_spec(&uid).await {
-            Ok(_) => Some(self.lock().await.reconcile.note(
-                &uid,
-                Outcome::Swept,
-                "its CDI spec, which the state did not account for and whose cpus another claim holds, is used by no container: removed",
-            )),
+            Ok(_) => {
+                let detail = "its CDI spec, which the state did not account for and whose cpus another claim holds, is used by no container: removed";
+                let done = self
+                    .with_lock(|mut inner| inner.reconcile.note(&uid, Outcome::Swept, detail))
+                    .await;
+                Some(done)
+            }
             Err(e) => {
                 // The spec stays; the next start judges it again.
                 warn!(claim = %uid, error = %chain(&e), "sweeping a stray cdi spec failed; it stays until the next start");
@@ -647,11 +654,13 @@ impl Manager {
         match self.set_aside(&uid).await {
             Ok(path) => {
                 let path = path.map(|p| p.display().to_string()).unwrap_or_default();
-                Some(self.lock().await.reconcile.note(
-                    &uid,
-                    Outcome::SetAside,
-                    format!("its CDI spec cannot be read and no container uses it: moved aside to {path}"),
-                ))
+                let detail = format!(
+                    "its CDI spec cannot be read and no container uses it: moved aside to {path}"
+                );
+                let done = self
+                    .with_lock(|mut inner| inner.reconcile.note(&uid, Outcome::SetAside, detail))
+                    .await;
+                Some(done)
             }
             Err(e) => {
                 warn!(claim = %uid, error = %chain(&e), "setting aside an unreadable cdi spec failed; it stays until the next start");
@@ -671,24 +680,25 @@ impl Manager {
 
     /// One pass over the unconfirmed claims (see the module docs).
     pub async fn reconcile_once(&self) {
-        let candidates: Vec<(String, ClaimRef, bool, bool)> = {
-            let inner = self.lock().await;
-            inner
-                .reconcile
-                .unconfirmed
-                .iter()
-                .map(|(uid, u)| {
-                    let record = inner.records.get(uid);
-                    let adopted = record.is_some_and(|r| r.adopted);
-                    (
-                        uid.clone(),
-                        claim_ref(uid, record),
-                        inner.reconcile.is_used(uid),
-                        adopted || u.stray,
-                    )
-                })
-                .collect()
-        };
+        let candidates: Vec<(String, ClaimRef, bool, bool)> = self
+            .with_lock(|inner| {
+                inner
+                    .reconcile
+                    .unconfirmed
+                    .iter()
+                    .map(|(uid, u)| {
+                        let record = inner.records.get(uid);
+                        let adopted = record.is_some_and(|r| r.adopted);
+                        (
+                            uid.clone(),
+                            claim_ref(uid, record),
+                            inner.reconcile.is_used(uid),
+                            adopted || u.stray,
+                        )
+                    })
+                    .collect()
+            })
+            .await;
         for (uid, claim, used, adopted) in candidates {
             let standing = if used {
                 Standing::Wanted("a running container uses it".into())
@@ -696,57 +706,59 @@ impl Manager {
                 self.standing(&claim, adopted).await
             };
             let now = Instant::now();
-            let release = {
-                let mut inner = self.lock().await;
-                let r = &mut inner.reconcile;
-                let Some(u) = r.unconfirmed.get_mut(&uid) else {
-                    continue; // confirmed or released meanwhile
-                };
-                match standing {
-                    Standing::Wanted(why) => {
-                        u.unwanted_since = None;
-                        if std::mem::take(&mut u.stray) {
+            // What to tell once the lock is let go, and what to release.
+            let (adopted, release) = self
+                .with_lock(|mut inner| {
+                    let r = &mut inner.reconcile;
+                    let Some(u) = r.unconfirmed.get_mut(&uid) else {
+                        return (None, None); // confirmed or released meanwhile
+                    };
+                    match standing {
+                        Standing::Wanted(why) => {
+                            u.unwanted_since = None;
+                            if !std::mem::take(&mut u.stray) {
+                                return (None, None);
+                            }
                             let done = r.note(&uid, Outcome::Adopted, format!(
                                 "its CDI spec, which the state did not account for, is used by no container, but {why}: the claim was taken back from the spec"
                             ));
-                            drop(inner);
-                            self.tell(&done);
+                            (Some(done), None)
                         }
-                        None
-                    }
-                    Standing::Unknown(why) => {
-                        debug!(claim = %uid, reason = %why, "cannot tell whether an unconfirmed claim is still wanted; asking again later");
-                        None
-                    }
-                    Standing::Unwanted(why) if u.stray => Some((
-                        Outcome::Swept,
-                        format!(
-                            "its CDI spec, which the state did not account for, is used by no container and {why}: removed, and its cpus released"
-                        ),
-                    )),
-                    Standing::Unwanted(why) => match u.unwanted_since {
-                        None => {
-                            u.unwanted_since = Some(now);
-                            info!(claim = %uid, reason = %why, grace = ?self.config.reconcile.grace,
-                                "an unconfirmed claim is used by no container: released after the grace period unless the kubelet prepares it or a container uses it");
-                            None
+                        Standing::Unknown(why) => {
+                            debug!(claim = %uid, reason = %why, "cannot tell whether an unconfirmed claim is still wanted; asking again later");
+                            (None, None)
                         }
-                        Some(since)
-                            if now.saturating_duration_since(since)
-                                >= self.config.reconcile.grace =>
-                        {
-                            Some((
-                                Outcome::Released,
-                                format!(
+                        Standing::Unwanted(why) if u.stray => {
+                            let detail = format!(
+                                "its CDI spec, which the state did not account for, is used by no container and {why}: removed, and its cpus released"
+                            );
+                            (None, Some((Outcome::Swept, detail)))
+                        }
+                        Standing::Unwanted(why) => match u.unwanted_since {
+                            None => {
+                                u.unwanted_since = Some(now);
+                                info!(claim = %uid, reason = %why, grace = ?self.config.reconcile.grace,
+                                    "an unconfirmed claim is used by no container: released after the grace period unless the kubelet prepares it or a container uses it");
+                                (None, None)
+                            }
+                            Some(since)
+                                if now.saturating_duration_since(since)
+                                    >= self.config.reconcile.grace =>
+                            {
+                                let detail = format!(
                                     "held without the kubelet preparing it again, used by no container for {:?}, and {why}: released",
                                     self.config.reconcile.grace
-                                ),
-                            ))
-                        }
-                        Some(_) => None,
-                    },
-                }
-            };
+                                );
+                                (None, Some((Outcome::Released, detail)))
+                            }
+                            Some(_) => (None, None),
+                        },
+                    }
+                })
+                .await;
+            if let Some(done) = adopted {
+                self.tell(&done);
+            }
             if let Some((outcome, detail)) = release {
                 self.release_unwanted(&claim, outcome, detail).await;
             }
@@ -793,15 +805,19 @@ impl Manager {
     async fn release_unwanted(&self, claim: &ClaimRef, outcome: Outcome, detail: String) {
         let uid = claim.uid.as_str();
         let _turn = self.claim_locks.lock(uid).await;
-        {
-            let inner = self.lock().await;
-            if !inner.reconcile.unconfirmed.contains_key(uid) || inner.reconcile.is_used(uid) {
-                return;
-            }
+        let still_unwanted = self
+            .with_lock(|inner| {
+                inner.reconcile.unconfirmed.contains_key(uid) && !inner.reconcile.is_used(uid)
+            })
+            .await;
+        if !still_unwanted {
+            return;
         }
         match self.unprepare_steps(claim).await {
             Ok(()) => {
-                let done = self.lock().await.reconcile.note(uid, outcome, detail);
+                let done = self
+                    .with_lock(|mut inner| inner.reconcile.note(uid, outcome, detail))
+                    .await;
                 self.tell(&done);
             }
             Err(e) => {

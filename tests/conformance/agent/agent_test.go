@@ -65,6 +65,8 @@ type cluster struct {
 	metrics string
 	// args are the agent's, for restarts.
 	args []string
+	// crashAt is the point the agent aborts at (setup.crashAt), for restarts.
+	crashAt string
 	// mu guards what the runtime reports at Synchronize and which updates it refuses.
 	mu sync.Mutex
 	// running and containers are what the runtime reports at Synchronize, besides web's app.
@@ -123,13 +125,16 @@ type setup struct {
 	before func(c *cluster)
 	// args are more arguments for the agent.
 	args []string
+	// crashAt names a point (crates/resmgr/src/points.rs) at which the agent aborts: it then
+	// runs as resmgr-crashing (see agentBinary).
+	crashAt string
 }
 
 // startSetup starts the agent as `s` says.
 func startSetup(t testing.TB, s setup) *cluster {
 	t.Helper()
 	dra := s.dra
-	c := &cluster{t: t, dra: dra, dir: t.TempDir(), active: make(pluginCount, 8),
+	c := &cluster{t: t, dra: dra, dir: t.TempDir(), active: make(pluginCount, 8), crashAt: s.crashAt,
 		updates: make(chan []*api.ContainerUpdate, 16), logs: &harness.LockedBuffer{}}
 
 	web := &api.PodSandbox{Id: "sb-web", Name: "web", Uid: "pod-web-uid", Namespace: "default",
@@ -202,20 +207,35 @@ func startSetup(t testing.TB, s setup) *cluster {
 	return c
 }
 
-// launch starts the agent with c.args.
-func (c *cluster) launch() {
-	t := c.t
-	bin, err := rustbin.Path("resmgr")
+// agentBinary is the agent to run: `resmgr`, the binary that ships, or with a crash point
+// (crashAt, not empty), the tests package's `resmgr-crashing`: the same agent
+// (`resmgr_agent::main`) with the crash test's fault hook, which aborts the process at the point
+// RESMGR_CRASH_AT names. The shipped binary has no such hook.
+func agentBinary(t testing.TB, crashAt string) (string, []string) {
+	t.Helper()
+	name, env := "resmgr", []string(nil)
+	if crashAt != "" {
+		name, env = "resmgr-crashing", []string{"RESMGR_CRASH_AT=" + crashAt}
+	}
+	bin, err := rustbin.Path(name)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return bin, env
+}
+
+// launch starts the agent with c.args.
+func (c *cluster) launch() {
+	t := c.t
+	bin, crashEnv := agentBinary(t, c.crashAt)
 	c.agent = exec.Command(bin, c.args...)
 	// Nothing of a cluster in the environment: without DRA the agent must not look for one.
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") {
+		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") && !strings.HasPrefix(kv, "RESMGR_CRASH_AT=") {
 			c.agent.Env = append(c.agent.Env, kv)
 		}
 	}
+	c.agent.Env = append(c.agent.Env, crashEnv...)
 	c.agent.Stdout, c.agent.Stderr = c.logs, c.logs
 	if err := c.agent.Start(); err != nil {
 		t.Fatalf("starting resmgr run: %v", err)

@@ -26,7 +26,6 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/resmgr/resmgr/tests/conformance/internal/harness"
-	"github.com/resmgr/resmgr/tests/conformance/internal/rustbin"
 )
 
 const (
@@ -48,13 +47,17 @@ type instance struct {
 }
 
 // spawn starts another agent on the cluster's node and state directory, as the DaemonSet's
-// surge pod `pod`; env is added to its environment (RESMGR_CRASH_AT).
-func (c *cluster) spawn(pod string, env ...string) *instance {
+// surge pod `pod`.
+func (c *cluster) spawn(pod string) *instance {
 	c.t.Helper()
-	bin, err := rustbin.Path("resmgr")
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	return c.spawnCrashing(pod, "")
+}
+
+// spawnCrashing is spawn of an agent that aborts at the point crashAt (none if empty): see
+// agentBinary.
+func (c *cluster) spawnCrashing(pod, crashAt string) *instance {
+	c.t.Helper()
+	bin, env := agentBinary(c.t, crashAt)
 	in := &instance{t: c.t, pod: pod, exited: make(chan error, 1), logs: &harness.LockedBuffer{}, metrics: freeAddr(c.t)}
 	var args []string
 	for i := 0; i < len(c.args); i++ {
@@ -258,7 +261,7 @@ func TestOldAgentDies(t *testing.T) {
 	for _, point := range []string{"handover.accepted", "handover.drained", "handover.runtime-closed", "handover.saved"} {
 		t.Run(strings.TrimPrefix(point, "handover."), func(t *testing.T) {
 			c := startSetup(t, setup{dra: true, topology: "pack:1 numa:2 core:4 pu:2", args: []string{"--pod-uid", oldPod},
-				before: func(c *cluster) { t.Setenv("RESMGR_CRASH_AT", point) }})
+				crashAt: point})
 			c.waitFor("the old agent's registration socket", exists(c.registrationSocket(oldPod)))
 			oldDRA := draClient(t, c.registerInstance(oldPod))
 			if got := c.prepare(t, oldDRA, "db-cpus", claimUID); got.GetError() != "" {
@@ -296,7 +299,7 @@ func TestOldAgentDies(t *testing.T) {
 // ready; the next new agent (the DaemonSet's restart of the pod) takes it over.
 func TestNewAgentDiesBeforeGo(t *testing.T) {
 	c, db := ownedByTheOldAgent(t)
-	doomed := c.spawn(newPod, "RESMGR_CRASH_AT=takeover.go")
+	doomed := c.spawnCrashing(newPod, "takeover.go")
 	// The kubelet registers it and connects to it, which is when it would say go.
 	conn, err := net.Dial("unix", c.registerInstance(newPod))
 	if err != nil {

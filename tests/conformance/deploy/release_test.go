@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -113,5 +114,33 @@ func TestReleaseWritesLoadableChartManifestsAndMatchingChecksums(t *testing.T) {
 		if readFile(t, filepath.Join(out, name)) != readFile(t, filepath.Join(root, "deploy", "monitoring", source)) {
 			t.Errorf("%s is not deploy/monitoring/%s", name, source)
 		}
+	}
+}
+
+// `cargo xtask release` refuses to ship an agent that holds the crash test's hook: the tests
+// package's resmgr-crashing, the agent that aborts at the point RESMGR_CRASH_AT names (which the
+// Go agent suite kills mid-handover), fails the release before anything is written.
+func TestReleaseRefusesTheAgentWithTheCrashHook(t *testing.T) {
+	crashing := filepath.Join(filepath.Dir(resmgrBinary(t)), "resmgr-crashing")
+	if os.Getenv("RESMGR_BIN_DIR") == "" {
+		build := exec.Command("cargo", "build", "-p", "integration-tests", "--bin", "resmgr-crashing")
+		build.Dir = repoRoot(t)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			t.Fatalf("building resmgr-crashing: %v", err)
+		}
+	}
+	out := filepath.Join(t.TempDir(), "dist")
+	cmd := exec.Command(xtask(t), "release", "--out", out, "--binary", crashing, "--no-image")
+	cmd.Dir = repoRoot(t)
+	output, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("xtask release shipped resmgr-crashing:\n%s", output)
+	}
+	if !strings.Contains(string(output), "holds `RESMGR_CRASH_AT`") {
+		t.Fatalf("xtask release failed, but not for the crash hook: %v\n%s", err, output)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("xtask release wrote %s before refusing the binary (%v)", out, err)
 	}
 }

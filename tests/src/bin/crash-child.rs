@@ -4,8 +4,8 @@
 //! `crash-child <dir> prepare|unprepare`. It starts the manager from `<dir>/state` and
 //! `<dir>/cdi` (as the agent starts after a crash), synchronizes with the containers in
 //! `<dir>/runtime.json`, opens the gate and runs the operation, as the kubelet's retry would.
-//! With `RESMGR_CRASH_AT=<point>` it aborts at that crash point; otherwise it prints the answer
-//! and exits 0 when the claim's answer is a success.
+//! With `RESMGR_CRASH_AT=<point>` it aborts at that crash point ([`integration_tests::crash`]);
+//! otherwise it prints the answer and exits 0 when the claim's answer is a success.
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
@@ -31,7 +31,10 @@ fn main() -> ExitCode {
         .unwrap();
     tokio.block_on(async {
         let manager = Manager::start(
-            ManagerConfig::new(integration_tests::fakes::DRIVER),
+            ManagerConfig {
+                faults: integration_tests::crash::from_env(),
+                ..ManagerConfig::new(integration_tests::fakes::DRIVER)
+            },
             Box::new(TestPolicy::new(8)),
             StateFile::new(dir.join("state")),
             cdi::SpecStore::new(dir.join("cdi"), integration_tests::fakes::DRIVER).unwrap(),

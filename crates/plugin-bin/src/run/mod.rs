@@ -41,6 +41,7 @@ use anyhow::Context as _;
 use policy::topology_aware::DeviceMode;
 use resmgr::{
     ClaimReader, Manager,
+    faults::Faults,
     health::{HealthConfig, HealthMonitor},
     kube_dra::{
         self, EventRecorder, EventsConfig, KubeEvents, NoEvents, ResourceApiVersions, RetryPolicy,
@@ -79,10 +80,13 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(20);
 /// asked, so they need no more than a moment.
 const EXIT_DEADLINE: Duration = Duration::from_secs(1);
 
+/// `resmgr run`. `faults` go to the manager and to both sides of a handover (none in the shipped
+/// binary; see [`resmgr::faults`]).
 pub fn main(
     flags: &RunFlags,
     node_name_env: Option<String>,
     pod_uid_env: Option<String>,
+    faults: Faults,
 ) -> anyhow::Result<ExitCode> {
     let config = flags.resolve_env(node_name_env, pod_uid_env)?;
     if flags.print_config {
@@ -99,7 +103,7 @@ pub fn main(
         let tasks = Tasks::new();
         // Signals first, so that a SIGTERM during start-up is a clean stop too.
         tasks.spawn("signals", signals()?);
-        let agent = Agent::build(config).await?;
+        let agent = Agent::build(config, faults).await?;
         let drain = agent.spawn(&tasks);
         let stop = tasks.stopped().await;
         drain.run(stop, &tasks).await
@@ -157,7 +161,7 @@ struct Dra {
 impl Agent {
     /// Builds the agent. What fails here fails before anything runs: the machine (topology),
     /// the API client's configuration, the listeners. The state is not read yet.
-    async fn build(config: RunConfig) -> anyhow::Result<Self> {
+    async fn build(config: RunConfig, faults: Faults) -> anyhow::Result<Self> {
         info!(config = %config.to_json(), "starting");
         let policy = config.policy()?;
         // Without DRA, nothing reads claims (the kubelet never calls us): an empty reader stands
@@ -202,7 +206,7 @@ impl Agent {
             .spec_store()
             .with_context(|| format!("--cdi-dir {}", config.cdi_dir.display()))?;
 
-        let node = Arc::new(Node::default());
+        let node = Arc::new(Node::new(faults));
         let metrics = Arc::new(Metrics::new());
         let publishing = Arc::new(OnceLock::new());
         let endpoints = Endpoints {
@@ -331,14 +335,28 @@ impl Owning {
             () = tasks.stopping() => return Ok(()),
         };
         let (lock, predecessors) = taken.map_err(|e| Stop::failed("node", e))?;
-        let manager = start_manager(&config, lock, policy, state_file, &runtime, claims, &events)
-            .await
-            .map_err(|e| Stop::failed("node", e))?;
+        let manager = start_manager(
+            &config,
+            node.faults(),
+            lock,
+            policy,
+            state_file,
+            &runtime,
+            claims,
+            &events,
+        )
+        .await
+        .map_err(|e| Stop::failed("node", e))?;
         node.own(manager.clone());
         if let Some(pod_uid) = &config.pod_uid {
-            let owner = resmgr::handover::Owner::bind(&config.state_dir, pod_uid, predecessors)
-                .context("serving handovers")
-                .map_err(|e| Stop::failed("node", e))?;
+            let owner = resmgr::handover::Owner::bind(
+                &config.state_dir,
+                pod_uid,
+                predecessors,
+                node.faults().clone(),
+            )
+            .context("serving handovers")
+            .map_err(|e| Stop::failed("node", e))?;
             info!(socket = %owner.path().display(), "this agent owns the node; a new agent may ask for it");
             let (node, manager) = (node.clone(), manager.clone());
             tasks.spawn("handover", async move {
@@ -380,8 +398,10 @@ impl Owning {
 }
 
 /// Starts the manager from the state on disk, the state directory's lock held.
+#[allow(clippy::too_many_arguments)] // each part of the manager, once
 async fn start_manager(
     config: &RunConfig,
+    faults: &Faults,
     lock: resmgr::state::StateLock,
     policy: Box<dyn policy::Policy>,
     state_file: StateFile,
@@ -395,7 +415,10 @@ async fn start_manager(
     let manager = Arc::new(
         Manager::start_locked(
             lock,
-            config.manager(),
+            resmgr::ManagerConfig {
+                faults: faults.clone(),
+                ..config.manager()
+            },
             policy,
             state_file,
             specs,

@@ -25,6 +25,7 @@ use std::{
 
 use resmgr::{
     Manager,
+    faults::Faults,
     handover::{self, AskError, HandoverError, Hello, Owner, Surrender},
     kubelet_plugin::RegistrationState,
     points::Point,
@@ -88,6 +89,9 @@ pub struct Node {
     pub surrender: CancellationToken,
     /// Set once the runtime connection is closed for a handover.
     pub runtime_closed: watch::Sender<bool>,
+    /// The agent's fault hooks (none in the shipped binary): the manager's, and passed at the
+    /// new agent's steps of a takeover.
+    faults: Faults,
 }
 
 /// What the kubelet plugin tells of the kubelet.
@@ -99,6 +103,13 @@ pub struct Kubelet {
 
 impl Default for Node {
     fn default() -> Self {
+        Self::new(Faults::default())
+    }
+}
+
+impl Node {
+    /// A node not taken yet, for an agent with `faults`.
+    pub fn new(faults: Faults) -> Self {
         Self {
             standing: watch::Sender::new(Standing::Starting),
             manager: OnceLock::new(),
@@ -107,11 +118,15 @@ impl Default for Node {
             kubelet: watch::Sender::new(None),
             surrender: CancellationToken::new(),
             runtime_closed: watch::Sender::new(false),
+            faults,
         }
     }
-}
 
-impl Node {
+    /// The agent's fault hooks.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
     /// Where the agent stands now.
     pub fn standing(&self) -> Standing {
         self.standing.borrow().clone()
@@ -248,7 +263,7 @@ impl Node {
         accepted: handover::Accepted,
         dra: bool,
     ) -> anyhow::Result<(StateLock, BTreeSet<String>)> {
-        resmgr::crash::crash_point(Point::TakeoverAccepted);
+        self.faults.crash_point(Point::TakeoverAccepted);
         let from = accepted.owner.clone();
         info!(owner = %from, "the agent that owns the node hands it over to this one");
         self.set_standing(Standing::TakingOver { from: from.clone() });
@@ -258,7 +273,7 @@ impl Node {
                 warn!(wait = ?handover::KUBELET_WAIT, "the kubelet has not connected to this agent yet; taking the node over anyway");
             }
         }
-        resmgr::crash::crash_point(Point::TakeoverGo);
+        self.faults.crash_point(Point::TakeoverGo);
         if let Err(e) = accepted.go().await {
             warn!(error = %resmgr::errors::chain(&e), "the owner broke the handover off; taking the node once its lock is free");
         }
@@ -272,7 +287,7 @@ impl Node {
         predecessors: BTreeSet<String>,
         dra: bool,
     ) -> anyhow::Result<(StateLock, BTreeSet<String>)> {
-        resmgr::crash::crash_point(Point::TakeoverLocked);
+        self.faults.crash_point(Point::TakeoverLocked);
         if dra {
             self.register();
         }

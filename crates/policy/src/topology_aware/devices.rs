@@ -163,9 +163,10 @@ pub enum Share {
     Whole,
 }
 
-/// A published device and the CPUs behind it.
+/// A published device and the CPUs behind it (named apart from `resmgr::Published`, the
+/// manager's snapshot for readers).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Published {
+pub struct PublishedDevice {
     /// As the scheduler sees it.
     pub device: Device,
     /// The CPUs claims on it get.
@@ -179,7 +180,7 @@ pub struct Published {
     pub memory_node: Option<u32>,
 }
 
-impl Published {
+impl PublishedDevice {
     /// Whether it is a memory device of the individual model (`memory<N>`): no CPUs, only its
     /// node's memory and hugepages.
     pub fn is_memory(&self) -> bool {
@@ -190,7 +191,7 @@ impl Published {
 /// Every device published, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceTable {
-    devices: Vec<Published>,
+    devices: Vec<PublishedDevice>,
     by_name: BTreeMap<String, usize>,
     cpus: CpuSet,
 }
@@ -257,7 +258,7 @@ impl DeviceTable {
     }
 
     /// The device named `name`.
-    pub fn get(&self, name: &str) -> Option<&Published> {
+    pub fn get(&self, name: &str) -> Option<&PublishedDevice> {
         self.by_name.get(name).and_then(|&i| self.devices.get(i))
     }
 
@@ -267,7 +268,7 @@ impl DeviceTable {
     }
 
     /// The devices in publication order.
-    pub fn iter(&self) -> impl Iterator<Item = &Published> {
+    pub fn iter(&self) -> impl Iterator<Item = &PublishedDevice> {
         self.devices.iter()
     }
 
@@ -360,7 +361,7 @@ fn grouped(
     claimable: &CpuSet,
     model: &DeviceModel,
     offer: &BTreeMap<u32, NodeOffer>,
-) -> Vec<Published> {
+) -> Vec<PublishedDevice> {
     // Memory goes with NUMA devices only: a socket device's would span nodes, and a claim
     // could not say which.
     let memory_of = |node: u32| match model.group_by {
@@ -423,7 +424,7 @@ fn grouped(
             let mut capacities = node.map(memory_of).unwrap_or_default();
             let memory_node = node.filter(|_| !capacities.is_empty());
             capacities.insert(CPU_CAPACITY.to_owned(), capacity);
-            Some(Published {
+            Some(PublishedDevice {
                 device: Device {
                     name,
                     attributes,
@@ -439,7 +440,11 @@ fn grouped(
         .collect()
 }
 
-fn individual(topo: &Topology, claimable: &CpuSet, granularity: Granularity) -> Vec<Published> {
+fn individual(
+    topo: &Topology,
+    claimable: &CpuSet,
+    granularity: Granularity,
+) -> Vec<PublishedDevice> {
     let package_id = |i: usize| topo.packages.get(i).map(|p| p.id);
     let mut out = Vec::new();
     for (index, core) in topo.cores.iter().enumerate() {
@@ -476,7 +481,7 @@ fn individual(topo: &Topology, claimable: &CpuSet, granularity: Granularity) -> 
                 value: units(cpus.len()),
                 request_policy: None,
             };
-            Published {
+            PublishedDevice {
                 device: Device {
                     name,
                     attributes,
@@ -513,7 +518,7 @@ fn individual(topo: &Topology, claimable: &CpuSet, granularity: Granularity) -> 
 /// The memory devices of the individual model: one per node that offers claims memory or
 /// hugepages (`memory<N>`), shared by claims through its consumable capacities, in node order
 /// after the CPU devices.
-fn memory_devices(topo: &Topology, offer: &BTreeMap<u32, NodeOffer>) -> Vec<Published> {
+fn memory_devices(topo: &Topology, offer: &BTreeMap<u32, NodeOffer>) -> Vec<PublishedDevice> {
     offer
         .iter()
         .filter_map(|(&id, offer)| {
@@ -532,7 +537,7 @@ fn memory_devices(topo: &Topology, offer: &BTreeMap<u32, NodeOffer>) -> Vec<Publ
                 AttributeValue::String(node.kind.as_str().to_owned()),
             );
             attributes.extend(attached_attributes(topo, id));
-            Some(Published {
+            Some(PublishedDevice {
                 device: Device {
                     name: format!("memory{id}"),
                     attributes,

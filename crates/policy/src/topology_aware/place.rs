@@ -937,7 +937,7 @@ impl TopologyAware {
         subject: &str,
         at: &str,
         r: &crate::model::AllocationResult,
-        device: &devices::Published,
+        device: &devices::PublishedDevice,
         whole: bool,
         held: &BTreeMap<u32, (u64, BTreeMap<u64, u64>)>,
     ) -> Result<MemoryGrant, PolicyError> {
