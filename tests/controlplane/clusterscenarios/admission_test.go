@@ -151,6 +151,16 @@ func TestTheAgentMayMarkOnlyItsOwnNodesPods(t *testing.T) {
 	if _, err := node.Client.CoreV1().Pods(ns).Create(c, elsewhere, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// No kubelet ends it: without a forced deletion it would stay Terminating until the pod
+	// garbage collector takes it, some 40 s after the namespace's cleanup deletes it.
+	t.Cleanup(func() {
+		c, cancel := cx()
+		defer cancel()
+		now := int64(0)
+		if err := node.Client.CoreV1().Pods(ns).Delete(c, elsewhere.Name, metav1.DeleteOptions{GracePeriodSeconds: &now}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("force-deleting pod %s: %v", elsewhere.Name, err)
+		}
+	})
 	agent := tokenClient(t, "--bound-object-kind", "Pod", "--bound-object-name", agentPod(t).Name)
 	mark := driver + "/prepare-retry"
 	patch := func(name, body string) error {
