@@ -515,6 +515,56 @@ async fn an_in_process_crash_at_a_crash_point_freezes_the_manager_there() {
     assert_eq!(h.runtime.cpus("a").as_deref(), Some("0-5"));
 }
 
+/// A claim's container created while no agent was connected (the gap of a restart or a
+/// handover), whose start is under way when the new agent synchronizes: the runtime lists it as
+/// created, and drops the Synchronize reply's update of it (containerd writes it into the spec
+/// the task was already made from). The agent holds the update until the container's
+/// PostStartContainer and delivers it then. Before, it took the reply as the delivery, and the
+/// container ran on every CPU, the shared ones included (seen in the cluster's helm upgrade
+/// test: a claim pod on "0-1" with its claim holding "1").
+#[tokio::test]
+async fn a_container_started_while_the_agent_synchronizes_gets_its_update_once_running() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    {
+        let m = h.ready(TestPolicy::new(8), &[]).await;
+        m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"]
+            .as_ref()
+            .unwrap();
+    }
+    // No agent: the runtime creates the claim's container where the kubelet asked, and starts it.
+    let mut db = container("db", "pod-db");
+    db.cpus = Some("0-7".parse().unwrap());
+    h.runtime.creating("db");
+    h.runtime.created("db", db.cpus.as_ref());
+
+    let m = h.start(TestPolicy::new(8)).unwrap();
+    let updates = m
+        .synchronize_starting(&[db.clone()], &["db"])
+        .await
+        .unwrap();
+    assert!(
+        updates.iter().any(|u| u.container_id == "db"),
+        "the Synchronize reply does not move db: nothing to check ({updates:?})"
+    );
+    h.runtime.apply_reply(&updates);
+    m.synchronized().await;
+    assert_eq!(
+        h.runtime.cpus("db").as_deref(),
+        Some("0-7"),
+        "the reply was dropped"
+    );
+
+    h.runtime.started("db");
+    m.container_started(&db).await;
+    m.deliver().await.unwrap();
+    assert_eq!(
+        h.runtime.cpus("db").as_deref(),
+        Some("6-7"),
+        "once running, the claim's container is on its claim's CPUs only"
+    );
+}
+
 #[tokio::test]
 async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() {
     let h = Harness::new();

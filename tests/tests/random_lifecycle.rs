@@ -392,6 +392,9 @@ struct World {
     /// When a reconcile pass of this agent first could have found each unconfirmed claim
     /// unwanted (used by nothing, allocated nowhere here), by the world's account.
     unwanted_since: BTreeMap<String, tokio::time::Instant>,
+    /// Containers the runtime created while no agent was connected and is starting when the
+    /// next agent synchronizes, with their pods.
+    gap: Vec<(String, Container)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -596,6 +599,7 @@ impl World {
             strays: BTreeMap::new(),
             contested: false,
             unwanted_since: BTreeMap::new(),
+            gap: Vec::new(),
         };
         let updates = world.m().synchronize(&[]).await.unwrap();
         world.runtime.apply_reply(&updates);
@@ -694,6 +698,9 @@ impl World {
             let wipe = self.rng.chance(50);
             self.log.push(format!("  restart (state wiped: {wipe})"));
             self.graceful_stop().await?;
+            if self.rng.chance(2) {
+                self.create_in_the_gap();
+            }
             self.restart(wipe).await?;
             self.check_disk()
                 .await
@@ -771,6 +778,48 @@ impl World {
             Exclusivity::Partition(ClaimCpus::Set(claimable)) => free.intersection(claimable),
             _ => free,
         }
+    }
+
+    /// While no agent is connected, the kubelet creates the container of a pod whose claims
+    /// were answered OK, and the runtime creates it where the kubelet asked: on every CPU,
+    /// with what the claims' specs inject. The runtime is starting it when the next agent
+    /// synchronizes: it lists it as created, and skips updates of it until it runs.
+    fn create_in_the_gap(&mut self) {
+        let ready = self.pods.iter().find(|(_, p)| {
+            !p.started
+                && p.stray.is_none()
+                && p.claims.iter().all(|uid| {
+                    p.prepared.contains(uid)
+                        && self
+                            .claims
+                            .get(uid)
+                            .is_some_and(|m| m.state == ClaimState::Prepared)
+                })
+        });
+        let Some((name, pod)) = ready.map(|(n, p)| (n.clone(), p.clone())) else {
+            return;
+        };
+        let id = self.id("ctr-");
+        let mut c = container(&id, &pod);
+        let store = self.specs_dir();
+        for uid in &pod.claims {
+            let Ok(edits) = store.read_claim(uid) else {
+                return;
+            };
+            for (i, e) in edits.iter().enumerate() {
+                c.env.extend(e.env.iter().cloned());
+                if self.reports_cdi_devices {
+                    c.cdi_devices
+                        .push(format!("{DRIVER}/device=claim-{uid}-{i}"));
+                }
+            }
+        }
+        c.cpus = Some(ALL_CPUS.parse().unwrap());
+        self.runtime.creating(&id);
+        self.runtime.created(&id, c.cpus.as_ref());
+        self.log
+            .push(format!("  start {name} with no agent -> {id} on {ALL_CPUS}"));
+        self.gap.push((name, c));
     }
 
     /// Writes a spec of ours that the state does not account for: readable and granting free
@@ -1565,6 +1614,7 @@ impl World {
         )
         .map_err(|e| format!("restarting: {}", resmgr::errors::chain(&e)))?;
         self.manager = Some(Arc::new(manager));
+        let gap = std::mem::take(&mut self.gap);
         let running: Vec<Container> = self
             .containers
             .values()
@@ -1572,15 +1622,33 @@ impl World {
                 cpus: self.runtime.cpus(&c.id).and_then(|s| s.parse().ok()),
                 ..c.clone()
             })
+            .chain(gap.iter().map(|(_, c)| c.clone()))
             .collect();
+        let starting: Vec<&str> = gap.iter().map(|(_, c)| c.id.as_str()).collect();
         let updates = self
             .m()
-            .synchronize(&running)
+            .synchronize_starting(&running, &starting)
             .await
             .map_err(|e| format!("synchronizing: {}", resmgr::errors::chain(&e)))?;
         self.runtime.apply_reply(&updates);
         self.m().synchronized().await;
-        Ok(())
+        if gap.is_empty() {
+            return Ok(());
+        }
+        // The runtime has started them, and says so; the agent's background delivery sends
+        // their updates (here with the runtime's failures cleared, so that it succeeds).
+        for (pod, c) in gap {
+            self.runtime.started(&c.id);
+            self.m().container_started(&c).await;
+            let p = self.pods.get_mut(&pod).ok_or("the gap's pod is gone")?;
+            p.started = true;
+            p.containers.push(c.id.clone());
+            self.stats.containers_started += 1;
+            self.containers.insert(c.id.clone(), c);
+        }
+        self.settle()
+            .await
+            .map_err(|e| format!("after containers created with no agent started: {e}"))
     }
 
     // ----------------------------------------------------------------------------------------

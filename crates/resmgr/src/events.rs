@@ -55,6 +55,25 @@ impl Manager {
         &self,
         containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, EventError> {
+        self.synchronize_starting(containers, &[]).await
+    }
+
+    /// [`Manager::synchronize`], where the runtime lists some of `containers` as created and
+    /// not running yet (`starting`, by ID).
+    ///
+    /// The runtime may be starting such a container right now: one created while no agent was
+    /// connected (the gap of a restart or a handover, or an event in flight when the old agent
+    /// disconnected) whose StartContainer is under way. containerd writes an update of a
+    /// container that is not running into its spec only, which the task being started may
+    /// already have been made from: the Synchronize reply's update would be confirmed and lost,
+    /// and the container would run where the kubelet created it (a claim's container on shared
+    /// CPUs too). So, as after its CreateContainer, its updates are held until its
+    /// PostStartContainer and delivered then ([`crate::pending`]).
+    pub async fn synchronize_starting(
+        &self,
+        containers: &[Container],
+        starting: &[&str],
+    ) -> Result<Vec<ContainerUpdate>, EventError> {
         let (updates, change) = self
             .with_lock(|mut inner| {
                 // Strays are judged by who runs before the policy places anyone
@@ -86,6 +105,9 @@ impl Manager {
                 inner.pending.synchronized();
                 for c in containers {
                     inner.pending.placed(&c.id, c.cpus.as_ref());
+                }
+                for id in starting {
+                    inner.pending.creating(id);
                 }
                 inner.pending.delivered_in_reply(&updates);
                 Ok((updates, inner.change(Ticket::default())))

@@ -40,7 +40,8 @@
 //! so the new agent places them as it does after any restart. Containers created between the
 //! old agent's disconnect and the new one's Synchronize are created as the kubelet asked, and
 //! fixed by that Synchronize (the runtime blocks container events while it synchronizes a
-//! plugin, so none is missed). An event in flight when the old agent disconnects is not failed:
+//! plugin, so none is missed; one it lists as created, whose start may be under way, gets its
+//! update once the runtime says it started it, [`crate::pending`]). An event in flight when the old agent disconnects is not failed:
 //! the NRI adaptation treats a closed plugin connection as fatal for the plugin, drops it and
 //! creates the container without its adjustment (`isFatalError` in `pkg/adaptation/plugin.go`,
 //! NRI v0.11 and v0.12).

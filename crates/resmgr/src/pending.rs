@@ -43,7 +43,10 @@
 //! which the task it is starting may already have been made from: confirmed, and lost again.
 //! So until a container's PostStartContainer an update of it is never taken as delivered: it
 //! stays pending, is not sent ([`PendingUpdates::begin`] leaves it out), and goes out once the
-//! runtime says it started the container ([`PendingUpdates::started`]).
+//! runtime says it started the container ([`PendingUpdates::started`]). The same holds for a
+//! container the runtime's Synchronize lists as created and not running: made while no agent
+//! was connected, it may be being started right then
+//! ([`crate::Manager::synchronize_starting`]).
 //!
 //! Likewise while the runtime updates a container (a resize): containerd applies the updates of
 //! other containers in our UpdateContainer reply under its NRI lock, but the container's own

@@ -79,6 +79,9 @@ type cluster struct {
 	creating map[string]bool
 	// applied is the cpuset the runtime last applied to each container by an update.
 	applied map[string]string
+	// synced are the updates of the last Synchronize reply, which the runtime drops (see
+	// creating_test.go).
+	synced []*api.ContainerUpdate
 	// api sends commands to the fake API server; answers reads its answers.
 	api     io.Writer
 	answers *bufio.Reader
@@ -149,7 +152,10 @@ func startSetup(t testing.TB, s setup) *cluster {
 		pods := append([]*api.PodSandbox{web}, c.running...)
 		containers := append([]*api.Container{app}, c.containers...)
 		c.mu.Unlock()
-		_, err := cb(ctx, pods, containers)
+		updates, err := cb(ctx, pods, containers)
+		c.mu.Lock()
+		c.synced = updates
+		c.mu.Unlock()
 		return err
 	}
 	updateFn := func(_ context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {

@@ -177,3 +177,44 @@ func TestClaimWaitsForStart(t *testing.T) {
 		t.Fatalf("the claim was granted %q while the runtime has %s on %q", claimed, ctr.Id, got)
 	}
 }
+
+// A container created while no agent was connected (the gap of a restart or a handover) and
+// being started when the agent synchronizes: the runtime lists it as created and drops the
+// Synchronize reply's update of it (containerd writes it into the spec the task was already
+// made from). Once the runtime has started it, the agent sends that update again. Before, the
+// reply counted as the delivery, and a claim pod created during a helm upgrade ran on the shared
+// CPUs besides its claim's.
+func TestAContainerStartingAtSynchronizeIsUpdatedOnceRunning(t *testing.T) {
+	pod := &api.PodSandbox{Id: "sb-batch", Name: "batch", Uid: "pod-batch-uid", Namespace: "jobs",
+		Linux: &api.LinuxPodSandbox{CgroupParent: "kubepods-podbatch.slice"}}
+	// Created as the kubelet asked, on every CPU: no plugin adjusted it.
+	ctr := &api.Container{Id: "batch-worker", PodSandboxId: pod.Id, Name: "worker", State: api.ContainerState_CONTAINER_CREATED,
+		Linux: &api.LinuxContainer{Resources: &api.LinuxResources{
+			Cpu: &api.LinuxCPU{Shares: &api.OptionalUInt64{Value: 2048}, Cpus: "0-15", Mems: "0-1",
+				Quota: &api.OptionalInt64{Value: 200000}, Period: &api.OptionalUInt64{Value: 100000}},
+			Memory: &api.LinuxMemory{Limit: &api.OptionalInt64{Value: 1 << 30}}}}}
+	c := startSetup(t, setup{topology: "pack:1 numa:2 core:4 pu:2",
+		running: []*api.PodSandbox{pod}, containers: []*api.Container{ctr},
+		before: func(c *cluster) { c.creating[ctr.Id] = true }})
+	c.activeWithoutDRA()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+
+	c.mu.Lock()
+	var want string
+	for _, u := range c.synced {
+		if u.ContainerId == ctr.Id {
+			want = u.GetLinux().GetResources().GetCpu().GetCpus()
+		}
+	}
+	c.mu.Unlock()
+	if want == "" || want == "0-15" {
+		t.Fatalf("the Synchronize reply moved %s to %q: nothing to check", ctr.Id, want)
+	}
+
+	c.postStart(ctx, pod, ctr)
+	if got := c.nextUpdate(ctr.Id).GetLinux().GetResources().GetCpu().GetCpus(); got != want {
+		t.Fatalf("once started, %s was updated to %q, want %q (what the dropped Synchronize reply said)", ctr.Id, got, want)
+	}
+	c.waitFor("no pending updates", func() bool { return c.metric("resmgr_pending_updates 0") })
+}

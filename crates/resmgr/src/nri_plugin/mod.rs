@@ -176,6 +176,7 @@ impl Plugin for ResmgrPlugin {
         let pods: HashMap<&str, &api::PodSandbox> =
             pods.iter().map(|p| (p.id.as_str(), p)).collect();
         let mut live = Vec::new();
+        let mut starting = Vec::new();
         for c in &containers {
             let state = api::ContainerState::try_from(c.state)
                 .unwrap_or(api::ContainerState::ContainerUnknown);
@@ -186,13 +187,19 @@ impl Plugin for ResmgrPlugin {
                 continue;
             }
             match pods.get(c.pod_sandbox_id.as_str()) {
-                Some(pod) => live.push(translate::container(pod, c)),
+                Some(pod) => {
+                    live.push(translate::container(pod, c));
+                    // Perhaps being started now: see Manager::synchronize_starting.
+                    if state == api::ContainerState::ContainerCreated {
+                        starting.push(c.id.as_str());
+                    }
+                }
                 None => {
                     warn!(container = %c.id, pod = %c.pod_sandbox_id, "container of an unknown pod left alone")
                 }
             }
         }
-        let result = self.manager.synchronize(&live).await;
+        let result = self.manager.synchronize_starting(&live, &starting).await;
         result.map(|u| updates(&u)).map_err(|e| refusal(&e))
     }
 
