@@ -384,7 +384,7 @@ async fn the_nri_plugin_tells_the_recorder_which_container_it_refused_and_why() 
     let harness = Harness::new();
     let manager = Arc::new(harness.ready(TestPolicy::new(4), &[]).await);
     let recorded = Arc::new(RecordingEvents::new());
-    let plugin = ResmgrPlugin::new(manager, Arc::new(())).with_events(recorded.clone());
+    let plugin = ResmgrPlugin::new(manager, Arc::new(())).with_recorder(recorded.clone());
     plugin
         .create_container(create_request("web", "app"))
         .await
@@ -418,7 +418,7 @@ async fn the_claim_lifecycle_tells_the_recorder_which_claims_failed_and_why() {
     let recorded = Arc::new(RecordingEvents::new());
     // Refused as a whole before the runtime synchronized: the kubelet retries; nothing to tell.
     let manager = Arc::new(harness.start(TestPolicy::new(4)).unwrap());
-    let handler = LifecycleHandler::new(manager.clone()).with_events(recorded.clone());
+    let handler = LifecycleHandler::new(manager.clone()).with_recorder(recorded.clone());
     handler.prepare(&[claim_ref("missing")]).await.unwrap_err();
     assert!(recorded.notices().is_empty());
 

@@ -436,7 +436,7 @@ async fn list_attributes_refused_without_their_gate_are_left_out_and_named() {
     // names it, once.
     let (server, publisher) = start(&["v1"], config()).await;
     let events = Arc::new(RecordingEvents::new());
-    let publisher = publisher.with_events(events.clone());
+    let publisher = publisher.with_recorder(events.clone());
     server.turn_list_attributes_off();
     let report = publisher.publish(with_roots()).await.unwrap();
     assert_eq!(report.created, 1);
@@ -595,7 +595,7 @@ fn pool_maps(slices: &[Value]) -> Option<bool> {
 async fn a_refused_node_allocatable_mapping_falls_back_to_slices_without_it() {
     let (server, publisher) = start(&["v1"], mapping_on()).await;
     let events = Arc::new(RecordingEvents::new());
-    let publisher = publisher.with_events(events.clone());
+    let publisher = publisher.with_recorder(events.clone());
     server.check_node_declared_features(true);
     let numa = || vec![device("numa-0", 8), device("numa-1", 8)];
     let report = publisher.publish(numa()).await.unwrap();

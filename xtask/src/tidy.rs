@@ -202,16 +202,25 @@ fn table_modules(architecture: &str, krate: &str) -> Option<BTreeSet<String>> {
         .take_while(|l| !l.starts_with("## ") && !l.starts_with("### "));
     let mut modules = BTreeSet::new();
     let mut found = false;
+    // Whether the table the line is in is a module table (its header says `module`): other
+    // tables of the section (such as where a type's methods are) list files.
+    let mut in_module_table = false;
+    let mut in_table = false;
     for line in lines.by_ref() {
         let Some(row) = line.trim().strip_prefix('|') else {
+            in_table = false;
             continue;
         };
         let first = row.split('|').next().unwrap_or_default().trim();
-        if first.is_empty() || first.starts_with('-') || first == "module" {
-            found = true; // the header and the separator
-            continue;
+        if !in_table {
+            in_table = true;
+            in_module_table = first == "module";
+            found |= in_module_table;
+            continue; // the header
         }
-        found = true;
+        if !in_module_table || first.is_empty() || first.starts_with('-') {
+            continue; // the separator
+        }
         modules.extend(
             first
                 .split('`')
@@ -283,6 +292,88 @@ fn module_table_problems(root: &Path, architecture: &str) -> Vec<String> {
         for m in listed.difference(&declared) {
             problems.push(format!(
                 "crates/{krate}: ARCHITECTURE.md lists `{m}`, which is not a module of it"
+            ));
+        }
+    }
+    problems
+}
+
+/// Types whose methods are spread over several files of a directory, each file listed in an
+/// ARCHITECTURE.md table headed `| file | `impl <Type>` |` with what it holds: so that a newcomer
+/// finds a behaviour's file from the table, and a new file of the type's methods is a decision
+/// written down.
+const IMPL_TABLES: &[(&str, &str)] = &[("Manager", "crates/resmgr/src")];
+
+/// The files listed in the table of `impl <ty>` (the first column's backticked names). `None`
+/// when there is no such table.
+fn impl_table_files(architecture: &str, ty: &str) -> Option<BTreeSet<String>> {
+    let header = format!("`impl {ty}`");
+    let mut lines = architecture
+        .lines()
+        .skip_while(|l| !(l.trim_start().starts_with("| file |") && l.contains(&header)));
+    lines.next()?;
+    Some(
+        lines
+            .skip(1) // the separator
+            .take_while(|l| l.trim_start().starts_with('|'))
+            .flat_map(|l| {
+                let first = l.trim().trim_start_matches('|');
+                let first = first.split('|').next().unwrap_or_default().to_owned();
+                first
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+    )
+}
+
+/// The files under `dir` (relative to it) with an inherent `impl <ty>` block, outside tests.
+fn impl_files(dir: &Path, ty: &str) -> BTreeSet<String> {
+    let opening = format!("impl {ty} {{");
+    let mut out = BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs")
+                && fs::read_to_string(&p)
+                    .is_ok_and(|t| without_tests(&t).lines().any(|l| l.starts_with(&opening)))
+                && let Ok(rel) = p.strip_prefix(dir)
+            {
+                out.insert(rel.display().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Where ARCHITECTURE.md's `impl` tables and the code disagree, as readable lines.
+fn impl_table_problems(root: &Path, architecture: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (ty, dir) in IMPL_TABLES {
+        let Some(listed) = impl_table_files(architecture, ty) else {
+            problems.push(format!(
+                "ARCHITECTURE.md has no `| file | `impl {ty}` |` table"
+            ));
+            continue;
+        };
+        let found = impl_files(&root.join(dir), ty);
+        for f in found.difference(&listed) {
+            problems.push(format!(
+                "{dir}/{f} has `impl {ty}`, but ARCHITECTURE.md's table does not list it"
+            ));
+        }
+        for f in listed.difference(&found) {
+            problems.push(format!(
+                "ARCHITECTURE.md lists {dir}/{f} for `impl {ty}`, which has none"
             ));
         }
     }
@@ -480,6 +571,60 @@ fn every_module_is_in_its_crates_architecture_table() {
 }
 
 #[test]
+fn every_file_of_a_split_types_methods_is_in_its_table() {
+    let root = util::repo_root().unwrap();
+    let architecture = fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    for (ty, dir) in IMPL_TABLES {
+        let found = impl_files(&root.join(dir), ty);
+        assert!(
+            found.len() > 2,
+            "{dir}: `impl {ty}` found only in {found:?}"
+        );
+    }
+    let problems = impl_table_problems(&root, &architecture);
+    assert!(
+        problems.is_empty(),
+        "ARCHITECTURE.md's impl tables and the code disagree:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn impl_tables_are_read_as_written() {
+    let architecture = "\
+| module | owns |
+|---|---|
+| `x` | x |
+
+| file | `impl Thing` |
+|---|---|
+| `a.rs` | one |
+| `b.rs`, `c/d.rs` | two |
+
+After.
+";
+    let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<BTreeSet<_>>();
+    assert_eq!(
+        impl_table_files(architecture, "Thing"),
+        Some(names(&["a.rs", "b.rs", "c/d.rs"]))
+    );
+    assert_eq!(impl_table_files(architecture, "Other"), None);
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.rs"), "//! A.\nimpl Thing {\n}\n").unwrap();
+    fs::write(
+        dir.path().join("b.rs"),
+        "//! B.\nimpl Other for Thing {\n}\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.path().join("t.rs"),
+        "//! T.\n#[cfg(test)]\nmod tests {\nimpl Thing {\n}\n}\n",
+    )
+    .unwrap();
+    assert_eq!(impl_files(dir.path(), "Thing"), names(&["a.rs"]));
+}
+
+#[test]
 fn module_tables_and_declarations_are_read_as_written() {
     let architecture = "\
 ## Crates
@@ -490,6 +635,10 @@ fn module_tables_and_declarations_are_read_as_written() {
 |---|---|
 | `one` | this |
 | `two`, `three` | that, with `code` in the second column |
+
+| file | `impl A` |
+|---|---|
+| `one.rs` | not a module |
 
 ### `crates/b`: no table
 

@@ -28,22 +28,22 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct LifecycleHandler {
     manager: Arc<Manager>,
-    events: Arc<dyn EventRecorder>,
+    recorder: Arc<dyn EventRecorder>,
 }
 
 impl LifecycleHandler {
     /// A handler serving `manager`'s claim lifecycle. It posts no Kubernetes events until given a
-    /// recorder ([`LifecycleHandler::with_events`]).
+    /// recorder ([`LifecycleHandler::with_recorder`]).
     pub fn new(manager: Arc<Manager>) -> Self {
         Self {
             manager,
-            events: Arc::new(NoEvents),
+            recorder: Arc::new(NoEvents),
         }
     }
 
-    /// Tells `events` about every claim that fails to prepare.
-    pub fn with_events(mut self, events: Arc<dyn EventRecorder>) -> Self {
-        self.events = events;
+    /// Tells `recorder` about every claim that fails to prepare.
+    pub fn with_recorder(mut self, recorder: Arc<dyn EventRecorder>) -> Self {
+        self.recorder = recorder;
         self
     }
 }
@@ -77,7 +77,7 @@ impl LifecycleHandler {
             .map_err(lost)?
             .map_err(refusal)?;
         for e in answers.values().filter_map(|a| a.as_ref().err()) {
-            self.events.record(Notice::ClaimNotPrepared {
+            self.recorder.record(Notice::ClaimNotPrepared {
                 claim: e.claim.clone(),
                 message: chain(e),
             });

@@ -12,9 +12,9 @@
 
 pub mod claims;
 pub mod commit;
+pub mod container_events;
 pub(crate) mod disk;
 pub mod dra_handler;
-pub mod events;
 pub mod faults;
 pub mod gate;
 pub mod handover;

@@ -224,7 +224,7 @@ pub struct Manager {
     pub(crate) claim_locks: ClaimLocks,
     pub(crate) claim_reader: Arc<dyn ClaimReader>,
     /// Where reconciliation tells users what it did (an Event on the Node).
-    pub(crate) events: Arc<dyn EventRecorder>,
+    pub(crate) recorder: Arc<dyn EventRecorder>,
     pub(crate) gate: Gate,
     /// Every claim call admitted holds a share ([`crate::claims`]); a handover takes it whole,
     /// so it waits for the calls in flight and no call starts after it.
@@ -410,7 +410,7 @@ impl Manager {
             ),
             claim_locks: ClaimLocks::default(),
             claim_reader,
-            events: Arc::new(NoEvents),
+            recorder: Arc::new(NoEvents),
             gate: Gate::default(),
             calls: tokio::sync::RwLock::new(()),
             config,
@@ -418,10 +418,10 @@ impl Manager {
         })
     }
 
-    /// Tells users through `events` what reconciliation did (an Event on the Node).
+    /// Tells users through `recorder` what reconciliation did (an Event on the Node).
     #[must_use]
-    pub fn with_events(mut self, events: Arc<dyn EventRecorder>) -> Self {
-        self.events = events;
+    pub fn with_recorder(mut self, recorder: Arc<dyn EventRecorder>) -> Self {
+        self.recorder = recorder;
         self
     }
 

@@ -572,7 +572,7 @@ impl Manager {
     /// Tells users what reconciliation did, when it is a warning: an Event on the Node.
     pub(crate) fn tell(&self, done: &Reconciled) {
         if done.outcome.is_warning() {
-            self.events.record(Notice::ClaimReconciled {
+            self.recorder.record(Notice::ClaimReconciled {
                 message: done.to_string(),
             });
         }

@@ -168,8 +168,8 @@ struct Inner {
     /// `None` while it is not refused. [`PublishStatus::node_allocatable_refused`] reads it.
     mapping_retry_at: watch::Sender<Option<Instant>>,
     /// Where what an operator must hear of goes: an Event on the Node ([`NoEvents`] unless
-    /// [`SlicePublisher::with_events`] set it).
-    events: std::sync::OnceLock<Arc<dyn EventRecorder>>,
+    /// [`SlicePublisher::with_recorder`] set it).
+    recorder: std::sync::OnceLock<Arc<dyn EventRecorder>>,
 }
 
 #[derive(Debug, Default)]
@@ -244,24 +244,24 @@ impl SlicePublisher {
                 in_sync: AtomicBool::new(false),
                 failures: AtomicU64::new(0),
                 mapping_retry_at: watch::Sender::new(None),
-                events: std::sync::OnceLock::new(),
+                recorder: std::sync::OnceLock::new(),
             }),
         })
     }
 
-    /// Tells `events` when the API server makes the slices be published without something
+    /// Tells `recorder` when the API server makes the slices be published without something
     /// (the node-allocatable mapping, list attributes): an Event on the Node. The first call
     /// sets it, for every clone.
     #[must_use]
-    pub fn with_events(self, events: Arc<dyn EventRecorder>) -> Self {
-        let _ = self.inner.events.set(events);
+    pub fn with_recorder(self, recorder: Arc<dyn EventRecorder>) -> Self {
+        let _ = self.inner.recorder.set(recorder);
         self
     }
 
     /// Records `notice` for an Event.
     fn tell(&self, notice: Notice) {
-        match self.inner.events.get() {
-            Some(events) => events.record(notice),
+        match self.inner.recorder.get() {
+            Some(recorder) => recorder.record(notice),
             None => NoEvents.record(notice),
         }
     }

@@ -24,7 +24,7 @@ use crate::{metrics::Metrics, view};
 #[derive(Debug)]
 pub struct Measured {
     pub node: Arc<Node>,
-    pub events: Arc<dyn EventRecorder>,
+    pub recorder: Arc<dyn EventRecorder>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -32,7 +32,9 @@ impl Measured {
     /// The manager's lifecycle, once the agent owns the node (waiting until `deadline`).
     async fn lifecycle(&self, deadline: Instant) -> Result<LifecycleHandler, RequestError> {
         match self.node.manager_until(deadline).await {
-            Some(manager) => Ok(LifecycleHandler::new(manager).with_events(self.events.clone())),
+            Some(manager) => {
+                Ok(LifecycleHandler::new(manager).with_recorder(self.recorder.clone()))
+            }
             None => Err(RequestError::Unavailable(match self.node.standing() {
                 Standing::TakingOver { from } => format!(
                     "this agent is still taking the node over from the agent of pod {from} (the call was held {}s)",
@@ -171,7 +173,7 @@ mod tests {
         node.own(manager.clone());
         let handler = Measured {
             node,
-            events: Arc::new(resmgr::kube_dra::NoEvents),
+            recorder: Arc::new(resmgr::kube_dra::NoEvents),
             metrics: metrics.clone(),
         };
         let refs = [

@@ -133,7 +133,7 @@ struct Agent {
     /// The policy, restored from the state once the node is taken.
     policy: Box<dyn policy::Policy>,
     claims: Arc<dyn ClaimReader>,
-    events: Arc<dyn EventRecorder>,
+    recorder: Arc<dyn EventRecorder>,
     runtime: Arc<NriRuntime>,
     metrics: Arc<Metrics>,
     servers: Vec<http::Server>,
@@ -146,7 +146,7 @@ struct Agent {
 struct Dra {
     kubelet: KubeletConfig,
     health: HealthConfig,
-    events: Arc<dyn EventRecorder>,
+    recorder: Arc<dyn EventRecorder>,
     /// The Events poster, run until the exit: the runtime's events are answered (and containers
     /// refused) until then.
     poster: Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -197,7 +197,7 @@ impl Agent {
             }
             None => (None, Arc::new(kube_dra::NoClaims), None),
         };
-        let events: Arc<dyn EventRecorder> = match &kube_events {
+        let recorder: Arc<dyn EventRecorder> = match &kube_events {
             Some((events, _)) => Arc::new(events.clone()),
             None => Arc::new(NoEvents),
         };
@@ -233,11 +233,11 @@ impl Agent {
             (Some(versions), Some((_, poster)), Some(publisher), Some(health)) => Some(Dra {
                 kubelet: config.kubelet(),
                 health,
-                events: events.clone(),
+                recorder: recorder.clone(),
                 poster: Box::pin(poster),
                 publisher: SlicePublisher::new(publisher, versions)
                     .context("the resource slice publisher")?
-                    .with_events(events.clone()),
+                    .with_recorder(recorder.clone()),
                 publishing,
                 waiting,
             }),
@@ -247,7 +247,7 @@ impl Agent {
             config,
             policy,
             claims,
-            events,
+            recorder,
             runtime: Arc::new(NriRuntime::default()),
             metrics,
             servers,
@@ -262,7 +262,7 @@ impl Agent {
             config,
             policy,
             claims,
-            events,
+            recorder,
             runtime,
             metrics,
             servers,
@@ -293,7 +293,7 @@ impl Agent {
             config,
             policy,
             claims,
-            events,
+            recorder,
             runtime,
             metrics,
             node: node.clone(),
@@ -308,7 +308,7 @@ struct Owning {
     config: RunConfig,
     policy: Box<dyn policy::Policy>,
     claims: Arc<dyn ClaimReader>,
-    events: Arc<dyn EventRecorder>,
+    recorder: Arc<dyn EventRecorder>,
     runtime: Arc<NriRuntime>,
     metrics: Arc<Metrics>,
     node: Arc<Node>,
@@ -324,7 +324,7 @@ impl Owning {
             config,
             policy,
             claims,
-            events,
+            recorder,
             runtime,
             metrics,
             node,
@@ -343,7 +343,7 @@ impl Owning {
             state_file,
             &runtime,
             claims,
-            &events,
+            &recorder,
         )
         .await
         .map_err(|e| Stop::failed("node", e))?;
@@ -365,7 +365,7 @@ impl Owning {
                     .map_err(|e| Stop::failed("handover", e))
             });
         }
-        let plugin = ResmgrPlugin::new(manager, metrics).with_events(events);
+        let plugin = ResmgrPlugin::new(manager, metrics).with_recorder(recorder);
         let surrender = node.surrender.clone();
         let connection = tokio::select! {
             connection = connect_runtime(&config, plugin, &runtime) => connection
@@ -407,7 +407,7 @@ async fn start_manager(
     state_file: StateFile,
     runtime: &Arc<NriRuntime>,
     claims: Arc<dyn ClaimReader>,
-    events: &Arc<dyn EventRecorder>,
+    recorder: &Arc<dyn EventRecorder>,
 ) -> anyhow::Result<Arc<Manager>> {
     let specs = config
         .spec_store()
@@ -426,7 +426,7 @@ async fn start_manager(
             claims,
         )
         .context("starting the resource manager")?
-        .with_events(events.clone()),
+        .with_recorder(recorder.clone()),
     );
     if !config.dra {
         let held = manager.claim_records().await.len();
@@ -496,7 +496,7 @@ async fn serve_claims(
     let Dra {
         kubelet,
         health,
-        events,
+        recorder,
         poster,
         publisher,
         publishing,
@@ -529,7 +529,7 @@ async fn serve_claims(
     let mut poll = std::pin::pin!(poll);
     let handler = Arc::new(Measured {
         node: node.clone(),
-        events,
+        recorder,
         metrics: metrics.clone(),
     });
     let plugin = KubeletPlugin::start_with_health(&kubelet, handler, reports)

@@ -36,8 +36,8 @@ use tracing::{info, warn};
 
 use crate::{
     commit::CommitError,
+    container_events::EventError,
     errors::chain,
-    events::EventError,
     manager::Manager,
     runtime::{BoxFuture, Runtime, RuntimeError},
 };
@@ -89,23 +89,23 @@ impl EventObserver for () {
 pub struct ResmgrPlugin {
     manager: Arc<Manager>,
     observer: Arc<dyn EventObserver>,
-    events: Arc<dyn EventRecorder>,
+    recorder: Arc<dyn EventRecorder>,
 }
 
 impl ResmgrPlugin {
     /// A plugin serving `manager`, telling `observer` about each event. It posts no Kubernetes
-    /// events until given a recorder ([`ResmgrPlugin::with_events`]).
+    /// events until given a recorder ([`ResmgrPlugin::with_recorder`]).
     pub fn new(manager: Arc<Manager>, observer: Arc<dyn EventObserver>) -> Self {
         Self {
             manager,
             observer,
-            events: Arc::new(NoEvents),
+            recorder: Arc::new(NoEvents),
         }
     }
 
-    /// Tells `events` about every container it refuses, for an Event on the container's pod.
-    pub fn with_events(mut self, events: Arc<dyn EventRecorder>) -> Self {
-        self.events = events;
+    /// Tells `recorder` about every container it refuses, for an Event on the container's pod.
+    pub fn with_recorder(mut self, recorder: Arc<dyn EventRecorder>) -> Self {
+        self.recorder = recorder;
         self
     }
 }
@@ -221,7 +221,7 @@ impl Plugin for ResmgrPlugin {
             Ok(allocation) => allocation,
             Err(e) => {
                 let refused = refusal(&e);
-                self.events.record(Notice::ContainerRefused {
+                self.recorder.record(Notice::ContainerRefused {
                     pod: PodRef {
                         namespace: container.pod.namespace.clone(),
                         name: container.pod.name.clone(),
