@@ -10,6 +10,9 @@
 // VmRSS-bytes (resident now), VmHWM-bytes (the peak), RssAnon-bytes (heap and stacks, what
 // containers and the allocator cost; the rest is the binary's and libraries' pages), and
 // idle-VmRSS-bytes and idle-RssAnon-bytes (after a Synchronize of one container, before the 500).
+// Where the resident file pages come from, from /proc/<pid>/smaps: RssBinary-bytes (the agent's
+// own executable: its code and read-only data) and RssLibs-bytes (the shared libraries: libc,
+// libhwloc and what they load).
 package agent
 
 import (
@@ -47,7 +50,7 @@ func BenchmarkFootprint(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				last = footprint(b, mode.dra)
 			}
-			for _, unit := range []string{"idle-VmRSS-bytes", "idle-RssAnon-bytes", "VmRSS-bytes", "VmHWM-bytes", "RssAnon-bytes"} {
+			for _, unit := range []string{"idle-VmRSS-bytes", "idle-RssAnon-bytes", "VmRSS-bytes", "VmHWM-bytes", "RssAnon-bytes", "RssBinary-bytes", "RssLibs-bytes"} {
 				b.ReportMetric(last[unit], unit)
 			}
 		})
@@ -96,8 +99,11 @@ func footprint(b *testing.B, dra bool) map[string]float64 {
 		b.Fatalf("/metrics lacks %q:\n%s", want, metrics)
 	}
 	figures := status(b, c.agent.Process.Pid)
+	binary, libs := fileRss(b, c.agent.Process.Pid)
 	stop(c)
 	return map[string]float64{
+		"RssBinary-bytes":    binary,
+		"RssLibs-bytes":      libs,
 		"idle-VmRSS-bytes":   idleFigures["VmRSS"],
 		"idle-RssAnon-bytes": idleFigures["RssAnon"],
 		"VmRSS-bytes":        figures["VmRSS"],
@@ -219,4 +225,44 @@ func status(b *testing.B, pid int) map[string]float64 {
 		}
 	}
 	return figures
+}
+
+// fileRss sums the resident pages of /proc/<pid>/smaps's file mappings: those of the process's
+// own executable, and those of shared libraries (`.so` files), in bytes.
+func fileRss(b *testing.B, pid int) (binary, libs float64) {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var path string
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		switch {
+		case len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":"):
+			// A mapping's header: address range, perms, offset, device, inode[, path].
+			path = ""
+			if len(fields) >= 6 {
+				path = fields[5]
+			}
+		case len(fields) == 3 && fields[0] == "Rss:" && fields[2] == "kB":
+			kib, err := strconv.ParseFloat(fields[1], 64)
+			if err != nil {
+				b.Fatalf("%s in /proc/%d/smaps: %v", line, pid, err)
+			}
+			switch {
+			case path == exe:
+				binary += kib * 1024
+			case strings.Contains(path, ".so"):
+				libs += kib * 1024
+			}
+		}
+	}
+	if binary == 0 {
+		b.Fatalf("no resident page of %s in /proc/%d/smaps", exe, pid)
+	}
+	return binary, libs
 }
