@@ -817,8 +817,9 @@ impl World {
         c.cpus = Some(ALL_CPUS.parse().unwrap());
         self.runtime.creating(&id);
         self.runtime.created(&id, c.cpus.as_ref());
-        self.log
-            .push(format!("  start {name} with no agent -> {id} on {ALL_CPUS}"));
+        self.log.push(format!(
+            "  start {name} with no agent -> {id} on {ALL_CPUS}"
+        ));
         self.gap.push((name, c));
     }
 
