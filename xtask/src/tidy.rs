@@ -302,7 +302,10 @@ fn module_table_problems(root: &Path, architecture: &str) -> Vec<String> {
 /// ARCHITECTURE.md table headed `| file | `impl <Type>` |` with what it holds: so that a newcomer
 /// finds a behaviour's file from the table, and a new file of the type's methods is a decision
 /// written down.
-const IMPL_TABLES: &[(&str, &str)] = &[("Manager", "crates/resmgr/src")];
+const IMPL_TABLES: &[(&str, &str)] = &[
+    ("Manager", "crates/resmgr/src"),
+    ("TopologyAware", "crates/policy/src/topology_aware"),
+];
 
 /// The files listed in the table of `impl <ty>` (the first column's backticked names). `None`
 /// when there is no such table.

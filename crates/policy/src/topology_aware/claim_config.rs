@@ -28,7 +28,7 @@
 //!   them lets the claim's containers use them besides (or, without `dram`, instead of) its
 //!   node's DRAM. A kind the result's node has none of, and a list without `dram` for a
 //!   result that holds memory of its node, refuse the claim at prepare
-//!   ([`super::place`]), naming the request and what it holds. Without pinning it has no
+//!   (`plan_claim.rs`), naming the request and what it holds. Without pinning it has no
 //!   effect.
 //!
 //! All three are decided at allocation; what a claim got is kept with its record, so a restart

@@ -77,16 +77,32 @@
 //!
 //! The cost of an exclusive grant or a claim is mostly the ripple: one update per shared
 //! container of every pool that lost CPUs, which is the answer itself.
+//!
+//! # Where the code is
+//!
+//! This file holds the types, [`TopologyAware::new`] and the [`Policy`] implementation, which
+//! hands each call to the file that owns it: `queries.rs` (the read side: pools, placements,
+//! claims' CPUs, the memory account), `place.rs` (planning a container), `plan_claim.rs`
+//! (planning a claim), `apply.rs` (committing a plan, and the ripple), `fallbacks.rs` (where
+//! shared containers run when their pool has no shared CPUs left), `sync.rs` (rebuilding from
+//! the runtime's containers), `restore.rs` (claims taken back after a restart) and
+//! `inventory.rs` (the inventory), besides the public modules named above and [`annotations`].
 
 pub mod annotations;
+mod apply;
 pub mod claim_config;
 pub mod claims;
 pub mod cpus;
 pub mod devices;
+mod fallbacks;
 mod inventory;
 pub mod memory;
 mod place;
+mod plan_claim;
 pub mod pools;
+mod queries;
+mod restore;
+mod sync;
 
 use std::collections::BTreeMap;
 
@@ -101,10 +117,7 @@ use crate::{
     api::{Policy, PolicyError},
     idset::{CpuSet, NodeSet},
     inventory::Fallback,
-    model::{
-        Adjustment, Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device,
-        Resources,
-    },
+    model::{Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Resources},
     topology::{MemoryKind, Topology},
 };
 
@@ -411,467 +424,6 @@ impl TopologyAware {
         policy.refresh_all_shared();
         Ok(policy)
     }
-
-    /// The topology it places on.
-    pub fn topology(&self) -> &Topology {
-        &self.topo
-    }
-
-    /// The pool tree, depth-first.
-    pub fn pools(&self) -> &[Pool] {
-        &self.pools
-    }
-
-    /// The reserved CPUs.
-    pub fn reserved_cpus(&self) -> &CpuSet {
-        &self.reserved
-    }
-
-    /// Pool `pool`'s CPUs, split into reserved, isolated, shared and exclusively granted.
-    pub fn pool_cpus(&self, pool: usize) -> Option<PoolCpus> {
-        let p = self.pools.get(pool)?;
-        let isolated = p.cpus.intersection(&self.isolated);
-        Some(PoolCpus {
-            reserved: p.cpus.intersection(&self.reserved),
-            isolated_granted: isolated.intersection(&self.isolated_taken),
-            isolated: isolated.difference(&self.isolated_taken),
-            shared: self.shared.get(pool).cloned().unwrap_or_default(),
-            exclusive: p.cpus.intersection(&self.taken),
-        })
-    }
-
-    /// The shared CPUs of the root pool: every CPU not reserved, isolated or taken.
-    pub fn shared_cpus(&self) -> CpuSet {
-        self.shared.first().cloned().unwrap_or_default()
-    }
-
-    /// Where a container is placed.
-    pub fn placement(&self, container_id: &str) -> Option<Placement> {
-        let p = self.containers.get(container_id)?;
-        let pool = match &p.grant {
-            Grant::Shared { pool, .. }
-            | Grant::Exclusive { pool, .. }
-            | Grant::Isolated { pool, .. } => self.pools.get(*pool).map(|p| p.name.clone()),
-            Grant::Reserved | Grant::Claim { .. } => None,
-        };
-        Some(Placement {
-            grant: p.grant.clone(),
-            pool,
-            cpus: self.cpus_of(&p.grant),
-            mems: p.mems.clone(),
-        })
-    }
-
-    /// The ids of the containers placed.
-    pub fn container_ids(&self) -> Vec<String> {
-        self.containers.keys().cloned().collect()
-    }
-
-    /// The CPUs a claim holds.
-    pub fn claim_cpus(&self, uid: &str) -> Option<CpuSet> {
-        self.claims.get(uid).map(HeldClaim::cpus)
-    }
-
-    /// Bytes of memory requests of containers charged to NUMA node `node`.
-    pub fn memory_used(&self, node: u32) -> u64 {
-        self.ledger.used(node)
-    }
-
-    /// Bytes of memory claims hold on NUMA node `node`.
-    pub fn memory_claimed(&self, node: u32) -> u64 {
-        self.ledger.claimed(node)
-    }
-
-    /// Bytes of hugepages of `page_size` claims hold on NUMA node `node`.
-    pub fn hugepages_claimed(&self, node: u32, page_size: u64) -> u64 {
-        self.ledger.hugepages_claimed(node, page_size)
-    }
-
-    /// Charges (or with `charge` false takes back) what a claim's results hold of the memory
-    /// account.
-    fn account_claim(&mut self, record: &HeldClaim, charge: bool) {
-        for r in &record.results {
-            if let Some(node) = r.memory_node {
-                if charge {
-                    self.ledger.charge_claim(node, r.memory, &r.hugepages);
-                } else {
-                    self.ledger.uncharge_claim(node, r.memory, &r.hugepages);
-                }
-            }
-        }
-    }
-
-    fn cpus_of(&self, grant: &Grant) -> CpuSet {
-        match grant {
-            Grant::Reserved => self.reserved.clone(),
-            Grant::Shared { pool, .. } => self.runs_on.get(*pool).cloned().unwrap_or_default(),
-            Grant::Exclusive { cpus, .. }
-            | Grant::Isolated { cpus, .. }
-            | Grant::Claim { cpus } => cpus.clone(),
-        }
-    }
-
-    fn adjustment_of(&self, p: &Placed) -> Adjustment {
-        Adjustment {
-            cpus: Some(self.cpus_of(&p.grant)),
-            mems: p.mems.clone(),
-            memory_limit_bytes: p.limits.memory,
-            hugepage_limits: p.limits.hugepages.clone(),
-        }
-    }
-
-    fn update_of(&self, id: &str) -> Option<ContainerUpdate> {
-        let p = self.containers.get(id)?;
-        Some(ContainerUpdate {
-            container_id: id.to_owned(),
-            cpus: Some(self.cpus_of(&p.grant)),
-            mems: p.mems.clone(),
-        })
-    }
-
-    fn pool_shared_now(&self, pool: &Pool) -> CpuSet {
-        pool.cpus
-            .difference(&self.reserved)
-            .difference(&self.isolated)
-            .difference(&self.taken)
-    }
-
-    fn refresh_all_shared(&mut self) {
-        for i in 0..self.pools.len() {
-            let now = self.pools.get(i).map(|p| self.pool_shared_now(p));
-            if let (Some(now), Some(slot)) = (now, self.shared.get_mut(i)) {
-                *slot = now;
-            }
-        }
-        self.runs_on = self.compute_runs_on();
-    }
-
-    /// Rebuilds the published devices, withholding the CPUs that claims allocated on devices
-    /// this configuration does not publish hold (the device model, `group-by` or the claimable
-    /// CPUs changed while they were held): the scheduler does not count those claims against the
-    /// new devices, so publishing their CPUs would promise them twice. When such a claim goes,
-    /// its CPUs are published again. Claims on devices still published need nothing: the
-    /// scheduler already counts them.
-    ///
-    /// Memory goes the same way: what such claims hold of a node's memory and hugepages is left
-    /// out of what that node's device publishes (`numa<N>` and `memory<N>` stand for the same
-    /// account, and a claim on one is not counted against the other).
-    fn refresh_devices(&mut self) {
-        let mut offer = self.ledger.offer();
-        let full = DeviceTable::build_with_memory(
-            &self.topo,
-            &self.claimable,
-            &self.config.devices,
-            &offer,
-        );
-        let unpublished: Vec<&claims::ResultRecord> = self
-            .claims
-            .values()
-            .flat_map(|c| &c.results)
-            .filter(|r| full.get(&r.device).is_none())
-            .collect();
-        let withheld = unpublished
-            .iter()
-            .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus));
-        let mut memory_withheld = false;
-        for r in &unpublished {
-            let Some(node) = r.memory_node else {
-                continue;
-            };
-            if let Some(o) = offer.get_mut(&node) {
-                o.memory = o.memory.saturating_sub(r.memory);
-                for (size, bytes) in &r.hugepages {
-                    if let Some(h) = o.hugepages.get_mut(size) {
-                        *h = h.saturating_sub(*bytes);
-                    }
-                }
-                memory_withheld = true;
-            }
-        }
-        self.table = if withheld.intersects(full.cpus()) || memory_withheld {
-            let claimable = self.claimable.difference(&withheld);
-            DeviceTable::build_with_memory(&self.topo, &claimable, &self.config.devices, &offer)
-        } else {
-            full
-        };
-        self.generations.devices += 1;
-    }
-
-    /// What each pool's shared containers run on: see [`TopologyAware::runs_on`]'s field docs.
-    /// Pools are numbered parents first, so one pass sees every parent before its children.
-    fn compute_runs_on(&self) -> Vec<CpuSet> {
-        let mut out: Vec<CpuSet> = Vec::with_capacity(self.pools.len());
-        for (i, pool) in self.pools.iter().enumerate() {
-            let own = self.shared.get(i).filter(|s| !s.is_empty());
-            let set = match (own, pool.parent.and_then(|p| out.get(p))) {
-                (Some(own), _) => own.clone(),
-                (None, Some(parent)) => parent.clone(),
-                (None, None) => self.last_resort(),
-            };
-            out.push(set);
-        }
-        out
-    }
-
-    /// Where shared containers run when no CPU is shared anywhere: the reserved CPUs, which the
-    /// kubelet's static CPU manager keeps in its shared pool for this very reason; on a machine
-    /// configured without reserved CPUs, every online CPU rather than none.
-    fn last_resort(&self) -> CpuSet {
-        if self.reserved.is_empty() {
-            self.topo.online.clone()
-        } else {
-            self.reserved.clone()
-        }
-    }
-
-    /// Why shared pool `pool`'s containers do not run on its own shared CPUs, if they do not.
-    fn shared_fallback(&self, pool: usize) -> Option<Fallback> {
-        if self.shared.get(pool).is_some_and(|s| !s.is_empty()) {
-            return None;
-        }
-        let widened = self
-            .ancestors(pool)
-            .any(|a| self.shared.get(a).is_some_and(|s| !s.is_empty()));
-        Some(if widened {
-            Fallback::Widened
-        } else {
-            Fallback::Reserved
-        })
-    }
-
-    /// Recomputes the shared CPUs of the pools holding any of `changed`, and queues an update
-    /// for every shared container whose CPUs changed (the ripple): the members of those pools,
-    /// and of pools below them that had run out of shared CPUs and borrow theirs.
-    fn ripple(&mut self, changed: &CpuSet, updates: &mut Updates) {
-        let mut any = false;
-        for i in 0..self.pools.len() {
-            let Some(pool) = self.pools.get(i) else {
-                continue;
-            };
-            if !pool.cpus.intersects(changed) {
-                continue;
-            }
-            let now = self.pool_shared_now(pool);
-            if let Some(slot) = self.shared.get_mut(i)
-                && *slot != now
-            {
-                *slot = now;
-                any = true;
-            }
-        }
-        if !any {
-            return;
-        }
-        let now = self.compute_runs_on();
-        let before = std::mem::replace(&mut self.runs_on, now);
-        for (i, (was, now)) in before.iter().zip(&self.runs_on).enumerate() {
-            if was == now {
-                continue;
-            }
-            let Some(load) = self.load.get(i) else {
-                continue;
-            };
-            for (id, mems) in &load.members {
-                updates.push(ContainerUpdate {
-                    container_id: id.clone(),
-                    cpus: Some(now.clone()),
-                    mems: mems.clone(),
-                });
-            }
-        }
-    }
-
-    /// Shared CPUs each pool can still give up to exclusive container grants without taking
-    /// what its shared containers need: those that are not set aside for claims, minus that need
-    /// (so that claims taking back what they lent never leave shared containers short because
-    /// of an exclusive grant). The grants prefer these; see [`TopologyAware::plan_exclusive`].
-    fn spare(&self) -> Vec<i64> {
-        (0..self.pools.len())
-            .map(|i| {
-                let have = self.exclusive_free(i).len();
-                to_i64(have) - to_i64(self.need(i))
-            })
-            .collect()
-    }
-
-    /// The shared CPUs of pool `pool` an exclusive container grant may take: never the ones set
-    /// aside for claims, published or not right now (the devices withhold some while claims of
-    /// an earlier configuration hold them, and leave out the lone threads of split cores with
-    /// whole-core granularity; either may be published later).
-    fn exclusive_free(&self, pool: usize) -> CpuSet {
-        self.shared
-            .get(pool)
-            .map(|s| s.difference(&self.claimable))
-            .unwrap_or_default()
-    }
-
-    /// CPUs a pool's shared containers need: their summed requests, at least one if any.
-    fn need(&self, pool: usize) -> usize {
-        self.load.get(pool).map_or(0, |l| {
-            let cpus = usize::try_from(l.milli.div_ceil(1000)).unwrap_or(usize::MAX);
-            cpus.max(usize::from(l.count > 0))
-        })
-    }
-
-    fn ancestors(&self, pool: usize) -> impl Iterator<Item = usize> + '_ {
-        std::iter::successors(Some(pool), |&p| self.pools.get(p).and_then(|p| p.parent))
-    }
-
-    /// How many CPUs an allocation result gets (see [`devices`]): what it consumed of a shared
-    /// device, all of a device handed out whole; for a device not published (the device model
-    /// changed since it was allocated), what it consumed, if it says.
-    fn cpus_for(&self, r: &crate::model::AllocationResult) -> Option<u64> {
-        let consumed = r
-            .consumed_capacity
-            .get(devices::CPU_CAPACITY)
-            .map(|q| q.units_ceil());
-        let Some(device) = self.table.get(&r.device) else {
-            return consumed;
-        };
-        let whole = u64::try_from(device.cpus.len()).ok();
-        match device.share {
-            devices::Share::Whole => whole,
-            devices::Share::Consumable { .. } => consumed.or(whole),
-        }
-    }
-
-    /// For every pool with shared containers, why they do not run on its own shared CPUs.
-    fn pool_fallbacks(&self) -> Vec<Option<Fallback>> {
-        (0..self.pools.len())
-            .map(|i| {
-                let members = self.load.get(i).is_some_and(|l| !l.members.is_empty());
-                members.then(|| self.shared_fallback(i)).flatten()
-            })
-            .collect()
-    }
-
-    /// Warnings for pools whose shared containers lost their own shared CPUs since `before`
-    /// (a [`TopologyAware::pool_fallbacks`]), blaming `cause`.
-    fn fallback_warnings(&self, before: &[Option<Fallback>], cause: &str) -> Vec<String> {
-        let now = self.pool_fallbacks();
-        let mut out = Vec::new();
-        for (i, (was, is)) in before.iter().zip(&now).enumerate() {
-            let (Some(is), Some(pool), Some(load)) = (is, self.pools.get(i), self.load.get(i))
-            else {
-                continue;
-            };
-            if was.as_ref() == Some(is) {
-                continue;
-            }
-            let cpus = self.runs_on.get(i).cloned().unwrap_or_default();
-            let instead = match is {
-                Fallback::Reserved => "the reserved cpus, as nothing else is shared".to_owned(),
-                _ => {
-                    let from = self
-                        .ancestors(i)
-                        .find(|&a| self.shared.get(a).is_some_and(|s| !s.is_empty()))
-                        .and_then(|a| self.pools.get(a))
-                        .map_or_else(|| "an enclosing pool".to_owned(), |p| p.name.clone());
-                    format!("the shared cpus of {from}")
-                }
-            };
-            out.push(format!(
-                "{cause} took the last shared cpus of pool {pool}: its shared containers ({}) now run on {instead} ({cpus})",
-                load.members.len()
-            ));
-        }
-        out
-    }
-
-    /// Records a placement: CPUs, pool load, memory; queues the ripple.
-    fn commit(&mut self, id: &str, placed: Placed, updates: &mut Updates) {
-        self.ledger.charge(&placed.charge);
-        match &placed.grant {
-            Grant::Exclusive { cpus, .. } => {
-                self.taken = self.taken.union(cpus);
-                let cpus = cpus.clone();
-                self.containers.insert(id.to_owned(), placed);
-                self.ripple(&cpus, updates);
-                return;
-            }
-            Grant::Isolated { cpus, .. } => {
-                self.isolated_taken = self.isolated_taken.union(cpus);
-            }
-            Grant::Shared { pool, milli } => {
-                let (pool, milli) = (*pool, *milli);
-                for p in self.ancestors(pool).collect::<Vec<_>>() {
-                    if let Some(l) = self.load.get_mut(p) {
-                        l.milli += milli;
-                        l.count += 1;
-                    }
-                }
-                if let Some(l) = self.load.get_mut(pool) {
-                    l.members.insert(id.to_owned(), placed.mems.clone());
-                }
-            }
-            Grant::Reserved | Grant::Claim { .. } => {}
-        }
-        self.containers.insert(id.to_owned(), placed);
-    }
-
-    /// Forgets a placement, giving back what it held; queues the ripple.
-    fn uncommit(&mut self, id: &str, updates: &mut Updates) -> Option<Placed> {
-        let placed = self.containers.remove(id)?;
-        updates.remove(id);
-        self.ledger.uncharge(&placed.charge);
-        match &placed.grant {
-            Grant::Exclusive { cpus, .. } => {
-                self.taken = self.taken.difference(cpus);
-                self.ripple(cpus, updates);
-            }
-            Grant::Isolated { cpus, .. } => {
-                self.isolated_taken = self.isolated_taken.difference(cpus);
-            }
-            Grant::Shared { pool, milli } => {
-                for p in self.ancestors(*pool).collect::<Vec<_>>() {
-                    if let Some(l) = self.load.get_mut(p) {
-                        l.milli = l.milli.saturating_sub(*milli);
-                        l.count = l.count.saturating_sub(1);
-                    }
-                }
-                if let Some(l) = self.load.get_mut(*pool) {
-                    l.members.remove(id);
-                }
-            }
-            Grant::Reserved | Grant::Claim { .. } => {}
-        }
-        Some(placed)
-    }
-
-    /// How an adopted request's `cpus` split over its `n` results: one published device each
-    /// when exactly `n` devices make them up (individual devices), or all of them on the
-    /// smallest device that holds them when `n` is 1; otherwise, not knowing, all on the first
-    /// result. With the device's name, or an empty one when no published device tells.
-    fn split_adopted(&self, cpus: &CpuSet, n: usize) -> Vec<(String, CpuSet)> {
-        let parts: Vec<(String, CpuSet)> = self
-            .table
-            .iter()
-            .filter(|d| d.cpus.intersects(cpus))
-            .map(|d| (d.device.name.clone(), d.cpus.intersection(cpus)))
-            .collect();
-        let covered = parts.iter().fold(CpuSet::new(), |all, (_, c)| all.union(c));
-        if n > 1 && parts.len() == n && covered == *cpus {
-            return parts;
-        }
-        let holder = self
-            .table
-            .iter()
-            .filter(|d| d.cpus.is_superset(cpus))
-            .min_by_key(|d| d.cpus.len())
-            .map(|d| d.device.name.clone())
-            .filter(|_| n == 1)
-            .unwrap_or_default();
-        std::iter::once((holder, cpus.clone()))
-            .chain(std::iter::repeat_n((String::new(), CpuSet::new()), n - 1))
-            .collect()
-    }
-
-    fn claim_edits(&self, uid: &str) -> Option<ClaimAllocation> {
-        self.claims.get(uid).map(|c| ClaimAllocation {
-            edits: c.edits(),
-            ..ClaimAllocation::default()
-        })
-    }
 }
 
 /// The CPUs claims may take, as `config.exclusivity` says: see [`Exclusivity`].
@@ -922,98 +474,7 @@ impl Policy for TopologyAware {
     }
 
     fn restore(&mut self, snapshot: &serde_json::Value) -> Result<(), PolicyError> {
-        if snapshot.is_null() {
-            return Ok(());
-        }
-        // The version first, so that a newer snapshot says so rather than naming a field this
-        // build does not know; then the shape, refusing unknown fields (see `Snapshot`).
-        if let Some(version) = snapshot.get("version") {
-            match version.as_u64() {
-                Some(v) if v > u64::from(claims::SNAPSHOT_VERSION) => {
-                    return Err(PolicyError::restore(format!(
-                        "snapshot version {v} is newer than this build reads (1 to {}): it was \
-                         written by a newer release",
-                        claims::SNAPSHOT_VERSION
-                    )));
-                }
-                Some(1..) => {}
-                _ => {
-                    return Err(PolicyError::restore(format!(
-                        "not a topology-aware snapshot: version {version}"
-                    )));
-                }
-            }
-        }
-        let snap: Snapshot = serde_path_to_error::deserialize(snapshot).map_err(|e| {
-            let at = match e.path().to_string() {
-                root if root == "." => String::new(),
-                path => format!(" at {path}"),
-            };
-            let inner = e.into_inner();
-            let reason = if inner.to_string().starts_with("unknown field") {
-                format!(
-                    "the snapshot has a field this build does not know, written by a newer \
-                     release{at}"
-                )
-            } else {
-                format!("not a topology-aware snapshot{at}")
-            };
-            PolicyError::restore_decoding(reason, inner)
-        })?;
-        // A claim keeps its CPUs whatever devices are published now (the device model or the
-        // claimable CPUs may have changed since): its pods may be using them. It only needs
-        // CPUs that a claim could ever have held, held by no other claim.
-        let grantable = self
-            .topo
-            .online
-            .difference(&self.reserved)
-            .difference(&self.topo.isolated);
-        let mut taken = self.taken.clone();
-        let mut restored = BTreeMap::new();
-        for claim in snap.claims {
-            for (i, r) in claim.results.iter().enumerate() {
-                let why = if !self.topo.online.is_superset(&r.cpus) {
-                    Some(format!(
-                        "{} are not online here (online {})",
-                        r.cpus.difference(&self.topo.online),
-                        self.topo.online
-                    ))
-                } else if !grantable.is_superset(&r.cpus) {
-                    Some(format!(
-                        "{} are reserved or kernel-isolated here",
-                        r.cpus.difference(&grantable)
-                    ))
-                } else if taken.intersects(&r.cpus) {
-                    Some(format!(
-                        "{} are already held by another claim",
-                        taken.intersection(&r.cpus)
-                    ))
-                } else {
-                    None
-                };
-                if let Some(why) = why {
-                    return Err(PolicyError::restore(format!(
-                        "claim {} result {i} (device {}): cpus {}: {why}",
-                        claim.describe(),
-                        r.device,
-                        r.cpus,
-                    )));
-                }
-                taken = taken.union(&r.cpus);
-            }
-            restored.insert(claim.uid.clone(), claim);
-        }
-        let mut updates = Updates::new();
-        let changed = taken.difference(&self.taken);
-        self.taken = taken;
-        for record in restored.values() {
-            self.account_claim(record, true);
-        }
-        self.claims.extend(restored);
-        self.generations.durable += 1;
-        self.refresh_devices();
-        self.ripple(&changed, &mut updates);
-        Ok(())
+        self.restore_snapshot(snapshot)
     }
 
     fn snapshot(&self) -> serde_json::Value {
@@ -1027,33 +488,7 @@ impl Policy for TopologyAware {
     }
 
     fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError> {
-        if let Some(p) = self.containers.get(&container.id) {
-            return Ok(Allocation {
-                adjustment: self.adjustment_of(p),
-                ..Allocation::default()
-            });
-        }
-        let mut placed = self.plan(container)?;
-        let mut warnings = std::mem::take(&mut placed.warnings);
-        // An exclusive grant may take a pool's last shared CPUs, as a claim may.
-        let before = matches!(placed.grant, Grant::Exclusive { .. }).then(|| self.pool_fallbacks());
-        let mut updates = Updates::new();
-        self.commit(&container.id, placed, &mut updates);
-        updates.remove(&container.id);
-        if let Some(before) = before {
-            let cause = format!("container {}", annotations::describe(container));
-            warnings.extend(self.fallback_warnings(&before, &cause));
-        }
-        let adjustment = self
-            .containers
-            .get(&container.id)
-            .map(|p| self.adjustment_of(p))
-            .unwrap_or_default();
-        Ok(Allocation {
-            adjustment,
-            updates: into_vec(updates),
-            warnings,
-        })
+        self.allocate_container(container)
     }
 
     fn update(
@@ -1061,35 +496,7 @@ impl Policy for TopologyAware {
         container_id: &str,
         resources: &Resources,
     ) -> Result<Vec<ContainerUpdate>, PolicyError> {
-        let Some(old) = self.containers.get(container_id) else {
-            return Err(PolicyError::UnknownContainer(container_id.to_owned()));
-        };
-        let mut container = old.container.clone();
-        container.resources = *resources;
-        container.cpus = Some(self.cpus_of(&old.grant));
-        let mut updates = Updates::new();
-        let Some(old) = self.uncommit(container_id, &mut updates) else {
-            return Err(PolicyError::UnknownContainer(container_id.to_owned()));
-        };
-        match self.plan_again(&container) {
-            Ok(mut placed) => {
-                // An update has no answer but updates; where it landed shows in the inventory.
-                placed.warnings.clear();
-                self.commit(container_id, placed, &mut updates);
-                let own = updates
-                    .remove(container_id)
-                    .or_else(|| self.update_of(container_id));
-                let mut out = into_vec(updates);
-                out.extend(own);
-                Ok(out)
-            }
-            Err(e) => {
-                // Put the old placement back exactly: what it held was just freed.
-                let mut undo = Updates::new();
-                self.commit(container_id, old, &mut undo);
-                Err(e)
-            }
-        }
+        self.update_container(container_id, resources)
     }
 
     fn release(&mut self, container_id: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
@@ -1110,194 +517,15 @@ impl Policy for TopologyAware {
     }
 
     fn allocate_claim(&mut self, claim: &Claim) -> Result<ClaimAllocation, PolicyError> {
-        if let Some(held) = self.claims.get(&claim.uid) {
-            // Same UID, same results, same CPUs. Other results under a UID we hold mean the
-            // claim was deallocated and allocated again before its unprepare reached us: the
-            // old CPUs may still be in use, so the new results wait for the unprepare.
-            if let Some(difference) = held.difference(claim, |r| self.cpus_for(r)) {
-                return Err(PolicyError::Invalid {
-                    subject: format!("claim {}", held.describe()),
-                    reason: format!(
-                        "it is prepared with other allocation results: {difference}; it keeps \
-                         what it holds until it is unprepared, and a prepare after that gets the \
-                         new results"
-                    ),
-                });
-            }
-        }
-        if let Some(held) = self.claims.get_mut(&claim.uid) {
-            // Later prepares may name more pods sharing the claim; an adopted claim learns
-            // what its spec did not say.
-            held.learn(claim);
-            return self
-                .claim_edits(&claim.uid)
-                .ok_or_else(|| PolicyError::Invalid {
-                    subject: format!("claim {}", claim.uid),
-                    reason: "vanished while being read".into(),
-                });
-        }
-        let (record, mut warnings) = self.plan_claim(claim)?;
-        let cpus = record.cpus();
-        let edits = record.edits();
-        let before = self.pool_fallbacks();
-        self.taken = self.taken.union(&cpus);
-        self.account_claim(&record, true);
-        self.claims.insert(claim.uid.clone(), record);
-        self.generations.durable += 1;
-        let mut updates = Updates::new();
-        self.ripple(&cpus, &mut updates);
-        warnings
-            .extend(self.fallback_warnings(&before, &format!("claim {}", describe_claim(claim))));
-        Ok(ClaimAllocation {
-            edits,
-            updates: into_vec(updates),
-            warnings,
-        })
+        self.hold_claim(claim)
     }
 
     fn adopt_claim(&mut self, uid: &str, edits: &[cdi::ContainerEdits]) -> Result<(), PolicyError> {
-        if self.claims.contains_key(uid) {
-            return Ok(());
-        }
-        let refuse = |reason: String| PolicyError::restore(format!("claim {uid}: {reason}"));
-        let granted = claims::granted(uid, edits).map_err(refuse)?;
-        let memory = claims::granted_memory(uid, edits).map_err(refuse)?;
-        // Results whose edits say the same are one request's: two requests never share a CPU.
-        // Each request's memory and hugepages are held by its first result.
-        let mut requests: Vec<(CpuSet, Option<NodeSet>, Vec<usize>)> = Vec::new();
-        for (i, (cpus, mems)) in granted.into_iter().enumerate() {
-            match requests
-                .iter_mut()
-                .find(|(c, m, _)| *c == cpus && *m == mems)
-            {
-                Some((_, _, results)) => results.push(i),
-                None => requests.push((cpus, mems, vec![i])),
-            }
-        }
-        // Like a restore, it holds CPUs that a claim could ever hold, held by no other claim,
-        // whatever devices are published now.
-        let grantable = self
-            .topo
-            .online
-            .difference(&self.reserved)
-            .difference(&self.topo.isolated);
-        let mut taken = self.taken.clone();
-        let mut results = vec![None; edits.len()];
-        // The node of the claim's CPUs: an unpinned memory device's result does not say its own.
-        let cpu_node = self
-            .nodes_of(
-                &requests
-                    .iter()
-                    .fold(CpuSet::new(), |acc, (c, _, _)| acc.union(c)),
-            )
-            .first();
-        for (k, (cpus, mems, indexes)) in requests.into_iter().enumerate() {
-            if cpus.is_empty() {
-                // Memory devices' results (individual model): their memory on their node.
-                let node = mems.as_ref().and_then(NodeSet::first).or(cpu_node);
-                let device = node
-                    .map(|n| format!("memory{n}"))
-                    .filter(|name| self.table.get(name).is_some_and(|d| d.is_memory()))
-                    .unwrap_or_default();
-                for (j, i) in indexes.iter().enumerate() {
-                    let (bytes, hugepages) = if j == 0 {
-                        memory.get(*i).cloned().unwrap_or_default()
-                    } else {
-                        Default::default()
-                    };
-                    let holds = bytes > 0 || !hugepages.is_empty();
-                    results[*i] = Some(claims::ResultRecord {
-                        request: format!("adopted-{k}"),
-                        device: device.clone(),
-                        memory_pinning: mems.is_some(),
-                        memory_node: node.filter(|_| holds),
-                        memory: bytes,
-                        hugepages,
-                        mems: node.into_iter().collect(),
-                        cpus: CpuSet::new(),
-                    });
-                }
-                continue;
-            }
-            if !grantable.is_superset(&cpus) {
-                return Err(refuse(format!(
-                    "cpus {} are not online or are reserved or kernel-isolated here",
-                    cpus.difference(&grantable)
-                )));
-            }
-            if taken.intersects(&cpus) {
-                return Err(refuse(format!(
-                    "cpus {} are held already",
-                    taken.intersection(&cpus)
-                )));
-            }
-            taken = taken.union(&cpus);
-            for (i, (device, part)) in indexes.iter().zip(self.split_adopted(&cpus, indexes.len()))
-            {
-                // Its own nodes out of the request's, when it pins memory: its DRAM node and
-                // the memory-only nodes attached to it (a claim's `memoryKinds`).
-                let local = self.nodes_of(&part);
-                let local_node = local.first();
-                let near = self.zone(&local, &MemoryKind::ALL);
-                let nodes = match &mems {
-                    Some(all) if all.intersects(&near) => all.intersection(&near),
-                    Some(all) => all.clone(),
-                    None => local,
-                };
-                let (bytes, hugepages) = if Some(i) == indexes.first() {
-                    memory.get(*i).cloned().unwrap_or_default()
-                } else {
-                    Default::default()
-                };
-                let holds = bytes > 0 || !hugepages.is_empty();
-                results[*i] = Some(claims::ResultRecord {
-                    request: format!("adopted-{k}"),
-                    device,
-                    memory_pinning: mems.is_some(),
-                    memory_node: local_node.filter(|_| holds),
-                    memory: bytes,
-                    hugepages,
-                    mems: nodes,
-                    cpus: part,
-                });
-            }
-        }
-        let changed = taken.difference(&self.taken);
-        self.taken = taken;
-        let record = HeldClaim {
-            uid: uid.to_owned(),
-            namespace: String::new(),
-            name: String::new(),
-            reserved_for: Vec::new(),
-            results: results.into_iter().flatten().collect(),
-            adopted: true,
-        };
-        self.account_claim(&record, true);
-        self.claims.insert(uid.to_owned(), record);
-        self.generations.durable += 1;
-        // Before Synchronize nobody runs here to update; the ripple keeps the pools right.
-        self.ripple(&changed, &mut Updates::new());
-        Ok(())
+        self.adopt(uid, edits)
     }
 
     fn release_claim(&mut self, uid: &str) -> Result<Vec<ContainerUpdate>, PolicyError> {
-        let Some(record) = self.claims.remove(uid) else {
-            return Ok(Vec::new());
-        };
-        self.generations.durable += 1;
-        let cpus = record.cpus();
-        self.taken = self.taken.difference(&cpus);
-        self.account_claim(&record, false);
-        if record
-            .results
-            .iter()
-            .any(|r| self.table.get(&r.device).is_none())
-        {
-            self.refresh_devices();
-        }
-        let mut updates = Updates::new();
-        self.ripple(&cpus, &mut updates);
-        Ok(into_vec(updates))
+        self.drop_claim(uid)
     }
 
     fn claims(&self) -> Vec<String> {
@@ -1318,9 +546,4 @@ impl Policy for TopologyAware {
             devices: Some(self.generations.devices),
         }
     }
-}
-
-/// `namespace/name (uid)` of a claim, for messages.
-fn describe_claim(claim: &Claim) -> String {
-    format!("{}/{} ({})", claim.namespace, claim.name, claim.uid)
 }

@@ -1,25 +1,23 @@
-//! Planning on the unchanged state: classifying a container, choosing its pool and CPUs,
-//! planning its memory, planning a claim, and rebuilding everything on sync.
+//! Planning a container on the unchanged state: classifying it, choosing its pool and CPUs, and
+//! planning its memory.
 //!
 //! Every `plan_*` takes `&self` and returns what to commit, so a refusal changes nothing.
 
 use std::{cmp::Reverse, collections::BTreeMap};
 
 use super::{
-    Exclusivity, Grant, Limits, Placed, TopologyAware, Updates,
+    Exclusivity, Grant, Limits, Placed, TopologyAware,
     annotations::{self, Options, describe},
-    claim_config,
-    claims::{self, HeldClaim, ResultRecord},
+    claims,
     cpus::{self, Spare},
-    devices::{self, CPU_CAPACITY, Share},
-    memory, to_i64,
+    to_i64,
 };
 use crate::{
     api::PolicyError,
     idset::{CpuSet, NodeSet},
     inventory::Fallback,
-    model::{Claim, Container, ContainerUpdate, QosClass},
-    topology::{MemoryKind, page_size_name},
+    model::{Container, QosClass},
+    topology::MemoryKind,
 };
 
 /// What of `c` a placement keeps, for placing it again (an update, a claim that comes or goes)
@@ -69,7 +67,7 @@ fn retained(c: &Container) -> Container {
 
 /// What a container asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Class {
+pub(super) enum Class {
     /// Uses claims: their CPUs and nodes; memory pinned only when every result used pins it;
     /// the memory and hugepages they granted, which bound the container's limits.
     Claim {
@@ -92,53 +90,12 @@ enum Class {
 /// The memory nodes to pin (none when unpinned) and the bytes charged per node.
 type PlannedMemory = (Option<NodeSet>, Vec<(u32, u64)>);
 
-/// What a claim's result gets of its node's memory account.
-#[derive(Debug, Clone, Default)]
-struct MemoryGrant {
-    /// The node charged; `None` when nothing is granted.
-    node: Option<u32>,
-    /// Bytes of memory.
-    memory: u64,
-    /// Bytes of hugepages by page size.
-    hugepages: BTreeMap<u64, u64>,
-}
-
-/// Bytes as a Kubernetes quantity, in the largest binary unit that is exact (`16Gi`, `3Mi`).
-fn bytes_text(bytes: u64) -> String {
-    if bytes == 0 {
-        "0".into()
-    } else {
-        page_size_name(bytes)
-    }
-}
-
-/// What a result holds of memory and hugepages, in words (`16Gi of memory and 256Mi of
-/// hugepages2Mi`; `no memory` when nothing).
-fn held_text(r: &ResultRecord) -> String {
-    let mut parts = Vec::new();
-    if r.memory > 0 {
-        parts.push(format!("{} of memory", bytes_text(r.memory)));
-    }
-    for (&size, &bytes) in &r.hugepages {
-        parts.push(format!(
-            "{} of {}",
-            bytes_text(bytes),
-            memory::hugepage_capacity(size)
-        ));
-    }
-    if parts.is_empty() {
-        "no memory".into()
-    } else {
-        parts.join(" and ")
-    }
-}
-
 fn subject(c: &Container) -> String {
     format!("container {}", describe(c))
 }
 
 impl TopologyAware {
-    fn classify(&self, c: &Container, opts: &Options) -> Class {
+    pub(super) fn classify(&self, c: &Container, opts: &Options) -> Class {
         let used = claims::used_by(c, &self.claims, &self.config.driver);
         if !used.is_empty() {
             let mut cpus = CpuSet::new();
@@ -219,7 +176,7 @@ impl TopologyAware {
     /// without pinning its memory (with a warning): the kubelet admitted it against the node's
     /// memory, which per-node accounting cannot refuse after the fact. CPUs never refuse it
     /// (see [`TopologyAware::plan_class`]).
-    fn plan_admitted(
+    pub(super) fn plan_admitted(
         &self,
         c: &Container,
         opts: &Options,
@@ -311,7 +268,7 @@ impl TopologyAware {
         }
     }
 
-    fn placed(
+    pub(super) fn placed(
         &self,
         c: &Container,
         grant: Grant,
@@ -352,7 +309,7 @@ impl TopologyAware {
     }
 
     /// Memory-only nodes of `kinds` whose closest CPU node is in `dram`.
-    fn attached_to<'a>(
+    pub(super) fn attached_to<'a>(
         &'a self,
         dram: &'a NodeSet,
         kinds: &'a [MemoryKind],
@@ -364,7 +321,7 @@ impl TopologyAware {
     }
 
     /// Plans pinning and charging the container's memory near DRAM nodes `dram`.
-    fn plan_memory(
+    pub(super) fn plan_memory(
         &self,
         c: &Container,
         opts: &Options,
@@ -405,7 +362,7 @@ impl TopologyAware {
     /// containers need, else out of any pool that has them (its shared containers move); so
     /// `Ok(Err(reason))` only when fewer than `n` CPUs are free for exclusive grants (the caller
     /// places the container shared instead), `Err` when its memory does not fit.
-    fn plan_exclusive(
+    pub(super) fn plan_exclusive(
         &self,
         c: &Container,
         opts: &Options,
@@ -629,691 +586,5 @@ impl TopologyAware {
         );
         placed.warnings.extend(warning);
         Ok(placed)
-    }
-
-    /// Plans a new claim's CPUs, result by result, on the unchanged state, as its
-    /// configuration asks; and what to warn about.
-    ///
-    /// Each result gets what the scheduler accounted on its device (see [`super::devices`]): a
-    /// grouped device's consumed CPUs (picked whole cores first, and only whole cores on a
-    /// whole-core device), a grouped device whole when the result consumed nothing (the API
-    /// server dropped consumable capacity and the scheduler handed it out alone), an individual
-    /// device's CPUs. It never waits for shared containers: they move to what stays shared. A
-    /// result that cannot be had means the allocation disagrees with what this node published
-    /// (another claim holds the CPUs), which the scheduler does not do from current slices.
-    pub(super) fn plan_claim(
-        &self,
-        claim: &Claim,
-    ) -> Result<(HeldClaim, Vec<String>), PolicyError> {
-        let subject = format!("claim {}/{} ({})", claim.namespace, claim.name, claim.uid);
-        let settings = claim_config::settings(claim)?;
-        let mut tentative = CpuSet::new();
-        // Memory this claim's earlier results take, by node: (bytes, hugepage bytes by size).
-        let mut held: BTreeMap<u32, (u64, BTreeMap<u64, u64>)> = BTreeMap::new();
-        let mut results = Vec::with_capacity(claim.results.len());
-        for ((i, r), s) in claim.results.iter().enumerate().zip(&settings) {
-            let at = format!("result {i} (request {})", r.request);
-            let Some(device) = self.table.get(&r.device) else {
-                let why = if self.config.exclusivity == Exclusivity::Pods {
-                    "this node publishes no devices (cpu-exclusivity: pods)".to_owned()
-                } else {
-                    "it is not one this node publishes".to_owned()
-                };
-                return Err(PolicyError::Invalid {
-                    subject,
-                    reason: format!("{at}: device {:?}: {why}", r.device),
-                });
-            };
-            if device.is_memory() {
-                // Memory without CPUs: what it consumed of its node's account, or, handed out
-                // whole (the API server dropped consumable capacity), all of it.
-                let whole = r.consumed_capacity.is_empty();
-                let grant = self.plan_claim_memory(&subject, &at, r, device, whole, &held)?;
-                if let Some(node) = grant.node {
-                    let entry = held.entry(node).or_default();
-                    entry.0 += grant.memory;
-                    for (size, bytes) in &grant.hugepages {
-                        *entry.1.entry(*size).or_default() += bytes;
-                    }
-                }
-                results.push(ResultRecord {
-                    request: r.request.clone(),
-                    device: r.device.clone(),
-                    mems: device.memory_node.into_iter().collect(),
-                    cpus: CpuSet::new(),
-                    memory_pinning: s.memory_pinning,
-                    memory_node: grant.node,
-                    memory: grant.memory,
-                    hugepages: grant.hugepages,
-                });
-                continue;
-            }
-            let free = device.cpus.difference(&self.taken).difference(&tentative);
-            let consumed = match device.share {
-                Share::Whole => None,
-                Share::Consumable { .. } => r.consumed_capacity.get(CPU_CAPACITY),
-            };
-            let cpus = match consumed {
-                None => {
-                    if free != device.cpus {
-                        let why = match device.share {
-                            Share::Whole => "it is allocated to one claim at a time".to_owned(),
-                            Share::Consumable { .. } => "the result consumed no capacity, so the scheduler handed the device out whole (DRAConsumableCapacity is off: device-mode individual fits this cluster)".to_owned(),
-                        };
-                        return Err(PolicyError::DoesNotFit {
-                            subject,
-                            reason: format!(
-                                "{at} on device {}: {why}, but cpus {} of it are held by {}",
-                                r.device,
-                                device.cpus.difference(&free),
-                                self.holders(&device.cpus.difference(&free), &tentative)
-                            ),
-                        });
-                    }
-                    device.cpus.clone()
-                }
-                Some(q) => {
-                    let n = usize::try_from(q.units_ceil()).unwrap_or(usize::MAX);
-                    if n == 0 {
-                        return Err(PolicyError::Invalid {
-                            subject,
-                            reason: format!("{at}: consumes no cpu"),
-                        });
-                    }
-                    let whole = (device.whole_cores || s.full_cores)
-                        .then(|| self.pick_whole_cores(&free, n))
-                        .flatten();
-                    let picked =
-                        whole.or_else(|| cpus::pick(&self.topo, &self.index, &free, n, None));
-                    let Some(cpus) = picked else {
-                        return Err(PolicyError::DoesNotFit {
-                            subject,
-                            reason: format!(
-                                "{at} consumed {n} cpus of device {}, but only {} of its {} are free ({} held by {})",
-                                r.device,
-                                free.len(),
-                                device.cpus.len(),
-                                device.cpus.difference(&free),
-                                self.holders(&device.cpus.difference(&free), &tentative)
-                            ),
-                        });
-                    };
-                    cpus
-                }
-            };
-            tentative = tentative.union(&cpus);
-            let whole = consumed.is_none();
-            let grant = self.plan_claim_memory(&subject, &at, r, device, whole, &held)?;
-            if let Some(node) = grant.node {
-                let entry = held.entry(node).or_default();
-                entry.0 += grant.memory;
-                for (size, bytes) in &grant.hugepages {
-                    *entry.1.entry(*size).or_default() += bytes;
-                }
-            }
-            results.push(ResultRecord {
-                request: r.request.clone(),
-                device: r.device.clone(),
-                mems: self.nodes_of(&cpus),
-                cpus,
-                memory_pinning: s.memory_pinning,
-                memory_node: grant.node,
-                memory: grant.memory,
-                hugepages: grant.hugepages,
-            });
-        }
-        let mut warnings = self.tie_memory_devices(&subject, &mut results)?;
-        self.widen_to_memory_kinds(&subject, &mut results, &settings)?;
-        // fullCores: whole cores per request (an individual request's CPUs are whole cores
-        // together, not one by one).
-        let mut asked: BTreeMap<&str, CpuSet> = BTreeMap::new();
-        for (r, s) in results.iter().zip(&settings) {
-            if s.full_cores {
-                let entry = asked.entry(r.request.as_str()).or_default();
-                *entry = entry.union(&r.cpus);
-            }
-        }
-        for (request, cpus) in asked {
-            let split = cpus.difference(&devices::whole_cores(&self.topo, &cpus));
-            if !split.is_empty() {
-                warnings.push(format!(
-                    "{subject}: request {request} asks for whole cores (fullCores), but got cpus {cpus}, which share cores through {split}: its devices hand out single cpus (claim-granularity: cpu), so it gets what the scheduler allocated; select devices with wholeCores in its DeviceClass to get whole cores"
-                ));
-            }
-        }
-        Ok((
-            HeldClaim {
-                uid: claim.uid.clone(),
-                namespace: claim.namespace.clone(),
-                name: claim.name.clone(),
-                reserved_for: claim.reserved_for.clone(),
-                results,
-                adopted: false,
-            },
-            warnings,
-        ))
-    }
-
-    /// Ties a claim's memory devices (individual model) to its CPUs: its results' memory nodes
-    /// become the nodes of its memory devices, where its memory is charged, so a container using
-    /// it allocates from the memory it was granted. A memory device result without any CPU
-    /// result is refused (a container using it would have no CPUs of the claim to run on);
-    /// memory on another node than the claim's CPUs (a claim without the `matchAttribute`
-    /// constraint on `resource.kubernetes.io/numaNode`) is granted as allocated, since the
-    /// scheduler placed the pod for it, with a warning. Errors and warnings name the request
-    /// and the amount.
-    fn tie_memory_devices(
-        &self,
-        subject: &str,
-        results: &mut [ResultRecord],
-    ) -> Result<Vec<String>, PolicyError> {
-        let memory_nodes = results
-            .iter()
-            .filter(|r| r.cpus.is_empty())
-            .fold(NodeSet::new(), |acc, r| acc.union(&r.mems));
-        if memory_nodes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let cpus = results
-            .iter()
-            .fold(CpuSet::new(), |acc, r| acc.union(&r.cpus));
-        let cpu_nodes = self.nodes_of(&cpus);
-        let tie = format!(
-            "tie its requests with constraints: [{{matchAttribute: {}}}]",
-            devices::NUMA_NODE_ATTRIBUTE
-        );
-        let mut warnings = Vec::new();
-        for (i, r) in results
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.cpus.is_empty())
-        {
-            let at = format!(
-                "result {i} (request {}) is {} of NUMA node {} (device {})",
-                r.request,
-                held_text(r),
-                r.mems,
-                r.device
-            );
-            if cpus.is_empty() {
-                return Err(PolicyError::Invalid {
-                    subject: subject.to_owned(),
-                    reason: format!(
-                        "{at}, but the claim has no cpus to go with it: ask for cpu devices in the same claim and {tie}"
-                    ),
-                });
-            }
-            if r.memory_pinning && cpu_nodes != r.mems {
-                warnings.push(format!(
-                    "{subject}: {at}, but its cpus {cpus} are on NUMA node {cpu_nodes}: containers using it get memory node {} as allocated, away from their cpus; {tie}",
-                    memory_nodes
-                ));
-            }
-        }
-        for r in results.iter_mut() {
-            r.mems = memory_nodes.clone();
-        }
-        Ok(warnings)
-    }
-
-    /// Widens each pinned result's memory nodes to the kinds its configuration allows
-    /// (`memoryKinds`, see [`claim_config`]): the memory-only nodes of those kinds attached to
-    /// its DRAM nodes, and the DRAM nodes only when `dram` is among them. A kind none of its
-    /// nodes has attached, and leaving out `dram` for a result that holds memory or hugepages
-    /// of its node, refuse the claim, naming the request and what it holds.
-    fn widen_to_memory_kinds(
-        &self,
-        subject: &str,
-        results: &mut [ResultRecord],
-        settings: &[claim_config::Settings],
-    ) -> Result<(), PolicyError> {
-        for (i, (r, s)) in results.iter_mut().zip(settings).enumerate() {
-            if !r.memory_pinning || s.memory_kinds == [MemoryKind::Dram] {
-                continue;
-            }
-            let holds = if r.cpus.is_empty() {
-                held_text(r)
-            } else if r.memory > 0 || !r.hugepages.is_empty() {
-                format!("cpus {} and {}", r.cpus, held_text(r))
-            } else {
-                format!("cpus {}", r.cpus)
-            };
-            let at = format!(
-                "result {i} (request {}, {holds} on NUMA node {})",
-                r.request, r.mems
-            );
-            let refuse = |reason: String| PolicyError::Invalid {
-                subject: subject.to_owned(),
-                reason: format!("{at}: {reason}"),
-            };
-            for &kind in s.memory_kinds.iter().filter(|&&k| k != MemoryKind::Dram) {
-                if self.attached_to(&r.mems, &[kind]).next().is_some() {
-                    continue;
-                }
-                let elsewhere: NodeSet = self
-                    .attached
-                    .iter()
-                    .filter(|(_, k, _)| *k == kind)
-                    .map(|(node, _, _)| *node)
-                    .collect();
-                let here = if elsewhere.is_empty() {
-                    format!("this machine has no {} memory", kind.as_str())
-                } else {
-                    format!(
-                        "this machine's {} memory is node {}, attached to other nodes",
-                        kind.as_str(),
-                        elsewhere
-                    )
-                };
-                let kind_name = kind.as_str();
-                return Err(refuse(format!(
-                    "its configuration's memoryKinds names {kind_name}, but no {kind_name} memory is attached to NUMA node {} ({here}); select devices with the attribute {}, or leave {kind_name} out",
-                    r.mems,
-                    devices::attached_attribute(kind),
-                )));
-            }
-            if !s.memory_kinds.contains(&MemoryKind::Dram)
-                && (r.memory > 0 || !r.hugepages.is_empty())
-            {
-                return Err(refuse(format!(
-                    "its configuration's memoryKinds leaves out dram, but the {} it holds are NUMA node {}'s dram: add dram, or ask for no memory",
-                    held_text(r),
-                    r.mems
-                )));
-            }
-            r.mems = self.zone(&r.mems, &s.memory_kinds);
-        }
-        Ok(())
-    }
-
-    /// The memory and hugepages result `r` on `device` gets from its node's account: what it
-    /// consumed of the device's `memory` and `hugepages<size>` capacities, or, for a device
-    /// handed out `whole`, all of them. `held` is what the claim's earlier results take. A
-    /// result that consumed memory the node does not have for claims, hugepages of a size it
-    /// keeps none of, or hugepages that are not whole pages is refused, naming the request and
-    /// the amount; nothing is charged then.
-    fn plan_claim_memory(
-        &self,
-        subject: &str,
-        at: &str,
-        r: &crate::model::AllocationResult,
-        device: &devices::PublishedDevice,
-        whole: bool,
-        held: &BTreeMap<u32, (u64, BTreeMap<u64, u64>)>,
-    ) -> Result<MemoryGrant, PolicyError> {
-        let invalid = |reason: String| PolicyError::Invalid {
-            subject: subject.to_owned(),
-            reason: format!("{at}: {reason}"),
-        };
-        let short = |reason: String| PolicyError::DoesNotFit {
-            subject: subject.to_owned(),
-            reason: format!("{at}: {reason}"),
-        };
-        let mut memory = 0u64;
-        let mut hugepages: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut asked = Vec::new();
-        for (name, q) in &r.consumed_capacity {
-            // Memory in whole bytes, rounded up as the kubelet rounds a request.
-            let bytes = q.units_ceil();
-            if bytes == 0 || name == CPU_CAPACITY {
-                continue;
-            }
-            if name == devices::MEMORY_CAPACITY {
-                memory = bytes;
-                asked.push(format!("{} of memory", bytes_text(bytes)));
-            } else if let Some(size) = memory::hugepage_size(name) {
-                if !q.milli().is_multiple_of(1000) || !bytes.is_multiple_of(size) {
-                    return Err(invalid(format!(
-                        "consumed {} of {name}, which is not a whole number of {} pages",
-                        bytes_text(bytes),
-                        page_size_name(size)
-                    )));
-                }
-                hugepages.insert(size, bytes);
-                asked.push(format!("{} of {name}", bytes_text(bytes)));
-            }
-        }
-        let Some(node) = device.memory_node else {
-            if asked.is_empty() {
-                return Ok(MemoryGrant::default());
-            }
-            return Err(invalid(format!(
-                "consumed {} of device {}, which publishes no memory or hugepages",
-                asked.join(" and "),
-                r.device
-            )));
-        };
-        let (held_memory, held_huge) = held.get(&node).cloned().unwrap_or_default();
-        let memory_free = self.ledger.claim_free(node).saturating_sub(held_memory);
-        let huge_free = |size: u64| {
-            self.ledger
-                .hugepages_free(node, size)
-                .map(|free| free.saturating_sub(held_huge.get(&size).copied().unwrap_or(0)))
-        };
-        if whole {
-            // The scheduler handed the device out alone: all of its node's memory is the
-            // claim's, as all of its CPUs are.
-            let hugepages = device
-                .device
-                .capacities
-                .keys()
-                .filter_map(|name| memory::hugepage_size(name))
-                .filter_map(|size| huge_free(size).map(|free| (size, free)))
-                .filter(|(_, free)| *free > 0)
-                .collect();
-            return Ok(MemoryGrant {
-                node: Some(node),
-                memory: memory_free,
-                hugepages,
-            });
-        }
-        if memory > memory_free {
-            return Err(short(format!(
-                "consumed {} of memory of device {} (node {node}), but only {} of the {} set aside for claims there are free ({} held by claims)",
-                bytes_text(memory),
-                r.device,
-                bytes_text(memory_free),
-                bytes_text(self.ledger.claim_free(node) + self.ledger.claimed(node)),
-                bytes_text(self.ledger.claimed(node) + held_memory),
-            )));
-        }
-        for (&size, &bytes) in &hugepages {
-            let name = memory::hugepage_capacity(size);
-            let Some(free) = huge_free(size) else {
-                return Err(invalid(format!(
-                    "consumed {} of {name}, but node {node} keeps no {} hugepages for claims",
-                    bytes_text(bytes),
-                    page_size_name(size)
-                )));
-            };
-            if bytes > free {
-                return Err(short(format!(
-                    "consumed {} of {name} of device {} (node {node}), but only {} are free for claims",
-                    bytes_text(bytes),
-                    r.device,
-                    bytes_text(free),
-                )));
-            }
-        }
-        let any = memory > 0 || !hugepages.is_empty();
-        Ok(MemoryGrant {
-            node: any.then_some(node),
-            memory,
-            hugepages,
-        })
-    }
-
-    /// Who holds `cpus`: the claims (and this claim's earlier results, `tentative`).
-    fn holders(&self, cpus: &CpuSet, tentative: &CpuSet) -> String {
-        let mut who: Vec<String> = self
-            .claims
-            .values()
-            .filter(|c| c.cpus().intersects(cpus))
-            .map(|c| format!("claim {}", c.describe()))
-            .collect();
-        if tentative.intersects(cpus) {
-            who.push("this claim's other results".into());
-        }
-        if who.is_empty() {
-            "containers".into()
-        } else {
-            who.join(", ")
-        }
-    }
-
-    /// `n` CPUs of `free` in whole cores, if whole cores can make them up exactly: as the
-    /// picker chooses them (cache locality, packing), else the largest cores first (on hybrid
-    /// parts, where cores have different thread counts).
-    fn pick_whole_cores(&self, free: &CpuSet, n: usize) -> Option<CpuSet> {
-        let whole = devices::whole_cores(&self.topo, free);
-        if let Some(cpus) = cpus::pick(&self.topo, &self.index, &whole, n, None)
-            && devices::whole_cores(&self.topo, &cpus) == cpus
-        {
-            return Some(cpus);
-        }
-        let mut cores: Vec<&CpuSet> = self
-            .topo
-            .cores
-            .iter()
-            .map(|c| &c.threads)
-            .filter(|t| !t.is_empty() && whole.is_superset(t))
-            .collect();
-        cores.sort_by_key(|t| (Reverse(t.len()), t.first()));
-        let mut picked = CpuSet::new();
-        let mut left = n;
-        for threads in cores {
-            if threads.len() <= left {
-                picked = picked.union(threads);
-                left -= threads.len();
-            }
-        }
-        (left == 0).then_some(picked)
-    }
-
-    /// Keeps a running exclusive container on the CPUs it has, when they are still free.
-    fn plan_keep(&self, c: &Container, opts: &Options, n: usize, isolated: bool) -> Option<Placed> {
-        let cpus = c.cpus.as_ref().filter(|s| s.len() == n)?;
-        let pool = self
-            .pools
-            .iter()
-            .filter(|p| p.cpus.is_superset(cpus))
-            .min_by_key(|p| (p.cpus.len(), p.id))?;
-        let grant = if isolated
-            && self
-                .isolated
-                .difference(&self.isolated_taken)
-                .is_superset(cpus)
-        {
-            Grant::Isolated {
-                pool: pool.id,
-                cpus: cpus.clone(),
-            }
-        } else {
-            // Not if claims may take them now (the exclusivity setting changed since).
-            if !self.exclusive_free(0).is_superset(cpus) {
-                return None;
-            }
-            let mut spare = self.spare();
-            let list: Vec<u32> = cpus.iter().collect();
-            if !(Spare {
-                per_pool: &mut spare,
-            })
-            .take(&self.index, &list)
-            {
-                return None;
-            }
-            Grant::Exclusive {
-                pool: pool.id,
-                cpus: cpus.clone(),
-            }
-        };
-        let nodes = self.nodes_of(cpus);
-        let (mems, charge) = self.plan_memory(c, opts, &nodes, &pool.name).ok()?;
-        Some(self.placed(c, grant, mems, charge))
-    }
-
-    /// Exclusive CPUs for a running container, with its memory unpinned if it does not fit
-    /// pinned; `None` when the CPUs cannot be had.
-    fn plan_exclusive_running(
-        &self,
-        c: &Container,
-        opts: &Options,
-        n: usize,
-        isolated: bool,
-    ) -> Option<Placed> {
-        match self.plan_exclusive(c, opts, n, isolated) {
-            Ok(Ok(placed)) => Some(placed),
-            Ok(Err(_)) => None,
-            Err(_) => {
-                let unpinned = Options {
-                    pin_memory: false,
-                    ..opts.clone()
-                };
-                let mut placed = self.plan_exclusive(c, &unpinned, n, isolated).ok()?.ok()?;
-                placed.fallbacks.push(Fallback::MemoryUnpinned);
-                Some(placed)
-            }
-        }
-    }
-
-    /// Places a running container no matter what: as planned (which never refuses for CPUs or
-    /// memory), else, for a request the policy cannot read, on the shared CPUs of the root.
-    fn place_running(
-        &mut self,
-        c: &Container,
-        opts: &Options,
-        class: &Class,
-        updates: &mut Updates,
-    ) {
-        let mut placed = self
-            .plan_admitted(c, opts, class, c.cpus.as_ref())
-            .unwrap_or_else(|_| {
-                let grant = Grant::Shared {
-                    pool: 0,
-                    milli: c.resources.cpu_request_milli,
-                };
-                self.placed(c, grant, None, Vec::new())
-            });
-        // Nobody to tell on a sync; the inventory shows where it landed.
-        placed.warnings.clear();
-        self.commit(&c.id, placed, updates);
-    }
-
-    /// Rebuilds every container placement, keeping the claims; returns updates for containers
-    /// whose cpuset or memory nodes differ from what the runtime reported.
-    pub(super) fn sync_containers(&mut self, containers: &[Container]) -> Vec<ContainerUpdate> {
-        // Containers that run shared because their exclusive CPUs could not be had stay shared:
-        // a sync does not move running workloads it need not move.
-        let ran_shared: std::collections::BTreeSet<String> = self
-            .containers
-            .iter()
-            .filter(|(_, p)| p.fallbacks.contains(&Fallback::NotExclusive))
-            .map(|(id, _)| id.clone())
-            .collect();
-        self.containers.clear();
-        for l in &mut self.load {
-            *l = super::PoolLoad::default();
-        }
-        self.ledger.clear_containers();
-        self.taken = self
-            .claims
-            .values()
-            .fold(CpuSet::new(), |acc, c| acc.union(&c.cpus()));
-        self.isolated_taken = CpuSet::new();
-        self.refresh_all_shared();
-
-        let by_id: BTreeMap<&str, &Container> =
-            containers.iter().map(|c| (c.id.as_str(), c)).collect();
-        let planned: Vec<(&Container, Options, Class)> = by_id
-            .values()
-            .map(|&c| {
-                let opts = annotations::options(c, &self.config.reserved_namespaces)
-                    .unwrap_or_else(|_| annotations::defaults(c, &self.config.reserved_namespaces));
-                let class = self.classify(c, &opts);
-                (c, opts, class)
-            })
-            .collect();
-        let mut scratch = Updates::new();
-
-        // Claims and reserved CPUs compete with nobody.
-        for (c, opts, class) in &planned {
-            if matches!(class, Class::Claim { .. } | Class::Reserved) {
-                self.place_running(c, opts, class, &mut scratch);
-            }
-        }
-
-        let mut exclusive: Vec<(&Container, &Options, &Class, usize)> = planned
-            .iter()
-            .filter_map(|(c, o, class)| match class {
-                Class::Exclusive { n, .. } => Some((*c, o, class, *n)),
-                _ => None,
-            })
-            .collect();
-        // Those that ran shared stay shared, placed with the shared ones (and like them,
-        // where they run now): the policy said so before this sync, or, after a restart, their
-        // CPUs are shared with another container, which exclusive CPUs never are.
-        let shares_cpus = |c: &Container| {
-            c.cpus.as_ref().is_some_and(|mine| {
-                containers
-                    .iter()
-                    .any(|o| o.id != c.id && o.cpus.as_ref().is_some_and(|x| x.intersects(mine)))
-            })
-        };
-        let mut not_exclusive = Vec::new();
-        let mut rest = Vec::new();
-        for &(c, opts, class, n) in &exclusive {
-            let Class::Exclusive { isolated, .. } = class else {
-                continue;
-            };
-            if ran_shared.contains(&c.id) || shares_cpus(c) {
-                not_exclusive.push((c, opts));
-                continue;
-            }
-            match self.plan_keep(c, opts, n, *isolated) {
-                Some(placed) => self.commit(&c.id, placed, &mut scratch),
-                None => rest.push((c, opts, class, n)),
-            }
-        }
-        // New exclusive grants, leaving the shared containers to come room at the root. (Those
-        // kept above are running: they stay where they are, shared containers or not.)
-        let (shared_milli, shared_count) = planned
-            .iter()
-            .filter_map(|(_, _, class)| match class {
-                Class::Shared { milli } => Some(*milli),
-                _ => None,
-            })
-            .fold((0u64, 0usize), |(m, n), milli| (m + milli, n + 1));
-        if let Some(root) = self.load.first_mut() {
-            root.milli += shared_milli;
-            root.count += shared_count;
-        }
-        exclusive = rest;
-        exclusive.sort_by(|a, b| b.3.cmp(&a.3).then_with(|| a.0.id.cmp(&b.0.id)));
-        for (c, opts, class, n) in exclusive {
-            let Class::Exclusive { isolated, .. } = class else {
-                continue;
-            };
-            match self.plan_exclusive_running(c, opts, n, *isolated) {
-                Some(placed) => self.commit(&c.id, placed, &mut scratch),
-                None => not_exclusive.push((c, opts)),
-            }
-        }
-        if let Some(root) = self.load.first_mut() {
-            root.milli = root.milli.saturating_sub(shared_milli);
-            root.count = root.count.saturating_sub(shared_count);
-        }
-
-        for (c, opts, class) in &planned {
-            if matches!(class, Class::Shared { .. }) {
-                self.place_running(c, opts, class, &mut scratch);
-            }
-        }
-        for (c, opts) in not_exclusive {
-            let shared = Class::Shared {
-                milli: c.resources.cpu_request_milli,
-            };
-            let mut placed = self
-                .plan_admitted(c, opts, &shared, c.cpus.as_ref())
-                .unwrap_or_else(|_| {
-                    let grant = Grant::Shared {
-                        pool: 0,
-                        milli: c.resources.cpu_request_milli,
-                    };
-                    self.placed(c, grant, None, Vec::new())
-                });
-            placed.fallbacks.insert(0, Fallback::NotExclusive);
-            placed.warnings.clear();
-            self.commit(&c.id, placed, &mut scratch);
-        }
-
-        by_id
-            .values()
-            .filter_map(|c| {
-                let want = self.update_of(&c.id)?;
-                let cpus_differ = c.cpus != want.cpus;
-                let mems_differ = want.mems.is_some() && c.mems != want.mems;
-                (cpus_differ || mems_differ).then_some(want)
-            })
-            .collect()
     }
 }
