@@ -227,8 +227,9 @@ func status(b *testing.B, pid int) map[string]float64 {
 	return figures
 }
 
-// fileRss sums the resident pages of /proc/<pid>/smaps's file mappings: those of the process's
-// own executable, and those of shared libraries (`.so` files), in bytes.
+// fileRss sums the resident file pages of /proc/<pid>/smaps's mappings (Rss less Anonymous: a
+// written page of a file's private mapping is anonymous, counted in RssAnon): those of the
+// process's own executable, and those of shared libraries (`.so` files), in bytes.
 func fileRss(b *testing.B, pid int) (binary, libs float64) {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
@@ -248,10 +249,13 @@ func fileRss(b *testing.B, pid int) (binary, libs float64) {
 			if len(fields) >= 6 {
 				path = fields[5]
 			}
-		case len(fields) == 3 && fields[0] == "Rss:" && fields[2] == "kB":
+		case len(fields) == 3 && (fields[0] == "Rss:" || fields[0] == "Anonymous:") && fields[2] == "kB":
 			kib, err := strconv.ParseFloat(fields[1], 64)
 			if err != nil {
 				b.Fatalf("%s in /proc/%d/smaps: %v", line, pid, err)
+			}
+			if fields[0] == "Anonymous:" {
+				kib = -kib
 			}
 			switch {
 			case path == exe:
