@@ -121,7 +121,7 @@ pub use plugin::{Delivery, Plugin, PluginError, PluginErrorKind, RuntimeInfo, St
 pub use rpc::{CallError, Status, code};
 pub use stub::{
     DEFAULT_SOCKET_PATH, Endpoint, Handle, PLUGIN_NRI_VERSION, PLUGIN_SOCKET_ENV, StubConfig,
-    StubError, UpdateError, connect, connect_over, take_plugin_socket,
+    StubError, UpdateError, UpdateLull, connect, connect_over, take_plugin_socket,
 };
 
 /// Re-exported so users build against the exact version our generated code was built with.

@@ -82,6 +82,9 @@ type cluster struct {
 	// synced are the updates of the last Synchronize reply, which the runtime drops (see
 	// creating_test.go).
 	synced []*api.ContainerUpdate
+	// locks, when set, are the locks of a runtime on NRI v0.11 (see lockorder_test.go), which
+	// UpdateContainers takes.
+	locks *v011Locks
 	// api sends commands to the fake API server; answers reads its answers.
 	api     io.Writer
 	answers *bufio.Reader
@@ -131,6 +134,8 @@ type setup struct {
 	// crashAt names a point (crates/resmgr/src/points.rs) at which the agent aborts: it then
 	// runs as resmgr-crashing (see agentBinary).
 	crashAt string
+	// v011Locks makes the runtime take the locks of CRI-O on NRI v0.11 (see lockorder_test.go).
+	v011Locks bool
 }
 
 // startSetup starts the agent as `s` says.
@@ -147,6 +152,9 @@ func startSetup(t testing.TB, s setup) *cluster {
 			Shares: &api.OptionalUInt64{Value: 512}, Cpus: "8-15", Mems: "1"}}}}
 	c.running, c.containers, c.refuse, c.creating = s.running, s.containers, map[string]bool{}, map[string]bool{}
 	c.applied = map[string]string{}
+	if s.v011Locks {
+		c.locks = &v011Locks{crio: make(lock, 1), adaptation: make(lock, 1)}
+	}
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
 		c.mu.Lock()
 		pods := append([]*api.PodSandbox{web}, c.running...)
@@ -159,6 +167,13 @@ func startSetup(t testing.TB, s setup) *cluster {
 		return err
 	}
 	updateFn := func(_ context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		if c.locks != nil {
+			release, err := c.locks.aroundUpdate()
+			if err != nil {
+				return nil, err
+			}
+			defer release()
+		}
 		c.mu.Lock()
 		var failed, applied []*adaptation.ContainerUpdate
 		for _, one := range u {

@@ -7,6 +7,7 @@
 //! reconnect: the resource manager exits on a lost connection and is restarted.
 
 mod inherited;
+mod lull;
 mod service;
 #[cfg(test)]
 mod tests;
@@ -26,6 +27,7 @@ use tokio::{
 };
 
 pub use self::inherited::take_plugin_socket;
+pub use self::lull::UpdateLull;
 use self::service::{DEFAULT_REQUEST_TIMEOUT, IN_EVENT_HANDLER, PluginService};
 use crate::{
     api,
@@ -120,6 +122,8 @@ pub struct StubConfig {
     pub dedicated_event_calls: bool,
     /// How long to wait for RegisterPlugin's reply, and then for Configure. Runtimes use 5 s.
     pub registration_timeout: Duration,
+    /// How long an unsolicited update waits for the runtime's events to pause ([`UpdateLull`]).
+    pub update_lull: UpdateLull,
 }
 
 impl StubConfig {
@@ -129,6 +133,7 @@ impl StubConfig {
             index: index.into(),
             dedicated_event_calls: true,
             registration_timeout: Duration::from_secs(5),
+            update_lull: UpdateLull::DEFAULT,
         }
     }
 }
@@ -186,7 +191,7 @@ where
         // mux::start opens exactly the connections it was given.
         unreachable!("mux::start did not open connections 1 and 2");
     };
-    let shared = Arc::new(Shared::new());
+    let shared = Arc::new(Shared::new(config.update_lull));
     {
         let (shared, closer) = (shared.clone(), mux.closer.clone());
         tokio::spawn(async move {
@@ -294,12 +299,15 @@ struct Lifecycle {
 #[derive(Debug)]
 pub(crate) struct Shared {
     lifecycle: watch::Sender<Lifecycle>,
+    /// The runtime's calls being handled, which unsolicited updates wait out.
+    lull: lull::Lull,
 }
 
 impl Shared {
-    fn new() -> Self {
+    fn new(update_lull: UpdateLull) -> Self {
         Self {
             lifecycle: watch::channel(Lifecycle::default()).0,
+            lull: lull::Lull::new(update_lull),
         }
     }
 
@@ -339,6 +347,10 @@ impl Handle {
     ///
     /// On [`UpdateError::Rejected`] the runtime has dropped the list of failed updates; which
     /// updates applied is unknown, so keep all of them pending and re-assert them.
+    ///
+    /// The call first waits for a pause in the runtime's events, up to the configured
+    /// [`UpdateLull::max_wait`]: on NRI v0.11 runtimes an update that meets an event can deadlock
+    /// the runtime ([`UpdateLull`]). That wait counts against a caller's own timeout.
     pub async fn update_containers(
         &self,
         updates: Vec<api::ContainerUpdate>,
@@ -346,6 +358,7 @@ impl Handle {
         if IN_EVENT_HANDLER.try_with(|_| ()).is_ok() {
             return Err(UpdateError::InsideEventHandler);
         }
+        self.shared.lull.wait().await;
         let timeout = self
             .runtime_info()
             .map_or(DEFAULT_REQUEST_TIMEOUT, |r| r.request_timeout);

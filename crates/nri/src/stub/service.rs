@@ -6,7 +6,9 @@
 //! end) and the mapping of every other call onto the [`Plugin`] trait, including the dedicated
 //! per-event calls of NRI v0.12 runtimes or, when configured, Unimplemented so that those runtimes
 //! fall back to StateChange. Every handler runs inside [`IN_EVENT_HANDLER`], which is how
-//! `update_containers` recognises (and refuses) a call from inside a handler.
+//! `update_containers` recognises (and refuses) a call from inside a handler, and is counted by
+//! the connection's lull ([`super::lull`]), with the updates its reply carries, which
+//! `update_containers` waits out.
 
 use std::{
     future::Future,
@@ -64,13 +66,36 @@ impl<P: Plugin> PluginService<P> {
     }
 
     async fn dispatch(&self, method: &str, payload: Bytes) -> Reply {
+        let mut handling = self.shared.lull.handling();
         let plugin = &*self.plugin;
+        let mut replied = |n: usize| handling.replied_with(n);
         let result = match method {
             "Configure" => return self.configure(payload).await.into(),
-            "Synchronize" => return self.synchronize(payload).await,
-            "CreateContainer" => unary(payload, |r| plugin.create_container(r)).await,
-            "UpdateContainer" => unary(payload, |r| plugin.update_container(r)).await,
-            "StopContainer" => unary(payload, |r| plugin.stop_container(r)).await,
+            "Synchronize" => return self.synchronize(payload, &mut replied).await,
+            "CreateContainer" => {
+                unary(payload, |r| async {
+                    let reply = plugin.create_container(r).await?;
+                    replied(reply.update.len());
+                    Ok(reply)
+                })
+                .await
+            }
+            "UpdateContainer" => {
+                unary(payload, |r| async {
+                    let reply = plugin.update_container(r).await?;
+                    replied(reply.update.len());
+                    Ok(reply)
+                })
+                .await
+            }
+            "StopContainer" => {
+                unary(payload, |r| async {
+                    let reply = plugin.stop_container(r).await?;
+                    replied(reply.update.len());
+                    Ok(reply)
+                })
+                .await
+            }
             "UpdatePodSandbox" => {
                 unary(payload, |r| async {
                     plugin.update_pod_sandbox(r).await?;
@@ -177,7 +202,8 @@ impl<P: Plugin> PluginService<P> {
         Ok(api::ConfigureResponse { events: mask }.encode_to_vec())
     }
 
-    async fn synchronize(&self, payload: Bytes) -> Reply {
+    /// Tells `replied` how many updates the final reply carries.
+    async fn synchronize(&self, payload: Bytes, replied: &mut impl FnMut(usize)) -> Reply {
         let req: api::SynchronizeRequest = match decode(payload) {
             Ok(r) => r,
             Err(status) => return Err(status).into(),
@@ -206,6 +232,7 @@ impl<P: Plugin> PluginService<P> {
             Ok(u) => u,
             Err(e) => return Err(refusal(e)).into(),
         };
+        replied(update.len());
         let reply = api::SynchronizeResponse {
             update,
             more: false,

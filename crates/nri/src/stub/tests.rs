@@ -603,6 +603,48 @@ async fn update_containers_from_a_task_reaches_the_runtime() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_update_waits_for_the_runtimes_events_to_pause() {
+    let lull = UpdateLull {
+        quiet: Duration::from_millis(300),
+        per_update: Duration::from_millis(100),
+        max_wait: Duration::from_secs(5),
+    };
+    let mut config = StubConfig::new("test", "10");
+    config.update_lull = lull;
+    let (plugin, _seen) = test_plugin(&[Event::CreateContainer]);
+    let (handle, mut runtime, _p, _) = handshake(plugin, config, "").await;
+    // The handshake's Configure is a call too: wait it out first.
+    tokio::time::sleep(lull.quiet).await;
+
+    let req = api::CreateContainerRequest {
+        pod: Some(api::PodSandbox::default()),
+        container: Some(container("c1")),
+    };
+    let _: api::CreateContainerResponse = runtime.call("CreateContainer", &req).await.unwrap();
+    let answered = tokio::time::Instant::now();
+    let updates = vec![cpuset_update("c2", "2-3")];
+    let sending = tokio::spawn({
+        let handle = handle.clone();
+        let updates = updates.clone();
+        async move { handle.update_containers(updates).await }
+    });
+    assert_eq!(runtime.updates.recv().await.unwrap(), updates);
+    let waited = answered.elapsed();
+    assert!(
+        waited >= lull.quiet,
+        "the update reached the runtime {waited:?} after its event, before the {:?} lull",
+        lull.quiet
+    );
+    sending.await.unwrap().unwrap();
+
+    // Quiet since: the next update goes at once.
+    let again = tokio::time::Instant::now();
+    handle.update_containers(updates.clone()).await.unwrap();
+    assert_eq!(runtime.updates.recv().await.unwrap(), updates);
+    assert!(again.elapsed() < lull.quiet, "{:?}", again.elapsed());
+}
+
 // === connection loss ===
 
 #[tokio::test]
