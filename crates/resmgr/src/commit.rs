@@ -332,7 +332,8 @@ impl Manager {
     /// confirm, which stay pending.
     ///
     /// A batch the runtime refuses is sent again one update at a time, so that one container the
-    /// runtime cannot update (it may be gone) does not hold back everyone else's updates.
+    /// runtime cannot update (it may be gone) does not hold back everyone else's updates. A
+    /// batch it did not answer in time is not: it is still pending, for the next delivery.
     pub async fn deliver(&self) -> Result<(), DeliveryError> {
         self.deliver_only(None).await
     }
@@ -424,7 +425,9 @@ impl Manager {
                 self.with_lock(|mut inner| inner.pending.finish(&batch, |_| false))
                     .await;
                 let mut failed = BTreeSet::new();
-                if batch.len() > 1 {
+                // Only a refusal may be one container's doing; a runtime that did not answer
+                // would not answer the singles either, each taking the whole timeout.
+                if batch.len() > 1 && matches!(e, RuntimeError::Refused(_)) {
                     debug!(error = %e, updates = batch.len(), "batch refused; sending updates one by one");
                     for single in &batch {
                         if !self.send_one(single).await {

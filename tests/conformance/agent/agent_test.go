@@ -153,7 +153,7 @@ func startSetup(t testing.TB, s setup) *cluster {
 	c.running, c.containers, c.refuse, c.creating = s.running, s.containers, map[string]bool{}, map[string]bool{}
 	c.applied = map[string]string{}
 	if s.v011Locks {
-		c.locks = &v011Locks{crio: make(lock, 1), adaptation: make(lock, 1)}
+		c.locks = newV011Locks()
 	}
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
 		c.mu.Lock()

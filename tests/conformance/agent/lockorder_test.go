@@ -18,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,11 +52,29 @@ func (l lock) unlock() { <-l }
 // v011Locks are CRI-O's NRI lock and the v0.11 adaptation's.
 type v011Locks struct {
 	crio, adaptation lock
+	// arrived counts the UpdateContainers calls that reached the runtime.
+	arrived chan struct{}
+	mu      sync.Mutex
+	// slow, when set, is what the next UpdateContainers waits for, holding both locks, as CRI-O
+	// waits for a `runc update` of a container being killed.
+	slow chan struct{}
+}
+
+// slowNext makes the next UpdateContainers wait for `until` once it holds both locks.
+func (l *v011Locks) slowNext(until chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.slow = until
+}
+
+func newV011Locks() *v011Locks {
+	return &v011Locks{crio: make(lock, 1), adaptation: make(lock, 1), arrived: make(chan struct{}, 64)}
 }
 
 // aroundUpdate takes the locks in the order the v0.11 adaptation and CRI-O take them for a
 // plugin's UpdateContainers; the returned function releases them.
 func (l *v011Locks) aroundUpdate() (func(), error) {
+	l.arrived <- struct{}{}
 	if !l.adaptation.within(deadlockLimit) {
 		return nil, fmt.Errorf("the adaptation's lock stayed taken for %v", deadlockLimit)
 	}
@@ -64,6 +83,13 @@ func (l *v011Locks) aroundUpdate() (func(), error) {
 	if !l.crio.within(2 * deadlockLimit) {
 		l.adaptation.unlock()
 		return nil, fmt.Errorf("deadlock: UpdateContainers holds the adaptation's lock and waited %v for CRI-O's", 2*deadlockLimit)
+	}
+	l.mu.Lock()
+	slow := l.slow
+	l.slow = nil
+	l.mu.Unlock()
+	if slow != nil {
+		<-slow
 	}
 	return func() { l.crio.unlock(); l.adaptation.unlock() }, nil
 }
@@ -169,5 +195,73 @@ func TestUpdatesWaitOutARemovalOnNRIv011(t *testing.T) {
 	web := c.nextUpdate("web-app").GetLinux().GetResources().GetCpu().GetCpus()
 	if claimed == "" || web == "" || overlaps(web, claimed) {
 		t.Fatalf("web-app was updated to %q; the claim holds %q", web, claimed)
+	}
+}
+
+// An update the runtime is slow to apply holds both locks; an event waits for CRI-O's meanwhile.
+// A second update sent then queues for the adaptation's lock ahead of that event, and once the
+// first lets go it takes the adaptation's lock while the event takes CRI-O's: a deadlock, the one
+// the CRI-O cluster stage met (docs/deploy.md#cri-o-under-the-kubelet). The agent must not send
+// another update while the runtime has not answered the one before.
+func TestOneUpdateAtATimeOnNRIv011(t *testing.T) {
+	c := startSetup(t, setup{dra: true, topology: "pack:1 numa:2 core:4 pu:2", v011Locks: true})
+	endpoint := c.ready()
+	locks := c.locks
+	slow := make(chan struct{})
+	locks.slowNext(slow)
+	released := false
+	defer func() {
+		if !released {
+			close(slow)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+
+	// A claim moves the web container: the runtime is slow to apply that update.
+	go func() {
+		claim := &drav1.Claim{Namespace: "default", Name: "db-cpus", Uid: claimUID}
+		_, _ = draClient(t, endpoint).NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: []*drav1.Claim{claim}})
+	}()
+	select {
+	case <-locks.arrived:
+	case <-time.After(waitLimit):
+		t.Fatal("the claim's update never reached the runtime")
+	}
+
+	// A container is created meanwhile: CRI-O takes its lock, which the update holds.
+	pod, ctr := bestEffort("scratch")
+	created := make(chan error, 1)
+	go func() {
+		if !locks.crio.within(waitLimit) {
+			created <- fmt.Errorf("CRI-O's lock stayed taken for %v", waitLimit)
+			return
+		}
+		defer locks.crio.unlock()
+		if !locks.adaptation.within(deadlockLimit) {
+			created <- fmt.Errorf("the runtime deadlocked: the event holds CRI-O's lock and waited %v for the "+
+				"adaptation's, which a second UpdateContainers took while the first was applied", deadlockLimit)
+			return
+		}
+		defer locks.adaptation.unlock()
+		_, err := c.runtime.CreateContainer(ctx, &api.CreateContainerRequest{Pod: pod, Container: ctr})
+		created <- err
+	}()
+
+	// The agent gives up on the first update after the runtime's request timeout (2 s) and tries
+	// again; give it time to send a second one.
+	select {
+	case <-locks.arrived:
+		t.Log("a second UpdateContainers reached the runtime while it applied the first")
+	case <-time.After(3 * time.Second):
+	}
+	close(slow)
+	released = true
+	if err := <-created; err != nil {
+		t.Fatalf("CreateContainer: %v; logs:\n%s", err, c.logs.String())
+	}
+	// Neither the runtime nor the agent is stuck: the web container ends up with an update.
+	if web := c.nextUpdate("web-app").GetLinux().GetResources().GetCpu().GetCpus(); web == "" {
+		t.Fatal("web-app was updated to no cpuset")
 	}
 }

@@ -56,7 +56,7 @@ func poll(t testing.TB, what string, within time.Duration, cond func() (bool, er
 // its pods are gone (stopped, their claims unprepared), so that no test's pods are still
 // stopping while the next one runs. (Whatever a test's pods are doing when it ends would
 // otherwise meet the next test's claims: on CRI-O 1.36 the agent's moving a stopping container
-// can deadlock the runtime's NRI, TestAClaimReleasedWhileTheContainersItMovesBackStop.) The
+// is where its NRI can deadlock, TestAClaimReleasedWhileTheContainersItMovesBackStop.) The
 // namespace itself goes later; waiting for it would cost the namespace controller's seconds.
 func namespace(t testing.TB) string {
 	t.Helper()

@@ -267,16 +267,6 @@ func TestDeletingAClaimPodUnpreparesRightAfterTheKubeletStopsItsContainers(t *te
 	}
 }
 
-// crioUpdateDeadlock is why TestAClaimReleasedWhileTheContainersItMovesBackStop cannot run on
-// CRI-O 1.36.2.
-const crioUpdateDeadlock = "CRI-O 1.36.2 deadlocks here (NRI v0.11's lock order; cri-o/cri-o#9835). Its NRI adaptation holds the adaptation's lock " +
-	"while it applies a plugin's unsolicited UpdateContainers, which then takes CRI-O's own NRI lock, while every " +
-	"container event (StopContainer here) takes CRI-O's lock first and the adaptation's second. An update queued " +
-	"behind a slow one (runc update waits for a container being killed) meets the kubelet's StopContainer, and from " +
-	"then on every NRI event and every CRI call that reaches NRI hangs until CRI-O restarts (seen in this stage: " +
-	"goroutine dump in docs/deploy.md#cri-o-under-the-kubelet). Fixed upstream in NRI v0.12 (containerd/nri#301, " +
-	"containerd 2.4 has it); cri-o/cri-o#9835 is the CRI-O fix"
-
 // A claim released while the containers the agent moves back onto its CPUs are being stopped:
 // the claim's pod and the shared pods next to it are deleted at once, as a namespace's deletion
 // or a rollout does, so the agent's UpdateContainers, moving the shared containers back onto the
@@ -284,14 +274,14 @@ const crioUpdateDeadlock = "CRI-O 1.36.2 deadlocks here (NRI v0.11's lock order;
 // kills only at the end of their grace period (their sleep ignores SIGTERM). The updates of the
 // containers that stopped meanwhile fail, the agent drops them when the runtime reports the
 // containers stopped, every pod goes, the claim is unprepared, and the next claim is prepared
-// and pinned: neither the runtime nor the agent is left stuck. On CRI-O 1.36.2 this wedges the
-// runtime (crioUpdateDeadlock), so it runs on containerd only; the agent could narrow the window
-// (never a second UpdateContainers while one that timed out may still be applied) but not close
-// it.
+// and pinned: neither the runtime nor the agent is left stuck. On CRI-O 1.36 (NRI v0.11) this is
+// where an UpdateContainers can deadlock the runtime: its NRI adaptation takes its lock and then
+// CRI-O's for a plugin's update, and every event takes them the other way round. An update
+// retried while the runtime still applies a slow one (runc waits for a container being killed)
+// once met the kubelet's StopContainer that way here (docs/deploy.md#cri-o-under-the-kubelet);
+// the agent now never sends an update while the runtime has not answered the one before, and
+// waits for the runtime's events to pause (nri::UpdateLull).
 func TestAClaimReleasedWhileTheContainersItMovesBackStop(t *testing.T) {
-	if node.Runtime() == onenode.CRIO {
-		t.Skip(crioUpdateDeadlock)
-	}
 	ns := namespace(t)
 	restarts := agentPod(t).Status.ContainerStatuses[0].RestartCount
 	shared := []string{"stopping-a", "stopping-b"}

@@ -8,12 +8,18 @@
 //! the runtime (fixed in NRI v0.12: containerd/nri#301; for CRI-O: cri-o/cri-o#9835). An
 //! `UpdateContainers` that reaches the adaptation's lock while an event holds the runtime's lock
 //! and has yet to take the adaptation's deadlocks the runtime for good: every later container
-//! operation of the node hangs behind it, and no timeout on our side undoes it. The windows are
+//! operation of the node hangs behind it, and no timeout on our side undoes it. Two windows are
 //! (1) between an event taking the runtime's lock and calling the plugins, and (2) in CRI-O's
 //! RemoveContainer of a container that exited by itself, between its StopContainer, whose
 //! reply's updates the runtime applies one `runc update` at a time under its lock, and its
 //! RemoveContainer. The resource manager's e2e hung CRI-O this way: a claim's release sent its
 //! updates while the runtime was stopping the previous agent's container.
+//!
+//! A third is ours to close outright: an update the runtime is slow to apply (`runc update` of a
+//! container being killed waits for it) holds both locks, events queue for the runtime's, and a
+//! second update sent meanwhile queues for the adaptation's ahead of them; when the first lets go,
+//! the second takes the adaptation's lock and an event the runtime's. So the stub never sends an
+//! update while the runtime has not answered the one before ([`super::Handle::update_containers`]).
 //!
 //! A plugin cannot see window (1) open, but events come in bursts (a pod's containers are stopped,
 //! then its sandbox, then removed), and window (2) follows a reply of ours. So an unsolicited

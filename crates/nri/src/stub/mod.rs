@@ -108,6 +108,13 @@ pub enum UpdateError {
     /// The call itself failed: connection lost, deadline, undecodable reply.
     #[error("calling UpdateContainers")]
     Call(#[source] CallError),
+    /// An earlier call, which the runtime has not answered yet, kept this one from being sent
+    /// for as long as the runtime's request timeout: the runtime may still be applying it.
+    #[error(
+        "the runtime has not answered an earlier UpdateContainers after {waited_ms} ms; not \
+         sending another while it may still be applying that one"
+    )]
+    EarlierUnanswered { waited_ms: u128 },
 }
 
 /// How the stub identifies itself and behaves.
@@ -301,6 +308,8 @@ pub(crate) struct Shared {
     lifecycle: watch::Sender<Lifecycle>,
     /// The runtime's calls being handled, which unsolicited updates wait out.
     lull: lull::Lull,
+    /// Held by the UpdateContainers the runtime has not answered yet.
+    update_slot: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Shared {
@@ -308,6 +317,7 @@ impl Shared {
         Self {
             lifecycle: watch::channel(Lifecycle::default()).0,
             lull: lull::Lull::new(update_lull),
+            update_slot: Arc::default(),
         }
     }
 
@@ -348,9 +358,12 @@ impl Handle {
     /// On [`UpdateError::Rejected`] the runtime has dropped the list of failed updates; which
     /// updates applied is unknown, so keep all of them pending and re-assert them.
     ///
-    /// The call first waits for a pause in the runtime's events, up to the configured
-    /// [`UpdateLull::max_wait`]: on NRI v0.11 runtimes an update that meets an event can deadlock
-    /// the runtime ([`UpdateLull`]). That wait counts against a caller's own timeout.
+    /// On NRI v0.11 runtimes an update that meets an event can deadlock the runtime
+    /// ([`UpdateLull`]), so the call is sent only once the runtime has answered the one before
+    /// it, and the runtime's events have paused (for up to [`UpdateLull::max_wait`]). All of it
+    /// counts against the runtime's request timeout: past it the call fails
+    /// ([`UpdateError::EarlierUnanswered`] when the earlier one still holds it back, a deadline
+    /// otherwise), and a call that was sent stays in the runtime until it answers.
     pub async fn update_containers(
         &self,
         updates: Vec<api::ContainerUpdate>,
@@ -358,23 +371,51 @@ impl Handle {
         if IN_EVENT_HANDLER.try_with(|_| ()).is_ok() {
             return Err(UpdateError::InsideEventHandler);
         }
-        self.shared.lull.wait().await;
         let timeout = self
             .runtime_info()
             .map_or(DEFAULT_REQUEST_TIMEOUT, |r| r.request_timeout);
+        let deadline = tokio::time::Instant::now() + timeout;
+        // One UpdateContainers in the runtime at a time, answered or not: one the runtime is
+        // still applying holds its NRI locks, and on NRI v0.11 a second one queued behind it can
+        // deadlock the runtime with the next event once the first lets go ([`UpdateLull`]).
+        let Ok(slot) =
+            tokio::time::timeout_at(deadline, self.shared.update_slot.clone().lock_owned()).await
+        else {
+            return Err(UpdateError::EarlierUnanswered {
+                waited_ms: timeout.as_millis(),
+            });
+        };
+        self.shared.lull.wait().await;
         let request = api::UpdateContainersRequest {
             update: updates,
             evict: vec![],
         };
-        let reply = self
-            .runtime
-            .call(
-                RUNTIME_SERVICE,
-                "UpdateContainers",
-                request.encode_to_vec(),
-                Some(timeout),
-            )
-            .await;
+        let runtime = self.runtime.clone();
+        // The call outlives our deadline: it keeps the slot until the runtime answers or the
+        // connection ends, however long that takes.
+        let call = tokio::spawn(async move {
+            let reply = runtime
+                .call(
+                    RUNTIME_SERVICE,
+                    "UpdateContainers",
+                    request.encode_to_vec(),
+                    None,
+                )
+                .await;
+            drop(slot);
+            reply
+        });
+        let reply = match tokio::time::timeout_at(deadline, call).await {
+            Ok(Ok(reply)) => reply,
+            // The task neither panics nor is aborted; if it ever were, the call is lost.
+            Ok(Err(_)) => Err(CallError::ConnectionClosed {
+                method: "UpdateContainers".into(),
+            }),
+            Err(_) => Err(CallError::DeadlineExceeded {
+                method: "UpdateContainers".into(),
+                timeout_ms: timeout.as_millis(),
+            }),
+        };
         match reply {
             Ok(bytes) => api::UpdateContainersResponse::decode(bytes)
                 .map(|r| r.failed)

@@ -36,6 +36,9 @@ struct RuntimeService {
     registered: mpsc::UnboundedSender<api::RegisterPluginRequest>,
     updates: mpsc::UnboundedSender<Vec<api::ContainerUpdate>>,
     outcome: Mutex<UpdateOutcome>,
+    /// When set, the next UpdateContainers is answered only once this fires (a runtime applying
+    /// it slowly).
+    hold: Mutex<Option<oneshot::Receiver<()>>>,
 }
 
 impl Service for RuntimeService {
@@ -50,6 +53,10 @@ impl Service for RuntimeService {
                 "UpdateContainers" => {
                     let req = api::UpdateContainersRequest::decode(payload).unwrap();
                     self.updates.send(req.update).unwrap();
+                    let hold = self.hold.lock().unwrap().take();
+                    if let Some(hold) = hold {
+                        let _ = hold.await;
+                    }
                     match *self.outcome.lock().unwrap() {
                         UpdateOutcome::Succeed => {
                             Ok(api::UpdateContainersResponse::default().encode_to_vec()).into()
@@ -85,6 +92,7 @@ impl FakeRuntime {
             registered: reg_tx,
             updates: upd_tx,
             outcome: Mutex::new(UpdateOutcome::Succeed),
+            hold: Mutex::new(None),
         });
         rpc::serve(
             RUNTIME_CONN,
@@ -643,6 +651,44 @@ async fn an_update_waits_for_the_runtimes_events_to_pause() {
     handle.update_containers(updates.clone()).await.unwrap();
     assert_eq!(runtime.updates.recv().await.unwrap(), updates);
     assert!(again.elapsed() < lull.quiet, "{:?}", again.elapsed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_update_is_sent_while_the_runtime_has_not_answered_the_one_before() {
+    let mut config = StubConfig::new("test", "10");
+    config.update_lull = UpdateLull::NONE;
+    let (plugin, _seen) = test_plugin(&[Event::CreateContainer]);
+    let (handle, mut runtime, _p, _) = handshake(plugin, config, "").await;
+    let (release, hold) = oneshot::channel();
+    *runtime.service.hold.lock().unwrap() = Some(hold);
+
+    let first = vec![cpuset_update("c1", "2-3")];
+    let err = handle.update_containers(first.clone()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            UpdateError::Call(CallError::DeadlineExceeded {
+                timeout_ms: 2000,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(runtime.updates.recv().await.unwrap(), first);
+
+    // The runtime is still applying it: the next one is not sent.
+    let second = vec![cpuset_update("c2", "4-5")];
+    let err = handle.update_containers(second.clone()).await.unwrap_err();
+    assert_eq!(err, UpdateError::EarlierUnanswered { waited_ms: 2000 });
+    assert!(
+        runtime.updates.try_recv().is_err(),
+        "a second update reached the runtime"
+    );
+
+    // Once the runtime answers the first, the next one goes.
+    release.send(()).unwrap();
+    handle.update_containers(second.clone()).await.unwrap();
+    assert_eq!(runtime.updates.recv().await.unwrap(), second);
 }
 
 // === connection loss ===

@@ -66,6 +66,18 @@ impl Runtime for NriRuntime {
             match handle.update_containers(updates).await {
                 // We never set ignore_failure, so nothing comes back on success.
                 Ok(failed) => Ok(failed.into_iter().map(|u| u.container_id).collect()),
+                Err(
+                    nri::UpdateError::EarlierUnanswered { waited_ms }
+                    | nri::UpdateError::Call(nri::CallError::DeadlineExceeded {
+                        timeout_ms: waited_ms,
+                        ..
+                    }),
+                ) => Err(RuntimeError::Timeout(std::time::Duration::from_millis(
+                    u64::try_from(waited_ms).unwrap_or(u64::MAX),
+                ))),
+                Err(nri::UpdateError::Call(nri::CallError::ConnectionClosed { .. })) => {
+                    Err(RuntimeError::Disconnected)
+                }
                 Err(e) => Err(RuntimeError::Refused(chain(&e))),
             }
         })
