@@ -73,28 +73,13 @@ impl<P: Plugin> PluginService<P> {
             "Configure" => return self.configure(payload).await.into(),
             "Synchronize" => return self.synchronize(payload, &mut replied).await,
             "CreateContainer" => {
-                unary(payload, |r| async {
-                    let reply = plugin.create_container(r).await?;
-                    replied(reply.update.len());
-                    Ok(reply)
-                })
-                .await
+                unary_with_updates(payload, &mut replied, |r| plugin.create_container(r)).await
             }
             "UpdateContainer" => {
-                unary(payload, |r| async {
-                    let reply = plugin.update_container(r).await?;
-                    replied(reply.update.len());
-                    Ok(reply)
-                })
-                .await
+                unary_with_updates(payload, &mut replied, |r| plugin.update_container(r)).await
             }
             "StopContainer" => {
-                unary(payload, |r| async {
-                    let reply = plugin.stop_container(r).await?;
-                    replied(reply.update.len());
-                    Ok(reply)
-                })
-                .await
+                unary_with_updates(payload, &mut replied, |r| plugin.stop_container(r)).await
             }
             "UpdatePodSandbox" => {
                 unary(payload, |r| async {
@@ -283,6 +268,47 @@ where
 {
     let request = decode(payload)?;
     let reply = handler(request).await.map_err(refusal)?;
+    Ok(reply.encode_to_vec())
+}
+
+/// A reply that carries updates of other containers, which the runtime applies after it.
+trait CarriesUpdates {
+    fn updates(&self) -> usize;
+}
+
+impl CarriesUpdates for api::CreateContainerResponse {
+    fn updates(&self) -> usize {
+        self.update.len()
+    }
+}
+
+impl CarriesUpdates for api::UpdateContainerResponse {
+    fn updates(&self) -> usize {
+        self.update.len()
+    }
+}
+
+impl CarriesUpdates for api::StopContainerResponse {
+    fn updates(&self) -> usize {
+        self.update.len()
+    }
+}
+
+/// Like [`unary`], telling `replied` how many updates the reply carries (for the lull).
+async fn unary_with_updates<Req, Resp, F, Fut>(
+    payload: Bytes,
+    replied: &mut impl FnMut(usize),
+    handler: F,
+) -> Result<Vec<u8>, Status>
+where
+    Req: Message + Default,
+    Resp: Message + CarriesUpdates,
+    F: FnOnce(Req) -> Fut,
+    Fut: Future<Output = Result<Resp, PluginError>>,
+{
+    let request = decode(payload)?;
+    let reply = handler(request).await.map_err(refusal)?;
+    replied(reply.updates());
     Ok(reply.encode_to_vec())
 }
 

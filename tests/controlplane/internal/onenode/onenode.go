@@ -823,9 +823,12 @@ func Down(dir string, keep bool) error {
 	if err := releaseHugepages(NRHugepages2M, dir); err != nil {
 		errs = append(errs, err)
 	}
-	if st.Network.HostLink != "" {
-		if _, err := os.Stat("/sys/class/net/" + st.Network.HostLink); err == nil {
-			if err := run("ip", "link", "del", st.Network.HostLink); err != nil {
+	if link := st.Network.HostLink; link != "" {
+		if _, err := os.Stat("/sys/class/net/" + link); err == nil {
+			// The kernel removes the link by itself once the network namespace at its other
+			// end is gone, which the kill above starts: it may go between the look and the
+			// delete, and then it is gone as wanted.
+			if err := run("ip", "link", "del", link); err != nil && hostLinkExists(link) {
 				errs = append(errs, err)
 			}
 		}
@@ -836,6 +839,12 @@ func Down(dir string, keep bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// hostLinkExists says whether the network link is still there.
+func hostLinkExists(link string) bool {
+	_, err := os.Stat("/sys/class/net/" + link)
+	return err == nil
 }
 
 // RemoveAbandoned takes down the runs whose owner has died (a test binary killed on a timeout).
