@@ -5,9 +5,9 @@
 // the plugins StopContainer, applies the updates of their replies (one `runc update` each) still
 // holding its lock, then sends RemoveContainer: an UpdateContainers arriving in between takes the
 // adaptation's lock and waits for CRI-O's, which waits for the adaptation's. The runtime then
-// hangs for good, as the CRI-O e2e did when a claim was prepared while a container was being
-// removed. The agent must leave that window alone: its updates wait for a lull in the runtime's
-// calls ([nri::UpdateLull]).
+// hangs for good, as the CRI-O e2e did when a claim was released while a container was being
+// stopped. The agent must leave such windows alone: its updates wait for a lull in the runtime's
+// calls, and never go while the runtime has not answered the one before (nri::UpdateLull).
 //
 // The adaptation here is NRI v0.12's, so the v0.11 order is played by two locks of the fake
 // runtime around it: the events take `crio` then `adaptation`, and UpdateContainers takes
@@ -31,7 +31,7 @@ const (
 	// on a busy node. The agent's lull must outlast it.
 	runcUpdate = 40 * time.Millisecond
 	// deadlockLimit is how long a lock the runtime needs may stay taken before the test calls it
-	// a deadlock: every holder here lets go within milliseconds.
+	// a deadlock: every holder here lets go well within it (the slow update after 3 s).
 	deadlockLimit = 5 * time.Second
 )
 

@@ -8,8 +8,8 @@
 //! the runtime (fixed in NRI v0.12: containerd/nri#301; for CRI-O: cri-o/cri-o#9835). An
 //! `UpdateContainers` that reaches the adaptation's lock while an event holds the runtime's lock
 //! and has yet to take the adaptation's deadlocks the runtime for good: every later container
-//! operation of the node hangs behind it, and no timeout on our side undoes it. Two windows are
-//! (1) between an event taking the runtime's lock and calling the plugins, and (2) in CRI-O's
+//! operation of the node hangs behind it, and no timeout on our side undoes it. Two of the windows
+//! are (1) between an event taking the runtime's lock and calling the plugins, and (2) in CRI-O's
 //! RemoveContainer of a container that exited by itself, between its StopContainer, whose
 //! reply's updates the runtime applies one `runc update` at a time under its lock, and its
 //! RemoveContainer. The resource manager's e2e hung CRI-O this way: a claim's release sent its
@@ -30,7 +30,8 @@
 //! starts right as the runtime receives the update; only a runtime on NRI v0.12 or later closes
 //! it. The wait is the same on every runtime: the announced NRI version of a fixed runtime would
 //! save it, but a wait that depends on a version string would go untested on the runtimes the
-//! tests use, and it costs at most a few tens of milliseconds after an event.
+//! tests use; and it costs nothing when no event is near, and an update at most
+//! [`UpdateLull::max_wait`] when one is.
 
 use std::time::Duration;
 
