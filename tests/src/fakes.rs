@@ -290,6 +290,9 @@ pub struct RuntimeState {
     pub report_failed: BTreeSet<String>,
     /// When each call arrived (tokio's clock, so paused-time tests see virtual time).
     pub call_times: Vec<tokio::time::Instant>,
+    /// How many updates each call carried, counted as it arrived: before [`FakeRuntime::hold`],
+    /// so a call abandoned while held counts too.
+    pub arrivals: Vec<usize>,
     /// Containers being created and started: until their PostStartContainer the runtime skips
     /// their updates while reporting them applied, the worst of what containerd does (it does
     /// not know them until their PostCreateContainer, and then may write their updates into a
@@ -315,6 +318,7 @@ impl Runtime for FakeRuntime {
         updates: Vec<ContainerUpdate>,
     ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
         Box::pin(async move {
+            self.state.lock().unwrap().arrivals.push(updates.len());
             self.arrived.notify_one();
             drop(self.hold.lock().await);
             let result = self.apply_call(updates);

@@ -883,6 +883,36 @@ async fn updates_the_runtime_reports_as_failed_stay_pending_and_are_named() {
     );
 }
 
+/// A batch the runtime does not answer in time stays pending and is not sent again one update
+/// at a time, as a refused one is: a runtime that did not answer the batch would not answer the
+/// singles either, and each would be one more update into a runtime that may still be applying
+/// the batch (on CRI-O 1.36, one that can deadlock it: `nri::UpdateLull`).
+#[tokio::test(start_paused = true)]
+async fn a_batch_the_runtime_does_not_answer_is_not_resent_one_update_at_a_time() {
+    let h = Harness::new();
+    // Disk work on the calling task: paused time does not run ahead while a save is on a
+    // thread of the blocking pool.
+    h.faults.run_inline();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = h
+        .ready(
+            TestPolicy::new(8),
+            &[container("a", "pod-web"), container("b", "pod-web")],
+        )
+        .await;
+    let held = h.runtime.hold.lock().await;
+    let err = prepare_error(&m, "c1").await;
+    assert!(err.contains("did not answer"), "{err}");
+    drop(held);
+    let arrivals = h.runtime.state.lock().unwrap().arrivals.clone();
+    assert_eq!(
+        arrivals,
+        [2, 2],
+        "the prepare's batch and its rollback's, each of a and b, and nothing else"
+    );
+    assert_eq!(m.pending_updates().await, 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_background_retry_delivers_what_a_commit_could_not_with_doubling_backoff() {
     let h = Harness::new();

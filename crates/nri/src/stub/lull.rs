@@ -65,12 +65,6 @@ impl UpdateLull {
     };
 }
 
-impl Default for UpdateLull {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
-}
-
 /// The runtime's calls being handled, and when the last one's effects settle.
 #[derive(Debug, Clone, Copy)]
 struct Calls {
