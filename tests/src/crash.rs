@@ -1,14 +1,16 @@
 //! The crash test's fault hook: the process aborts at the named point that `RESMGR_CRASH_AT`
 //! names ([`CRASH_AT_ENV`]), with no unwinding, no destructors and no flushing, as close to a
-//! power cut as a test can get.
+//! power cut as a test can get; or it stops at the point `RESMGR_HOLD_AT` names
+//! ([`HOLD_AT_ENV`]) until the test lets it go on, so that a test can act at exactly that
+//! instant (start another agent while one is between two steps of a handover, say).
 //!
 //! It is installed only by the binaries the crash tests run: `crash-child` (a manager over a
 //! directory, killed at every step of prepare, unprepare and commit by `tests/crash.rs`) and
-//! `resmgr-crashing` (the agent, `resmgr_agent::main`, killed at the steps of a handover by the
-//! Go agent suite). The shipped `resmgr` has no hook, and nothing of this is in it: `cargo xtask`
-//! checks its bytes for [`CRASH_AT_ENV`].
+//! `resmgr-crashing` (the agent, `resmgr_agent::main`, killed or held at the steps of a handover
+//! by the Go agent suite). The shipped `resmgr` has no hook, and nothing of this is in it:
+//! `cargo xtask` checks its bytes for [`CRASH_AT_ENV`].
 
-use std::sync::Arc;
+use std::{io::Read, path::PathBuf, sync::Arc};
 
 use resmgr::{
     faults::{FaultHooks, Faults},
@@ -17,6 +19,15 @@ use resmgr::{
 
 /// The environment variable naming the point to abort at.
 pub const CRASH_AT_ENV: &str = "RESMGR_CRASH_AT";
+
+/// The environment variable naming the point to stop at, and the named pipe (FIFO) that lets
+/// the process go on, as `<point>:<fifo>`.
+///
+/// At the point the process writes `hold point <point>: waiting for <fifo>` to stderr and opens
+/// the pipe for reading, which blocks until the test opens it for writing; it goes on once the
+/// test closes it. The thread that reached the point stops; the process's other threads carry
+/// on, as they would if that step were slow.
+pub const HOLD_AT_ENV: &str = "RESMGR_HOLD_AT";
 
 /// Aborts the process at the point of this name.
 #[derive(Debug)]
@@ -31,11 +42,55 @@ impl FaultHooks for CrashAt {
     }
 }
 
-/// The fault handle the environment asks for: [`CrashAt`] the point [`CRASH_AT_ENV`] names, or
-/// none when it is unset.
+/// Stops at the point of this name until the test writes to, and closes, the pipe.
+#[derive(Debug)]
+pub struct HoldAt {
+    /// The point's name.
+    pub point: String,
+    /// The named pipe the test opens for writing to let the process go on.
+    pub fifo: PathBuf,
+}
+
+impl FaultHooks for HoldAt {
+    fn crash_point(&self, point: Point) {
+        if point.name() != self.point {
+            return;
+        }
+        eprintln!("hold point {point}: waiting for {}", self.fifo.display());
+        // Opening a FIFO for reading blocks until a writer opens it; reading ends when the
+        // writer closes it. Either failing (the test removed it, say) lets the process go on,
+        // which the test then sees as the step not having waited.
+        match std::fs::File::open(&self.fifo) {
+            Ok(mut fifo) => {
+                let _ = fifo.read_to_end(&mut Vec::new());
+            }
+            Err(e) => eprintln!("hold point {point}: opening {}: {e}", self.fifo.display()),
+        }
+        eprintln!("hold point {point}: going on");
+    }
+}
+
+/// The fault handle the environment asks for: [`CrashAt`] the point [`CRASH_AT_ENV`] names,
+/// [`HoldAt`] the point and pipe [`HOLD_AT_ENV`] names, or none when neither is set.
+///
+/// # Panics
+///
+/// When both are set, or [`HOLD_AT_ENV`] is not `<point>:<fifo>`: a test's mistake.
 pub fn from_env() -> Faults {
-    match std::env::var(CRASH_AT_ENV) {
-        Ok(name) => Faults::new(Arc::new(CrashAt(name))),
-        Err(_) => Faults::default(),
+    let crash = std::env::var(CRASH_AT_ENV).ok();
+    let hold = std::env::var(HOLD_AT_ENV).ok();
+    match (crash, hold) {
+        (None, None) => Faults::default(),
+        (Some(name), None) => Faults::new(Arc::new(CrashAt(name))),
+        (None, Some(hold)) => {
+            let (point, fifo) = hold
+                .split_once(':')
+                .unwrap_or_else(|| panic!("{HOLD_AT_ENV}={hold}: expected <point>:<fifo>"));
+            Faults::new(Arc::new(HoldAt {
+                point: point.to_owned(),
+                fifo: fifo.into(),
+            }))
+        }
+        (Some(_), Some(_)) => panic!("{CRASH_AT_ENV} and {HOLD_AT_ENV} are both set"),
     }
 }

@@ -67,6 +67,8 @@ type cluster struct {
 	args []string
 	// crashAt is the point the agent aborts at (setup.crashAt), for restarts.
 	crashAt string
+	// holdAt is the point the agent stops at (setup.holdAt).
+	holdAt *hold
 	// mu guards what the runtime reports at Synchronize and which updates it refuses.
 	mu sync.Mutex
 	// running and containers are what the runtime reports at Synchronize, besides web's app.
@@ -134,6 +136,9 @@ type setup struct {
 	// crashAt names a point (crates/resmgr/src/points.rs) at which the agent aborts: it then
 	// runs as resmgr-crashing (see agentBinary).
 	crashAt string
+	// holdAt is a point at which the agent stops until the test lets it go on: it then runs as
+	// resmgr-crashing too.
+	holdAt *hold
 	// v011Locks makes the runtime take the locks of CRI-O on NRI v0.11 (see lockorder_test.go).
 	v011Locks bool
 }
@@ -142,7 +147,7 @@ type setup struct {
 func startSetup(t testing.TB, s setup) *cluster {
 	t.Helper()
 	dra := s.dra
-	c := &cluster{t: t, dra: dra, dir: t.TempDir(), active: make(pluginCount, 8), crashAt: s.crashAt,
+	c := &cluster{t: t, dra: dra, dir: t.TempDir(), active: make(pluginCount, 8), crashAt: s.crashAt, holdAt: s.holdAt,
 		updates: make(chan []*api.ContainerUpdate, 16), logs: &harness.LockedBuffer{}}
 
 	web := &api.PodSandbox{Id: "sb-web", Name: "web", Uid: "pod-web-uid", Namespace: "default",
@@ -229,14 +234,20 @@ func startSetup(t testing.TB, s setup) *cluster {
 }
 
 // agentBinary is the agent to run: `resmgr`, the binary that ships, or with a crash point
-// (crashAt, not empty), the tests package's `resmgr-crashing`: the same agent
-// (`resmgr_agent::main`) with the crash test's fault hook, which aborts the process at the point
-// RESMGR_CRASH_AT names. The shipped binary has no such hook.
-func agentBinary(t testing.TB, crashAt string) (string, []string) {
+// (crashAt, not empty) or a hold point (holdAt, not nil), the tests package's
+// `resmgr-crashing`: the same agent (`resmgr_agent::main`) with the crash test's fault hook,
+// which aborts the process at the point RESMGR_CRASH_AT names, or stops it at the point
+// RESMGR_HOLD_AT names until the test lets it go on. The shipped binary has no such hook.
+func agentBinary(t testing.TB, crashAt string, holdAt *hold) (string, []string) {
 	t.Helper()
 	name, env := "resmgr", []string(nil)
-	if crashAt != "" {
+	switch {
+	case crashAt != "" && holdAt != nil:
+		t.Fatal("an agent either crashes or holds at a point, not both")
+	case crashAt != "":
 		name, env = "resmgr-crashing", []string{"RESMGR_CRASH_AT=" + crashAt}
+	case holdAt != nil:
+		name, env = "resmgr-crashing", []string{"RESMGR_HOLD_AT=" + holdAt.point + ":" + holdAt.fifo}
 	}
 	bin, err := rustbin.Path(name)
 	if err != nil {
@@ -248,11 +259,11 @@ func agentBinary(t testing.TB, crashAt string) (string, []string) {
 // launch starts the agent with c.args.
 func (c *cluster) launch() {
 	t := c.t
-	bin, crashEnv := agentBinary(t, c.crashAt)
+	bin, crashEnv := agentBinary(t, c.crashAt, c.holdAt)
 	c.agent = exec.Command(bin, c.args...)
 	// Nothing of a cluster in the environment: without DRA the agent must not look for one.
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") && !strings.HasPrefix(kv, "RESMGR_CRASH_AT=") {
+		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") && !strings.HasPrefix(kv, "RESMGR_CRASH_AT=") && !strings.HasPrefix(kv, "RESMGR_HOLD_AT=") {
 			c.agent.Env = append(c.agent.Env, kv)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/resmgr/resmgr/tests/conformance/internal/harness"
@@ -57,7 +59,7 @@ func (c *cluster) spawn(pod string) *instance {
 // agentBinary.
 func (c *cluster) spawnCrashing(pod, crashAt string) *instance {
 	c.t.Helper()
-	bin, env := agentBinary(c.t, crashAt)
+	bin, env := agentBinary(c.t, crashAt, nil)
 	in := &instance{t: c.t, pod: pod, exited: make(chan error, 1), logs: &harness.LockedBuffer{}, metrics: freeAddr(c.t)}
 	var args []string
 	for i := 0; i < len(c.args); i++ {
@@ -71,7 +73,7 @@ func (c *cluster) spawnCrashing(pod, crashAt string) *instance {
 	args = append(args, "--metrics-addr", in.metrics, "--pod-uid", pod)
 	in.cmd = exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") && !strings.HasPrefix(kv, "RESMGR_CRASH_AT=") {
+		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") && !strings.HasPrefix(kv, "RESMGR_CRASH_AT=") && !strings.HasPrefix(kv, "RESMGR_HOLD_AT=") {
 			in.cmd.Env = append(in.cmd.Env, kv)
 		}
 	}
@@ -160,10 +162,16 @@ func (c *cluster) registerInstance(pod string) string {
 	return info.Endpoint
 }
 
-// owner starts the cluster with the agent of oldPod, registered, ready, and claim db-cpus
-// prepared on it; returns the claim's CPUs.
+// ownedByTheOldAgent starts the cluster with the agent of oldPod, registered, ready, and claim
+// db-cpus prepared on it; returns the claim's CPUs.
 func ownedByTheOldAgent(t *testing.T) (*cluster, string) {
-	c := startSetup(t, setup{dra: true, topology: "pack:1 numa:2 core:4 pu:2", args: []string{"--pod-uid", oldPod}})
+	return ownedByTheOldAgentHolding(t, nil)
+}
+
+// ownedByTheOldAgentHolding is ownedByTheOldAgent with the old agent stopping at holdAt (none if
+// nil).
+func ownedByTheOldAgentHolding(t *testing.T, holdAt *hold) (*cluster, string) {
+	c := startSetup(t, setup{dra: true, topology: "pack:1 numa:2 core:4 pu:2", args: []string{"--pod-uid", oldPod}, holdAt: holdAt})
 	for n := 0; n != 1; {
 		select {
 		case n = <-c.active:
@@ -376,6 +384,110 @@ func TestTwoNewAgents(t *testing.T) {
 		t.Fatalf("the agent that took the node first says %v: %q", ok, why)
 	}
 	// The adaptation never had two of us: every plugin count it reported was 0 or 1.
+	for {
+		select {
+		case n := <-c.active:
+			if n > 1 {
+				t.Fatalf("the runtime had %d plugins of ours at once", n)
+			}
+			continue
+		default:
+		}
+		break
+	}
+}
+
+// hold is a point at which an agent stops until the test lets it go on (RESMGR_HOLD_AT, see
+// agentBinary): there the agent says so on stderr and opens the named pipe fifo for reading,
+// which blocks until the test opens it for writing.
+type hold struct {
+	point, fifo string
+}
+
+func newHold(t testing.TB, point string) *hold {
+	t.Helper()
+	fifo := filepath.Join(t.TempDir(), "hold")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatalf("making the hold pipe: %v", err)
+	}
+	return &hold{point: point, fifo: fifo}
+}
+
+// reached reports whether the agent whose logs these are has stopped at the point.
+func (h *hold) reached(logs *harness.LockedBuffer) func() bool {
+	return func() bool { return strings.Contains(logs.String(), "hold point "+h.point+": waiting") }
+}
+
+// release lets the agent stopped at the point go on.
+func (h *hold) release(t testing.TB) {
+	t.Helper()
+	f, err := os.OpenFile(h.fifo, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatalf("opening the hold pipe: %v", err)
+	}
+	_ = f.Close()
+}
+
+// A third agent that looks at the node in the instant the owner has let it go to the successor
+// it accepted, and before that successor holds it, finds it held and waits: the node passes
+// to the chosen successor, which serves the kubelet's call it held, and to no one else. (The
+// owner used to unlock the state directory for the successor to lock it; whoever polled the
+// lock first won, and the successor, the agent the kubelet calls, timed out.)
+func TestThirdAgentMidHandover(t *testing.T) {
+	released := newHold(t, "handover.released")
+	c, db := ownedByTheOldAgentHolding(t, released)
+	next := c.spawn(newPod)
+	dra := draClient(t, c.registerInstance(newPod))
+	// The kubelet calls the new agent, which holds the call until it owns the node.
+	type answer struct {
+		resp *drav1.NodePrepareResourcesResponse
+		err  error
+	}
+	held := make(chan answer, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+		defer cancel()
+		resp, err := dra.NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{
+			Claims: []*drav1.Claim{{Namespace: "default", Name: "cache-cpus", Uid: unpinnedUID}}})
+		held <- answer{resp, err}
+	}()
+	c.waitFor("the old agent to stop where it lets the node go", released.reached(c.logs))
+
+	third := c.spawn(thirdPod)
+	owns, waits := "this agent owns the node", "cannot be asked for it now"
+	c.waitFor("the third agent to look at the node", func() bool {
+		logs := third.logs.String()
+		return strings.Contains(logs, owns) || strings.Contains(logs, waits)
+	})
+	if strings.Contains(third.logs.String(), owns) {
+		t.Fatalf("the third agent took the node while the owner was handing it to the agent of %s", newPod)
+	}
+	released.release(t)
+
+	select {
+	case a := <-held:
+		if a.err != nil {
+			t.Fatalf("the kubelet's call to the chosen successor failed: %v", a.err)
+		}
+		if got := a.resp.Claims[unpinnedUID]; got.GetError() != "" {
+			t.Fatalf("the chosen successor refused cache-cpus: %s", got.GetError())
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("the chosen successor never answered the kubelet's call it held")
+	}
+	if cache := c.claimedCPUs(unpinnedUID); overlaps(cache, db) {
+		t.Fatalf("cache-cpus %q overlaps db-cpus %q", cache, db)
+	}
+	if !strings.Contains(next.logs.String(), owns) {
+		t.Fatalf("the chosen successor served the call without owning the node")
+	}
+	// The third agent asks the node's new owner for it, as a new agent does; it never took it.
+	c.waitFor("the third agent to ask the successor", func() bool {
+		return strings.Contains(third.logs.String(), "hands it over to this one")
+	})
+	if !strings.Contains(third.logs.String(), "owner="+newPod) && !strings.Contains(third.logs.String(), `owner="`+newPod) {
+		t.Fatalf("the third agent took the node from someone other than the successor:\n%s", third.logs.String())
+	}
 	for {
 		select {
 		case n := <-c.active:
