@@ -93,6 +93,7 @@ const STATE_VARIANTS: &[&str] = &[
     "Write",
     "Cleanup",
     "InUse",
+    "NotTheLock",
     "Lock",
 ];
 
@@ -106,6 +107,7 @@ fn state_variant(e: &StateError) -> &'static str {
         StateError::Write { .. } => "Write",
         StateError::Cleanup { .. } => "Cleanup",
         StateError::InUse { .. } => "InUse",
+        StateError::NotTheLock { .. } => "NotTheLock",
         StateError::Lock { .. } => "Lock",
     }
 }
@@ -154,6 +156,11 @@ fn state_errors(dir: &Path) -> Vec<StateError> {
     let _held = file.lock().unwrap();
     errors.push(file.lock().unwrap_err());
     errors.push(blocked.lock().unwrap_err());
+    // A handover passing a descriptor of another file as the lock.
+    let (other, other_dir) = at("other");
+    drop(other);
+    let not_the_lock = fs::File::create(other_dir.join("not-the-lock")).unwrap();
+    errors.push(file.adopt(not_the_lock.into()).unwrap_err());
     errors
 }
 

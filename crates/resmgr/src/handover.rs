@@ -28,10 +28,25 @@
 //! 4. new → owner: `go`;
 //! 5. the owner shuts its claim gate and waits for the claim calls in flight
 //!    ([`Manager::hand_over`]), closes its NRI connection, saves the state one last time, stops
-//!    writing anything, lets the state directory's lock go, and answers `released`;
-//! 6. the new agent takes the lock, starts from the state on disk exactly as after a restart
-//!    (specs reconciled, claims restored), connects to the runtime, whose Synchronize gives it
-//!    every container, and opens its gate: the held calls are served.
+//!    writing anything, removes its handover socket, and answers `released` with the state
+//!    directory's lock attached ([`Successor::release`]);
+//! 6. the new agent holds the lock it was passed, starts from the state on disk exactly as after
+//!    a restart (specs reconciled, claims restored), connects to the runtime, whose Synchronize
+//!    gives it every container, and opens its gate: the held calls are served.
+//!
+//! # How the lock passes, and why a third agent cannot slip in
+//!
+//! The lock is a `flock` on `<state-dir>/.lock`, which belongs to the open file description, not
+//! to the process. The owner sends its descriptor with `released` (`SCM_RIGHTS`, [`conn`]) and
+//! then closes its own: the lock is held from the owner's start until the successor lets it
+//! go, and never free in between. Unlocking it for the successor to lock would let whichever
+//! agent polled it first take the node: a second new agent, or the old pod's restarted
+//! container (both poll it every second), and the successor, the agent the kubelet calls,
+//! would hold the kubelet's calls for a lock it never gets. Any other agent finds the lock
+//! held throughout and, the owner's socket gone, waits and asks the successor once it owns the
+//! node. The successor checks that the descriptor is the lock file's and that its lock is held
+//! ([`crate::state::StateFile::adopt`]). An owner that passes none (one that died) leaves the
+//! lock to be taken once free.
 //!
 //! # What passes from the old agent to the new one
 //!
@@ -62,29 +77,25 @@
 //! atomic. So whatever dies, at whatever point ([`crate::points::Point::HANDOVER`]), the worst
 //! case is a restart from disk, as today, never two owners:
 //! - the new agent dies before `go`: the owner notices the closed connection and carries on;
-//! - the new agent dies after `go`: the owner finishes handing over; the new pod's container is
-//!   restarted and starts from disk, finding the lock free;
+//! - the new agent dies after `go`: the owner finishes handing over; the descriptor it sent dies
+//!   with the connection, which frees the lock; the new pod's container is restarted and starts
+//!   from disk;
 //! - the owner dies during the handover: the new agent sees the connection close, waits for the
-//!   lock, which is free, and starts from disk;
-//! - two new agents at once: the owner answers one at a time; the second finds the first one
-//!   owning the node by the time it asks again, and asks it.
+//!   lock, which is free, and starts from disk (or, if another agent took it first, asks that
+//!   one for the node);
+//! - two new agents at once: the owner answers one at a time; the other finds the lock held
+//!   throughout, and asks the successor once it owns the node.
 
 use std::{
     collections::BTreeSet,
     io,
+    os::fd::OwnedFd,
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use serde::{Deserialize, Serialize};
-use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
-    net::{
-        UnixListener, UnixStream,
-        unix::{OwnedReadHalf, OwnedWriteHalf},
-    },
-    time::timeout,
-};
+use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
 
 use crate::{
@@ -95,6 +106,10 @@ use crate::{
     runtime::BoxFuture,
     state::{StateError, StateFile, StateLock},
 };
+
+mod conn;
+
+use conn::Conn;
 
 /// The handover socket's file name, in the state directory.
 pub const SOCKET: &str = "handover.sock";
@@ -142,7 +157,8 @@ pub enum Message {
     },
     /// The new agent is registered with the kubelet: hand over now.
     Go,
-    /// The owner let the node go: its lock is free.
+    /// The owner let the node go: the state directory's lock comes with this message, as a
+    /// descriptor ([`conn`]).
     Released,
 }
 
@@ -212,67 +228,6 @@ pub enum HandoverError {
     /// The owner refused.
     #[error("the agent that owns the node refused to hand it over: {0}")]
     Refused(String),
-}
-
-/// One end of the exchange: a line of JSON each way at a time.
-#[derive(Debug)]
-struct Conn {
-    reader: BufReader<OwnedReadHalf>,
-    writer: OwnedWriteHalf,
-}
-
-impl Conn {
-    fn new(stream: UnixStream) -> Self {
-        let (reader, writer) = stream.into_split();
-        Self {
-            reader: BufReader::new(reader),
-            writer,
-        }
-    }
-
-    async fn send(&mut self, message: &Message) -> Result<(), HandoverError> {
-        let mut line = serde_json::to_vec(message).map_err(|e| HandoverError::Io(e.into()))?;
-        line.push(b'\n');
-        self.writer
-            .write_all(&line)
-            .await
-            .map_err(HandoverError::Io)
-    }
-
-    /// The next message, waiting at most `within`.
-    async fn recv(&mut self, within: Duration) -> Result<Message, HandoverError> {
-        match timeout(within, self.read_line()).await {
-            Ok(line) => line,
-            Err(_) => Err(HandoverError::Timeout(within)),
-        }
-    }
-
-    async fn read_line(&mut self) -> Result<Message, HandoverError> {
-        let mut line = Vec::new();
-        loop {
-            let buf = self.reader.fill_buf().await.map_err(HandoverError::Io)?;
-            if buf.is_empty() {
-                return Err(HandoverError::Closed);
-            }
-            let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
-                Some(end) => (&buf[..end], Some(end + 1)),
-                None => (buf, None),
-            };
-            if line.len() + chunk.len() > MAX_MESSAGE {
-                return Err(HandoverError::TooLong);
-            }
-            line.extend_from_slice(chunk);
-            let used = done.unwrap_or(chunk.len());
-            self.reader.consume(used);
-            if done.is_some() {
-                break;
-            }
-        }
-        serde_json::from_slice(&line).map_err(|source| HandoverError::Malformed {
-            line: String::from_utf8_lossy(&line).chars().take(200).collect(),
-            source,
-        })
-    }
 }
 
 // === the owner's side ===
@@ -348,7 +303,7 @@ impl Owner {
     }
 
     async fn offer(&self, mut conn: Conn) -> Result<Successor, HandoverError> {
-        let hello = match conn.recv(HELLO_WAIT).await? {
+        let hello = match conn.recv_plain(HELLO_WAIT).await? {
             Message::Hello(hello) => hello,
             got => {
                 return Err(HandoverError::Unexpected {
@@ -371,20 +326,30 @@ impl Owner {
             None
         };
         if let Some(reason) = refusal {
-            conn.send(&Message::Refused {
-                reason: reason.clone(),
-            })
+            conn.send(
+                &Message::Refused {
+                    reason: reason.clone(),
+                },
+                None,
+            )
             .await?;
             return Err(HandoverError::Refused(reason));
         }
-        conn.send(&Message::Accepted {
-            owner: self.pod_uid.clone(),
-        })
+        conn.send(
+            &Message::Accepted {
+                owner: self.pod_uid.clone(),
+            },
+            None,
+        )
         .await?;
         self.faults.crash_point(Point::HandoverAccepted);
         info!(pod = %hello.pod_uid, version = %hello.version, "an agent asks for the node; accepted, waiting for it to register with the kubelet");
-        match conn.recv(GO_WAIT).await? {
-            Message::Go => Ok(Successor { conn, hello }),
+        match conn.recv_plain(GO_WAIT).await? {
+            Message::Go => Ok(Successor {
+                conn,
+                hello,
+                faults: self.faults.clone(),
+            }),
             got => Err(HandoverError::Unexpected {
                 expected: "go",
                 got,
@@ -405,14 +370,23 @@ pub struct Successor {
     conn: Conn,
     /// What it said of itself.
     pub hello: Hello,
+    /// The owner's: passed at [`Point::HandoverReleased`].
+    faults: Faults,
 }
 
 impl Successor {
-    /// Tells it that the lock is free. It may be gone already; it then finds the lock free.
-    pub async fn released(mut self) {
-        if let Err(e) = self.conn.send(&Message::Released).await {
-            info!(error = %chain(&e), "telling the successor the node is released failed; it finds the lock free");
+    /// Passes it the state directory's lock (what [`Manager::hand_over`] returned) with
+    /// `released`, and lets go of this agent's descriptor of it: the lock is held all along, by
+    /// the owner and then by the successor, so no other agent polling it finds it free in
+    /// between. The successor may be gone already: the lock is then free once the kernel drops
+    /// what was sent to it, and the next agent to look takes the node.
+    pub async fn release(mut self, lock: Option<StateLock>) {
+        self.faults.crash_point(Point::HandoverReleased);
+        let fd = lock.as_ref().map(StateLock::as_fd);
+        if let Err(e) = self.conn.send(&Message::Released, fd).await {
+            info!(error = %chain(&e), "passing the node to the successor failed; its lock is free once this agent lets go of it");
         }
+        drop(lock);
     }
 }
 
@@ -426,12 +400,14 @@ pub trait Surrender: Send + Sync {
 impl Manager {
     /// Hands the node over to the agent of pod `to`: shuts the claim gate for good and waits for
     /// the claim calls in flight, closes the runtime connection (`surrender`), saves the state
-    /// one last time, stops every write, and lets the state directory's lock go. After it, the
-    /// manager answers nothing that needs the node ([`crate::claims::AdmitError::HandedOver`]).
+    /// one last time, and stops every write. Returns the state directory's lock, for the
+    /// caller to pass to the successor ([`Successor::release`]); the manager holds it no more.
+    /// After it, the manager answers nothing that needs the node
+    /// ([`crate::claims::AdmitError::HandedOver`]).
     ///
     /// A failed last save does not stop it: every commit has saved already, and the successor
     /// starts from what is on disk as after a restart.
-    pub async fn hand_over(&self, to: &str, surrender: &dyn Surrender) {
+    pub async fn hand_over(&self, to: &str, surrender: &dyn Surrender) -> Option<StateLock> {
         self.gate.hand_over(to);
         // Waits for the calls admitted; any later one finds the gate shut.
         drop(self.calls.write().await);
@@ -443,9 +419,9 @@ impl Manager {
         }
         self.retire_disk().await;
         self.faults().crash_point(Point::HandoverSaved);
-        drop(crate::sync::lock(&self.state_lock).take());
-        self.faults().crash_point(Point::HandoverReleased);
-        info!(to = %to, "handed the node over: the state directory is the successor's");
+        let lock = crate::sync::lock(&self.state_lock).take();
+        info!(to = %to, "handed the node over: the state directory's lock goes to the successor");
+        lock
     }
 
     /// Whether this manager handed the node over.
@@ -492,8 +468,8 @@ pub async fn ask(state_dir: &Path, hello: &Hello) -> Result<Accepted, AskError> 
             source,
         })?;
     let mut conn = Conn::new(stream);
-    conn.send(&Message::Hello(hello.clone())).await?;
-    match conn.recv(ANSWER_WAIT).await? {
+    conn.send(&Message::Hello(hello.clone()), None).await?;
+    match conn.recv_plain(ANSWER_WAIT).await? {
         Message::Accepted { owner } => Ok(Accepted { conn, owner }),
         Message::Refused { reason } => Err(HandoverError::Refused(reason).into()),
         got => Err(HandoverError::Unexpected {
@@ -505,13 +481,16 @@ pub async fn ask(state_dir: &Path, hello: &Hello) -> Result<Accepted, AskError> 
 }
 
 impl Accepted {
-    /// Tells the owner to go, and waits until it says the node is released. An error means the
-    /// owner broke off (it died, or stalled): the lock is free once it is gone.
-    pub async fn go(mut self) -> Result<(), HandoverError> {
-        self.conn.send(&Message::Go).await?;
+    /// Tells the owner to go, and waits until it says the node is released: returns the
+    /// descriptor of the state directory's lock that came with `released` (none from an owner
+    /// that let the lock go instead). An error means the owner broke off (it died, or stalled):
+    /// the lock is free once it is gone.
+    pub async fn go(mut self) -> Result<Option<OwnedFd>, HandoverError> {
+        self.conn.send(&Message::Go, None).await?;
         match self.conn.recv(RELEASE_WAIT).await? {
-            Message::Released => Ok(()),
-            got => Err(HandoverError::Unexpected {
+            // One descriptor is passed; any more are dropped, which closes them.
+            (Message::Released, fds) => Ok(fds.into_iter().next()),
+            (got, _) => Err(HandoverError::Unexpected {
                 expected: "released",
                 got,
             }),
@@ -535,6 +514,8 @@ pub async fn take_lock(state_file: &StateFile, within: Duration) -> Result<State
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncWriteExt;
+
     use super::*;
 
     async fn pair(dir: &Path, owner: &str, predecessors: &[&str]) -> Owner {
@@ -562,8 +543,59 @@ mod tests {
         let successor = owner.next_successor().await;
         assert_eq!(successor.hello.pod_uid, "new");
         assert_eq!(successor.hello.protocol, PROTOCOL);
-        successor.released().await;
-        asker.await.unwrap().unwrap();
+        successor.release(None).await;
+        assert!(
+            asker.await.unwrap().unwrap().is_none(),
+            "no lock was passed"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_lock_passes_with_released_and_is_never_free_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateFile::new(dir.path());
+        let lock = state.lock().unwrap();
+        let owner = pair(dir.path(), "old", &[]).await;
+        let asker = tokio::spawn({
+            let dir = dir.path().to_owned();
+            async move { ask(&dir, &Hello::new("new")).await.unwrap().go().await }
+        });
+        let successor = owner.next_successor().await;
+        drop(owner);
+        successor.release(Some(lock)).await;
+        // The owner holds nothing of the lock now; the descriptor in flight holds it.
+        assert!(matches!(state.lock(), Err(StateError::InUse { .. })));
+        let fd = asker
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the lock came with released");
+        let taken = state.adopt(fd).unwrap();
+        assert!(matches!(state.lock(), Err(StateError::InUse { .. })));
+        drop(taken);
+        state.lock().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lock_passed_to_a_successor_that_died_is_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateFile::new(dir.path());
+        let lock = state.lock().unwrap();
+        let owner = pair(dir.path(), "old", &[]).await;
+        let accepted = tokio::spawn({
+            let dir = dir.path().to_owned();
+            async move {
+                let mut accepted = ask(&dir, &Hello::new("new")).await.unwrap();
+                // Says go, and dies before it reads released.
+                accepted.conn.send(&Message::Go, None).await.unwrap();
+                accepted
+            }
+        });
+        let successor = owner.next_successor().await;
+        successor.release(Some(lock)).await;
+        assert!(matches!(state.lock(), Err(StateError::InUse { .. })));
+        drop(accepted.await.unwrap());
+        state.lock().unwrap();
     }
 
     #[tokio::test]
@@ -606,7 +638,7 @@ mod tests {
         let go = tokio::spawn(second.go());
         let successor = serving.await.unwrap();
         assert_eq!(successor.hello.pod_uid, "second");
-        successor.released().await;
+        successor.release(None).await;
         go.await.unwrap().unwrap();
     }
 
@@ -658,7 +690,7 @@ mod tests {
         }
         let accepted = ask(dir.path(), &Hello::new("new")).await.unwrap();
         let go = tokio::spawn(accepted.go());
-        serving.await.unwrap().released().await;
+        serving.await.unwrap().release(None).await;
         go.await.unwrap().unwrap();
     }
 

@@ -53,13 +53,15 @@ pub enum Point {
     HandoverRuntimeClosed,
     /// Handover, the owner: the last state is saved; nothing of it reaches the disk any more.
     HandoverSaved,
-    /// Handover, the owner: the state directory's lock is let go.
+    /// Handover, the owner: it holds nothing of the node but the state directory's lock, which
+    /// it is about to pass to the successor with `released`; its handover socket is gone.
     HandoverReleased,
     /// Handover, the new agent: the owner accepted it.
     TakeoverAccepted,
     /// Handover, the new agent: the kubelet has connected to it; it tells the owner to go.
     TakeoverGo,
-    /// Handover, the new agent: it holds the state directory's lock.
+    /// Handover, the new agent: it holds the state directory's lock (passed by the owner, or
+    /// taken once free).
     TakeoverLocked,
 }
 

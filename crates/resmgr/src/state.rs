@@ -12,11 +12,17 @@
 //! on `<state-dir>/.lock` before anything is read or cleaned up, and a second manager is refused
 //! ([`StateError::InUse`]) instead of reconciling files under the first one's feet. The lock dies
 //! with the process, so a crash never leaves it stuck; the file itself stays (removing lock files
-//! races with the next locker).
+//! races with the next locker). A `flock` belongs to the open file description, not to the
+//! process: a handover passes the descriptor itself to the next agent ([`StateLock::as_fd`],
+//! [`StateFile::adopt`]), so that the directory is never unlocked between two owners.
 
 use std::{
     collections::BTreeMap,
     fs, io,
+    os::{
+        fd::{AsFd, BorrowedFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
     path::{Path, PathBuf},
 };
 
@@ -196,6 +202,14 @@ pub enum StateError {
         /// The lock file.
         lock: PathBuf,
     },
+    /// A descriptor passed as the state directory's lock is another file's.
+    #[error("the descriptor passed as the lock of state directory {dir} is not {lock}")]
+    NotTheLock {
+        /// The state directory.
+        dir: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+    },
     /// The state directory could not be locked.
     #[error("locking state directory {dir}: {step}")]
     Lock {
@@ -230,7 +244,15 @@ pub enum StateError {
 /// process dies).
 #[derive(Debug)]
 pub struct StateLock {
-    _file: fs::File,
+    file: fs::File,
+}
+
+impl StateLock {
+    /// The lock's descriptor, to pass to the next owner of the directory: the lock is held for
+    /// as long as any descriptor of its open file description is open, in whichever process.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
 }
 
 /// The state file of one state directory.
@@ -276,7 +298,41 @@ impl StateFile {
             .open(&lock)
             .map_err(failed("opening the lock file"))?;
         match file.try_lock() {
-            Ok(()) => Ok(StateLock { _file: file }),
+            Ok(()) => Ok(StateLock { file }),
+            Err(fs::TryLockError::WouldBlock) => Err(StateError::InUse {
+                dir: self.dir.clone(),
+                lock,
+            }),
+            Err(fs::TryLockError::Error(source)) => Err(failed("locking the lock file")(source)),
+        }
+    }
+
+    /// Takes the state directory through `fd`, a descriptor of its lock file that the previous
+    /// owner passed ([`StateLock::as_fd`]): the lock its open file description holds becomes
+    /// this process's, and was never free in between. Refuses a descriptor of another file
+    /// ([`StateError::NotTheLock`]), and one whose lock is not held by it but by another
+    /// ([`StateError::InUse`]); a descriptor of the lock file whose lock nobody holds takes it.
+    pub fn adopt(&self, fd: OwnedFd) -> Result<StateLock, StateError> {
+        let lock = self.dir.join(LOCK_FILE);
+        let failed = |step| {
+            let dir = self.dir.clone();
+            move |source| StateError::Lock { dir, step, source }
+        };
+        let file = fs::File::from(fd);
+        let passed = file
+            .metadata()
+            .map_err(failed("reading the passed lock's metadata"))?;
+        let on_disk = fs::metadata(&lock).map_err(failed("reading the lock file's metadata"))?;
+        if (passed.dev(), passed.ino()) != (on_disk.dev(), on_disk.ino()) {
+            return Err(StateError::NotTheLock {
+                dir: self.dir.clone(),
+                lock,
+            });
+        }
+        // Locking again through the open file description that holds the lock succeeds at
+        // once; through one that does not, it fails while another holds it.
+        match file.try_lock() {
+            Ok(()) => Ok(StateLock { file }),
             Err(fs::TryLockError::WouldBlock) => Err(StateError::InUse {
                 dir: self.dir.clone(),
                 lock,
@@ -439,6 +495,42 @@ mod tests {
         file.lock().unwrap();
         // Nothing but the lock file: the state itself is written by the first save.
         assert_eq!(file.load("p").unwrap(), None);
+    }
+
+    #[test]
+    fn a_passed_lock_stays_held_while_it_changes_hands() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path());
+        let owner = file.lock().unwrap();
+        // What a handover passes: another descriptor of the same open file description.
+        let passed = owner.as_fd().try_clone_to_owned().unwrap();
+        drop(owner);
+        // The owner let go of its descriptor; the lock is still held, by the one in flight.
+        let err = file.lock().unwrap_err();
+        assert!(matches!(err, StateError::InUse { .. }), "{err}");
+        let successor = file.adopt(passed).unwrap();
+        assert!(matches!(file.lock(), Err(StateError::InUse { .. })));
+        drop(successor);
+        file.lock().unwrap();
+    }
+
+    #[test]
+    fn a_passed_descriptor_of_another_file_or_lock_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path().join("a"));
+        let other = StateFile::new(dir.path().join("b"));
+        let held = file.lock().unwrap();
+        let not_ours = other.lock().unwrap();
+        let err = file
+            .adopt(not_ours.as_fd().try_clone_to_owned().unwrap())
+            .unwrap_err();
+        assert!(matches!(err, StateError::NotTheLock { .. }), "{err}");
+        assert!(err.to_string().contains("is not"), "{err}");
+        // The lock file itself, opened anew: its lock is another's, so it is not taken.
+        let reopened = fs::File::open(dir.path().join("a").join(LOCK_FILE)).unwrap();
+        let err = file.adopt(reopened.into()).unwrap_err();
+        assert!(matches!(err, StateError::InUse { .. }), "{err}");
+        drop(held);
     }
 
     #[test]

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -397,6 +398,13 @@ func TestTwoNewAgents(t *testing.T) {
 	}
 }
 
+// plainLogs is an agent's text logs without their colours.
+func plainLogs(logs string) string {
+	return ansiEscape.ReplaceAllString(logs, "")
+}
+
+var ansiEscape = regexp.MustCompile("\x1b\\[[0-9;]*m")
+
 // hold is a point at which an agent stops until the test lets it go on (RESMGR_HOLD_AT, see
 // agentBinary): there the agent says so on stderr and opens the named pipe fifo for reading,
 // which blocks until the test opens it for writing.
@@ -485,8 +493,8 @@ func TestThirdAgentMidHandover(t *testing.T) {
 	c.waitFor("the third agent to ask the successor", func() bool {
 		return strings.Contains(third.logs.String(), "hands it over to this one")
 	})
-	if !strings.Contains(third.logs.String(), "owner="+newPod) && !strings.Contains(third.logs.String(), `owner="`+newPod) {
-		t.Fatalf("the third agent took the node from someone other than the successor:\n%s", third.logs.String())
+	if logs := plainLogs(third.logs.String()); !strings.Contains(logs, "hands it over to this one owner="+newPod) {
+		t.Fatalf("the third agent took the node from someone other than the successor:\n%s", logs)
 	}
 	for {
 		select {

@@ -36,8 +36,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// How long a new agent waits for the state directory's lock once the owner said it released
-/// it (or broke the exchange off): the kernel lets a lock go as its holder dies.
+/// How long a new agent waits for the state directory's lock once the owner broke the exchange
+/// off, or let the lock go rather than passing it: the kernel lets a lock go as its holder
+/// dies.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// How often an agent that cannot take the node over yet looks whether the lock is free.
@@ -215,7 +216,8 @@ impl Node {
     ///
     /// Until it has the node it looks again every second: the lock may have come free (its
     /// holder died or exited), or a new owner may serve the handover socket (the one it asked
-    /// went, or handed the node to another new agent first).
+    /// went, or handed the node to another new agent first). It never finds the lock free in
+    /// the middle of a handover: the owner passes it to its successor, held.
     pub async fn take(
         &self,
         state_file: &StateFile,
@@ -233,7 +235,11 @@ impl Node {
                 return Err(in_use.into());
             };
             match handover::ask(state_file.dir(), &Hello::new(pod_uid)).await {
-                Ok(accepted) => return self.take_over(state_file, accepted, dra).await,
+                Ok(accepted) => match self.take_over(state_file, accepted, dra).await? {
+                    Some(taken) => return Ok(taken),
+                    // The exchange broke off and another agent holds the node now: ask it.
+                    None => continue,
+                },
                 Err(AskError::Handover(HandoverError::Refused(why))) => {
                     if !matches!(self.standing(), Standing::Refused { .. }) {
                         warn!(reason = %why, "the agent that owns the node will not hand it over to this one: waiting, unregistered, until the node is free");
@@ -256,13 +262,15 @@ impl Node {
     }
 
     /// The owner accepted: registers with the kubelet, waits for it to connect, tells the owner
-    /// to go, and takes the lock it lets go (or that its death frees).
+    /// to go, and takes the lock the owner passes with `released`. If the exchange breaks off
+    /// (the owner died, or stalled), takes the lock once it is free; `None` if another agent
+    /// holds it by then, which the caller asks for the node.
     async fn take_over(
         &self,
         state_file: &StateFile,
         accepted: handover::Accepted,
         dra: bool,
-    ) -> anyhow::Result<(StateLock, BTreeSet<String>)> {
+    ) -> anyhow::Result<Option<(StateLock, BTreeSet<String>)>> {
         self.faults.crash_point(Point::TakeoverAccepted);
         let from = accepted.owner.clone();
         info!(owner = %from, "the agent that owns the node hands it over to this one");
@@ -274,11 +282,35 @@ impl Node {
             }
         }
         self.faults.crash_point(Point::TakeoverGo);
-        if let Err(e) = accepted.go().await {
-            warn!(error = %resmgr::errors::chain(&e), "the owner broke the handover off; taking the node once its lock is free");
-        }
-        let lock = handover::take_lock(state_file, LOCK_WAIT).await?;
-        self.owned(lock, BTreeSet::from([from]), dra)
+        let passed = match accepted.go().await {
+            Ok(Some(fd)) => match state_file.adopt(fd) {
+                Ok(lock) => Some(lock),
+                Err(e) => {
+                    warn!(error = %resmgr::errors::chain(&e), "the owner passed something other than the node's lock; taking the node once its lock is free");
+                    None
+                }
+            },
+            Ok(None) => {
+                info!("the owner let the node's lock go instead of passing it; taking it");
+                None
+            }
+            Err(e) => {
+                warn!(error = %resmgr::errors::chain(&e), "the owner broke the handover off; taking the node once its lock is free");
+                None
+            }
+        };
+        let lock = match passed {
+            Some(lock) => lock,
+            None => match handover::take_lock(state_file, LOCK_WAIT).await {
+                Ok(lock) => lock,
+                Err(StateError::InUse { .. }) => {
+                    warn!(wait = ?LOCK_WAIT, "another agent holds the node's lock now; asking it for the node");
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        self.owned(lock, BTreeSet::from([from]), dra).map(Some)
     }
 
     fn owned(
@@ -311,9 +343,11 @@ impl Node {
         let successor = owner.next_successor().await;
         let to = successor.hello.pod_uid.clone();
         info!(successor = %to, version = %successor.hello.version, "handing the node over");
-        manager.hand_over(&to, self.as_ref()).await;
+        let lock = manager.hand_over(&to, self.as_ref()).await;
+        // The socket goes before the lock does: an agent that asks now is told nobody serves,
+        // and asks the successor once it owns the node.
         drop(owner);
-        successor.released().await;
+        successor.release(lock).await;
         self.set_standing(Standing::HandedOver { to });
         Ok(())
     }
