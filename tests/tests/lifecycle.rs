@@ -886,7 +886,8 @@ async fn updates_the_runtime_reports_as_failed_stay_pending_and_are_named() {
 /// A batch the runtime does not answer in time stays pending and is not sent again one update
 /// at a time, as a refused one is: a runtime that did not answer the batch would not answer the
 /// singles either, and each would be one more update into a runtime that may still be applying
-/// the batch (on CRI-O 1.36, one that can deadlock it: `nri::UpdateLull`).
+/// the batch (on CRI-O 1.36, one that can deadlock it: `nri::UpdateLull`). The claim sends the
+/// batch again, as a whole, until `SETTLE_WAIT` has passed, then fails.
 #[tokio::test(start_paused = true)]
 async fn a_batch_the_runtime_does_not_answer_is_not_resent_one_update_at_a_time() {
     let h = Harness::new();
@@ -901,16 +902,60 @@ async fn a_batch_the_runtime_does_not_answer_is_not_resent_one_update_at_a_time(
         )
         .await;
     let held = h.runtime.hold.lock().await;
+    let began = tokio::time::Instant::now();
     let err = prepare_error(&m, "c1").await;
     assert!(err.contains("did not answer"), "{err}");
+    assert!(
+        began.elapsed() >= resmgr::commit::SETTLE_WAIT,
+        "the claim gave up after {:?}",
+        began.elapsed()
+    );
     drop(held);
     let arrivals = h.runtime.state.lock().unwrap().arrivals.clone();
+    // Every 2 s (the update timeout) for SETTLE_WAIT, then the rollback's.
     assert_eq!(
         arrivals,
-        [2, 2],
-        "the prepare's batch and its rollback's, each of a and b, and nothing else"
+        [2, 2, 2, 2, 2, 2],
+        "the prepare's batch, again and again, and its rollback's, each of a and b, and nothing else"
     );
     assert_eq!(m.pending_updates().await, 2);
+}
+
+/// A runtime slow to answer a claim's moves (a busy node) does not fail the claim: its commit
+/// sends them again once the call timed out, and the claim is granted once the runtime answers.
+#[tokio::test(start_paused = true)]
+async fn a_claim_waits_out_a_runtime_slow_to_answer_its_moves() {
+    let h = Harness::new();
+    h.faults.run_inline();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = std::sync::Arc::new(
+        h.ready(
+            TestPolicy::new(8),
+            &[container("a", "pod-web"), container("b", "pod-web")],
+        )
+        .await,
+    );
+    let held = h.runtime.hold.lock().await;
+    let prepare = tokio::spawn({
+        let m = m.clone();
+        async move { m.prepare(&[claim_ref("c1")]).await }
+    });
+    // The first call times out in the runtime; the claim sends its moves again.
+    h.runtime.call_arrives().await;
+    h.runtime.call_arrives().await;
+    drop(held);
+    let answers = prepare.await.unwrap().unwrap();
+    assert!(answers["c1"].is_ok(), "{:?}", answers["c1"]);
+    assert_eq!(h.specs(), ["c1"]);
+    let claimed: policy::CpuSet = spec_env(&h, "c1", "DRA_CPUSET_c1").parse().unwrap();
+    for id in ["a", "b"] {
+        let cpus: policy::CpuSet = h.runtime.cpus(id).unwrap().parse().unwrap();
+        assert!(
+            cpus.intersection(&claimed).is_empty(),
+            "{id} runs on {cpus}, which c1 holds ({claimed})"
+        );
+    }
+    assert_eq!(m.pending_updates().await, 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -26,7 +26,8 @@
 //! refuses that may not run on the claim's CPUs, do not fail it; they stay pending, retried in
 //! the background and counted in the pending-updates metric. A container that may run on the
 //! claim's CPUs and that the runtime does not confirm does fail it: until the runtime says
-//! otherwise, it may still run where the spec would grant.
+//! otherwise, it may still run where the spec would grant. A runtime that is only slow to answer
+//! (a busy node) is waited for, up to [`crate::commit::SETTLE_WAIT`], before that.
 //!
 //! # Failures
 //!
@@ -97,7 +98,7 @@ impl ClaimLocks {
 
 /// How long a kubelet call that arrives before the runtime's synchronization has been handled
 /// is held before it is refused: well under the kubelet's 45 s per call, with room for the
-/// prepare's own wait for containers the runtime is starting ([`crate::commit::START_WAIT`],
+/// prepare's own wait for containers the runtime is starting ([`crate::commit::SETTLE_WAIT`],
 /// 10 s). The agent normally synchronizes within a second of connecting to the runtime; a
 /// runtime that restarts with the agent takes a few more.
 pub const HOLD: Duration = Duration::from_secs(30);

@@ -58,10 +58,12 @@ use crate::{
     state::StateError,
 };
 
-/// How long a claim's commit waits for the runtime to start a container it moves (see
-/// [`crate::pending`]): the kubelet starts a container right after creating it, so this is a
-/// bound for a slow node, not a delay anyone pays.
-pub const START_WAIT: Duration = Duration::from_secs(10);
+/// How long a claim's commit waits for the runtime to confirm the moves it needs: to start a
+/// container it moves (see [`crate::pending`]; the kubelet starts a container right after
+/// creating it), or to answer updates it is slow to apply (a busy node: each `runc update` is a
+/// process, and the runtime may be stopping containers meanwhile). A bound for a slow node, not
+/// a delay anyone pays; well within the kubelet's deadline for the call.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
 /// What one mutation under the manager lock changed, to commit once the lock is released.
 #[must_use = "a change is committed with Manager::commit once the lock is released"]
@@ -74,7 +76,7 @@ pub(crate) struct Change {
     /// The points passed once it is saved and once it is delivered.
     points: Option<(Point, Point)>,
     /// It grants CPUs: its delivery waits for the containers it moves that the runtime has not
-    /// started, up to [`START_WAIT`] (see [`crate::pending`]).
+    /// started, up to [`SETTLE_WAIT`] (see [`crate::pending`]).
     grants: bool,
 }
 
@@ -157,7 +159,7 @@ pub enum DeliveryCause {
     #[error("a delivery begun earlier has not settled them yet")]
     InFlight,
     /// The runtime has not started these containers, and may drop their updates until it has
-    /// (see [`crate::pending`]); it did not within [`START_WAIT`].
+    /// (see [`crate::pending`]); it did not within [`SETTLE_WAIT`].
     #[error("the runtime has not finished creating and starting {0:?}")]
     NotStarted(BTreeSet<String>),
 }
@@ -344,13 +346,15 @@ impl Manager {
     /// confirmed in the meantime, does not count against it.
     ///
     /// Containers the runtime has not started cannot be updated yet: a change that `grants`
-    /// CPUs waits for them, up to [`START_WAIT`], and sends their updates once they are started;
-    /// any other leaves them to the background retry, which sends them then.
+    /// CPUs waits for them, up to [`SETTLE_WAIT`], and sends their updates once they are started;
+    /// any other leaves them to the background retry, which sends them then. Likewise a change
+    /// that grants CPUs sends again what the runtime did not answer in time, up to
+    /// [`SETTLE_WAIT`]; any other leaves it to the background retry.
     async fn deliver_ticket(&self, ticket: &Ticket, grants: bool) -> Result<(), DeliveryError> {
         if ticket.is_empty() {
             return Ok(());
         }
-        let deadline = tokio::time::Instant::now() + START_WAIT;
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
         let containers = ticket.containers();
         // Nothing failed, yet something is unsettled and not starting: it was starting when the
         // batch was made and started since (or another delivery carried it); look again, a few
@@ -380,6 +384,14 @@ impl Manager {
                 .await;
             if unsettled.is_empty() {
                 return Ok(());
+            }
+            // A runtime that did not answer in time is slow, not refusing: the call stays in it
+            // until it answers (the NRI stub sends the next one only then), and may apply. A
+            // claim waits for it, and sends again, rather than fail on a busy node.
+            let unanswered = matches!(cause, DeliveryCause::Runtime(RuntimeError::Timeout(_)));
+            if grants && unanswered && tokio::time::Instant::now() < deadline {
+                debug!(containers = ?unsettled, "the runtime has not answered the claim's updates yet; sending them again");
+                continue;
             }
             if nothing_failed && starting.is_empty() && again > 0 {
                 again -= 1;
