@@ -734,6 +734,19 @@ fn the_daemonset_runs_critical_with_the_node_name_probes_and_a_gentle_rollout() 
         Some("metadata.uid"),
         "the pod names its kubelet sockets"
     );
+    let generation = container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_TEMPLATE_GENERATION")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(
+        generation,
+        Some("metadata.labels['pod-template-generation']"),
+        "the pod's template generation: an old pod's agent is never handed the node"
+    );
     let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
         p.as_ref()
             .and_then(|p| p.http_get.as_ref())

@@ -147,6 +147,9 @@ pub struct RunConfig {
     /// The agent's pod, when it may hand the node over and take it over
     /// ([`resmgr::handover`]).
     pub pod_uid: Option<String>,
+    /// The DaemonSet template generation of the agent's pod: an agent of an older one is never
+    /// handed the node.
+    pub pod_generation: Option<u64>,
     pub dra: bool,
     pub driver_name: String,
     pub nri_socket: PathBuf,
@@ -632,14 +635,15 @@ impl RunFlags {
     /// Merges flags, the config file they name, and the defaults, and checks every value.
     /// `node_name_env` is `$NODE_NAME` (passed in: only `main` reads the environment).
     pub fn resolve(&self, node_name_env: Option<String>) -> anyhow::Result<RunConfig> {
-        self.resolve_env(node_name_env, None)
+        self.resolve_env(node_name_env, None, None)
     }
 
-    /// [`RunFlags::resolve`], with `$POD_UID` too.
+    /// [`RunFlags::resolve`], with `$POD_UID` and `$POD_TEMPLATE_GENERATION` too.
     pub fn resolve_env(
         &self,
         node_name_env: Option<String>,
         pod_uid_env: Option<String>,
+        pod_generation_env: Option<String>,
     ) -> anyhow::Result<RunConfig> {
         use settings::*;
         let file = match &self.config {
@@ -684,6 +688,23 @@ impl RunFlags {
             }
             None => {
                 r.unset(&POD_UID);
+                None
+            }
+        };
+        let generation_env = pod_generation_env.filter(|v| !v.is_empty()).map(|v| {
+            (
+                Given::One(v),
+                Origin::Env("POD_TEMPLATE_GENERATION", "pod-generation"),
+            )
+        });
+        let pod_generation = match r.lookup(&POD_GENERATION)?.or(generation_env) {
+            Some((given, origin)) => {
+                let generation = Resolver::parse(&POD_GENERATION, &given, &origin)?;
+                r.record(&POD_GENERATION, &generation, Some(&origin));
+                Some(generation.0)
+            }
+            None => {
+                r.unset(&POD_GENERATION);
                 None
             }
         };
@@ -799,6 +820,7 @@ impl RunFlags {
         let config = RunConfig {
             node_name,
             pod_uid,
+            pod_generation,
             dra,
             driver_name,
             nri_socket,

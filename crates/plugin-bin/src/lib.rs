@@ -13,7 +13,9 @@
 //! It is a library so that the tests package can run the same agent with fault hooks
 //! ([`resmgr::faults`]): its `resmgr-crashing` binary is [`main`] with the crash test's hook,
 //! which aborts the process at the point its environment names, for the Go handover suite. The
-//! shipped binary passes no hooks, and no crate it is built from has any.
+//! shipped binary passes no hooks, and no crate it is built from has any. The tests package's
+//! randomized model of handovers (`tests/tests/random_handover.rs`) runs several agents' [`node`]
+//! (who owns the node, and the takeover) in one process, exactly as `resmgr run` wires it.
 
 mod config;
 mod http;
@@ -28,6 +30,8 @@ mod slices;
 mod topology;
 mod values;
 mod view;
+
+pub use run::node;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -116,6 +120,7 @@ pub fn main(faults: Faults) -> ExitCode {
             &flags,
             std::env::var("NODE_NAME").ok(),
             std::env::var("POD_UID").ok(),
+            std::env::var("POD_TEMPLATE_GENERATION").ok(),
             faults,
         ),
         Command::Simulate {

@@ -22,7 +22,7 @@ use policy::{
 
 use self::types::{
     ClaimMemory, DebugAddr, DriverName, Given, Kubeconfig, LogFilter, Namespaces, NodeName, Path,
-    PluginIndex, PodUid, ReservedCount, ReservedMemory, ReservedSet, SettingType,
+    PluginIndex, PodGeneration, PodUid, ReservedCount, ReservedMemory, ReservedSet, SettingType,
 };
 use crate::values::{ExclusivityMode, Format};
 
@@ -158,6 +158,7 @@ impl std::ops::Deref for dyn AnySetting {
 pub const SETTINGS: &[&dyn AnySetting] = &[
     &NODE_NAME,
     &POD_UID,
+    &POD_GENERATION,
     &DRA,
     &DRIVER_NAME,
     &NRI_SOCKET,
@@ -204,6 +205,22 @@ pub const NODE_NAME: Typed<NodeName> = Typed::new(Setting {
     summary: "This node's name, as the API server knows it.",
     details: "The agent publishes its devices for this node and names it in events. \
               A DNS subdomain such as `worker-1`.",
+});
+
+pub const POD_GENERATION: Typed<PodGeneration> = Typed::new(Setting {
+    key: "pod-generation",
+    section: Section::Node,
+    value_name: "N",
+    shape: Shape::Scalar,
+    default: DefaultValue::Unset(
+        "`$POD_TEMPLATE_GENERATION` (the DaemonSet sets it from the pod's `pod-template-generation` label); unset, no agent is refused for its age",
+    ),
+    summary: "The DaemonSet template generation of the agent's pod: an agent of an older one is never handed the node.",
+    details: "The DaemonSet labels each pod with the generation of the template it was made \
+              from. An agent that owns the node refuses to hand it over to an agent of an \
+              older generation: a restarted container of a pod that a rolling update is \
+              replacing would otherwise take the node back from the new pod, which would then \
+              never be ready, and the rollout would stall. With `pod-uid` only.",
 });
 
 pub const POD_UID: Typed<PodUid> = Typed::new(Setting {

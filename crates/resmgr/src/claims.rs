@@ -117,6 +117,13 @@ pub enum AdmitError {
     /// claims now.
     #[error("this agent handed the node over to the agent of pod {0}")]
     HandedOver(String),
+    /// A handover of the node was still under way [`HOLD`] after the call arrived; the kubelet
+    /// retries.
+    #[error(
+        "cannot serve claims now: this agent is handing the node over (the call was held {}s)",
+        HOLD.as_secs()
+    )]
+    HandingOver,
     /// A CDI spec that a running container uses grants CPUs another claim holds: preparing
     /// claims could grant the same CPUs twice ([`crate::reconcile`]). Unprepares are served.
     #[error("cannot serve claims: {0}")]
@@ -324,15 +331,25 @@ impl Manager {
             ClaimUid::new(&claim.uid)
                 .map_err(|e| AdmitError::InvalidArgument(format!("claim {claim}: {e}")))?;
         }
-        if tokio::time::timeout_at(deadline, self.gate.settled())
-            .await
-            .is_err()
-        {
-            return Err(AdmitError::NotSynchronized);
-        }
-        // Counted before the gate is looked at again, so that a handover that shuts it now
-        // waits for this call, or this call sees it shut.
-        let share = self.calls.read().await;
+        let share = loop {
+            if tokio::time::timeout_at(deadline, self.gate.settled())
+                .await
+                .is_err()
+            {
+                return Err(match self.gate.handing_over() {
+                    true => AdmitError::HandingOver,
+                    false => AdmitError::NotSynchronized,
+                });
+            }
+            // Counted before the gate is looked at again, so that a handover that shuts it now
+            // waits for this call, or this call sees it shut.
+            let share = self.calls.read().await;
+            // A handover begun since: held (without a share, which the handover waits for)
+            // until it is done or called off.
+            if !self.gate.handing_over() {
+                break share;
+            }
+        };
         if let Some(to) = self.gate.handed_over_to() {
             return Err(AdmitError::HandedOver(to));
         }

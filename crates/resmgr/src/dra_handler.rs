@@ -51,9 +51,10 @@ impl LifecycleHandler {
 /// The lifecycle's refusal of a whole request, as the gRPC status the kubelet gets.
 fn refusal(e: AdmitError) -> RequestError {
     match e {
-        AdmitError::NotSynchronized | AdmitError::Contested(_) | AdmitError::HandedOver(_) => {
-            RequestError::Unavailable(e.to_string())
-        }
+        AdmitError::NotSynchronized
+        | AdmitError::Contested(_)
+        | AdmitError::HandedOver(_)
+        | AdmitError::HandingOver => RequestError::Unavailable(e.to_string()),
         AdmitError::InvalidArgument(_) => RequestError::InvalidArgument(e.to_string()),
     }
 }

@@ -22,7 +22,9 @@
 //! - the blocking work of a disk operation calls [`FaultHooks::on_disk_thread`] first, on the
 //!   thread that does it;
 //! - every step of prepare, unprepare and commit ([`Point::STEPS`]) and of a handover
-//!   ([`Point::HANDOVER`]) calls [`FaultHooks::crash_point`] as it is reached;
+//!   ([`Point::HANDOVER`]) calls [`FaultHooks::crash_point`] as it is reached, and every step of a
+//!   handover then awaits [`FaultHooks::pause`] (in async code, so a test's pause lets the
+//!   other agents run);
 //! - while [`FaultHooks::crashed`] says so, the manager makes no call to the runtime;
 //! - with [`FaultHooks::inline`], blocking disk work runs on the calling task instead of tokio's
 //!   blocking pool, so that a test on a current-thread runtime with paused time interleaves tasks
@@ -53,6 +55,15 @@ pub trait FaultHooks: std::fmt::Debug + Send + Sync {
     /// The manager (or the agent, on its side of a handover) reached the step `point`.
     fn crash_point(&self, point: Point) {
         let _ = point;
+    }
+
+    /// A step of a handover (one of [`Point::HANDOVER`]) is reached, after
+    /// [`FaultHooks::crash_point`]: the future may wait first (on the runtime's clock), as an
+    /// agent the scheduler put off would, so that a test widens the window between two steps
+    /// for other agents to act in.
+    fn pause(&self, point: Point) -> BoxFuture<'_, ()> {
+        let _ = point;
+        Box::pin(std::future::ready(()))
     }
 
     /// Whether the manager is dead as far as the world can tell: then it makes no call to the
@@ -97,6 +108,15 @@ impl Faults {
     pub fn crash_point(&self, point: Point) {
         if let Some(hooks) = &self.0 {
             hooks.crash_point(point);
+        }
+    }
+
+    /// Passes a step of a handover: [`FaultHooks::crash_point`], then [`FaultHooks::pause`].
+    /// Public for the binary's side of a takeover.
+    pub async fn handover_step(&self, point: Point) {
+        if let Some(hooks) = &self.0 {
+            hooks.crash_point(point);
+            hooks.pause(point).await;
         }
     }
 

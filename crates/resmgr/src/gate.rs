@@ -13,8 +13,10 @@
 //! kubelet's resync, 60 to 90 s, and the runtime's Synchronize usually comes within a second of
 //! the agent's start. Nothing is allocated while it is held.
 //!
-//! The gate also shuts for good when the agent hands the node over to its successor
-//! ([`crate::handover`]): the claims are then the successor's to serve.
+//! The gate also shuts when the agent begins to hand the node over to its successor
+//! ([`crate::handover`]): calls that arrive then are held, not refused, until the handover is
+//! done (then refused, naming the successor: the claims are its to serve, and the kubelet calls
+//! it) or called off because the successor went away (then served: the agent keeps the node).
 //!
 //! Instead of opening, the Synchronize may find that serving claims could grant the same CPUs
 //! twice (a contested claim, [`crate::reconcile`]): then the gate stays shut to prepares for
@@ -28,6 +30,12 @@ enum State {
     Synchronizing,
     Open,
     Refusing(String),
+    /// The node is being handed over to the agent of this pod: calls are held; the state it
+    /// goes back to if the handover is called off.
+    HandingOver {
+        to: String,
+        before: Box<State>,
+    },
     /// The node was handed over to the agent of this pod ([`crate::handover`]).
     HandedOver(String),
 }
@@ -89,11 +97,41 @@ impl Gate {
         let _ = rx.wait_for(|s| *s == State::Open).await;
     }
 
-    /// Waits until the runtime's synchronization has been handled: the gate is open, refusing,
-    /// or handed over.
+    /// Waits until the runtime's synchronization has been handled and no handover is under
+    /// way: the gate is open, refusing, or handed over.
     pub async fn settled(&self) {
         let mut rx = self.state.subscribe();
-        let _ = rx.wait_for(|s| *s != State::Synchronizing).await;
+        let _ = rx
+            .wait_for(|s| !matches!(s, State::Synchronizing | State::HandingOver { .. }))
+            .await;
+    }
+
+    /// Whether a handover is under way: calls are held until it is done or called off.
+    pub fn handing_over(&self) -> bool {
+        matches!(*self.state.borrow(), State::HandingOver { .. })
+    }
+
+    /// Shuts the gate while the node is handed over to the agent of pod `to`: calls are held
+    /// until [`Gate::hand_over`] or [`Gate::call_off`].
+    pub fn begin_handover(&self, to: &str) {
+        self.state.send_modify(|s| {
+            let before = std::mem::replace(s, State::Synchronizing);
+            *s = State::HandingOver {
+                to: to.to_owned(),
+                before: Box::new(before),
+            };
+        });
+    }
+
+    /// The handover begun is called off: the gate is as it was before.
+    pub fn call_off(&self) {
+        self.state.send_if_modified(|s| match s {
+            State::HandingOver { before, .. } => {
+                *s = std::mem::replace(before, State::Synchronizing);
+                true
+            }
+            _ => false,
+        });
     }
 
     /// Shuts the gate for good: the node was handed over to the agent of pod `to`. Whatever
@@ -136,6 +174,32 @@ mod tests {
             gate.is_open() && gate.refusal().is_none(),
             "an open gate stays open"
         );
+    }
+
+    #[tokio::test]
+    async fn a_handover_holds_calls_until_it_is_done_or_called_off() {
+        let gate = Gate::default();
+        gate.open();
+        gate.begin_handover("next");
+        assert!(!gate.is_open() && gate.handing_over());
+        let held = tokio::time::timeout(std::time::Duration::ZERO, gate.settled()).await;
+        assert!(
+            held.is_err(),
+            "a call is held while the node is handed over"
+        );
+        gate.call_off();
+        assert!(gate.is_open(), "called off: open again");
+        gate.settled().await;
+        gate.begin_handover("next");
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.settled().await }
+        });
+        gate.hand_over("next");
+        waiter.await.unwrap();
+        assert_eq!(gate.handed_over_to().as_deref(), Some("next"));
+        gate.call_off();
+        assert!(!gate.is_open(), "handed over is for good");
     }
 
     #[test]

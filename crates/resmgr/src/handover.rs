@@ -18,18 +18,25 @@
 //! it serves `<state-dir>/handover.sock` ([`SOCKET`]; the state directory is the one path both
 //! pods share). A starting agent that finds the lock held asks the owner:
 //!
-//! 1. new → owner: `hello` (protocol version, its pod UID, its version);
-//! 2. owner → new: `accepted`, or `refused` with the reason (another protocol version, or the
-//!    asker is an agent the owner took the node from: a restarted container of a pod being
-//!    replaced must not take it back);
+//! 1. new → owner: `hello` (protocol version, its pod UID, its version, the DaemonSet template
+//!    generation of its pod when it knows it);
+//! 2. owner → new: `accepted`, or `refused` with the reason: another protocol version, or a
+//!    pod being replaced, which must not take the node back (a restarted container of it would
+//!    leave the new pod unready for good, and the rollout stalled): a pod of an older template
+//!    generation than the owner's, or one whose agent handed the node over already (which the
+//!    state directory remembers, [`predecessors`], so that an owner that restarted refuses it
+//!    too);
 //! 3. the new agent registers with the kubelet under its own sockets and waits until the kubelet
 //!    has connected to it (from then on the kubelet calls it rather than the owner; calls it
 //!    gets are held until it owns the node, [`crate::claims::HOLD`]);
 //! 4. new → owner: `go`;
-//! 5. the owner shuts its claim gate and waits for the claim calls in flight
-//!    ([`Manager::hand_over`]), closes its NRI connection, saves the state one last time, stops
-//!    writing anything, removes its handover socket, and answers `released` with the state
-//!    directory's lock attached ([`Successor::release`]);
+//! 5. the owner shuts its claim gate (calls that come now are held) and waits for the claim
+//!    calls in flight ([`Manager::hand_over`]); if the new agent goes away meanwhile, the
+//!    handover is called off and the owner serves on, the held calls first ([`CalledOff`]);
+//!    otherwise it closes its NRI connection, saves the state one last time, stops writing
+//!    anything, removes its handover socket, adds its pod to the pods that handed the node
+//!    over, and answers `released` with the state directory's lock attached
+//!    ([`Successor::release`]);
 //! 6. the new agent holds the lock it was passed, starts from the state on disk exactly as after
 //!    a restart (specs reconciled, claims restored), connects to the runtime, whose Synchronize
 //!    gives it every container, and opens its gate: the held calls are served.
@@ -64,12 +71,14 @@
 //! # What the old agent does afterwards
 //!
 //! It deregisters from the kubelet, is not ready, writes nothing, and waits for the DaemonSet to
-//! delete its pod; on SIGTERM it exits without saving. A kubelet call that still reaches it is
-//! refused as `Unavailable`, naming the successor's pod ([`crate::claims::AdmitError::HandedOver`]).
-//! None should: the kubelet was connected to the successor before `go`, and calls the newest
-//! instance it is connected to. Forwarding such a call instead would need the old agent to reach
-//! the new one's DRA socket, for a case the kubelet does not produce. It never owns the node again: it would have to take the
-//! lock, and an agent that handed over answers nobody.
+//! delete its pod; on SIGTERM it exits without saving. A kubelet call that still reaches it (or
+//! that it held during the handover) is refused as `Unavailable`, naming the successor's pod
+//! ([`crate::claims::AdmitError::HandedOver`]), and the kubelet's retry reaches the successor.
+//! Few do: the kubelet calls the newest instance it registered, which is the successor once it
+//! registered, before `go`; unless the successor registered first, in standby, or the kubelet
+//! sent the call just before the successor registered. Forwarding such a call instead would
+//! need the old agent to reach the new one's DRA socket. It never owns the node again: it
+//! would have to take the lock, and an agent that handed over answers nobody.
 //!
 //! # When either dies in the middle
 //!
@@ -77,9 +86,12 @@
 //! atomic. So whatever dies, at whatever point ([`crate::points::Point::HANDOVER`]), the worst
 //! case is a restart from disk, as today, never two owners:
 //! - the new agent dies before `go`: the owner notices the closed connection and carries on;
-//! - the new agent dies after `go`: the owner finishes handing over; the descriptor it sent dies
-//!   with the connection, which frees the lock; the new pod's container is restarted and starts
-//!   from disk;
+//! - the new agent dies after `go`, while the owner drains its calls: the owner calls the
+//!   handover off and keeps the node;
+//! - the new agent dies once the owner is closing its runtime connection (there is no way back
+//!   from that): the owner finishes handing over; the descriptor it sent dies with the
+//!   connection, which frees the lock; the new pod's container is restarted and starts from
+//!   disk;
 //! - the owner dies during the handover: the new agent sees the connection close, waits for the
 //!   lock, which is free, and starts from disk (or, if another agent took it first, asks that
 //!   one for the node);
@@ -108,8 +120,10 @@ use crate::{
 };
 
 mod conn;
+pub mod predecessors;
 
 use conn::Conn;
+use predecessors::Predecessors;
 
 /// The handover socket's file name, in the state directory.
 pub const SOCKET: &str = "handover.sock";
@@ -162,7 +176,7 @@ pub enum Message {
     Released,
 }
 
-/// What a new agent says of itself.
+/// What a new agent says of itself (and what the owner knows of its own pod).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
     /// The exchange's version it speaks, [`PROTOCOL`].
@@ -171,6 +185,12 @@ pub struct Hello {
     pub pod_uid: String,
     /// Its release.
     pub version: String,
+    /// The DaemonSet template generation its pod was made from (the pod's
+    /// `pod-template-generation` label), when it knows it: an owner never hands the node to an
+    /// agent of an older generation than its own. Absent from an older release's `hello`, and
+    /// left out when unknown, so either side reads the other's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
 }
 
 impl Hello {
@@ -180,7 +200,15 @@ impl Hello {
             protocol: PROTOCOL,
             pod_uid: pod_uid.into(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            generation: None,
         }
+    }
+
+    /// This `hello` for a pod made from the DaemonSet's template generation `generation`.
+    #[must_use]
+    pub fn with_generation(mut self, generation: Option<u64>) -> Self {
+        self.generation = generation;
+        self
     }
 }
 
@@ -238,21 +266,25 @@ pub enum HandoverError {
 pub struct Owner {
     listener: UnixListener,
     path: PathBuf,
-    pod_uid: String,
-    /// Agents that handed the node over to this one (or to one that handed it to this one):
-    /// refused if they ask for it back.
-    predecessors: BTreeSet<String>,
+    /// The owner's own pod, as its `hello` would say.
+    own: Hello,
+    /// The state directory.
+    state_dir: PathBuf,
+    /// Pods whose agents handed the node over (to this one, or earlier ones: the state
+    /// directory remembers them, [`predecessors`]): refused if they ask for it back.
+    predecessors: Predecessors,
     /// Passed at [`Point::HandoverAccepted`]; the manager's own for the points after it.
     faults: Faults,
 }
 
 impl Owner {
-    /// Serves `<state_dir>/handover.sock` for the agent of pod `pod_uid`, which took the node
-    /// from the agents of `predecessors` (none after a plain start). `faults` are the manager's
-    /// ([`crate::ManagerConfig::faults`]).
+    /// Serves `<state_dir>/handover.sock` for the agent `own` says it is, which took the node
+    /// from the agents of `predecessors` (none after a plain start); it refuses them, and every
+    /// pod the state directory remembers handed the node over ([`predecessors`]). `faults` are
+    /// the manager's ([`crate::ManagerConfig::faults`]).
     pub fn bind(
         state_dir: &Path,
-        pod_uid: &str,
+        own: &Hello,
         predecessors: BTreeSet<String>,
         faults: Faults,
     ) -> Result<Self, HandoverError> {
@@ -267,10 +299,14 @@ impl Owner {
             Err(e) => return Err(bind_error(e)),
         }
         let listener = UnixListener::bind(&path).map_err(bind_error)?;
+        let predecessors = predecessors
+            .iter()
+            .fold(Predecessors::load(state_dir), |known, pod| known.with(pod));
         Ok(Self {
             listener,
             path,
-            pod_uid: pod_uid.to_owned(),
+            own: own.clone(),
+            state_dir: state_dir.to_owned(),
             predecessors,
             faults,
         })
@@ -317,9 +353,16 @@ impl Owner {
                 "it speaks handover protocol {}, this agent {PROTOCOL}",
                 hello.protocol
             ))
-        } else if hello.pod_uid == self.pod_uid || self.predecessors.contains(&hello.pod_uid) {
+        } else if hello.pod_uid == self.own.pod_uid || self.predecessors.contains(&hello.pod_uid) {
             Some(format!(
                 "the agent of pod {} handed the node over already; its pod is being replaced",
+                hello.pod_uid
+            ))
+        } else if let (Some(theirs), Some(ours)) = (hello.generation, self.own.generation)
+            && theirs < ours
+        {
+            Some(format!(
+                "the agent of pod {} is of the DaemonSet's template generation {theirs}, older than this agent's {ours}; its pod is being replaced",
                 hello.pod_uid
             ))
         } else {
@@ -337,17 +380,19 @@ impl Owner {
         }
         conn.send(
             &Message::Accepted {
-                owner: self.pod_uid.clone(),
+                owner: self.own.pod_uid.clone(),
             },
             None,
         )
         .await?;
-        self.faults.crash_point(Point::HandoverAccepted);
+        self.faults.handover_step(Point::HandoverAccepted).await;
         info!(pod = %hello.pod_uid, version = %hello.version, "an agent asks for the node; accepted, waiting for it to register with the kubelet");
         match conn.recv_plain(GO_WAIT).await? {
             Message::Go => Ok(Successor {
                 conn,
                 hello,
+                state_dir: self.state_dir.clone(),
+                remember: self.predecessors.clone().with(&self.own.pod_uid),
                 faults: self.faults.clone(),
             }),
             got => Err(HandoverError::Unexpected {
@@ -370,24 +415,56 @@ pub struct Successor {
     conn: Conn,
     /// What it said of itself.
     pub hello: Hello,
-    /// The owner's: passed at [`Point::HandoverReleased`].
+    /// The state directory.
+    state_dir: PathBuf,
+    /// The pods that handed the node over, the owner's now among them.
+    remember: Predecessors,
+    /// The owner's: passed at [`Point::HandoverRemembered`] and [`Point::HandoverReleased`].
     faults: Faults,
 }
 
 impl Successor {
+    /// Resolves once the successor is gone: its connection closed (it died), or it sent
+    /// something it should not have while the owner hands the node over.
+    pub async fn gone(&mut self) {
+        match self.conn.recv_plain(Duration::MAX).await {
+            Err(HandoverError::Closed) => {}
+            Ok(got) => {
+                warn!(message = ?got, "the successor sent a message out of turn; calling the handover off");
+            }
+            Err(e) => info!(error = %chain(&e), "the connection to the successor failed"),
+        }
+    }
+
     /// Passes it the state directory's lock (what [`Manager::hand_over`] returned) with
     /// `released`, and lets go of this agent's descriptor of it: the lock is held all along, by
     /// the owner and then by the successor, so no other agent polling it finds it free in
     /// between. The successor may be gone already: the lock is then free once the kernel drops
     /// what was sent to it, and the next agent to look takes the node.
+    ///
+    /// First it adds the owner's pod to the pods the state directory remembers handed the node
+    /// over ([`predecessors`]): a restarted container of it asks in vain from then on, whoever
+    /// owns the node. A failed write is logged: the successor remembers this agent anyway.
     pub async fn release(mut self, lock: Option<StateLock>) {
-        self.faults.crash_point(Point::HandoverReleased);
+        if let Err(e) = self.remember.save(&self.state_dir, &self.faults).await {
+            warn!(error = %e, "remembering that this agent handed the node over failed; its successor knows it anyway");
+        }
+        self.faults.handover_step(Point::HandoverReleased).await;
         let fd = lock.as_ref().map(StateLock::as_fd);
         if let Err(e) = self.conn.send(&Message::Released, fd).await {
             info!(error = %chain(&e), "passing the node to the successor failed; its lock is free once this agent lets go of it");
         }
         drop(lock);
     }
+}
+
+/// A handover called off: the successor went away before the owner let go of anything it
+/// cannot take back. The owner keeps the node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the agent of pod {to} went away before the node was handed over to it")]
+pub struct CalledOff {
+    /// The successor's pod.
+    pub to: String,
 }
 
 /// What the owner stops, besides the manager, when it hands the node over.
@@ -398,30 +475,58 @@ pub trait Surrender: Send + Sync {
 }
 
 impl Manager {
-    /// Hands the node over to the agent of pod `to`: shuts the claim gate for good and waits for
-    /// the claim calls in flight, closes the runtime connection (`surrender`), saves the state
-    /// one last time, and stops every write. Returns the state directory's lock, for the
+    /// Hands the node over to `successor`: shuts the claim gate (later calls are held) and waits
+    /// for the claim calls in flight, closes the runtime connection (`surrender`), saves the
+    /// state one last time, and stops every write. Returns the state directory's lock, for the
     /// caller to pass to the successor ([`Successor::release`]); the manager holds it no more.
     /// After it, the manager answers nothing that needs the node
     /// ([`crate::claims::AdmitError::HandedOver`]).
     ///
+    /// If the successor goes away (it died) while the calls drain, the handover is called off
+    /// ([`CalledOff`]) and the calls held meanwhile are served: this agent keeps the node. Once
+    /// the runtime connection is closing there is no way back: the successor's pod's restarted
+    /// container takes the node, finding the lock free.
+    ///
     /// A failed last save does not stop it: every commit has saved already, and the successor
     /// starts from what is on disk as after a restart.
-    pub async fn hand_over(&self, to: &str, surrender: &dyn Surrender) -> Option<StateLock> {
-        self.gate.hand_over(to);
-        // Waits for the calls admitted; any later one finds the gate shut.
-        drop(self.calls.write().await);
-        self.faults().crash_point(Point::HandoverDrained);
+    pub async fn hand_over(
+        &self,
+        successor: &mut Successor,
+        surrender: &dyn Surrender,
+    ) -> Result<Option<StateLock>, CalledOff> {
+        let to = successor.hello.pod_uid.clone();
+        self.gate.begin_handover(&to);
+        // Waits for the calls admitted; any later one is held by the gate.
+        let drained = async { drop(self.calls.write().await) };
+        tokio::select! {
+            () = drained => {}
+            () = successor.gone() => {
+                self.gate.call_off();
+                return Err(CalledOff { to });
+            }
+        }
+        self.faults().handover_step(Point::HandoverDrained).await;
+        // The last moment to call it off.
+        if tokio::time::timeout(Duration::ZERO, successor.gone())
+            .await
+            .is_ok()
+        {
+            self.gate.call_off();
+            return Err(CalledOff { to });
+        }
+        self.gate.hand_over(&to);
         surrender.close_runtime().await;
-        self.faults().crash_point(Point::HandoverRuntimeClosed);
+        self.faults()
+            .handover_step(Point::HandoverRuntimeClosed)
+            .await;
         if let Err(e) = self.save_state_for_handover().await {
             warn!(error = %chain(&e), "the last save before the handover failed; the successor starts from the last commit's");
         }
         self.retire_disk().await;
-        self.faults().crash_point(Point::HandoverSaved);
+        self.faults().handover_step(Point::HandoverSaved).await;
         let lock = crate::sync::lock(&self.state_lock).take();
         info!(to = %to, "handed the node over: the state directory's lock goes to the successor");
-        lock
+        Ok(lock)
     }
 
     /// Whether this manager handed the node over.
@@ -521,7 +626,7 @@ mod tests {
     async fn pair(dir: &Path, owner: &str, predecessors: &[&str]) -> Owner {
         Owner::bind(
             dir,
-            owner,
+            &Hello::new(owner),
             predecessors.iter().map(|p| (*p).to_owned()).collect(),
             Faults::default(),
         )
@@ -624,6 +729,69 @@ mod tests {
             "{err}"
         );
         assert!(!serving.is_finished(), "the owner keeps serving");
+        serving.abort();
+    }
+
+    #[tokio::test]
+    async fn an_agent_of_an_older_template_generation_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = Owner::bind(
+            dir.path(),
+            &Hello::new("new").with_generation(Some(4)),
+            BTreeSet::new(),
+            Faults::default(),
+        )
+        .unwrap();
+        let serving = tokio::spawn(async move { owner.next_successor().await });
+        let old = Hello::new("old").with_generation(Some(3));
+        let err = ask(dir.path(), &old).await.unwrap_err();
+        assert!(
+            matches!(&err, AskError::Handover(HandoverError::Refused(why)) if why.contains("generation 3, older than this agent's 4")),
+            "{err}"
+        );
+        // The same generation (the pod was deleted and made again), a newer one, and an agent
+        // that does not say (an older release) are accepted.
+        for hello in [
+            Hello::new("same").with_generation(Some(4)),
+            Hello::new("newer").with_generation(Some(5)),
+            Hello::new("unknown"),
+        ] {
+            let accepted = ask(dir.path(), &hello).await.unwrap();
+            drop(accepted);
+        }
+        assert!(!serving.is_finished(), "nobody said go");
+        serving.abort();
+    }
+
+    #[tokio::test]
+    async fn a_hello_without_a_generation_reads_as_an_older_releases() {
+        let old: Hello =
+            serde_json::from_str(r#"{"protocol":1,"pod_uid":"p","version":"0.1.0"}"#).unwrap();
+        assert_eq!(old.generation, None);
+        let text = serde_json::to_string(&Hello::new("p")).unwrap();
+        assert!(!text.contains("generation"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_handed_over_is_refused_by_every_later_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = pair(dir.path(), "a", &[]).await;
+        let asker = tokio::spawn({
+            let dir = dir.path().to_owned();
+            async move { ask(&dir, &Hello::new("b")).await.unwrap().go().await }
+        });
+        owner.next_successor().await.release(None).await;
+        asker.await.unwrap().unwrap();
+        drop(owner);
+        // An owner that knows nothing of a (it restarted, or took the node from a free lock)
+        // still refuses a's restarted container.
+        let later = pair(dir.path(), "c", &[]).await;
+        let serving = tokio::spawn(async move { later.next_successor().await });
+        let err = ask(dir.path(), &Hello::new("a")).await.unwrap_err();
+        assert!(
+            matches!(&err, AskError::Handover(HandoverError::Refused(why)) if why.contains("handed the node over already")),
+            "{err}"
+        );
         serving.abort();
     }
 

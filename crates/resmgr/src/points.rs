@@ -53,6 +53,9 @@ pub enum Point {
     HandoverRuntimeClosed,
     /// Handover, the owner: the last state is saved; nothing of it reaches the disk any more.
     HandoverSaved,
+    /// Handover, the owner: its pod is among those the state directory remembers handed the
+    /// node over ([`crate::handover::predecessors`]), refused if they ask for it back.
+    HandoverRemembered,
     /// Handover, the owner: it holds nothing of the node but the state directory's lock, which
     /// it is about to pass to the successor with `released`; its handover socket is gone.
     HandoverReleased,
@@ -86,6 +89,7 @@ impl Point {
         Point::HandoverDrained,
         Point::HandoverRuntimeClosed,
         Point::HandoverSaved,
+        Point::HandoverRemembered,
         Point::HandoverReleased,
         Point::TakeoverAccepted,
         Point::TakeoverGo,
@@ -133,6 +137,7 @@ impl Point {
             Point::HandoverDrained => "handover.drained",
             Point::HandoverRuntimeClosed => "handover.runtime-closed",
             Point::HandoverSaved => "handover.saved",
+            Point::HandoverRemembered => "handover.remembered",
             Point::HandoverReleased => "handover.released",
             Point::TakeoverAccepted => "takeover.accepted",
             Point::TakeoverGo => "takeover.go",
@@ -199,6 +204,7 @@ mod tests {
                 | Point::HandoverDrained
                 | Point::HandoverRuntimeClosed
                 | Point::HandoverSaved
+                | Point::HandoverRemembered
                 | Point::HandoverReleased
                 | Point::TakeoverAccepted
                 | Point::TakeoverGo
@@ -206,7 +212,7 @@ mod tests {
             }
             assert_eq!(p.name().parse::<Point>(), Ok(*p));
         }
-        assert_eq!(all.len(), 23, "every variant is in STEPS, DISK or HANDOVER");
+        assert_eq!(all.len(), 24, "every variant is in STEPS, DISK or HANDOVER");
         assert!("disk.nowhere".parse::<Point>().is_err());
     }
 }

@@ -60,18 +60,26 @@ func (c *cluster) spawn(pod string) *instance {
 // agentBinary.
 func (c *cluster) spawnCrashing(pod, crashAt string) *instance {
 	c.t.Helper()
+	return c.spawnWith(pod, crashAt)
+}
+
+// spawnWith is spawn of an agent that aborts at the point crashAt (none if empty), with more
+// arguments; an argument given there replaces the cluster's.
+func (c *cluster) spawnWith(pod, crashAt string, more ...string) *instance {
+	c.t.Helper()
 	bin, env := agentBinary(c.t, crashAt, nil)
 	in := &instance{t: c.t, pod: pod, exited: make(chan error, 1), logs: &harness.LockedBuffer{}, metrics: freeAddr(c.t)}
 	var args []string
 	for i := 0; i < len(c.args); i++ {
 		switch c.args[i] {
-		case "--metrics-addr", "--pod-uid":
+		case "--metrics-addr", "--pod-uid", "--pod-generation":
 			i++
 			continue
 		}
 		args = append(args, c.args[i])
 	}
 	args = append(args, "--metrics-addr", in.metrics, "--pod-uid", pod)
+	args = append(args, more...)
 	in.cmd = exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "NODE_NAME=") && !strings.HasPrefix(kv, "RESMGR_CRASH_AT=") && !strings.HasPrefix(kv, "RESMGR_HOLD_AT=") {
@@ -507,4 +515,35 @@ func TestThirdAgentMidHandover(t *testing.T) {
 		}
 		break
 	}
+}
+
+// A restarted container of a pod that the rolling update replaces (a pod of an older template
+// generation of the DaemonSet) asks the new pod's agent for the node, and is refused: it
+// would take the node back from the new pod, which would never be ready again, and the
+// rollout would stall. An agent of the same generation (the pod deleted and made again) is
+// handed the node.
+func TestOlderGenerationRefused(t *testing.T) {
+	c := startSetup(t, setup{dra: true, topology: "pack:1 numa:2 core:4 pu:2",
+		args: []string{"--pod-uid", oldPod, "--pod-generation", "2"}})
+	c.registerInstance(oldPod)
+	c.waitFor("the owner to be ready", func() bool { ok, _ := c.oldInstance().ready(); return ok })
+	older := c.spawnWith(newPod, "", "--pod-generation", "1")
+	c.waitFor("the older pod's agent to be refused", func() bool {
+		ok, why := older.ready()
+		return !ok && strings.Contains(why, "generation 1, older than this agent's 2")
+	})
+	if exists(c.registrationSocket(newPod))() {
+		t.Fatal("the refused agent registered with the kubelet: the kubelet would call it")
+	}
+	if ok, why := c.oldInstance().ready(); !ok {
+		t.Fatalf("the owner is not ready after refusing an older agent: %q", why)
+	}
+	older.stop()
+
+	same := c.spawnWith(thirdPod, "", "--pod-generation", "2")
+	dra := draClient(t, c.registerInstance(thirdPod))
+	if got := c.prepare(t, dra, "cache-cpus", unpinnedUID); got.GetError() != "" {
+		t.Fatalf("the agent of the same generation did not take the node: %s", got.GetError())
+	}
+	c.waitFor("the agent of the same generation to be ready", func() bool { ok, _ := same.ready(); return ok })
 }

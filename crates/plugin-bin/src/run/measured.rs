@@ -44,6 +44,9 @@ impl Measured {
                     "another agent still owns the node ({why}); this one takes it once that agent is gone (the call was held {}s)",
                     HOLD.as_secs()
                 ),
+                Standing::Refused { why } => format!(
+                    "the agent that owns the node will not hand it over to this one ({why}); this one no longer registers with the kubelet"
+                ),
                 other => format!(
                     "this agent does not own the node ({other:?}; the call was held {}s)",
                     HOLD.as_secs()

@@ -86,9 +86,10 @@ pub fn main(
     flags: &RunFlags,
     node_name_env: Option<String>,
     pod_uid_env: Option<String>,
+    pod_generation_env: Option<String>,
     faults: Faults,
 ) -> anyhow::Result<ExitCode> {
-    let config = flags.resolve_env(node_name_env, pod_uid_env)?;
+    let config = flags.resolve_env(node_name_env, pod_uid_env, pod_generation_env)?;
     if flags.print_config {
         print!("{}", config.to_file());
         return Ok(ExitCode::SUCCESS);
@@ -330,8 +331,11 @@ impl Owning {
             node,
         } = self;
         let state_file = StateFile::new(&config.state_dir);
+        let pod = config.pod_uid.as_ref().map(|uid| {
+            resmgr::handover::Hello::new(uid.clone()).with_generation(config.pod_generation)
+        });
         let taken = tokio::select! {
-            taken = node.take(&state_file, config.pod_uid.as_deref(), config.dra) => taken,
+            taken = node.take(&state_file, pod.as_ref(), config.dra) => taken,
             () = tasks.stopping() => return Ok(()),
         };
         let (lock, predecessors) = taken.map_err(|e| Stop::failed("node", e))?;
@@ -348,10 +352,10 @@ impl Owning {
         .await
         .map_err(|e| Stop::failed("node", e))?;
         node.own(manager.clone());
-        if let Some(pod_uid) = &config.pod_uid {
+        if let Some(pod) = &pod {
             let owner = resmgr::handover::Owner::bind(
                 &config.state_dir,
-                pod_uid,
+                pod,
                 predecessors,
                 node.faults().clone(),
             )
@@ -502,10 +506,10 @@ async fn serve_claims(
         publishing,
         waiting,
     } = dra;
-    tokio::select! {
-        () = node.registering() => {}
+    let mut registration = tokio::select! {
+        r = node.registering() => r,
         () = tasks.stopping() => return Ok(()),
-    }
+    };
     tasks.spawn_until_exit("event poster", async move {
         poster.await;
         Ok(())
@@ -532,15 +536,6 @@ async fn serve_claims(
         recorder,
         metrics: metrics.clone(),
     });
-    let plugin = KubeletPlugin::start_with_health(&kubelet, handler, reports)
-        .await
-        .context("starting the kubelet plugin")
-        .map_err(|e| Stop::failed("kubelet plugin", e))?;
-    node.kubelet_serves(node::Kubelet {
-        registration: plugin.registration_state(),
-        connections: plugin.dra_connections(),
-    });
-
     let serve = async {
         node.opened().await;
         devices_appeared.notify_one();
@@ -558,17 +553,47 @@ async fn serve_claims(
             publish::watch_dropped_fields(publisher.dropped_fields(), mode, metrics),
         );
     };
-    tokio::select! {
-        () = tasks.stopping() => {}
-        () = node.handed_over() => info!("handed the node over: deregistering from the kubelet"),
-        // It ends only once every stream is gone, which the plugin's own do not before it is.
-        () = &mut poll => tasks.stopping().await,
-        () = serve => {}
+    let mut serve = std::pin::pin!(serve);
+    // Registered until the agent stops or hands the node over. Deregistered if the agent that
+    // owns the node refuses this one (it was in standby, registered, when it could not ask),
+    // until the node is free.
+    loop {
+        let plugin = KubeletPlugin::start_with_health(&kubelet, handler.clone(), reports.clone())
+            .await
+            .context("starting the kubelet plugin")
+            .map_err(|e| Stop::failed("kubelet plugin", e))?;
+        node.kubelet_serves(node::Kubelet {
+            registration: plugin.registration_state(),
+            connections: plugin.dra_connections(),
+        });
+        let again = tokio::select! {
+            () = tasks.stopping() => false,
+            () = node.handed_over() => {
+                info!("handed the node over: deregistering from the kubelet");
+                false
+            }
+            () = node.registration_ends(registration) => {
+                info!("deregistering from the kubelet until the node is free");
+                true
+            }
+            // It ends only once every stream is gone, which the plugin's own do not before it is.
+            () = &mut poll => {
+                tasks.stopping().await;
+                false
+            }
+            () = &mut serve => false,
+        };
+        if let Err(e) = plugin.shutdown().await {
+            warn!(error = %resmgr::errors::chain(&e), "stopping the kubelet plugin");
+        }
+        if !again {
+            return Ok(());
+        }
+        registration = tokio::select! {
+            r = node.registering() => r,
+            () = tasks.stopping() => return Ok(()),
+        };
     }
-    if let Err(e) = plugin.shutdown().await {
-        warn!(error = %resmgr::errors::chain(&e), "stopping the kubelet plugin");
-    }
-    Ok(())
 }
 
 /// Once the kubelet has registered the agent, marks the node's pods that wait for their claims,

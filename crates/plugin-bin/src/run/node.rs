@@ -81,8 +81,12 @@ pub struct Node {
     /// Set once the agent owns the node.
     manager: OnceLock<Arc<Manager>>,
     manager_set: watch::Sender<bool>,
-    /// Set when the kubelet plugin should register.
-    register: watch::Sender<bool>,
+    /// Whether, and as which registration, the kubelet plugin should be registered: 0 when it
+    /// should not be (not yet, or an agent in standby that the owner then refused), and a new
+    /// number each time it should register again.
+    register: watch::Sender<u64>,
+    /// Registrations asked for so far: each is numbered anew.
+    registrations: std::sync::atomic::AtomicU64,
     /// The kubelet plugin's registration state and its count of the kubelet's connections, once
     /// it serves.
     kubelet: watch::Sender<Option<Kubelet>>,
@@ -115,7 +119,8 @@ impl Node {
             standing: watch::Sender::new(Standing::Starting),
             manager: OnceLock::new(),
             manager_set: watch::Sender::new(false),
-            register: watch::Sender::new(false),
+            register: watch::Sender::new(0),
+            registrations: std::sync::atomic::AtomicU64::new(0),
             kubelet: watch::Sender::new(None),
             surrender: CancellationToken::new(),
             runtime_closed: watch::Sender::new(false),
@@ -142,10 +147,16 @@ impl Node {
         self.manager.get()
     }
 
-    /// Waits for the manager until `deadline`.
+    /// Waits for the manager until `deadline`, or until the agent that owns the node refuses
+    /// this one: it deregisters then, and a call it held is better refused at once, for the
+    /// kubelet to retry with the agent it calls now.
     pub async fn manager_until(&self, deadline: tokio::time::Instant) -> Option<Arc<Manager>> {
         let mut set = self.manager_set.subscribe();
-        let _ = tokio::time::timeout_at(deadline, set.wait_for(|s| *s)).await;
+        let mut standing = self.standing.subscribe();
+        tokio::select! {
+            _ = tokio::time::timeout_at(deadline, set.wait_for(|s| *s)) => {}
+            _ = standing.wait_for(|s| matches!(s, Standing::Refused { .. })) => {}
+        }
         self.manager.get().cloned()
     }
 
@@ -166,15 +177,45 @@ impl Node {
             .await;
     }
 
-    /// Tells the kubelet plugin to register.
+    /// Tells the kubelet plugin to register, unless it is.
     fn register(&self) {
-        self.register.send_replace(true);
+        let next = self
+            .registrations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        self.register.send_if_modified(|r| {
+            if *r == 0 {
+                *r = next;
+                true
+            } else {
+                false
+            }
+        });
     }
 
-    /// Resolves once the kubelet plugin should register.
-    pub async fn registering(&self) {
+    /// Tells the kubelet plugin to deregister: the kubelet calls the newest agent registered,
+    /// and one that the owner refuses would only hold its calls until they fail.
+    fn deregister(&self) {
+        self.kubelet.send_replace(None);
+        self.register.send_replace(0);
+    }
+
+    /// Resolves once the kubelet plugin should register: with the registration.
+    pub async fn registering(&self) -> u64 {
         let mut register = self.register.subscribe();
-        let _ = register.wait_for(|r| *r).await;
+        let registration = register.wait_for(|r| *r != 0).await.map(|r| *r);
+        // The sender lives as long as the node; an agent without one registers nothing.
+        match registration {
+            Ok(r) => r,
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Resolves once the kubelet plugin should no longer be registered as `registration`: it
+    /// should deregister, or register anew.
+    pub async fn registration_ends(&self, registration: u64) {
+        let mut register = self.register.subscribe();
+        let _ = register.wait_for(|r| *r != registration).await;
     }
 
     /// The kubelet plugin serves: what it tells of the kubelet.
@@ -212,7 +253,8 @@ impl Node {
 
     /// Takes the node: the state directory's lock, directly when it is free, or from the
     /// agent that holds it. Returns the lock and the pods whose agents handed the node over to
-    /// this one. `dra`: whether the agent registers with the kubelet.
+    /// this one. `pod`: what the agent says of its pod when it asks (none: one agent per node,
+    /// a second one refuses to start). `dra`: whether the agent registers with the kubelet.
     ///
     /// Until it has the node it looks again every second: the lock may have come free (its
     /// holder died or exited), or a new owner may serve the handover socket (the one it asked
@@ -221,20 +263,20 @@ impl Node {
     pub async fn take(
         &self,
         state_file: &StateFile,
-        pod_uid: Option<&str>,
+        pod: Option<&Hello>,
         dra: bool,
     ) -> anyhow::Result<(StateLock, BTreeSet<String>)> {
         loop {
             let in_use = match state_file.lock() {
-                Ok(lock) => return self.owned(lock, BTreeSet::new(), dra),
+                Ok(lock) => return self.owned(lock, BTreeSet::new(), dra).await,
                 Err(e @ StateError::InUse { .. }) => e,
                 Err(e) => return Err(e.into()),
             };
-            let Some(pod_uid) = pod_uid else {
+            let Some(hello) = pod else {
                 // One agent per node: a second one refuses to start, as before handovers.
                 return Err(in_use.into());
             };
-            match handover::ask(state_file.dir(), &Hello::new(pod_uid)).await {
+            match handover::ask(state_file.dir(), hello).await {
                 Ok(accepted) => match self.take_over(state_file, accepted, dra).await? {
                     Some(taken) => return Ok(taken),
                     // The exchange broke off and another agent holds the node now: ask it.
@@ -245,6 +287,8 @@ impl Node {
                         warn!(reason = %why, "the agent that owns the node will not hand it over to this one: waiting, unregistered, until the node is free");
                     }
                     self.set_standing(Standing::Refused { why });
+                    // Registered in standby, before it could ask: no longer.
+                    self.deregister();
                 }
                 Err(e) => {
                     let why = resmgr::errors::chain(&e);
@@ -271,7 +315,7 @@ impl Node {
         accepted: handover::Accepted,
         dra: bool,
     ) -> anyhow::Result<Option<(StateLock, BTreeSet<String>)>> {
-        self.faults.crash_point(Point::TakeoverAccepted);
+        self.faults.handover_step(Point::TakeoverAccepted).await;
         let from = accepted.owner.clone();
         info!(owner = %from, "the agent that owns the node hands it over to this one");
         self.set_standing(Standing::TakingOver { from: from.clone() });
@@ -281,7 +325,7 @@ impl Node {
                 warn!(wait = ?handover::KUBELET_WAIT, "the kubelet has not connected to this agent yet; taking the node over anyway");
             }
         }
-        self.faults.crash_point(Point::TakeoverGo);
+        self.faults.handover_step(Point::TakeoverGo).await;
         let passed = match accepted.go().await {
             Ok(Some(fd)) => match state_file.adopt(fd) {
                 Ok(lock) => Some(lock),
@@ -310,16 +354,18 @@ impl Node {
                 Err(e) => return Err(e.into()),
             },
         };
-        self.owned(lock, BTreeSet::from([from]), dra).map(Some)
+        self.owned(lock, BTreeSet::from([from]), dra)
+            .await
+            .map(Some)
     }
 
-    fn owned(
+    async fn owned(
         &self,
         lock: StateLock,
         predecessors: BTreeSet<String>,
         dra: bool,
     ) -> anyhow::Result<(StateLock, BTreeSet<String>)> {
-        self.faults.crash_point(Point::TakeoverLocked);
+        self.faults.handover_step(Point::TakeoverLocked).await;
         if dra {
             self.register();
         }
@@ -340,16 +386,24 @@ impl Node {
         owner: Owner,
         manager: Arc<Manager>,
     ) -> anyhow::Result<()> {
-        let successor = owner.next_successor().await;
-        let to = successor.hello.pod_uid.clone();
-        info!(successor = %to, version = %successor.hello.version, "handing the node over");
-        let lock = manager.hand_over(&to, self.as_ref()).await;
-        // The socket goes before the lock does: an agent that asks now is told nobody serves,
-        // and asks the successor once it owns the node.
-        drop(owner);
-        successor.release(lock).await;
-        self.set_standing(Standing::HandedOver { to });
-        Ok(())
+        loop {
+            let mut successor = owner.next_successor().await;
+            let to = successor.hello.pod_uid.clone();
+            info!(successor = %to, version = %successor.hello.version, "handing the node over");
+            let lock = match manager.hand_over(&mut successor, self.as_ref()).await {
+                Ok(lock) => lock,
+                Err(off) => {
+                    warn!(reason = %off, "the handover is called off: this agent keeps the node");
+                    continue;
+                }
+            };
+            // The socket goes before the lock does: an agent that asks now is told nobody
+            // serves, and asks the successor once it owns the node.
+            drop(owner);
+            successor.release(lock).await;
+            self.set_standing(Standing::HandedOver { to });
+            return Ok(());
+        }
     }
 }
 

@@ -104,6 +104,27 @@ impl SettingType for PodUid {
     }
 }
 
+/// `pod-generation`: the DaemonSet template generation of the agent's pod, a non-negative
+/// integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodGeneration(pub u64);
+
+impl SettingType for PodGeneration {
+    fn parse(given: &Given) -> Result<Self, String> {
+        let v = given.one()?;
+        v.parse().map(Self).map_err(|_| {
+            refuse(
+                v,
+                "expected the pod's `pod-template-generation` label, a non-negative integer such as `3`",
+            )
+        })
+    }
+
+    fn show(&self) -> Value {
+        json!(self.0)
+    }
+}
+
 /// `driver-name`: a DNS subdomain with a dot, at most 63 characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverName(pub String);

@@ -346,8 +346,10 @@ pub fn translate(docs: &[Value], node: &str, config_dir: &Path) -> anyhow::Resul
                     pod_uid_env.push(key);
                     continue;
                 }
+                // The e2e runs one template of the DaemonSet: every pod is of generation 1.
+                Some("metadata.labels['pod-template-generation']") => "1".to_owned(),
                 _ => bail!(
-                    "env {key}: only values and the fieldRefs spec.nodeName, metadata.namespace and metadata.uid are modelled: {e}"
+                    "env {key}: only values and the fieldRefs spec.nodeName, metadata.namespace, metadata.uid and the pod-template-generation label are modelled: {e}"
                 ),
             }
         };
@@ -596,7 +598,8 @@ mod tests {
             "name": "resmgr", "image": "localhost/resmgr:1",
             "args": ["run", "--config=/etc/resmgr/config.yaml", "--node-name=$(NODE_NAME)"],
             "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                    {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}],
+                    {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                    {"name": "POD_TEMPLATE_GENERATION", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['pod-template-generation']"}}}],
             "ports": [{"name": "metrics", "containerPort": 8891}],
             "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5},
             "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}},
@@ -646,7 +649,13 @@ mod tests {
                 "--node-name=node-1"
             ]
         );
-        assert_eq!(pod.env, [("NODE_NAME".to_owned(), "node-1".to_owned())]);
+        assert_eq!(
+            pod.env,
+            [
+                ("NODE_NAME".to_owned(), "node-1".to_owned()),
+                ("POD_TEMPLATE_GENERATION".to_owned(), "1".to_owned())
+            ]
+        );
         assert_eq!(pod.pod_uid_env, ["POD_UID"]);
         assert_eq!(
             pod.mounts,
