@@ -7,10 +7,12 @@
 //! - `--minutes N`: instead, the randomized lifecycle test of issue 15
 //!   (`tests/tests/random_lifecycle.rs`: concurrent kubelet calls, runtime events, faults,
 //!   in-process crashes and restarts, checked against the lifecycle's invariants after every
-//!   step), drawing new seeds for N minutes, optimized, from `--seed` (default: the test draws a
-//!   first seed past its bounded run's, different on every run, and prints it). A failure prints
-//!   the seed, the step, the steps before it and the command that reruns that seed; the end, what
-//!   the run did: seeds, steps, operations.
+//!   step) for two thirds of N minutes, then the randomized handover model
+//!   (`tests/tests/random_handover.rs`: two or three agents starting, dying and handing the node
+//!   over at random instants) for the rest, each drawing new seeds, optimized, from `--seed`
+//!   (default: each test draws a first seed past its bounded run's, different on every run, and
+//!   prints it). A failure prints the seed, the step, the steps before it and the command that
+//!   reruns that seed; the end, what the run did: seeds, steps, operations.
 
 use std::{
     path::Path,
@@ -71,28 +73,40 @@ pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
     )
 }
 
-/// The randomized lifecycle test for `minutes`, from seed `first` (default: the test draws one
-/// past its bounded run's seeds, and prints it).
+/// The randomized lifecycle test, then the randomized handover model, for `minutes` in all,
+/// each from seed `first` (default: each test draws one past its bounded run's seeds, and
+/// prints it).
 fn lifecycle(root: &Path, minutes: u64, first: Option<u64>) -> anyhow::Result<()> {
-    println!("soak: the randomized lifecycle test for {minutes} min");
-    let mut cargo = util::cargo();
-    if let Some(first) = first {
-        cargo.env("RESMGR_FIRST_SEED", first.to_string());
+    let seconds = minutes * 60;
+    let handover = seconds / 3;
+    for (test, seconds) in [
+        ("random_lifecycle", seconds - handover),
+        ("random_handover", handover),
+    ] {
+        if seconds == 0 {
+            continue;
+        }
+        println!("soak: {test} for {seconds} s");
+        let mut cargo = util::cargo();
+        if let Some(first) = first {
+            cargo.env("RESMGR_FIRST_SEED", first.to_string());
+        }
+        util::run(
+            cargo
+                .current_dir(root)
+                .env("RESMGR_SOAK_SECONDS", seconds.to_string())
+                .args([
+                    "test",
+                    "--release",
+                    "--locked",
+                    "-p",
+                    "integration-tests",
+                    "--test",
+                    test,
+                    "--",
+                    "--nocapture",
+                ]),
+        )?;
     }
-    util::run(
-        cargo
-            .current_dir(root)
-            .env("RESMGR_SOAK_SECONDS", (minutes * 60).to_string())
-            .args([
-                "test",
-                "--release",
-                "--locked",
-                "-p",
-                "integration-tests",
-                "--test",
-                "random_lifecycle",
-                "--",
-                "--nocapture",
-            ]),
-    )
+    Ok(())
 }
