@@ -1,8 +1,8 @@
 //! An NRI container event through the manager, against the policy's own decision.
 //!
 //! Every event takes the manager lock, asks the policy, and, when it changed anything, publishes
-//! a fresh snapshot for readers before letting go (`resmgr::published`: the inventory, the
-//! devices and the CPUs behind them, recomputed from the policy). The snapshot is the price of
+//! a fresh snapshot for readers before letting go (the published snapshot of resmgr's `core`:
+//! the inventory, the devices and the CPUs behind them, recomputed from the policy). The snapshot is the price of
 //! readers that never take the lock; this measures what it adds to the event the runtime waits
 //! for. The floor is the same CreateContainer and StopContainer decided by a bare policy, in the
 //! same run, interleaved: what is left over is the manager (lock, pending updates, snapshot).

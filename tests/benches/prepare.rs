@@ -1,11 +1,13 @@
 //! NodePrepareResources for one claim, end to end over the DRA socket, against its floor.
 //!
-//! A prepare is, at the least, one gRPC round trip over a unix socket and two durable file writes
-//! (the state, then the CDI spec), each written to a temporary file, fsynced, renamed and its
-//! directory fsynced. The floor is exactly that, measured in the same run, interleaved with the
-//! prepares so both see the same disk and the same load: an empty NodePrepareResources (answered
-//! by the server without touching the lifecycle) plus two writes in the same file system by the
-//! agent's own durable write (`cdi::durable::replace`).
+//! A prepare is, at the least, one gRPC round trip over a unix socket and three durable file
+//! writes (the state, the claim's device metadata, then the CDI spec), each written to a
+//! temporary file, fsynced, renamed and its directory fsynced, and the metadata's two new
+//! directories (the claim's and its request's) created durably. The floor is exactly that,
+//! measured in the same run, interleaved with the prepares so both see the same disk and the same
+//! load: an empty NodePrepareResources (answered by the server without touching the lifecycle)
+//! plus those writes in the same file system by the agent's own durable write
+//! (`cdi::durable::create_dir` and `replace`).
 //! Target: the prepare's median under 1.5 times the floor's.
 //!
 //! Everything else a prepare does is here too: the real topology-aware policy on a 64-thread
@@ -160,6 +162,9 @@ async fn measure(label: &str, model: Model) -> f64 {
             .await
             .unwrap();
         cdi::durable::replace(&floor_dir, "state.json", &state, 0o644).unwrap();
+        let metadata = floor_dir.join(format!("c{i}")).join("cpus");
+        cdi::durable::create_dir(&metadata, 0o755).unwrap();
+        cdi::durable::replace(&metadata, "metadata.json", &state, 0o644).unwrap();
         cdi::durable::replace(
             &floor_dir,
             "spec.json",
@@ -195,7 +200,7 @@ async fn measure(label: &str, model: Model) -> f64 {
         assert_eq!(answer.claims[&uid].error, "", "unprepare {uid}");
     }
     let floor = report(
-        &format!("resmgr/prepare-floor/{label} (1 round trip + 2 durable writes)"),
+        &format!("resmgr/prepare-floor/{label} (1 round trip + 3 durable writes, 2 directories)"),
         &mut floors,
         "",
     );

@@ -24,11 +24,12 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use cdi::ContainerEdits;
 use kube_dra::fake::StaticClaims;
 use kubelet_plugin::ClaimRef;
 use policy::{
     Adjustment, Allocation, AllocationResult, Claim, ClaimAllocation, Container, ContainerUpdate,
-    CpuSet, Device, Policy, PolicyError, Quantity, Resources, cdi::ContainerEdits,
+    CpuSet, Device, Policy, PolicyError, Quantity, Resources,
 };
 use resmgr::{BoxFuture, Manager, ManagerConfig, Runtime, RuntimeError};
 
@@ -223,6 +224,7 @@ impl Policy for TestPolicy {
             edits: edits(&cpus),
             updates: self.ripple(),
             warnings: Vec::new(),
+            attributes: Vec::new(),
         })
     }
 
@@ -299,6 +301,9 @@ pub struct RuntimeState {
     /// spec their task was already made from) ([`FakeRuntime::creating`],
     /// [`FakeRuntime::created`], [`FakeRuntime::started`]).
     pub starting: BTreeSet<String>,
+    /// Containers it is creating while it synchronizes a plugin, which that Synchronize leaves
+    /// out, as CRI-O does ([`FakeRuntime::creating_unlisted`], [`FakeRuntime::listed`]).
+    pub unlisted: BTreeSet<String>,
 }
 
 impl FakeRuntime {
@@ -384,6 +389,7 @@ pub fn claim(uid: &str, pod: &str, cpus: u64) -> Claim {
             consumed_capacity: [("cpu".to_owned(), Quantity::from_units(cpus))].into(),
         }],
         config: Vec::new(),
+        pod_claim_name: None,
     }
 }
 
@@ -431,7 +437,7 @@ pub fn claim_ref(uid: &str) -> ClaimRef {
 pub async fn prepare_error(m: &Manager, uid: &str) -> String {
     match m.prepare(&[claim_ref(uid)]).await {
         Ok(mut answers) => match answers.remove(uid) {
-            Some(Err(e)) => resmgr::errors::chain(&e),
+            Some(Err(e)) => stdx::errors::chain(&e),
             other => panic!("claim {uid}: expected its prepare to fail, got {other:?}"),
         },
         Err(e) => panic!("claim {uid}: the request was not admitted: {e}"),
@@ -597,6 +603,28 @@ impl FakeRuntime {
     /// container until [`Self::started`].
     pub fn creating(&self, id: &str) {
         self.state.lock().unwrap().starting.insert(id.to_owned());
+    }
+
+    /// [`Self::creating`] as CRI-O does while it synchronizes a plugin: it lists the containers
+    /// of its server, where `id` joins only once created, after the list is made, so the
+    /// Synchronize under way leaves it out ([`Self::listed`]) until [`Self::joined`].
+    /// (containerd holds a plugin's synchronization while it creates a container, and lists
+    /// it as created.)
+    pub fn creating_unlisted(&self, id: &str) {
+        let mut s = self.state.lock().unwrap();
+        s.starting.insert(id.to_owned());
+        s.unlisted.insert(id.to_owned());
+    }
+
+    /// Whether a Synchronize now lists container `id` (see [`Self::creating_unlisted`]).
+    pub fn listed(&self, id: &str) -> bool {
+        !self.state.lock().unwrap().unlisted.contains(id)
+    }
+
+    /// The containers a Synchronize left out are created, in the runtime's list from now on;
+    /// next it announces each (PostCreateContainer).
+    pub fn joined(&self) {
+        self.state.lock().unwrap().unlisted.clear();
     }
 
     /// The runtime has created `id` on `cpus` (the adjustment of its creation, `None`: where it

@@ -135,9 +135,7 @@ impl FaultTable {
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Table> {
         // A test that panicked while holding the table poisoned it; its faults still apply.
-        self.table
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        stdx::sync::lock(&self.table)
     }
 
     /// The fault to apply at `point` now, counting it; a [`Fault::Block`] only if `block` (it is

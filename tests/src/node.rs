@@ -1,6 +1,7 @@
 //! A node as the kubelet sees it: the resource manager with the real topology-aware policy on a
-//! synthetic machine, serving the real DRA and registration sockets, over a fake runtime and
-//! in-memory claims; plus a channel to dial its DRA socket the way tonic dials a unix socket.
+//! synthetic machine, writing the claims' device metadata as the agent does by default, serving
+//! the real DRA and registration sockets, over a fake runtime and in-memory claims; plus a
+//! channel to dial its DRA socket the way tonic dials a unix socket.
 
 use std::{path::Path, sync::Arc};
 
@@ -56,9 +57,21 @@ impl Node {
         }
         let runtime = Arc::new(FakeRuntime::default());
         let cdi_dir = dir.path().join("cdi");
+        // Device metadata where the agent writes it by default: under the kubelet's plugins.
+        let metadata = resmgr::metadata::MetadataStore::new(
+            dir.path()
+                .join("plugins")
+                .join(DRIVER)
+                .join(resmgr::metadata::SUBDIR),
+            DRIVER,
+            kube_dra::metadata::MetadataVersion::ALL.to_vec(),
+        );
         let manager = Arc::new(
             Manager::start(
-                ManagerConfig::new(DRIVER),
+                ManagerConfig {
+                    metadata: Some(metadata),
+                    ..ManagerConfig::new(DRIVER)
+                },
                 Box::new(policy),
                 StateFile::new(dir.path().join("state")),
                 cdi::SpecStore::new(&cdi_dir, DRIVER).unwrap(),

@@ -163,3 +163,71 @@ async fn a_claim_prepared_while_a_container_is_created_waits_until_it_has_moved(
         "claim answered OK with {claimed} while a runs on {a_runs_on}"
     );
 }
+
+/// A container the runtime created while the agent synchronized and left out of the
+/// Synchronize, as CRI-O does, which it announces (PostCreateContainer) and starts later. Once
+/// announced it is placed as the Synchronize would have placed it, and a claim that would take
+/// CPUs it runs on (every CPU: the runtime created it as the kubelet asked) waits for its start
+/// and its move, and fails naming it if the runtime never starts it. Before, the agent only noted
+/// its start: the claim was granted while the container ran on its CPUs, for good.
+#[tokio::test(start_paused = true)]
+async fn a_claim_waits_for_a_container_the_synchronize_did_not_list() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    // The runtime creates `late` while the agent synchronizes: on every CPU (no cpuset of
+    // ours, so the runtime reports none), not in the Synchronize's list.
+    h.runtime.creating("late");
+    h.runtime.created("late", Some(&set("0-7")));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    let late = container("late", "pod-web");
+    m.container_created(&late).await;
+    m.deliver().await.unwrap();
+    assert!(
+        h.runtime.state.lock().unwrap().calls.is_empty(),
+        "nothing is sent to a container the runtime has not started"
+    );
+
+    let err = prepare_error(&m, "c1").await;
+    assert!(
+        err.contains("has not finished creating and starting") && err.contains("\"late\""),
+        "the claim answered without waiting for late, which runs on {:?}: {err}",
+        h.runtime.cpus("late")
+    );
+    assert!(h.specs().is_empty(), "no spec for a claim late runs on");
+
+    h.runtime.started("late");
+    m.container_started(&late).await;
+    let answers = m.prepare(&[claim_ref("c1")]).await.unwrap();
+    assert!(answers["c1"].is_ok(), "{answers:?}");
+    let claimed = granted(&h, "c1");
+    let late_runs_on = set(&h.runtime.cpus("late").unwrap());
+    assert!(
+        !late_runs_on.intersects(&claimed),
+        "claim granted {claimed} while late runs on {late_runs_on}"
+    );
+}
+
+/// Such a container whose PostCreateContainer missed the agent (CRI-O inserts a plugin into
+/// its list a moment after synchronizing it): its start is the first the agent hears of it, and
+/// its update goes out from the background, to the running container.
+#[tokio::test(start_paused = true)]
+async fn a_container_the_synchronize_did_not_list_is_placed_when_it_starts() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    let claimed = granted(&h, "c1");
+    h.runtime.creating("late");
+    h.runtime.created("late", Some(&set("0-7")));
+    h.runtime.started("late");
+    let late = container("late", "pod-web");
+    m.container_started(&late).await;
+    assert_eq!(
+        m.pending_updates().await,
+        1,
+        "its update waits for the background"
+    );
+    m.deliver().await.unwrap();
+    let late_runs_on = set(&h.runtime.cpus("late").unwrap());
+    assert_eq!(late_runs_on, set("0-7").difference(&claimed));
+}

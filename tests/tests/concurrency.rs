@@ -201,7 +201,7 @@ async fn a_spec_write_failing_for_the_second_of_two_prepares_keeps_the_claim() {
         .arm_after(Point::SpecWrite, 1, Fault::Fail, Some(1));
     drop(held);
     assert!(first.await.unwrap().is_ok());
-    let err = resmgr::errors::chain(&second.await.unwrap().unwrap_err());
+    let err = stdx::errors::chain(&second.await.unwrap().unwrap_err());
     assert!(
         err.contains("writing the CDI spec")
             && err.contains("(the claim stays allocated: it was prepared before)"),

@@ -2,10 +2,12 @@
 //! prepare, unprepare and commit, restarted, and retried as the kubelet would; the invariants hold
 //! at the crash itself and after recovery.
 //!
-//! At the crash: every CDI spec on disk belongs to a claim the committed state accounts for.
-//! After the restart and the retry: every CPU a container runs on is shared or belongs to a claim
-//! reserved for the container's pod, no claim's CPU is used by another pod, and the claim is
-//! prepared (after a prepare) or gone without a trace (after an unprepare).
+//! At the crash: every CDI spec on disk belongs to a claim the committed state accounts for,
+//! every file a spec mounts (the claim's device metadata) is on disk, and device metadata on
+//! disk belongs to a claim the state accounts for. After the restart and the retry: every CPU a
+//! container runs on is shared or belongs to a claim reserved for the container's pod, no
+//! claim's CPU is used by another pod, and the claim is prepared with its metadata (after a
+//! prepare) or gone without a trace, metadata included (after an unprepare).
 
 use std::{
     path::Path,
@@ -56,12 +58,45 @@ fn node(dir: &Path) -> FileRuntime {
     runtime
 }
 
+/// The claims with device metadata on disk.
+fn metadata(dir: &Path) -> Vec<String> {
+    resmgr::metadata::MetadataStore::new(
+        dir.join("metadata"),
+        integration_tests::fakes::DRIVER,
+        vec![],
+    )
+    .claims()
+    .unwrap()
+    .into_iter()
+    .map(|u| u.to_string())
+    .collect()
+}
+
 fn assert_specs_accounted(dir: &Path, context: &str) {
     let saved = saved_claims(&dir.join("state"));
+    let store = cdi::SpecStore::new(dir.join("cdi"), integration_tests::fakes::DRIVER).unwrap();
     for uid in specs(dir) {
         assert!(
             saved.contains(&uid),
             "{context}: spec of {uid} on disk, state accounts for {saved:?}"
+        );
+        let edits = store.read_claim(&uid).unwrap();
+        assert!(
+            edits.iter().all(|e| !e.mounts.is_empty()),
+            "{context}: spec of {uid} mounts no device metadata"
+        );
+        for mount in edits.iter().flat_map(|e| &e.mounts) {
+            assert!(
+                Path::new(&mount.host_path).is_file(),
+                "{context}: spec of {uid} mounts {}, which is not on disk",
+                mount.host_path
+            );
+        }
+    }
+    for uid in metadata(dir) {
+        assert!(
+            saved.contains(&uid),
+            "{context}: device metadata of {uid} on disk, state accounts for {saved:?}"
         );
     }
 }
@@ -93,6 +128,7 @@ fn assert_cpus_accounted(dir: &Path, runtime: &FileRuntime, prepared: bool, cont
         );
         assert_eq!(saved_claims(&dir.join("state")), ["c1"], "{context}");
         assert_eq!(specs(dir), ["c1"], "{context}");
+        assert_eq!(metadata(dir), ["c1"], "{context}");
     } else {
         assert_eq!(
             shared.len(),
@@ -102,6 +138,7 @@ fn assert_cpus_accounted(dir: &Path, runtime: &FileRuntime, prepared: bool, cont
         assert_eq!(containers["db"].1.len(), 8, "{context}");
         assert!(saved_claims(&dir.join("state")).is_empty(), "{context}");
         assert!(specs(dir).is_empty(), "{context}");
+        assert!(metadata(dir).is_empty(), "{context}");
     }
 }
 

@@ -9,14 +9,12 @@ use dra_proto::health_v1alpha1::{
     dra_resource_health_client::DraResourceHealthClient,
 };
 use integration_tests::node::unix_channel;
-use resmgr::{
-    health::{HealthConfig, HealthMonitor},
-    kubelet_plugin::{
-        ClaimHandler, ClaimRef, KubeletConfig, KubeletPlugin, PrepareResults, RequestError,
-        UnprepareResults,
-    },
-    policy::CpuSet,
+use kubelet_plugin::{
+    ClaimHandler, ClaimRef, KubeletConfig, KubeletPlugin, PrepareResults, RequestError,
+    UnprepareResults,
 };
+use policy::CpuSet;
+use resmgr::health::{HealthConfig, HealthMonitor};
 use tonic::Streaming;
 
 /// Bounds every wait; nothing here comes near it.

@@ -8,8 +8,8 @@ use integration_tests::fake_apiserver::FakeApiServer;
 use kube_dra::{
     ClaimReadError, ClaimReader, DiscoveryError, KubeClaimReader, ResourceApiVersions, RetryPolicy,
 };
+use kubelet_plugin::ClaimRef;
 use policy::{AllocationResult, ClaimConfig, ConfigSource, Quantity};
-use resmgr::kubelet_plugin::ClaimRef;
 use serde_json::{Value, json};
 
 const DRIVER: &str = "cpu.resmgr.io";

@@ -22,12 +22,9 @@ use kube_dra::{
     Clock, EventRecorder, EventStats, EventsConfig, KubeEvents, Notice, PodRef, ResourceApiVersion,
     ResourceApiVersions, fake::RecordingEvents,
 };
-use resmgr::{
-    dra_handler::LifecycleHandler,
-    kubelet_plugin::{ClaimHandler, ClaimRef},
-    nri::{Plugin as _, api},
-    nri_plugin::ResmgrPlugin,
-};
+use kubelet_plugin::{ClaimHandler, ClaimRef};
+use nri::{Plugin as _, api};
+use resmgr::{dra_handler::LifecycleHandler, nri_plugin::ResmgrPlugin};
 use serde_json::{Value, json};
 
 /// A clock that moves only when told.
@@ -431,7 +428,7 @@ async fn the_claim_lifecycle_tells_the_recorder_which_claims_failed_and_why() {
         .prepare(&[claim_ref("good"), claim_ref("missing")])
         .await
         .unwrap();
-    let error = resmgr::errors::chain(answers["missing"].as_ref().unwrap_err());
+    let error = stdx::errors::chain(answers["missing"].as_ref().unwrap_err());
     assert!(answers["good"].is_ok());
     assert_eq!(
         recorded.notices(),

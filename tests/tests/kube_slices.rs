@@ -43,6 +43,7 @@ fn device(name: &str, cpus: u64) -> Device {
             },
         )]),
         allow_multiple_allocations: true,
+        taints: Vec::new(),
     }
 }
 

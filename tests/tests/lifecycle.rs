@@ -149,12 +149,12 @@ async fn each_claim_of_a_batch_is_answered_on_its_own() {
         .await
         .unwrap();
     assert!(answers["good"].is_ok());
-    let missing = resmgr::errors::chain(answers["missing"].as_ref().unwrap_err());
+    let missing = stdx::errors::chain(answers["missing"].as_ref().unwrap_err());
     assert!(
         missing.starts_with("claim default/claim-missing (uid missing): reading the claim: resource claim default/claim-missing (uid missing) not found"),
         "{missing}"
     );
-    let huge = resmgr::errors::chain(answers["huge"].as_ref().unwrap_err());
+    let huge = stdx::errors::chain(answers["huge"].as_ref().unwrap_err());
     assert!(
         huge.contains("(uid huge): allocating: claim huge does not fit: needs 100 CPUs"),
         "{huge}"
@@ -565,6 +565,34 @@ async fn a_container_started_while_the_agent_synchronizes_gets_its_update_once_r
     );
 }
 
+/// A resize of a container the agent never heard of (the runtime's Synchronize left it out,
+/// and its earlier events missed the agent): the container is placed, and the reply carries its
+/// update, last, as the runtime takes the last update of the reply for the container it
+/// updates. Before, the policy did not know it and the runtime failed the kubelet's resize.
+#[tokio::test]
+async fn a_resize_of_a_container_the_synchronize_did_not_list_places_it() {
+    let h = Harness::new();
+    h.claims.insert(claim("c1", "pod-db", 2));
+    let m = h.ready(TestPolicy::new(8), &[]).await;
+    assert!(m.prepare(&[claim_ref("c1")]).await.unwrap()["c1"].is_ok());
+    let late = container("late", "pod-web");
+    let more = policy::Resources {
+        cpu_request_milli: 500,
+        ..policy::Resources::default()
+    };
+    let updates = m.update_container(&late, &more).await.unwrap();
+    let last = updates.last().expect("an update of late");
+    assert_eq!(last.container_id, "late");
+    assert_eq!(last.cpus, Some("0-5".parse().unwrap()));
+    // The runtime applies the update after the event, then says so: the agent holds it now,
+    // and asserts what it placed it on.
+    h.runtime.apply_reply(&updates);
+    m.container_updated(&late).await;
+    m.deliver().await.unwrap();
+    assert_eq!(h.runtime.cpus("late").as_deref(), Some("0-5"));
+    assert_eq!(m.pending_updates().await, 0);
+}
+
 #[tokio::test]
 async fn restart_restores_claims_and_a_retried_unprepare_finishes_the_release() {
     let h = Harness::new();
@@ -608,10 +636,7 @@ async fn no_stray_spec_stops_start_up_and_nothing_is_deleted_before_the_runtime_
     let store = cdi::SpecStore::new(h.cdi_dir(), support::DRIVER).unwrap();
     let other = cdi::SpecStore::new(h.cdi_dir(), "other.vendor.io").unwrap();
     other
-        .write_claim(
-            "theirs",
-            &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
-        )
+        .write_claim("theirs", &[cdi::ContainerEdits::with_env(["X=1".into()])])
         .unwrap();
     // Specs of ours the state does not account for (a restored backup of the state, say): one
     // the policy takes back, and one that does not parse.
@@ -619,7 +644,7 @@ async fn no_stray_spec_stops_start_up_and_nothing_is_deleted_before_the_runtime_
         store
             .write_claim(
                 uid,
-                &[policy::cdi::ContainerEdits::with_env([format!(
+                &[cdi::ContainerEdits::with_env([format!(
                     "DRA_CPUSET_{uid}=2-3"
                 )])],
             )
@@ -689,10 +714,7 @@ async fn an_unreadable_state_stops_start_up_and_deletes_nothing() {
     let h = Harness::new();
     let store = cdi::SpecStore::new(h.cdi_dir(), support::DRIVER).unwrap();
     store
-        .write_claim(
-            "c1",
-            &[policy::cdi::ContainerEdits::with_env(["X=1".into()])],
-        )
+        .write_claim("c1", &[cdi::ContainerEdits::with_env(["X=1".into()])])
         .unwrap();
     fs::create_dir_all(h.state_dir()).unwrap();
     fs::write(StateFile::new(h.state_dir()).path(), b"{ truncated").unwrap();
@@ -836,21 +858,23 @@ async fn a_failed_runtime_event_names_the_container_as_namespace_pod_container()
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), "container default/pod-web/refused-1");
+    // A container the policy does not know and refuses to take in (see
+    // a_resize_of_a_container_the_synchronize_did_not_list_places_it).
     let err = m
         .update_container(
-            &container("ghost", "pod-web"),
+            &container("refused-2", "pod-web"),
             &policy::Resources::default(),
         )
         .await
         .unwrap_err();
-    assert_eq!(err.to_string(), "container default/pod-web/ghost");
+    assert_eq!(err.to_string(), "container default/pod-web/refused-2");
     h.break_state_saves();
     let err = m
         .create_container(&container("a", "pod-web"))
         .await
         .unwrap_err();
     assert!(
-        resmgr::errors::chain(&err).starts_with("container default/pod-web/a: saving the state: "),
+        stdx::errors::chain(&err).starts_with("container default/pod-web/a: saving the state: "),
         "{err:?}"
     );
 }
@@ -906,7 +930,7 @@ async fn a_batch_the_runtime_does_not_answer_is_not_resent_one_update_at_a_time(
     let err = prepare_error(&m, "c1").await;
     assert!(err.contains("did not answer"), "{err}");
     assert!(
-        began.elapsed() >= resmgr::commit::SETTLE_WAIT,
+        began.elapsed() >= resmgr::SETTLE_WAIT,
         "the claim gave up after {:?}",
         began.elapsed()
     );
@@ -1139,7 +1163,7 @@ async fn a_claim_whose_configuration_the_policy_refuses_fails_alone_and_leaves_n
         .prepare(&[claim_ref("refused"), claim_ref("unpinned")])
         .await
         .unwrap();
-    let error = resmgr::errors::chain(answers["refused"].as_ref().unwrap_err());
+    let error = stdx::errors::chain(answers["refused"].as_ref().unwrap_err());
     assert!(
         error.contains(
             "claim default/claim-refused (refused): configuration for request cpus (from the claim): memoryPinning: invalid type"
@@ -1238,7 +1262,7 @@ async fn unprepare_of_a_claim_already_gone_succeeds_without_saving() {
     );
     // A real release must be saved, so it fails; and its retry saves what is still unsaved
     // even though the claim is gone from memory by then.
-    let err = resmgr::errors::chain(
+    let err = stdx::errors::chain(
         m.unprepare(&[claim_ref("c1")]).await.unwrap()["c1"]
             .as_ref()
             .unwrap_err(),
@@ -1387,7 +1411,7 @@ async fn a_failed_save_is_retried_in_the_background_without_another_commit() {
     // The release's save fails: released in memory, its spec gone, still on disk.
     h.faults.arm(Point::StateSave, Fault::Fail, Some(1));
     let answers = m.unprepare(&[claim_ref("c1")]).await.unwrap();
-    let err = resmgr::errors::chain(answers["c1"].as_ref().unwrap_err());
+    let err = stdx::errors::chain(answers["c1"].as_ref().unwrap_err());
     assert!(err.contains("saving the state"), "{err}");
     assert!(h.specs().is_empty());
     assert_eq!(

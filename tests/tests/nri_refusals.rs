@@ -1,15 +1,14 @@
 //! The NRI plugin's refusals reach the runtime classified, as the DRA side's reach the kubelet:
-//! a malformed request is `InvalidArgument`, a container that does not fit `FailedPrecondition`,
-//! one the policy does not know `NotFound`, a change that could not be saved `Internal`. (That
-//! the kind's code is what the runtime receives is the nri crate's test.)
+//! a malformed request is `InvalidArgument`, a container that does not fit `FailedPrecondition`
+//! (also when the policy first hears of it at its update, and cannot take it in), a change that
+//! could not be saved `Internal`. (That the kind's code is what the runtime receives is the nri
+//! crate's test; that a container the policy does not know is `NotFound`, `nri_plugin`'s.)
 
 use std::sync::Arc;
 
 use integration_tests::fakes::{Harness, TestPolicy};
-use resmgr::{
-    nri::{Plugin as _, PluginErrorKind, api},
-    nri_plugin::ResmgrPlugin,
-};
+use nri::{Plugin as _, PluginErrorKind, api};
+use resmgr::nri_plugin::ResmgrPlugin;
 
 fn pod() -> api::PodSandbox {
     api::PodSandbox {
@@ -64,11 +63,18 @@ async fn refusals_are_classified_by_their_cause() {
 
     let unknown = api::UpdateContainerRequest {
         pod: Some(pod()),
-        container: Some(container("ghost")),
+        container: Some(container("refused-ghost")),
         linux_resources: None,
     };
     let error = plugin.update_container(unknown).await.unwrap_err();
-    assert_eq!(error.kind, PluginErrorKind::NotFound, "{error}");
+    assert_eq!(error.kind, PluginErrorKind::FailedPrecondition, "{error}");
+    assert!(
+        error
+            .message
+            .starts_with("container team/web/refused-ghost: ")
+            && error.message.contains("does not fit"),
+        "{error}"
+    );
 
     harness.break_state_saves();
     let error = plugin.create_container(create("app")).await.unwrap_err();

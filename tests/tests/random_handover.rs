@@ -323,7 +323,7 @@ async fn serve(id: u64, hello: Hello, node: Arc<Node>, world: Node0, log: Arc<Mu
                 &log,
                 format!(
                     "VIOLATION agent {id} ({pod}) could not start from disk: {}",
-                    resmgr::errors::chain(&e)
+                    stdx::errors::chain(&e)
                 ),
             );
             return;
@@ -504,6 +504,20 @@ impl World {
         self.start_agent(&pod);
     }
 
+    /// Whether a new rolling update may start now. With generations, always. Without them, only
+    /// once the newest pod's agent owns the node (or its pod has none): a newer pod that comes
+    /// while an older new one still waits to take the node over (two rollouts in quick
+    /// succession) is the case generations exist for; without them, whichever of the two asks
+    /// the owner last takes the node, which may be the older (docs/deploy.md, "Upgrading").
+    fn may_surge(&self) -> bool {
+        self.generations
+            || self.current.as_ref().is_none_or(|c| {
+                self.pods[c]
+                    .agent
+                    .is_none_or(|id| self.agents[&id].node.standing() == Standing::Owner)
+            })
+    }
+
     /// The kubelet restarts the container of a pod whose agent died.
     fn restart_one(&mut self) {
         // Without generations, an agent cannot tell an old pod's restarted agent from a new
@@ -673,12 +687,14 @@ impl World {
                 // handed the node over since (the call arrived after the successor registered;
                 // or the successor registered before it, in standby, so the kubelet kept
                 // calling it; or the successor died once there was no way back), or one in
-                // standby that the owner refused since (it deregistered). It is refused saying
-                // so, and the kubelet's retry reaches the agent it calls now, or the
+                // standby that the owner refused since (it deregistered; it may own the node
+                // again by now, having taken the lock once its owner died). It is refused
+                // saying so, and the kubelet's retry reaches the agent it calls now, or the
                 // successor's restarted container.
                 Ok(Answer::Failed(why))
                     if why.starts_with("Unavailable")
                         && (self.called().is_some_and(|now| now != call.agent)
+                            || Self::refused_standby(&why)
                             || self.successor_died(&why)
                             || self.successor_registered_first(&why, call.agent)) =>
                 {
@@ -732,10 +748,21 @@ impl World {
             .map(|rest| rest.trim_end_matches(['"', ')']))
     }
 
+    /// Whether `why` is the refusal of an agent in standby whose owner refused it.
+    fn refused_standby(why: &str) -> bool {
+        why.contains("the agent does not own the node (Refused")
+    }
+
     /// Whether `why`, a refusal naming the successor the node was handed to, names one whose
-    /// agent is dead.
+    /// agent died: none of its pod's agents is registered with the kubelet (its restarted
+    /// container's may be starting), so the kubelet still calls the agent that handed over.
     fn successor_died(&self, why: &str) -> bool {
-        Self::successor_named(why).is_some_and(|pod| !self.agents.values().any(|a| a.pod == pod))
+        Self::successor_named(why).is_some_and(|pod| {
+            !self
+                .agents
+                .values()
+                .any(|a| a.pod == pod && a.registration().is_some())
+        })
     }
 
     /// Whether `why`, a refusal naming the successor the node was handed to, names one that
@@ -857,7 +884,7 @@ impl World {
                     // The runtime starts it at once, and says so.
                     m.container_started(&c).await;
                 }
-                Err(e) => return Err(format!("creating {}: {}", c.id, resmgr::errors::chain(&e))),
+                Err(e) => return Err(format!("creating {}: {}", c.id, stdx::errors::chain(&e))),
             },
             None => {
                 // The gap: created as the kubelet asked, placed by the next Synchronize.
@@ -880,7 +907,7 @@ impl World {
     async fn step(&mut self) -> Result<(), String> {
         let live = self.agents.len();
         match self.rng.below(100) {
-            0..12 if live < MAX_AGENTS => self.surge(),
+            0..12 if live < MAX_AGENTS && self.may_surge() => self.surge(),
             12..22 if live < MAX_AGENTS => self.restart_one(),
             22..32 if live > 0 => {
                 let ids: Vec<u64> = self.agents.keys().copied().collect();
@@ -952,7 +979,7 @@ impl World {
     fn spec_cpus(&self, uid: &str) -> Result<CpuSet, String> {
         let edits = cdi::SpecStore::new(&self.node0.cdi_dir, DRIVER)
             .and_then(|store| store.read_claim(uid))
-            .map_err(|e| format!("the spec of {uid}: {}", resmgr::errors::chain(&e)))?;
+            .map_err(|e| format!("the spec of {uid}: {}", stdx::errors::chain(&e)))?;
         let var = format!("DRA_CPUSET_{uid}=");
         let mut cpus = CpuSet::new();
         for e in edits {

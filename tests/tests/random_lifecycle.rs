@@ -6,7 +6,7 @@
 //! operations at once — a pod's prepare (and sometimes a retry overlapping it), containers
 //! created, a pod stopped and its claims unprepared, a container resized, a retry of an
 //! unprepare that failed, the background retry (a failed save, undelivered updates) — after arming faults: `UpdateContainers`
-//! failing as a whole or for one container, a state save or spec write or removal failing (also
+//! failing as a whole or for one container, a state save, a spec or device metadata write or removal failing (also
 //! after the spec landed), a slow disk, and a crash at a named crash or disk point followed by a
 //! restart (sometimes with the state directory wiped, so the claims must be adopted from their
 //! specs). Reconciliation gets steps of its own: a stray spec planted while the agent is down
@@ -14,22 +14,32 @@
 //! container of a pod no kubelet claim knows of that uses it; a held claim deleted or
 //! deallocated in the API server while its pods may run; a restart with an older state file
 //! restored; reconcile passes, within the grace and after it (virtual time is advanced past the
-//! seed's grace; a zero grace releases at the second pass). After every step:
+//! seed's grace; a zero grace releases at the second pass). The runtime creates containers while
+//! no agent is connected, and either lists them as created at the next agent's Synchronize
+//! (containerd) or leaves them out of it, as CRI-O does with a container it is creating while it
+//! synchronizes a plugin, and announces them afterwards (PostCreateContainer, which sometimes
+//! misses the agent), starting them among the next step's operations. After every step:
 //!
 //! 1. every CDI spec on disk belongs to a claim the state file on disk accounts for, or to a
-//!    stray the agent holds from what its users show (unreadable) or reports contested;
+//!    stray the agent holds from what its users show (unreadable) or reports contested, and
+//!    every file it mounts (its claim's device metadata, written and removed with faults of
+//!    its own) is on disk;
 //! 2. no CPU is in two claims (adopted ones included), in two specs on disk, or in a claim and
 //!    an exclusive container, unless the agent reports a claim contested, and then every
 //!    prepare is refused with `AdmitError::Contested` and the claim gate is closed;
 //! 3. every claim whose prepare answered OK is held, with the same CPUs and a spec, until the
 //!    kubelet unprepares it (or, deleted in the API server, reconciliation releases it), and no
-//!    container of another pod runs on its CPUs; unless an older state restored gives its CPUs
+//!    container of another pod runs on its CPUs (a container created while no agent was connected
+//!    runs on every CPU until the agent's first update of it lands, which only the next settle
+//!    guarantees: until then the claims granted before it was created are the ones it may share
+//!    CPUs with); unless an older state restored gives its CPUs
 //!    to a claim released since: then the restored claim gives way if it has no spec and
 //!    nothing uses it, and otherwise the spec is reported contested, and the operator's
 //!    recovery (the kubelet's unprepares, the stale claim released after the grace, a
 //!    restart) takes it back;
-//! 4. every few steps, and at the end: once faults clear, every pending update is delivered and
-//!    every running container runs where the policy placed it;
+//! 4. every few steps, and at the end: once faults clear (and the runtime has started what it
+//!    was starting), every pending update is delivered and every running container, those its
+//!    Synchronize did not list included, runs where the policy placed it;
 //! 5. at the end, once every pod is gone and every claim unprepared: nothing is held, no spec is
 //!    left, every CPU is shared again;
 //! 6. reconciliation never releases or sweeps a claim the API server allocates to this node
@@ -53,21 +63,21 @@ use std::{
     time::{Duration, Instant},
 };
 
+use cdi::ContainerEdits;
 use integration_tests::{
     fakes::{DRIVER, FakeRuntime, claim_on},
     faults::{Fault, FaultTable, Point},
 };
-use kube_dra::fake::StaticClaims;
+use kube_dra::{ClaimReadError, ClaimReader, fake::StaticClaims};
+use kubelet_plugin::ClaimRef;
 use policy::{
     Claim, ClaimAllocation, Container, ContainerUpdate, CpuSet, Device, Inventory, Policy,
     PolicyError, QosClass, Resources, Topology, TopologyAware, TopologySource,
-    cdi::ContainerEdits,
     topology_aware::{ClaimCpus, Exclusivity, Grant},
 };
 use resmgr::{
-    AdmitError, BoxFuture, ClaimReadError, ClaimReader, Manager, ManagerConfig, Outcome as Done,
-    ReconcileConfig, ReconcileReport, Runtime, RuntimeError, kubelet_plugin::ClaimRef,
-    state::StateFile,
+    AdmitError, BoxFuture, Manager, ManagerConfig, Outcome as Done, ReconcileConfig,
+    ReconcileReport, Runtime, RuntimeError, state::StateFile,
 };
 
 /// Two sockets of one NUMA node each, 4 two-thread cores per node: numa0 is CPUs 0-7, numa1
@@ -174,6 +184,12 @@ impl Policy for Shared {
     }
     fn allocate(&mut self, container: &Container) -> Result<policy::Allocation, PolicyError> {
         self.get().allocate(container)
+    }
+    fn adopt_container(
+        &mut self,
+        container: &Container,
+    ) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        self.get().adopt_container(container)
     }
     fn update(
         &mut self,
@@ -327,6 +343,8 @@ enum Outcome {
         pod: String,
         containers: Vec<Container>,
     },
+    /// Containers the last Synchronize did not list, started, with their pods.
+    StartedUnlisted(Vec<(String, Container)>),
     Stopped {
         pod: String,
         unprepared: Option<BTreeMap<String, bool>>,
@@ -353,6 +371,7 @@ impl Outcome {
                 })
                 .collect::<Vec<_>>()
                 .join(", "),
+            Self::StartedUnlisted(started) => format!("{} started", started.len()),
             Self::Stopped { unprepared, .. } => format!("stopped, unprepared {unprepared:?}"),
             Self::Nothing => "done".into(),
         }
@@ -395,6 +414,14 @@ struct World {
     /// Containers the runtime created while no agent was connected and is starting when the
     /// next agent synchronizes, with their pods.
     gap: Vec<(String, Container)>,
+    /// Containers the runtime created while the last agent synchronized, left out of its list
+    /// and announced to it since, not started yet, with their pods: the next step starts them
+    /// among its operations, a settle at once.
+    unlisted: Vec<(String, Container)>,
+    /// Containers created while no agent was connected, until a settle has checked that they
+    /// run where the agent placed them: the claims answered OK before they were created (see
+    /// invariant 3).
+    from_gap: BTreeMap<String, BTreeSet<String>>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -421,6 +448,11 @@ struct Stats {
     held_unreadable: u64,
     released: u64,
     gave_way: u64,
+    /// Containers created while no agent was connected that the next Synchronize listed, and
+    /// that it left out (and of those, whose PostCreateContainer missed the agent).
+    gap_listed: u64,
+    gap_unlisted: u64,
+    unlisted_unannounced: u64,
 }
 
 impl Stats {
@@ -447,6 +479,9 @@ impl Stats {
         self.held_unreadable += o.held_unreadable;
         self.released += o.released;
         self.gave_way += o.gave_way;
+        self.gap_listed += o.gap_listed;
+        self.gap_unlisted += o.gap_unlisted;
+        self.unlisted_unannounced += o.unlisted_unannounced;
     }
 
     /// Counts what an agent's reconciliation did.
@@ -524,6 +559,11 @@ fn start_manager(
                 grace,
                 ..ReconcileConfig::default()
             },
+            metadata: Some(resmgr::metadata::MetadataStore::new(
+                dir.join("metadata"),
+                DRIVER,
+                kube_dra::metadata::MetadataVersion::ALL.to_vec(),
+            )),
             ..ManagerConfig::new(DRIVER)
         },
         Box::new(policy),
@@ -600,6 +640,8 @@ impl World {
             contested: false,
             unwanted_since: BTreeMap::new(),
             gap: Vec::new(),
+            unlisted: Vec::new(),
+            from_gap: BTreeMap::new(),
         };
         let updates = world.m().synchronize(&[]).await.unwrap();
         world.runtime.apply_reply(&updates);
@@ -647,6 +689,9 @@ impl World {
         let ops = 1 + self.rng.index(5);
         let mut tasks: Vec<(String, tokio::task::JoinHandle<Outcome>)> = Vec::new();
         let mut busy_pods = BTreeSet::new();
+        if let Some(start) = self.start_unlisted(&mut busy_pods) {
+            tasks.push(start);
+        }
         for _ in 0..ops {
             if let Some((what, task)) = self.operation(&mut busy_pods) {
                 tasks.push((what, task));
@@ -698,8 +743,10 @@ impl World {
             let wipe = self.rng.chance(50);
             self.log.push(format!("  restart (state wiped: {wipe})"));
             self.graceful_stop().await?;
-            if self.rng.chance(2) {
-                self.create_in_the_gap();
+            if self.rng.chance(60) {
+                for _ in 0..1 + self.rng.index(2) {
+                    self.create_in_the_gap();
+                }
             }
             self.restart(wipe).await?;
             self.check_disk()
@@ -783,22 +830,10 @@ impl World {
     /// While no agent is connected, the kubelet creates the container of a pod whose claims
     /// were answered OK, and the runtime creates it where the kubelet asked: on every CPU,
     /// with what the claims' specs inject. The runtime is starting it when the next agent
-    /// synchronizes: it lists it as created, and skips updates of it until it runs.
+    /// synchronizes: it lists it as created (containerd), or, still creating it, leaves it out
+    /// (CRI-O: [`FakeRuntime::creating_unlisted`]); it skips updates of it until it runs.
     fn create_in_the_gap(&mut self) {
-        let ready = self.pods.iter().find(|(_, p)| {
-            !p.started
-                && p.stray.is_none()
-                && p.claims.iter().all(|uid| {
-                    p.prepared.contains(uid)
-                        && self
-                            .claims
-                            .get(uid)
-                            .is_some_and(|m| m.state == ClaimState::Prepared)
-                })
-        });
-        let Some((name, pod)) = ready.map(|(n, p)| (n.clone(), p.clone())) else {
-            return;
-        };
+        let (name, pod) = self.gap_pod();
         let id = self.id("ctr-");
         let mut c = container(&id, &pod);
         let store = self.specs_dir();
@@ -814,13 +849,156 @@ impl World {
                 }
             }
         }
-        c.cpus = Some(ALL_CPUS.parse().unwrap());
-        self.runtime.creating(&id);
-        self.runtime.created(&id, c.cpus.as_ref());
+        let every: CpuSet = ALL_CPUS.parse().unwrap();
+        let unlisted = self.rng.chance(50);
+        if unlisted {
+            self.runtime.creating_unlisted(&id);
+            self.stats.gap_unlisted += 1;
+        } else {
+            self.runtime.creating(&id);
+            self.stats.gap_listed += 1;
+        }
+        self.runtime.created(&id, Some(&every));
+        // A runtime reports the cpuset of the container's spec: CRI-O none, when the kubelet
+        // set none.
+        c.cpus = (!unlisted || self.rng.chance(50)).then_some(every);
         self.log.push(format!(
-            "  start {name} with no agent -> {id} on {ALL_CPUS}"
+            "  start {name} with no agent -> {id} on {ALL_CPUS}{}",
+            if unlisted {
+                " (created while the next agent synchronizes)"
+            } else {
+                ""
+            }
         ));
+        let mut granted: BTreeSet<String> = self.policy.get().claims().into_iter().collect();
+        granted.extend(
+            self.claims
+                .iter()
+                .filter(|(_, m)| m.state == ClaimState::Prepared)
+                .map(|(uid, _)| uid.clone()),
+        );
+        self.from_gap.insert(id, granted);
         self.gap.push((name, c));
+    }
+
+    /// The pod whose container the kubelet creates while no agent is connected: one whose
+    /// claims were answered OK and that has not started, or else a new one without claims.
+    fn gap_pod(&mut self) -> (String, Pod) {
+        let ready = self.pods.iter().find(|(_, p)| {
+            !p.started
+                && p.stray.is_none()
+                && p.claims.iter().all(|uid| {
+                    p.prepared.contains(uid)
+                        && self
+                            .claims
+                            .get(uid)
+                            .is_some_and(|m| m.state == ClaimState::Prepared)
+                })
+        });
+        if let Some((name, pod)) = ready {
+            return (name.clone(), pod.clone());
+        }
+        let uid = self.id("pod-");
+        let kind = if self.rng.chance(50) {
+            Kind::Shared
+        } else {
+            Kind::Exclusive(1 + self.rng.below(2))
+        };
+        let pod = Pod {
+            uid: uid.clone(),
+            kind,
+            claims: Vec::new(),
+            prepared: BTreeSet::new(),
+            containers: Vec::new(),
+            started: false,
+            stray: None,
+        };
+        self.log
+            .push(format!("  new pod {uid}: {kind:?} [] (no agent connected)"));
+        self.pods.insert(uid.clone(), pod.clone());
+        (uid, pod)
+    }
+
+    /// The runtime announces the containers it left out of the Synchronize it just finished
+    /// (they are in its list from now on): PostCreateContainer, which sometimes misses the agent
+    /// (CRI-O inserts a plugin into its list a moment after synchronizing it); then the first
+    /// the agent hears of the container is its start, which follows at once. The others start
+    /// among the next step's operations ([`World::start_unlisted`]). Returns whether it started
+    /// any: the agent's background delivery, which the restart then lets run, sends its update
+    /// (the agent cannot call the runtime from inside the runtime's own event).
+    async fn announce_unlisted(&mut self, unlisted: Vec<(String, Container)>) -> bool {
+        self.runtime.joined();
+        let mut started = false;
+        for (pod, c) in unlisted {
+            if self.rng.chance(75) {
+                self.log
+                    .push(format!("  the runtime announces {} (created)", c.id));
+                self.m().container_created(&c).await;
+                self.unlisted.push((pod, c));
+            } else {
+                self.stats.unlisted_unannounced += 1;
+                self.log.push(format!(
+                    "  {}'s creation misses the agent; the runtime starts it",
+                    c.id
+                ));
+                self.runtime.started(&c.id);
+                self.m().container_started(&c).await;
+                self.apply(Outcome::Started {
+                    pod,
+                    containers: vec![c],
+                });
+                started = true;
+            }
+        }
+        started
+    }
+
+    /// The runtime starts the containers it left out of the last Synchronize and announced,
+    /// among the step's other operations, and says so (PostStartContainer); the agent's
+    /// background delivery then sends their updates. Their pods take part in nothing else this
+    /// step.
+    fn start_unlisted(
+        &mut self,
+        busy: &mut BTreeSet<String>,
+    ) -> Option<(String, tokio::task::JoinHandle<Outcome>)> {
+        if self.unlisted.is_empty() {
+            return None;
+        }
+        let unlisted = std::mem::take(&mut self.unlisted);
+        busy.extend(unlisted.iter().map(|(pod, _)| pod.clone()));
+        let m = self.m();
+        let runtime = self.runtime.clone();
+        let rng = self.shared_rng.clone();
+        let what = format!(
+            "the runtime starts {:?}",
+            unlisted.iter().map(|(_, c)| &c.id).collect::<Vec<_>>()
+        );
+        Some((
+            what,
+            tokio::spawn(async move {
+                for (_, c) in &unlisted {
+                    yield_some(&rng, 3).await;
+                    runtime.started(&c.id);
+                    if !m_crashed(&m) {
+                        m.container_started(c).await;
+                    }
+                }
+                let _ = m.retry_once().await;
+                Outcome::StartedUnlisted(unlisted)
+            }),
+        ))
+    }
+
+    /// A settle begins on a calm node: the runtime has started what it was starting.
+    async fn start_unlisted_now(&mut self) {
+        for (pod, c) in std::mem::take(&mut self.unlisted) {
+            self.runtime.started(&c.id);
+            self.m().container_started(&c).await;
+            self.apply(Outcome::Started {
+                pod,
+                containers: vec![c],
+            });
+        }
     }
 
     /// Writes a spec of ours that the state does not account for: readable and granting free
@@ -927,11 +1105,14 @@ impl World {
 
     /// Whether a running container uses claim `uid`, by the world's account.
     fn used(&self, uid: &str) -> bool {
-        self.containers.values().any(|c| {
-            self.pods.get(&c.pod.uid).is_some_and(|p| {
-                p.claims.iter().any(|x| x == uid) || p.stray.as_deref() == Some(uid)
+        self.containers
+            .values()
+            .chain(self.unlisted.iter().map(|(_, c)| c))
+            .any(|c| {
+                self.pods.get(&c.pod.uid).is_some_and(|p| {
+                    p.claims.iter().any(|x| x == uid) || p.stray.as_deref() == Some(uid)
+                })
             })
-        })
     }
 
     /// Whether the claim source allocates claim `uid` to this node, by the world's account.
@@ -1534,6 +1715,14 @@ impl World {
                     self.containers.insert(c.id.clone(), c);
                 }
             }
+            Outcome::StartedUnlisted(started) => {
+                for (pod, c) in started {
+                    self.apply(Outcome::Started {
+                        pod,
+                        containers: vec![c],
+                    });
+                }
+            }
             Outcome::Stopped { pod, unprepared } => {
                 let p = self.pods.remove(&pod).unwrap();
                 for id in &p.containers {
@@ -1613,9 +1802,15 @@ impl World {
             &self.shared_rng,
             self.grace,
         )
-        .map_err(|e| format!("restarting: {}", resmgr::errors::chain(&e)))?;
+        .map_err(|e| format!("restarting: {}", stdx::errors::chain(&e)))?;
         self.manager = Some(Arc::new(manager));
-        let gap = std::mem::take(&mut self.gap);
+        // The containers created in the gap that this Synchronize lists (those the last one left
+        // out are in the runtime's list now, created), and those it leaves out.
+        let mut gap = std::mem::take(&mut self.gap);
+        gap.append(&mut self.unlisted);
+        let (gap, unlisted): (Vec<_>, Vec<_>) = gap
+            .into_iter()
+            .partition(|(_, c)| self.runtime.listed(&c.id));
         let running: Vec<Container> = self
             .containers
             .values()
@@ -1630,14 +1825,16 @@ impl World {
             .m()
             .synchronize_starting(&running, &starting)
             .await
-            .map_err(|e| format!("synchronizing: {}", resmgr::errors::chain(&e)))?;
+            .map_err(|e| format!("synchronizing: {}", stdx::errors::chain(&e)))?;
         self.runtime.apply_reply(&updates);
         self.m().synchronized().await;
-        if gap.is_empty() {
+        let started_unannounced = self.announce_unlisted(unlisted).await;
+        if gap.is_empty() && !started_unannounced {
             return Ok(());
         }
-        // The runtime has started them, and says so; the agent's background delivery sends
-        // their updates (here with the runtime's failures cleared, so that it succeeds).
+        // The runtime has started them (and those whose creation missed the agent), and says
+        // so; the agent's background delivery sends their updates (here with the runtime's
+        // failures cleared, so that it succeeds) before anything is checked.
         for (pod, c) in gap {
             self.runtime.started(&c.id);
             self.m().container_started(&c).await;
@@ -1690,6 +1887,21 @@ impl World {
                 ));
             }
         }
+        // 1b. Every file a spec mounts (its claim's device metadata) is on disk: a container
+        // created with the spec would fail without it.
+        for uid in &specs {
+            let Ok(edits) = self.specs_dir().read_claim(uid) else {
+                continue;
+            };
+            for mount in edits.iter().flat_map(|e| &e.mounts) {
+                if !std::path::Path::new(&mount.host_path).is_file() {
+                    return Err(format!(
+                        "the spec of {uid} mounts {}, which is not on disk",
+                        mount.host_path
+                    ));
+                }
+            }
+        }
         // 2a. No two readable specs on disk grant the same CPU, unless the agent reports one
         // of them contested (and then refuses claims).
         let mut by_spec = BTreeMap::new();
@@ -1732,11 +1944,14 @@ impl World {
             (now, exclusive)
         };
         disjoint("held now", &now)?;
-        let granted = state
+        let by_spec: Vec<(&String, &CpuSet)> = state
             .iter()
             .filter(|(uid, _)| specs.contains(uid))
-            .chain(&now)
-            .fold(CpuSet::new(), |all, (_, cpus)| all.union(cpus));
+            .collect();
+        let union = |grants: &mut dyn Iterator<Item = (&String, &CpuSet)>| {
+            grants.fold(CpuSet::new(), |all, (_, cpus)| all.union(cpus))
+        };
+        let granted = union(&mut by_spec.iter().copied().chain(&now));
         for c in self.containers.values() {
             if !exclusive.contains_key(&c.id) {
                 continue;
@@ -1747,7 +1962,21 @@ impl World {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or_default();
             let placed = exclusive.get(&c.id).cloned().unwrap_or_default();
-            if on.intersects(&granted) || placed.intersects(&granted) {
+            // One created while no agent was connected runs on every CPU until its first update
+            // lands: where it runs is checked against the claims a spec grants (whose prepare
+            // waited for its move) since it was created, not against claims held whose prepare
+            // is under way or was cut short.
+            let runs_against = if self.from_gap.contains_key(&c.id) {
+                union(
+                    &mut by_spec
+                        .iter()
+                        .copied()
+                        .filter(|(uid, _)| !self.created_after(&c.id, uid)),
+                )
+            } else {
+                granted.clone()
+            };
+            if on.intersects(&runs_against) || placed.intersects(&granted) {
                 return Err(format!(
                     "exclusive container {} runs on {on} (placed on {placed}), claims are granted {granted}",
                     c.id
@@ -1804,7 +2033,7 @@ impl World {
                     .cpus(&c.id)
                     .and_then(|s| s.parse().ok())
                     .unwrap_or_default();
-                if !uses && on.intersects(cpus) {
+                if !uses && on.intersects(cpus) && !self.created_after(&c.id, uid) {
                     let placed = self.policy.get().placement(&c.id);
                     return Err(format!(
                         "container {} runs on {on}, claim {uid} answered OK holds {cpus} (the policy placed it: {placed:?})",
@@ -1814,6 +2043,15 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// Whether container `id` was created while no agent was connected after claim `uid` was
+    /// granted, and no settle has checked it since: it runs on every CPU, the claim's
+    /// included, until the agent's first update of it lands (invariant 3).
+    fn created_after(&self, id: &str, uid: &str) -> bool {
+        self.from_gap
+            .get(id)
+            .is_some_and(|granted| granted.contains(uid))
     }
 
     /// Invariant 4: with the faults cleared, every pending update is delivered, and every
@@ -1827,11 +2065,12 @@ impl World {
             rt.report_failed.clear();
             rt.fail_calls = 0;
         }
+        self.start_unlisted_now().await;
         let _ = self.m().retry_once().await;
         if let Err(e) = self.m().retry_once().await {
             return Err(format!(
                 "with no faults, the background retry failed: {}",
-                resmgr::errors::chain(&e)
+                stdx::errors::chain(&e)
             ));
         }
         let pending = self.m().pending_updates().await;
@@ -1867,6 +2106,8 @@ impl World {
                 ));
             }
         }
+        // Those created while no agent was connected run where the agent placed them.
+        self.from_gap.clear();
         Ok(())
     }
 

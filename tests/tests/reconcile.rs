@@ -37,7 +37,7 @@ fn plant(h: &Harness, uid: &str, cpus: &str) {
         .unwrap()
         .write_claim(
             uid,
-            &[policy::cdi::ContainerEdits::with_env([
+            &[cdi::ContainerEdits::with_env([
                 format!("DRA_CPUSET_{uid}={cpus}"),
                 format!("DRA_MEMS_{uid}=0"),
             ])],

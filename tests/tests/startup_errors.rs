@@ -1,6 +1,6 @@
 //! Every error `resmgr run` can print for a start-up failure names each cause once.
 //!
-//! The binary prints a fatal error as its chain on one line (`resmgr::errors::chain`). Our
+//! The binary prints a fatal error as its chain on one line (`stdx::errors::chain`). Our
 //! library errors keep their cause in `source()` and out of their message (ARCHITECTURE.md); one
 //! that put it in both would print it twice. So every variant of every error on the start-up path
 //! (and on the final save) is built here, from a real failure where one is easy to cause, and
@@ -64,7 +64,7 @@ fn check(ours: usize, error: impl Error + Send + Sync + 'static) -> String {
         );
     }
     let error = anyhow::Error::new(error).context("starting");
-    let printed = resmgr::errors::chain(&*error);
+    let printed = stdx::errors::chain(&*error);
     for cause in &links[1..] {
         assert_eq!(
             printed.matches(cause.as_str()).count(),

@@ -753,7 +753,7 @@ fn the_current_build_refuses_a_field_it_does_not_know_as_the_model_says() {
     let err = policy_for(fixture)
         .restore(&state["policy_state"])
         .unwrap_err();
-    let err = resmgr::errors::chain(&err);
+    let err = stdx::errors::chain(&err);
     assert!(
         err.contains("claims[0].results[0].memory_tier")
             && err.contains("unknown field `memory_tier`"),

@@ -11,10 +11,16 @@
 //! the crate there, and nothing else, so the code map cannot silently fall behind the code.
 //!
 //! The agent that ships holds no test machinery: no product crate's source has the crash test's
-//! hook (its environment variable or a process abort), and no package outside the product
+//! hook (its environment variable or a process abort; the one abort allowed is the agent's own
+//! answer to a panic, plugin-bin's `panics`), and no package outside the product
 //! crates turns on a feature of one (cargo would unify it into the agent that the tests run).
 //! Tests reach into the agent through the fault seam (`resmgr::faults`) instead. `cargo xtask`
 //! checks the built binaries too (`workspace::ensure_shipped`).
+//!
+//! resmgr's core owns the manager lock ([`RESMGR_CORE`]): resmgr's modules import each other
+//! without a circle, no module outside the core names one of its submodules, the core's
+//! structs keep their fields private, and every module that takes the lock refuses blocking IO
+//! (clippy's `disallowed_methods`, with resmgr's `clippy.toml`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -30,15 +36,18 @@ use crate::util;
 /// product crate depends on), and the test package, `tests`. The xtask package may depend on
 /// anything.
 const ALLOWED: &[(&str, &[&str])] = &[
+    // The generic helpers (the error-chain printer, the poison-tolerant lock): a leaf any crate
+    // may use.
+    ("crates/stdx", &[]),
     ("crates/dra-proto", &[]),
     ("crates/cdi", &[]),
-    ("crates/nri", &[]),
+    ("crates/nri", &["crates/stdx"]),
     ("crates/policy", &["crates/cdi"]),
     ("crates/kubelet-plugin", &["crates/dra-proto"]),
     // `kubelet-plugin` for its `ClaimRef` and DNS name checks, each the workspace's one.
     (
         "crates/kube-dra",
-        &["crates/policy", "crates/kubelet-plugin"],
+        &["crates/policy", "crates/kubelet-plugin", "crates/stdx"],
     ),
     (
         "crates/resmgr",
@@ -48,9 +57,22 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "crates/cdi",
             "crates/nri",
             "crates/kubelet-plugin",
+            "crates/stdx",
         ],
     ),
-    ("crates/plugin-bin", &["crates/resmgr", "crates/policy"]),
+    // The binary names each crate it uses itself: resmgr re-exports none.
+    (
+        "crates/plugin-bin",
+        &[
+            "crates/resmgr",
+            "crates/policy",
+            "crates/cdi",
+            "crates/kube-dra",
+            "crates/kubelet-plugin",
+            "crates/nri",
+            "crates/stdx",
+        ],
+    ),
     ("tools/oci-archive", &[]),
     ("tools/helm-chart", &[]),
     // Every product crate; plugin-bin's library (`resmgr_agent`) only for `resmgr-crashing`, the
@@ -66,6 +88,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "crates/kube-dra",
             "crates/resmgr",
             "crates/plugin-bin",
+            "crates/stdx",
         ],
     ),
 ];
@@ -154,6 +177,10 @@ fn forbidden_edges(metadata: &serde_json::Value) -> Vec<String> {
 /// hold: the crash test's hook, which the tests package supplies through the fault seam.
 const CRASH_HOOK: [&str; 2] = ["RESMGR_CRASH_AT", "process::abort"];
 
+/// The one product source that may abort the process: the agent's answer to a panic, which is
+/// to stop at once (ARCHITECTURE.md, "A panic stops the agent at once"), not a crash test's hook.
+const PANIC_ABORT: (&str, &str) = ("crates/plugin-bin/src/panics.rs", "process::abort");
+
 /// The product crates' sources that hold any of [`CRASH_HOOK`], as "path: what".
 fn crash_hook_problems(root: &Path) -> Vec<String> {
     let mut problems = Vec::new();
@@ -170,9 +197,82 @@ fn crash_hook_problems(root: &Path) -> Vec<String> {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let text = fs::read_to_string(&path).unwrap_or_default();
+                let shown = path.strip_prefix(root).unwrap_or(&path);
                 for what in CRASH_HOOK.iter().filter(|w| text.contains(*w)) {
+                    if (shown, *what) != (Path::new(PANIC_ABORT.0), PANIC_ABORT.1) {
+                        problems.push(format!("{}: {what}", shown.display()));
+                    }
+                }
+            }
+        }
+    }
+    problems.sort();
+    problems
+}
+
+/// The `pub use` lines of `text` that re-export another of the workspace's crates, or anything
+/// of one, named by its library name (`kube_dra`): `crate` is the crate `text` belongs to. Every
+/// crate names the crates it uses through its own Cargo.toml, never through another's re-export
+/// (ARCHITECTURE.md, "Layering").
+fn reexports<'a>(text: &'a str, krate: &str, crates: &[String]) -> Vec<&'a str> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| {
+            let Some(rest) = line.strip_prefix("pub") else {
+                return false;
+            };
+            // `pub use`, `pub(crate) use`, `pub(super) use`, ...
+            let rest = match rest.strip_prefix('(') {
+                Some(r) => r.split_once(')').map_or("", |(_, r)| r),
+                None => rest,
+            };
+            let Some(path) = rest.trim_start().strip_prefix("use ") else {
+                return false;
+            };
+            let path = path.trim_start().trim_start_matches("::");
+            let first = path
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next()
+                .unwrap_or_default();
+            first != krate && crates.iter().any(|c| c == first)
+        })
+        .collect()
+}
+
+/// Every re-export of a workspace crate in a product crate's sources ([`reexports`]), as
+/// "path: line".
+fn reexport_problems(root: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(root.join("crates")) else {
+        return vec!["no crates/ directory".into()];
+    };
+    let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    dirs.sort();
+    // Library names as code spells them: `kube-dra` is `kube_dra`.
+    let crates: Vec<String> = dirs
+        .iter()
+        .filter_map(|d| d.file_name()?.to_str().map(|n| n.replace('-', "_")))
+        .collect();
+    let mut problems = Vec::new();
+    for dir in &dirs {
+        let krate = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .replace('-', "_");
+        let mut stack = vec![dir.join("src")];
+        while let Some(d) = stack.pop() {
+            let Ok(entries) = fs::read_dir(&d) else {
+                continue;
+            };
+            for path in entries.flatten().map(|e| e.path()) {
+                if path.is_dir() && !path.ends_with("generated") {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = fs::read_to_string(&path).unwrap_or_default();
                     let shown = path.strip_prefix(root).unwrap_or(&path);
-                    problems.push(format!("{}: {what}", shown.display()));
+                    for line in reexports(&text, &krate, &crates) {
+                        problems.push(format!("{}: {line}", shown.display()));
+                    }
                 }
             }
         }
@@ -303,6 +403,7 @@ fn module_table_problems(root: &Path, architecture: &str) -> Vec<String> {
 /// finds a behaviour's file from the table, and a new file of the type's methods is a decision
 /// written down.
 const IMPL_TABLES: &[(&str, &str)] = &[
+    ("Core", "crates/resmgr/src"),
     ("Manager", "crates/resmgr/src"),
     ("TopologyAware", "crates/policy/src/topology_aware"),
 ];
@@ -517,11 +618,49 @@ fn crash_hook_check_finds_a_planted_hook() {
     )
     .unwrap();
     fs::write(root.path().join("crates/rogue/src/lib.rs"), "//! fine\n").unwrap();
+    // The agent's answer to a panic may abort; the crash test's variable is still refused there.
+    let panics = root.path().join(PANIC_ABORT.0);
+    fs::create_dir_all(panics.parent().unwrap()).unwrap();
+    fs::write(
+        &panics,
+        "//! x\nfn f() { std::process::abort() }\nconst C: &str = \"RESMGR_CRASH_AT\";\n",
+    )
+    .unwrap();
     assert_eq!(
         crash_hook_problems(root.path()),
         [
+            "crates/plugin-bin/src/panics.rs: RESMGR_CRASH_AT",
             "crates/rogue/src/deep/crash.rs: RESMGR_CRASH_AT",
             "crates/rogue/src/deep/crash.rs: process::abort",
+        ]
+    );
+}
+
+#[test]
+fn no_product_crate_reexports_another() {
+    let root = util::repo_root().unwrap();
+    let problems = reexport_problems(&root);
+    assert!(
+        problems.is_empty(),
+        "a product crate re-exports another crate of the workspace (name it where it is used, \
+         and declare it in that crate's Cargo.toml):\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn reexports_of_workspace_crates_are_found_and_nothing_else() {
+    let crates = ["kube_dra", "policy", "resmgr"].map(String::from);
+    let text = "//! x\npub use kube_dra;\npub use kube_dra::{errors, sync};\n\
+                pub(crate) use ::policy::CpuSet;\npub use claims::Claim;\npub use prost;\n\
+                use policy::Device;\npub use self::inner::X;\npub use resmgr::Manager;\n\
+                pub use policyish::Y;\n";
+    assert_eq!(
+        reexports(text, "resmgr", &crates),
+        [
+            "pub use kube_dra;",
+            "pub use kube_dra::{errors, sync};",
+            "pub(crate) use ::policy::CpuSet;",
         ]
     );
 }
@@ -580,7 +719,7 @@ fn every_file_of_a_split_types_methods_is_in_its_table() {
     for (ty, dir) in IMPL_TABLES {
         let found = impl_files(&root.join(dir), ty);
         assert!(
-            found.len() > 2,
+            found.len() > 1,
             "{dir}: `impl {ty}` found only in {found:?}"
         );
     }
@@ -985,5 +1124,260 @@ fn architecture_lists_xtasks_layers_as_the_check_has_them() {
             .collect();
         let want: BTreeSet<&str> = modules.iter().copied().collect();
         assert_eq!(listed, want, "ARCHITECTURE.md's row for xtask's {layer}");
+    }
+}
+
+/// resmgr's core: the one module that owns the manager lock and what it protects
+/// (ARCHITECTURE.md, "The core owns the lock").
+const RESMGR_CORE: &str = "core";
+
+/// resmgr's modules, each with its submodules as one (`handover` for `handover::conn`): the
+/// graph its import circles are looked for in. `lib` is left out: it declares every module and
+/// nothing names it.
+fn top_level_graph(modules: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |m: &str| m.split("::").next().unwrap_or_default().to_owned();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, uses) in module_graph(modules) {
+        let from = top(&module);
+        if from == "lib" {
+            continue;
+        }
+        let entry = graph.entry(from.clone()).or_default();
+        entry.extend(
+            uses.iter()
+                .map(|u| top(u))
+                .filter(|u| *u != from && u != "lib"),
+        );
+    }
+    graph
+}
+
+/// The modules outside resmgr's core that name one of its submodules (`crate::core::commit`),
+/// rather than what the core's root offers, as lines.
+fn core_inside_problems(modules: &BTreeMap<String, String>) -> Vec<String> {
+    let inside = format!("{RESMGR_CORE}::");
+    let mut problems = Vec::new();
+    for (module, text) in modules {
+        if module == RESMGR_CORE || module.starts_with(&inside) {
+            continue;
+        }
+        for path in paths_after(text, "crate::") {
+            if path.starts_with(&inside) {
+                problems.push(format!("`{module}` names `crate::{path}`, inside the core"));
+            }
+        }
+    }
+    problems
+}
+
+/// The `pub` fields of `structs` in `text` (a struct's lines up to its closing brace), as
+/// lines.
+fn public_fields(text: &str, structs: &[&str]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for name in structs {
+        let opening = [format!("struct {name} {{"), format!("struct {name}<'a> {{")];
+        let Some(start) = text.lines().position(|l| {
+            opening.iter().any(|o| {
+                l.trim_start()
+                    .trim_start_matches("pub(crate) ")
+                    .starts_with(o.as_str())
+            })
+        }) else {
+            problems.push(format!("no `struct {name}` found"));
+            continue;
+        };
+        for line in text
+            .lines()
+            .skip(start + 1)
+            .take_while(|l| !l.starts_with('}'))
+        {
+            let field = line.trim_start();
+            if field.starts_with("pub ") || field.starts_with("pub(") {
+                problems.push(format!("`{name}` has a public field: `{field}`"));
+            }
+        }
+    }
+    problems
+}
+
+/// Whether `code` takes the manager lock: calls `with_lock` (the core's API), or `.lock.with`
+/// (the core's own way to its books), however the call is laid out.
+fn takes_the_lock(code: &str) -> bool {
+    let code: String = code.split_whitespace().collect();
+    code.contains("with_lock(") || code.contains(".lock.with(")
+}
+
+/// The modules of `modules` that take the manager lock ([`takes_the_lock`]) without `#![deny(clippy::disallowed_methods)]`, as lines.
+fn blocking_io_problems(
+    modules: &BTreeMap<String, String>,
+    sources: &BTreeMap<String, String>,
+) -> Vec<String> {
+    modules
+        .iter()
+        .filter(|(_, code)| takes_the_lock(code))
+        .filter(|(m, _)| {
+            !sources
+                .get(*m)
+                .is_some_and(|s| s.contains("#![deny(clippy::disallowed_methods)]"))
+        })
+        .map(|(m, _)| {
+            format!("`{m}` takes the manager lock without `#![deny(clippy::disallowed_methods)]`")
+        })
+        .collect()
+}
+
+#[test]
+fn resmgrs_modules_form_no_import_circle() {
+    let root = util::repo_root().unwrap();
+    let modules = xtask_modules(&root.join("crates/resmgr/src"));
+    let graph = top_level_graph(&modules);
+    assert!(
+        graph
+            .get("claims")
+            .is_some_and(|uses| uses.contains(RESMGR_CORE) && uses.contains("manager")),
+        "the graph misses a use: {graph:?}"
+    );
+    assert_eq!(
+        find_cycle(&graph),
+        None,
+        "resmgr's modules import each other in a circle (ARCHITECTURE.md: the core under the \
+         manager, the manager under the services)"
+    );
+}
+
+#[test]
+fn resmgr_circle_check_catches_a_circle_through_submodules() {
+    let modules: BTreeMap<String, String> = [
+        ("lib", "pub mod core;\npub mod manager;\n"),
+        ("core", "mod commit;\nuse crate::state::State;\n"),
+        (
+            "core::commit",
+            "use super::Core;\nuse crate::manager::Manager;\n",
+        ),
+        ("manager", "use crate::core::Core;\n"),
+        ("handover", "mod conn;\n"),
+        ("handover::conn", "use super::Message;\n"),
+        ("state", "fn f() {}\n"),
+    ]
+    .iter()
+    .map(|(m, t)| ((*m).to_owned(), without_tests(t)))
+    .collect();
+    let graph = top_level_graph(&modules);
+    assert_eq!(
+        graph["handover"],
+        BTreeSet::new(),
+        "a module's own submodule is no circle"
+    );
+    assert_eq!(
+        find_cycle(&graph),
+        Some(vec![
+            "core".to_owned(),
+            "manager".to_owned(),
+            "core".to_owned()
+        ])
+    );
+}
+
+#[test]
+fn only_resmgrs_core_names_its_insides_and_its_fields_are_private() {
+    let root = util::repo_root().unwrap();
+    let src = root.join("crates/resmgr/src");
+    let modules = xtask_modules(&src);
+    assert!(
+        modules.contains_key("core::commit"),
+        "no core::commit in {:?}",
+        modules.keys()
+    );
+    let mut problems = core_inside_problems(&modules);
+    let core = fs::read_to_string(src.join("core/mod.rs")).unwrap();
+    problems.extend(public_fields(
+        &without_tests(&core),
+        &["Core", "Inner", "Books"],
+    ));
+    let guard = fs::read_to_string(src.join("core/guard.rs")).unwrap();
+    problems.extend(public_fields(&without_tests(&guard), &["Guard"]));
+    // The compile-fail guarantee is the scoped lock's (stdx's trybuild cases): it holds for the
+    // manager lock as long as the lock is one, and the guard is made of its `Held`.
+    if !core.contains("    lock: ScopedLock<Inner>,") || core.contains("Mutex<Inner>") {
+        problems.push("the core's lock is not `lock: ScopedLock<Inner>`".to_owned());
+    }
+    if !guard.contains("inner: Held<'a, Inner>,") {
+        problems.push("the core's `Guard` is not made of the scoped lock's `Held`".to_owned());
+    }
+    assert!(
+        problems.is_empty(),
+        "resmgr's core is reached around its API:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn core_checks_catch_a_use_of_its_insides_and_a_public_field() {
+    let modules: BTreeMap<String, String> = [
+        ("core", "mod commit;\n"),
+        ("core::commit", "use crate::core::guard::Guard;\n"),
+        (
+            "claims",
+            "use crate::{core::{Change, commit::Io}, state::State};\n",
+        ),
+    ]
+    .iter()
+    .map(|(m, t)| ((*m).to_owned(), without_tests(t)))
+    .collect();
+    assert_eq!(
+        core_inside_problems(&modules),
+        ["`claims` names `crate::core::commit`, inside the core"]
+    );
+    let text = "pub(crate) struct Core {\n    published: P,\n    pub(crate) io: Io,\n}\nstruct Inner {\n    a: u8,\n}\n";
+    assert_eq!(
+        public_fields(text, &["Core", "Inner", "Books"]),
+        [
+            "`Core` has a public field: `pub(crate) io: Io,`",
+            "no `struct Books` found"
+        ]
+    );
+}
+
+#[test]
+fn every_resmgr_module_that_takes_the_lock_refuses_blocking_io() {
+    let root = util::repo_root().unwrap();
+    let src = root.join("crates/resmgr/src");
+    let modules = xtask_modules(&src);
+    let sources: BTreeMap<String, String> = modules
+        .keys()
+        .map(|m| {
+            let file = if src.join(format!("{}.rs", m.replace("::", "/"))).exists() {
+                src.join(format!("{}.rs", m.replace("::", "/")))
+            } else {
+                src.join(m.replace("::", "/")).join("mod.rs")
+            };
+            (m.clone(), fs::read_to_string(file).unwrap_or_default())
+        })
+        .collect();
+    let taking: Vec<&String> = modules
+        .iter()
+        .filter(|(_, c)| takes_the_lock(c))
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        taking.len() > 4,
+        "too few modules take the lock: {taking:?}"
+    );
+    let problems = blocking_io_problems(&modules, &sources);
+    assert!(
+        problems.is_empty(),
+        "blocking IO under the manager lock would pass clippy:\n  {}",
+        problems.join("\n  ")
+    );
+    let clippy = fs::read_to_string(root.join("crates/resmgr/clippy.toml")).unwrap();
+    for blocking in [
+        "\"std::fs::write\"",
+        "\"futures::executor::block_on\"",
+        "\"tokio::runtime::Handle::block_on\"",
+    ] {
+        assert!(
+            clippy.contains(blocking),
+            "crates/resmgr/clippy.toml's disallowed-methods lacks {blocking}"
+        );
     }
 }

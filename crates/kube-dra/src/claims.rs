@@ -8,6 +8,10 @@
 //! `reservedFor` have the same JSON in v1, v1beta2 and v1beta1, so every version's status is read
 //! as v1.
 //!
+//! A claim made from a ResourceClaimTemplate says the name its pod gives it
+//! ([`POD_CLAIM_NAME_ANNOTATION`], [`Claim::pod_claim_name`]): where its containers find its
+//! device metadata depends on it.
+//!
 //! The allocation's opaque configurations for our driver (`status.allocation.devices.config[]`,
 //! from the DeviceClass and from the claim) are carried into [`Claim::config`] in the API's
 //! order, for the policy to honour or refuse; those of other drivers, and entries that are not
@@ -326,7 +330,7 @@ pub fn claim_from_object(
     driver: &str,
     object: DynamicObject,
 ) -> Result<Claim, ClaimReadError> {
-    let found = object.metadata.uid.unwrap_or_default();
+    let found = object.metadata.uid.clone().unwrap_or_default();
     if found != claim.uid {
         return Err(ClaimReadError::UidMismatch {
             claim: claim.clone(),
@@ -377,8 +381,20 @@ pub fn claim_from_object(
     if let Some(devices) = status.allocation.as_mut().and_then(|a| a.devices.as_mut()) {
         devices.config = configs;
     }
-    claim_from_status(claim, driver, status)
+    let mut read = claim_from_status(claim, driver, status)?;
+    read.pod_claim_name = object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION))
+        .filter(|name| !name.is_empty())
+        .cloned();
+    Ok(read)
 }
+
+/// The annotation the resource claim controller sets on a claim it made from a
+/// ResourceClaimTemplate: the name the pod gives the claim (`pod.spec.resourceClaims[].name`).
+pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
 
 /// The domain claim from a v1 status: our driver's results, and the pods it is reserved for.
 pub fn claim_from_status(
@@ -486,6 +502,7 @@ pub fn claim_from_status(
         reserved_for,
         results,
         config,
+        pod_claim_name: None,
     })
 }
 

@@ -9,8 +9,7 @@ use std::{collections::HashMap, sync::Mutex};
 use futures::future::BoxFuture;
 use kubelet_plugin::ClaimRef;
 use policy::{Claim, Device};
-
-use crate::sync::lock;
+use stdx::sync::lock;
 
 use super::{
     claims::{ClaimReadError, ClaimReader},
@@ -166,6 +165,7 @@ mod tests {
             reserved_for: vec!["pod-1".into()],
             results: Vec::new(),
             config: Vec::new(),
+            pod_claim_name: None,
         }
     }
 
@@ -199,6 +199,7 @@ mod tests {
             attributes: BTreeMap::new(),
             capacities: BTreeMap::new(),
             allow_multiple_allocations: false,
+            taints: Vec::new(),
         };
         publisher.publish(vec![device("a")]).await.unwrap();
         assert!(matches!(

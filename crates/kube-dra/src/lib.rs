@@ -9,6 +9,8 @@
 //! - [`slices`]: [`DevicePublisher`] turns the policy's [`policy::Device`]s into one pool of
 //!   ResourceSlices for this node, and [`SlicePublisher::maintain`] re-creates them when someone
 //!   (the kubelet, at its start and after we deregister) deletes them.
+//! - [`metadata`]: device metadata (KEP-5304), the file per claim and request a container reads
+//!   about its devices: where a container finds it, and its versioned JSON.
 //! - [`version`]: which `resource.k8s.io` version the cluster serves (v1 from Kubernetes 1.34,
 //!   v1beta2 on 1.33, v1beta1 on 1.32), discovered once and shared by both.
 //! - [`notices`]: [`EventRecorder`] turns a [`Notice`] (a container refused, a claim that failed
@@ -19,9 +21,6 @@
 //! - [`client`]: the API client, from a kubeconfig or the pod's service account.
 //! - [`fake`]: in-memory implementations of the traits for the simulator and for tests of the
 //!   resource manager; the agent (`resmgr run`) uses none of them.
-//! - [`errors`] and [`sync`]: the workspace's one error-chain printer and its one poison-tolerant
-//!   lock. They are here because this is the lowest crate that needs them; resmgr re-exports
-//!   both for itself and the binary.
 //!
 //! Kubernetes objects stop here: everything that leaves this crate is a domain type. Wire
 //! objects of all three API versions are handled as JSON ([`kube::api::DynamicObject`]) and
@@ -30,12 +29,11 @@
 
 pub mod claims;
 pub mod client;
-pub mod errors;
 pub mod fake;
+pub mod metadata;
 pub mod notices;
 mod retry;
 pub mod slices;
-pub mod sync;
 pub mod version;
 pub mod waiting;
 
@@ -51,9 +49,5 @@ pub use slices::{
 };
 pub use version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions};
 pub use waiting::{WaitingPods, WaitingPodsError};
-
-/// Re-exported so callers build clients and configs against exactly the versions we use.
-pub use ::kube as kube_rs;
-pub use k8s_openapi;
 
 pub use retry::RetryPolicy;

@@ -1,7 +1,7 @@
 //! Kubernetes Events for what a user must see without reading the agent's log: a container the
-//! agent refused at CreateContainer (an Event on its pod), and a claim that failed to prepare (on
-//! the claim, and on each pod it is reserved for), so that `kubectl describe pod` and `kubectl
-//! describe resourceclaim` say why.
+//! agent refused at CreateContainer (an Event on its pod), a claim that failed to prepare and a
+//! claim whose device was tainted (on the claim, and on each pod it is reserved for), so that
+//! `kubectl describe pod` and `kubectl describe resourceclaim` say why.
 //!
 //! [`EventRecorder`] is what the driver (the resource manager) sees: it takes a [`Notice`], in
 //! domain terms, and never blocks or fails, because its callers are an NRI handler (the runtime
@@ -87,6 +87,15 @@ pub enum Notice {
         /// Why, as the agent logged it.
         message: String,
     },
+    /// A device a prepared claim holds was tainted (resmgr's `taints`: CPUs behind it went
+    /// offline, its NUMA node lost its memory): the claim keeps it, and its pods should know.
+    /// On the claim and each pod it is reserved for.
+    DeviceTainted {
+        /// The claim.
+        claim: ClaimRef,
+        /// Which device and why.
+        message: String,
+    },
     /// Reconciling the node's CDI specs and held claims did something an operator must hear of
     /// (resmgr's `reconcile`): an Event on the Node.
     ClaimReconciled {
@@ -108,6 +117,7 @@ impl Notice {
         match self {
             Self::ContainerRefused { .. } => "ContainerRefused",
             Self::ClaimNotPrepared { .. } => "ClaimNotPrepared",
+            Self::DeviceTainted { .. } => "DeviceTainted",
             Self::ClaimReconciled { .. } => "ClaimReconciled",
             Self::PublicationDegraded { .. } => "PublicationDegraded",
         }
@@ -118,6 +128,7 @@ impl Notice {
         match self {
             Self::ContainerRefused { .. } => "CreateContainer",
             Self::ClaimNotPrepared { .. } => "PrepareResources",
+            Self::DeviceTainted { .. } => "PublishResourceSlices",
             Self::ClaimReconciled { .. } => "Reconcile",
             Self::PublicationDegraded { .. } => "PublishResourceSlices",
         }
@@ -131,6 +142,7 @@ impl Notice {
             } => format!("container {container} refused: {message}"),
             // The lifecycle's message names the claim, the step and the cause.
             Self::ClaimNotPrepared { message, .. }
+            | Self::DeviceTainted { message, .. }
             | Self::ClaimReconciled { message }
             | Self::PublicationDegraded { message } => message.clone(),
         };
@@ -501,7 +513,9 @@ impl Poster {
         self.forget(now);
         let first = match notice {
             Notice::ContainerRefused { pod, .. } => pod_reference(pod),
-            Notice::ClaimNotPrepared { claim, .. } => self.claim_reference(claim).await,
+            Notice::ClaimNotPrepared { claim, .. } | Notice::DeviceTainted { claim, .. } => {
+                self.claim_reference(claim).await
+            }
             Notice::ClaimReconciled { .. } | Notice::PublicationDegraded { .. } => {
                 node_reference(&self.config.instance)
             }
@@ -510,7 +524,8 @@ impl Poster {
             return;
         };
         let mut postings = vec![posting];
-        if let Notice::ClaimNotPrepared { claim, .. } = notice {
+        if let Notice::ClaimNotPrepared { claim, .. } | Notice::DeviceTainted { claim, .. } = notice
+        {
             for pod in self.reserved_pods(claim).await {
                 postings.extend(self.admit(pod_reference(&pod), Some(first.clone()), notice, now));
             }

@@ -154,7 +154,7 @@ impl ResourceApiVersions {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<ResourceApiVersion>> {
-        crate::sync::lock(&self.cached)
+        stdx::sync::lock(&self.cached)
     }
 
     async fn probe(&self) -> Result<ResourceApiVersion, DiscoveryError> {

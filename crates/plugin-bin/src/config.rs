@@ -4,7 +4,9 @@
 //! are listed once in [`crate::settings`]; this module turns flags, the file and those defaults
 //! into a checked [`RunConfig`], reading each value with its setting's type and checking the
 //! rules between settings (`reserved-cpus` or `reserved-cpu-count`, the policy's settings
-//! together, `node-name` with DRA). Every setting is a flag (`--reserved-cpus`) and a key of the file
+//! together, `node-name` with DRA). With DRA on, what serving claims needs is one value,
+//! [`DraConfig`], checked here: [`RunConfig::dra`] is `None` without DRA, and nothing downstream
+//! asks again whether DRA is on or a node name is set. Every setting is a flag (`--reserved-cpus`) and a key of the file
 //! (`reserved-cpus`); a flag given on the command line wins over the file, the file over the
 //! default. The file starts with an `apiVersion`/`kind` header, so that its format can evolve,
 //! and a key the agent does not know is refused by name, so a typo cannot go unnoticed. Values
@@ -18,19 +20,6 @@ use std::{
     time::Duration,
 };
 
-use anyhow::Context as _;
-use policy::{
-    Topology, TopologySource,
-    topology_aware::{Config, ConfigError, DeviceModel, Exclusivity, MemoryConfig, ReservedCpus},
-};
-use resmgr::{
-    ManagerConfig, ReconcileConfig,
-    health::HealthConfig,
-    kube_dra::{self, PublisherConfig},
-    kubelet_plugin::KubeletConfig,
-    policy::cdi,
-};
-
 use crate::{
     settings::{
         self, API_VERSION, KIND, SETTINGS, Setting, Shape, Typed,
@@ -38,6 +27,16 @@ use crate::{
     },
     values::{self, ExclusivityMode, Format},
 };
+use anyhow::Context as _;
+use kube_dra::{PublisherConfig, metadata::MetadataVersion};
+use kubelet_plugin::KubeletConfig;
+use policy::{
+    Topology, TopologySource,
+    topology_aware::{
+        Config, ConfigError, DeviceMode, DeviceModel, Exclusivity, MemoryConfig, ReservedCpus,
+    },
+};
+use resmgr::{ManagerConfig, ReconcileConfig, health::HealthConfig, metadata::MetadataStore};
 
 /// The DRA driver name, also the CDI vendor (the default of `driver-name`).
 pub const DEFAULT_DRIVER: &str = "topology-aware.resmgr.io";
@@ -142,27 +141,21 @@ impl clap::Args for RunFlags {
 /// are resolved: what `resmgr run` builds from them fails only on the machine, never on a value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunConfig {
-    /// Unset only when `dra` is off.
-    pub node_name: Option<String>,
+    /// What serving the kubelet's claims needs; `None` with `dra: false` (the agent is an NRI
+    /// plugin only).
+    pub dra: Option<DraConfig>,
     /// The agent's pod, when it may hand the node over and take it over
     /// ([`resmgr::handover`]).
     pub pod_uid: Option<String>,
     /// The DaemonSet template generation of the agent's pod: an agent of an older one is never
     /// handed the node.
     pub pod_generation: Option<u64>,
-    pub dra: bool,
+    /// The DRA driver name, also the CDI vendor of our specs (with DRA off too).
     pub driver_name: String,
     pub nri_socket: PathBuf,
     pub nri_plugin_index: String,
-    pub kubelet_plugins_dir: PathBuf,
-    pub kubelet_registry_dir: PathBuf,
     pub cdi_dir: PathBuf,
-    pub kubeconfig: Option<PathBuf>,
-    pub node_allocatable_cpu: bool,
-    pub node_allocatable_memory: bool,
     pub expose_pcie_roots: bool,
-    /// Mark the node's pods that wait for their claims once the agent serves.
-    pub retry_waiting_pods: bool,
     pub topology: TopologySource,
     /// `sysfs-root` as given; see [`RunConfig::sysfs_root`].
     pub sysfs_root_given: Option<PathBuf>,
@@ -200,13 +193,31 @@ impl RunConfig {
         ManagerConfig {
             reconcile: ReconcileConfig {
                 // Our slices publish in a pool named after the node.
-                pool: self.dra.then(|| self.node_name.clone()).flatten(),
+                pool: self.dra.as_ref().map(|dra| dra.node_name.clone()),
                 grace: self.unconfirmed_claim_grace,
                 period: (self.unconfirmed_claim_grace / 4)
                     .clamp(Duration::from_millis(100), Duration::from_secs(30)),
             },
+            metadata: self.metadata_store(),
             ..ManagerConfig::new(&self.driver_name)
         }
+    }
+
+    /// Where prepared claims' device metadata goes: the driver's directory under the kubelet's
+    /// plugins (`<kubelet-plugins-dir>/<driver>/dra-device-metadata`, which the chart mounts at
+    /// the host's path, as CDI mounts need); `None` without DRA or with `device-metadata: []`.
+    pub fn metadata_store(&self) -> Option<MetadataStore> {
+        let dra = self.dra.as_ref()?;
+        (!dra.device_metadata.is_empty()).then(|| {
+            MetadataStore::new(
+                dra.kubelet
+                    .plugins_dir
+                    .join(&self.driver_name)
+                    .join(resmgr::metadata::SUBDIR),
+                &self.driver_name,
+                dra.device_metadata.clone(),
+            )
+        })
     }
 
     /// The store of our CDI specs.
@@ -215,53 +226,13 @@ impl RunConfig {
     }
 
     /// How the agent registers with the runtime: as the external plugin `resmgr`, at its index.
-    pub fn nri_stub(&self) -> resmgr::nri::StubConfig {
-        resmgr::nri::StubConfig::new("resmgr", self.nri_plugin_index.clone())
-    }
-
-    /// The kubelet plugin's sockets.
-    pub fn kubelet(&self) -> KubeletConfig {
-        KubeletConfig {
-            driver_name: self.driver_name.clone(),
-            plugins_dir: self.kubelet_plugins_dir.clone(),
-            registry_dir: self.kubelet_registry_dir.clone(),
-            // The pod UID's first eight characters (its first group): a Unix socket's path has
-            // at most 107 bytes, which a whole UID under a kubelet root dir other than
-            // /var/lib/kubelet can exceed; two pods of the DaemonSet on one node differ there.
-            instance: self
-                .pod_uid
-                .as_ref()
-                .map(|uid| uid.chars().take(8).collect()),
-        }
-    }
-
-    /// What the slice publisher publishes for this node; `None` without DRA.
-    pub fn publisher(&self) -> Option<PublisherConfig> {
-        let node = self.node_name.as_deref().filter(|_| self.dra)?;
-        Some(PublisherConfig {
-            node_allocatable_cpu: self
-                .node_allocatable_cpu
-                .then(kube_dra::NodeAllocatableCpu::default),
-            node_allocatable_memory: self.node_allocatable_memory,
-            ..PublisherConfig::new(&self.driver_name, node)
-        })
+    pub fn nri_stub(&self) -> nri::StubConfig {
+        nri::StubConfig::new("resmgr", self.nri_plugin_index.clone())
     }
 
     /// The sysfs the agent reads: `sysfs-root`, else `/sys` for the live machine, else none.
     pub fn sysfs_root(&self) -> Option<PathBuf> {
-        self.sysfs_root_given.clone().or_else(|| {
-            matches!(self.topology, TopologySource::Live).then(|| PathBuf::from("/sys"))
-        })
-    }
-
-    /// How the published devices' health is told: from the sysfs the agent reads ([`Self::sysfs_root`]);
-    /// `None` without DRA.
-    pub fn health(&self) -> Option<HealthConfig> {
-        let node = self.node_name.as_deref().filter(|_| self.dra)?;
-        Some(HealthConfig {
-            sysfs_root: self.sysfs_root(),
-            ..HealthConfig::new(node)
-        })
+        sysfs_root(self.sysfs_root_given.as_deref(), &self.topology)
     }
 
     /// The policy the settings ask for, on the topology they name, holding nothing yet. The
@@ -315,11 +286,11 @@ impl RunConfig {
             anyhow::anyhow!(
                 "{}: {}",
                 self.origin("driver-name"),
-                resmgr::errors::chain(&e)
+                stdx::errors::chain(&e)
             )
         })?;
-        if let Some(publisher) = self.publisher() {
-            publisher.validate().map_err(|e| {
+        if let Some(dra) = &self.dra {
+            dra.publisher.validate().map_err(|e| {
                 let key = match e.field {
                     "driver" => "driver-name",
                     "node name" => "node-name",
@@ -367,6 +338,35 @@ impl RunConfig {
             .collect();
         serde_json::Value::Object(map).to_string()
     }
+}
+
+/// DRA on: everything serving the kubelet's claims needs, each part's configuration built and
+/// checked when the settings are resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraConfig {
+    /// The node's name: the pool our ResourceSlices publish, and the node Events are about.
+    pub node_name: String,
+    /// The API client's kubeconfig; `None`: the pod's service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubelet plugin's sockets: the driver's name, the kubelet's directories, the pod.
+    pub kubelet: KubeletConfig,
+    /// What the slice publisher publishes for the node (checked as the API server would).
+    pub publisher: PublisherConfig,
+    /// How the published devices' health is told.
+    pub health: HealthConfig,
+    /// How the published devices are shaped, for telling which fields a cluster drops.
+    pub device_mode: DeviceMode,
+    /// Mark the node's pods that wait for their claims once the agent serves.
+    pub retry_waiting_pods: bool,
+    /// The device metadata versions each file holds, newest first; none: no metadata.
+    pub device_metadata: Vec<MetadataVersion>,
+}
+
+/// The sysfs the agent reads: `sysfs-root` as given, else `/sys` for the live machine, else none.
+fn sysfs_root(given: Option<&Path>, topology: &TopologySource) -> Option<PathBuf> {
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| matches!(topology, TopologySource::Live).then(|| PathBuf::from("/sys")))
 }
 
 /// Where a value came from, for messages. Ordered by precedence, lowest first.
@@ -659,7 +659,7 @@ impl RunFlags {
             shown: BTreeMap::new(),
         };
 
-        let dra = r.take(&DRA)?;
+        let dra_on = r.take(&DRA)?;
         let node_env = node_name_env
             .filter(|v| !v.is_empty())
             .map(|v| (Given::One(v), Origin::Env("NODE_NAME", "node-name")));
@@ -669,7 +669,7 @@ impl RunFlags {
                 r.record(&NODE_NAME, &name, Some(&origin));
                 Some(name.0)
             }
-            None if dra => anyhow::bail!(
+            None if dra_on => anyhow::bail!(
                 "--node-name is not set, nor NODE_NAME, nor node-name in a config file: the node's name is needed to publish its devices (a DNS subdomain such as `worker-1`); with `dra: false` it is not"
             ),
             None => {
@@ -720,6 +720,7 @@ impl RunFlags {
         let node_allocatable_memory = r.take(&NODE_ALLOCATABLE_MEMORY)?;
         let expose_pcie_roots = r.take(&EXPOSE_PCIE_ROOTS)?;
         let retry_waiting_pods = r.take(&RETRY_WAITING_PODS)?;
+        let device_metadata = r.take(&DEVICE_METADATA)?.0;
         let topology = r.take(&TOPOLOGY)?;
         let sysfs_root_given = r.optional(&SYSFS_ROOT)?.map(|p| p.0);
 
@@ -765,7 +766,7 @@ impl RunFlags {
         let (claim_granularity, granularity_origin) = r.peek(&CLAIM_GRANULARITY)?;
         let choice = values::PolicyChoice {
             cpu_exclusivity: exclusivity.as_ref().map_or(
-                if dra {
+                if dra_on {
                     ExclusivityMode::Claims
                 } else {
                     ExclusivityMode::Pods
@@ -817,22 +818,43 @@ impl RunFlags {
         if let Some(missed) = SETTINGS.iter().find(|s| !r.shown.contains_key(s.key)) {
             anyhow::bail!("internal: setting {:?} was not resolved", missed.key);
         }
-        let config = RunConfig {
+        // With DRA on, the node's name is set (required above); with it off, a name given (by
+        // NODE_NAME, say) is shown and not used.
+        let dra = node_name.filter(|_| dra_on).map(|node_name| DraConfig {
+            kubeconfig,
+            kubelet: KubeletConfig {
+                driver_name: driver_name.clone(),
+                plugins_dir: kubelet_plugins_dir,
+                registry_dir: kubelet_registry_dir,
+                // The pod UID's first eight characters (its first group): a Unix socket's path
+                // has at most 107 bytes, which a whole UID under a kubelet root dir other than
+                // /var/lib/kubelet can exceed; two pods of the DaemonSet on one node differ there.
+                instance: pod_uid.as_ref().map(|uid| uid.chars().take(8).collect()),
+            },
+            publisher: PublisherConfig {
+                node_allocatable_cpu: node_allocatable_cpu
+                    .then(kube_dra::NodeAllocatableCpu::default),
+                node_allocatable_memory,
+                ..PublisherConfig::new(&driver_name, &node_name)
+            },
+            health: HealthConfig {
+                sysfs_root: sysfs_root(sysfs_root_given.as_deref(), &topology),
+                ..HealthConfig::new(&node_name)
+            },
+            device_mode: policy.1.mode,
+            retry_waiting_pods,
+            device_metadata,
             node_name,
+        });
+        let config = RunConfig {
+            dra,
             pod_uid,
             pod_generation,
-            dra,
             driver_name,
             nri_socket,
             nri_plugin_index,
-            kubelet_plugins_dir,
-            kubelet_registry_dir,
             cdi_dir,
-            kubeconfig,
-            node_allocatable_cpu,
-            node_allocatable_memory,
             expose_pcie_roots,
-            retry_waiting_pods,
             topology,
             sysfs_root_given,
             reserved_cpus,
@@ -885,7 +907,22 @@ mod tests {
     #[test]
     fn defaults() {
         let c = flags().resolve(None).unwrap();
-        assert!(c.dra);
+        let dra = c.dra.as_ref().expect("DRA is on by default");
+        assert_eq!(dra.node_name, "node-1");
+        assert_eq!(dra.kubeconfig, None);
+        assert_eq!(
+            dra.kubelet.plugins_dir,
+            PathBuf::from("/var/lib/kubelet/plugins")
+        );
+        assert_eq!(dra.kubelet.driver_name, DEFAULT_DRIVER);
+        assert_eq!(
+            (
+                dra.publisher.driver.as_str(),
+                dra.publisher.node_name.as_str()
+            ),
+            (DEFAULT_DRIVER, "node-1")
+        );
+        assert_eq!(dra.health.sysfs_root, Some(PathBuf::from("/sys")));
         assert_eq!(c.driver_name, DEFAULT_DRIVER);
         assert_eq!(c.nri_socket, PathBuf::from("/var/run/nri/nri.sock"));
         assert_eq!(c.nri_plugin_index, "90");
@@ -898,7 +935,6 @@ mod tests {
         assert_eq!(c.reserved_namespaces, vec!["kube-system".to_owned()]);
         assert_eq!(c.log_format, Format::Text);
         assert_eq!(c.log_level, "info");
-        assert_eq!(c.kubeconfig, None);
     }
 
     #[test]
@@ -910,22 +946,52 @@ mod tests {
 
     #[test]
     fn node_name_from_the_environment_unless_given_and_optional_without_dra() {
+        let node = |c: RunConfig| c.dra.map(|dra| dra.node_name);
         let f = RunFlags::default();
         assert_eq!(
-            f.resolve(Some("env-node".into())).unwrap().node_name,
+            node(f.resolve(Some("env-node".into())).unwrap()),
             Some("env-node".into())
         );
         assert!(f.resolve(None).is_err());
         let f = f.with("node-name", "flag-node");
         assert_eq!(
-            f.resolve(Some("env-node".into())).unwrap().node_name,
+            node(f.resolve(Some("env-node".into())).unwrap()),
             Some("flag-node".into())
         );
         let c = RunFlags::default()
             .with("dra", "false")
             .resolve(None)
             .unwrap();
-        assert_eq!((c.dra, c.node_name), (false, None));
+        assert_eq!(c.dra, None);
+        // A name given without DRA is shown, and nothing uses it.
+        let c = RunFlags::default()
+            .with("dra", "false")
+            .resolve(Some("env-node".into()))
+            .unwrap();
+        assert_eq!(c.dra, None);
+        assert_eq!(c.manager().reconcile.pool, None);
+    }
+
+    #[test]
+    fn with_dra_every_part_is_built_for_the_node_and_the_pod() {
+        let c = flags()
+            .with("pod-uid", "0123abcd-0000-4000-8000-000000000001")
+            .with("kubeconfig", "/etc/k.conf")
+            .with("node-allocatable-cpu", "true")
+            .with("retry-waiting-pods", "true")
+            .with("topology", "synthetic:pack:1 core:2 pu:1")
+            .resolve(None)
+            .unwrap();
+        let dra = c.dra.clone().unwrap();
+        assert_eq!(dra.kubeconfig, Some(PathBuf::from("/etc/k.conf")));
+        assert_eq!(dra.kubelet.instance.as_deref(), Some("0123abcd"));
+        assert!(dra.publisher.node_allocatable_cpu.is_some());
+        assert!(dra.retry_waiting_pods);
+        assert_eq!(
+            dra.health.sysfs_root, None,
+            "a synthetic machine has no sysfs"
+        );
+        assert_eq!(c.manager().reconcile.pool.as_deref(), Some("node-1"));
     }
 
     #[test]

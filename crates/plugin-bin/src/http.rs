@@ -32,7 +32,8 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use resmgr::{kube_dra::SlicePublisher, kubelet_plugin::RegistrationState};
+use kube_dra::SlicePublisher;
+use kubelet_plugin::RegistrationState;
 
 use crate::{
     metrics::{Metrics, Snapshot},
@@ -42,9 +43,9 @@ use crate::{
 /// What the endpoints read.
 #[derive(Debug, Clone)]
 pub struct Endpoints {
-    /// Whether the agent serves DRA claims; without, readiness needs no kubelet registration.
-    pub dra: bool,
-    pub node_name: String,
+    /// The node's name when the agent serves DRA claims; `None` without DRA, when readiness
+    /// needs no kubelet registration.
+    pub node_name: Option<String>,
     pub driver: String,
     /// Who owns the node, its manager once this agent does, and the kubelet plugin's state.
     pub node: Arc<Node>,
@@ -52,7 +53,7 @@ pub struct Endpoints {
     /// Set once the devices are being published.
     pub publisher: Arc<OnceLock<SlicePublisher>>,
     /// The Events poster; `None` without DRA.
-    pub events: Option<resmgr::kube_dra::KubeEvents>,
+    pub events: Option<kube_dra::KubeEvents>,
 }
 
 impl Endpoints {
@@ -89,7 +90,7 @@ impl Endpoints {
             return missing;
         }
         match self.registration() {
-            _ if !self.dra => {}
+            _ if self.node_name.is_none() => {}
             None => missing.push("the kubelet plugin is not serving yet".to_owned()),
             Some(RegistrationState::Pending) => {
                 missing.push("the kubelet has not confirmed our registration".to_owned());
@@ -227,7 +228,7 @@ async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
         synchronized,
         ready: e.unready().is_empty(),
         publish: e.publisher.get().map(SlicePublisher::status),
-        events: e.events.as_ref().map(resmgr::kube_dra::KubeEvents::stats),
+        events: e.events.as_ref().map(kube_dra::KubeEvents::stats),
         reconciliation: &reconciliation,
     });
     (
@@ -263,7 +264,7 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
     let allocation = crate::view::inventory(manager).await;
     let pending = manager.pending_updates().await;
     let kubelet = match e.registration() {
-        None if !e.dra => "not used: DRA is off".to_owned(),
+        None if e.node_name.is_none() => "not used: DRA is off".to_owned(),
         None => "not serving".to_owned(),
         Some(RegistrationState::Pending) => "pending".to_owned(),
         Some(RegistrationState::Registered) => "registered".to_owned(),
@@ -285,11 +286,11 @@ async fn debug_state(State(e): State<Endpoints>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use axum::response::Response;
+    use kube_dra::fake::StaticClaims;
     use policy::{
         Allocation, Claim, ClaimAllocation, Container, ContainerUpdate, Device, Policy,
         PolicyError, Resources,
     };
-    use resmgr::kube_dra::fake::StaticClaims;
 
     use super::*;
     use crate::simulate::{Dirs, start_manager, world::SimRuntime};
@@ -442,8 +443,7 @@ mod tests {
         let node = Arc::new(Node::default());
         node.own(manager);
         let endpoints = Endpoints {
-            dra: true,
-            node_name: "node-a".into(),
+            node_name: Some("node-a".into()),
             driver: driver.into(),
             node,
             metrics: Arc::new(Metrics::new()),

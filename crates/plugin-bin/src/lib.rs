@@ -8,7 +8,8 @@
 //! - `resmgr slices`: the ResourceSlices the agent would publish for a node, see [`slices`];
 //! - `resmgr config --print-defaults`: the complete default config file, see [`settings`].
 //!
-//! Only this crate reads the environment and the command line, and only it uses `anyhow`.
+//! Only this crate reads the environment and the command line, and only it uses `anyhow`. A
+//! panic anywhere in the process aborts it at once ([`panics`]).
 //!
 //! It is a library so that the tests package can run the same agent with fault hooks
 //! ([`resmgr::faults`]): its `resmgr-crashing` binary is [`main`] with the crash test's hook,
@@ -22,6 +23,7 @@ mod http;
 mod logging;
 mod memory;
 mod metrics;
+mod panics;
 mod policy_choice;
 mod run;
 mod settings;
@@ -114,6 +116,7 @@ enum Doc {
 /// The `resmgr` command line, with `faults` given to the agent that `resmgr run` starts (none in
 /// the shipped binary).
 pub fn main(faults: Faults) -> ExitCode {
+    panics::install();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(flags) => run::main(
@@ -162,7 +165,7 @@ pub fn main(faults: Faults) -> ExitCode {
         Err(e) => {
             // The whole chain on one line, each cause once (some third-party errors, such as
             // kube's kubeconfig errors, repeat their cause in their message).
-            eprintln!("resmgr: {}", resmgr::errors::chain(&*e));
+            eprintln!("resmgr: {}", stdx::errors::chain(&*e));
             ExitCode::FAILURE
         }
     }
@@ -190,6 +193,7 @@ fn simulate_main(
         state: state_dir
             .clone()
             .unwrap_or_else(|| scratch.path().join("state")),
+        ..simulate::Dirs::under(scratch.path())
     };
     // The name only: reports must not depend on where the scenario was run from.
     let file = path.file_name().map_or_else(

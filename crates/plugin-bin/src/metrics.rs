@@ -112,7 +112,7 @@ pub const METRICS: &[MetricDoc] = &[
         kind: Kind::Counter,
         labels: &[(
             "kind",
-            "`synchronize`, `create-container`, `post-start-container`, `update-container`, `post-update-container`, `stop-container` or `remove-container`",
+            "`synchronize`, `create-container`, `post-create-container`, `post-start-container`, `update-container`, `post-update-container`, `stop-container` or `remove-container`",
         )],
         help: "NRI events handled, by kind",
         details: "",
@@ -311,9 +311,9 @@ pub struct Snapshot<'a> {
     pub synchronized: bool,
     pub ready: bool,
     /// `None` without DRA.
-    pub publish: Option<resmgr::kube_dra::PublishStatus>,
+    pub publish: Option<kube_dra::PublishStatus>,
     /// `None` without DRA.
-    pub events: Option<resmgr::kube_dra::EventStats>,
+    pub events: Option<kube_dra::EventStats>,
     pub reconciliation: &'a resmgr::ReconcileReport,
 }
 
@@ -636,7 +636,7 @@ mod tests {
                 .map(|(i, kinds)| crate::view::ContainerRow {
                     id: format!("c{i}"),
                     name: String::new(),
-                    grant: crate::view::GrantKind::Shared,
+                    grant: policy::GrantKind::Shared,
                     pool: None,
                     cpus: "1-3".into(),
                     mems: None,
@@ -663,12 +663,12 @@ mod tests {
             pending_updates: 2,
             synchronized: true,
             ready: true,
-            publish: Some(resmgr::kube_dra::PublishStatus {
+            publish: Some(kube_dra::PublishStatus {
                 in_sync: true,
                 failures: 3,
                 node_allocatable_refused: true,
             }),
-            events: Some(resmgr::kube_dra::EventStats {
+            events: Some(kube_dra::EventStats {
                 posted: 7,
                 rate_limited: 4,
                 queue_full: 5,
@@ -794,12 +794,12 @@ mod tests {
                 pending_updates: 0,
                 synchronized: true,
                 ready: true,
-                publish: Some(resmgr::kube_dra::PublishStatus {
+                publish: Some(kube_dra::PublishStatus {
                     in_sync: false,
                     failures,
                     node_allocatable_refused: false,
                 }),
-                events: Some(resmgr::kube_dra::EventStats {
+                events: Some(kube_dra::EventStats {
                     queue_full: failures,
                     ..Default::default()
                 }),

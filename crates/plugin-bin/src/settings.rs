@@ -21,8 +21,9 @@ use policy::{
 };
 
 use self::types::{
-    ClaimMemory, DebugAddr, DriverName, Given, Kubeconfig, LogFilter, Namespaces, NodeName, Path,
-    PluginIndex, PodGeneration, PodUid, ReservedCount, ReservedMemory, ReservedSet, SettingType,
+    ClaimMemory, DebugAddr, DriverName, Given, Kubeconfig, LogFilter, MetadataVersions, Namespaces,
+    NodeName, Path, PluginIndex, PodGeneration, PodUid, ReservedCount, ReservedMemory, ReservedSet,
+    SettingType,
 };
 use crate::values::{ExclusivityMode, Format};
 
@@ -171,6 +172,7 @@ pub const SETTINGS: &[&dyn AnySetting] = &[
     &NODE_ALLOCATABLE_MEMORY,
     &EXPOSE_PCIE_ROOTS,
     &RETRY_WAITING_PODS,
+    &DEVICE_METADATA,
     &TOPOLOGY,
     &SYSFS_ROOT,
     &RESERVED_CPUS,
@@ -378,6 +380,22 @@ pub const EXPOSE_PCIE_ROOTS: Typed<bool> = Typed::new(Setting {
               the attribute and warns naming the gate. Roots come from sysfs \
               (`sysfs-root`); a device whose CPUs no root is local to gets none. Aligning on \
               `resource.kubernetes.io/numaNode` needs no gate (docs/kubernetes.md).",
+});
+
+pub const DEVICE_METADATA: Typed<MetadataVersions> = Typed::new(Setting {
+    key: "device-metadata",
+    section: Section::Kubernetes,
+    value_name: "VERSION,...",
+    shape: Shape::List,
+    default: DefaultValue::Value("[v1beta1, v1alpha1]"),
+    summary: "The device metadata (KEP-5304) each prepared claim's containers find at \
+              `/var/run/kubernetes.io/dra-device-attributes/...`, in these API versions \
+              (`v1beta1`, `v1alpha1`), newest first; `[]` writes none.",
+    details: "Each file holds the same metadata once per version, and a reader takes the first \
+              it knows: Kubernetes 1.36's readers know `v1alpha1`, 1.37's both. The files are \
+              written under `kubelet-plugins-dir`/<driver>/dra-device-metadata, which the \
+              runtime mounts into the containers through the claim's CDI spec \
+              (docs/kubernetes.md, \"Device metadata\"). Needs no feature gate.",
 });
 
 pub const RETRY_WAITING_PODS: Typed<bool> = Typed::new(Setting {

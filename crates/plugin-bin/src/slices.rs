@@ -3,14 +3,14 @@
 //! It answers "what will my node advertise?" before the agent runs there: the same settings as
 //! `resmgr run` (every flag and `--config`, resolved and checked by [`crate::config`]), the
 //! same policy ([`crate::config::RunConfig::policy`]) and the objects the publisher creates for a new
-//! node ([`resmgr::kube_dra::slices::first_publication`]), so what it prints is what the agent
+//! node ([`kube_dra::slices::first_publication`]), so what it prints is what the agent
 //! writes, not a description of it. The API server adds each slice's name (from its
 //! `generateName`); the owner reference needs the Node's uid, which only the API server knows,
 //! so it is printed with `--node-uid` only. `kubectl create -f` takes the output as it is.
 
 use std::{io::Write as _, process::ExitCode};
 
-use resmgr::kube_dra::{ResourceApiVersion, slices::first_publication};
+use kube_dra::{ResourceApiVersion, slices::first_publication};
 use serde_json::{Value, json};
 
 use crate::config::RunFlags;
@@ -89,17 +89,14 @@ impl clap::Args for Settings {
 
 pub fn main(args: &SliceArgs, node_name_env: Option<String>) -> anyhow::Result<ExitCode> {
     let config = args.settings.0.resolve(node_name_env)?;
-    if !config.dra {
+    let Some(dra) = &config.dra else {
         anyhow::bail!(
             "{}: false: without DRA the agent publishes no resource slices",
             config.origin("dra")
         );
-    }
-    // resolve() requires the node's name with DRA on.
-    let Some(publisher) = config.publisher() else {
-        anyhow::bail!("{}: not set", config.origin("node-name"));
     };
-    let node_name = publisher.node_name.clone();
+    let publisher = &dra.publisher;
+    let node_name = &dra.node_name;
     if let Some(uid) = &args.node_uid
         && uid.trim().is_empty()
     {
@@ -112,7 +109,7 @@ pub fn main(args: &SliceArgs, node_name_env: Option<String>) -> anyhow::Result<E
         .devices()
         .map_err(|e| anyhow::anyhow!("the agent would publish nothing: {e}"))?;
     let objects = first_publication(
-        &publisher,
+        publisher,
         args.api_version.into(),
         args.node_uid.as_deref(),
         &devices,

@@ -5,8 +5,7 @@
 //! need after every change ([`resmgr::Published`], read with [`resmgr::Manager::snapshot`]).
 //! This module only turns that into rows. Nothing here knows which policy it is.
 
-pub use policy::GrantKind;
-use policy::{Device, Policy, PolicyError};
+use policy::{Device, GrantKind, Policy, PolicyError};
 use serde::Serialize;
 
 /// One container's placement, as printed.

@@ -154,6 +154,8 @@ fn the_config_file_sets_every_key_and_flags_win() {
          node-allocatable-memory: true\n\
          expose-pcie-roots: true\n\
          retry-waiting-pods: true\n\
+         device-metadata:\n\
+         - v1alpha1\n\
          topology: synthetic:pack:1 core:2 pu:1\n\
          sysfs-root: /file/sys\n\
          reserved-cpus: '0'\n\

@@ -7,14 +7,14 @@
 use std::{path::Path, process::Command, sync::Arc};
 
 use integration_tests::fake_apiserver::FakeApiServer;
+use kube_dra::{
+    DevicePublisher as _, NodeAllocatableCpu, PublisherConfig, ResourceApiVersions, SlicePublisher,
+};
 use policy::{
     Policy as _, Topology, TopologyAware, TopologySource,
     topology_aware::{
         ClaimCpus, Config, DeviceMode, DeviceModel, Exclusivity, Granularity, GroupBy, ReservedCpus,
     },
-};
-use resmgr::kube_dra::{
-    DevicePublisher as _, NodeAllocatableCpu, PublisherConfig, ResourceApiVersions, SlicePublisher,
 };
 use serde_json::Value;
 

@@ -130,6 +130,7 @@ fn bench_claim(p: &mut TopologyAware) {
                     consumed_capacity: BTreeMap::from([("cpu".into(), Quantity::from_units(2))]),
                 }],
                 config: Vec::new(),
+                pod_claim_name: None,
             };
             let start = Instant::now();
             let a = p.allocate_claim(&claim).expect("fits");

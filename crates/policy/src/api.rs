@@ -22,8 +22,9 @@
 //!    container placement, keeping every restored claim where it is;
 //! 4. then, interleaved, in the order events happen: [`Policy::allocate`] / [`Policy::update`] /
 //!    [`Policy::release`] for container events, [`Policy::allocate_claim`] /
-//!    [`Policy::release_claim`] for DRA claims, and [`Policy::sync`] again whenever the runtime
-//!    reconnects.
+//!    [`Policy::release_claim`] for DRA claims, [`Policy::adopt_container`] for a running
+//!    container the runtime's Synchronize did not list, and [`Policy::sync`] again whenever the
+//!    runtime reconnects.
 //!
 //! # Cpusets, memory nodes and updates
 //!
@@ -38,7 +39,7 @@
 //! policy pins them), so the latest one for a container supersedes earlier ones and a lost one
 //! is repaired by the next. Report a container at most once per call, never the container the
 //! call is about in [`Allocation::updates`] (its answer is the adjustment), and only containers
-//! that are running (allocated or synced, not released).
+//! that are running (allocated, synced or adopted, not released).
 //!
 //! # Claims
 //!
@@ -259,6 +260,42 @@ pub trait Policy: Send + std::fmt::Debug {
     /// runtime then fails the container). Allocating a container id the policy already holds
     /// returns its current placement and changes nothing.
     fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError>;
+
+    /// Places a running container the policy has not seen, as [`Policy::sync`] would have placed
+    /// it had the runtime listed it, among the containers the policy holds. The runtime created
+    /// it while no agent was connected and its Synchronize did not list it (CRI-O lists only the
+    /// containers it has finished creating), so the policy first hears of it at a later event:
+    /// its PostCreateContainer, PostStartContainer, or an update. [`Container::cpus`] and
+    /// [`Container::mems`] say what it runs on now (`None`: what the kubelet asked, every CPU
+    /// when it asked nothing). Returns the updates the placement made to other running
+    /// containers and then, last, the container's own, when what it should run on differs from
+    /// what it reports (as [`Policy::sync`] reports one). Like a synchronized container it is
+    /// not refused: one that does not fit is placed as well as possible. The resource manager
+    /// calls it only with a container it has not given the policy, through [`Policy::sync`],
+    /// [`Policy::allocate`] or this, since the policy last released it.
+    ///
+    /// The default places it through [`Policy::allocate`] (so a request the policy refuses is
+    /// refused here too, and the container is left where it runs) and turns the adjustment into
+    /// the container's own update; a policy whose sync places a running container otherwise
+    /// than a new one (where it runs now, say) implements it.
+    fn adopt_container(
+        &mut self,
+        container: &Container,
+    ) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        let allocation = self.allocate(container)?;
+        let mut updates = allocation.updates;
+        let want = allocation.adjustment;
+        let cpus_differ = want.cpus.is_some() && want.cpus != container.cpus;
+        let mems_differ = want.mems.is_some() && want.mems != container.mems;
+        if cpus_differ || mems_differ {
+            updates.push(ContainerUpdate {
+                container_id: container.id.clone(),
+                cpus: want.cpus,
+                mems: want.mems,
+            });
+        }
+        Ok(updates)
+    }
 
     /// A running container's requests or limits changed; returns updates, the container's own
     /// last (it is always included). An unknown id is [`PolicyError::UnknownContainer`]; a

@@ -35,12 +35,9 @@ pub use inventory::{
 };
 pub use model::{
     Adjustment, Allocation, AllocationResult, AttributeValue, Capacity, Claim, ClaimAllocation,
-    ClaimConfig, ConfigSource, Container, ContainerUpdate, Device, Pod, QosClass, RequestPolicy,
-    Resources, ValidValues,
+    ClaimConfig, ConfigSource, Container, ContainerUpdate, Device, DeviceTaint, Pod, QosClass,
+    RequestPolicy, Resources, TaintEffect, ValidValues,
 };
 pub use quantity::{Quantity, QuantityParseError};
 pub use topology::{Topology, TopologyError, TopologySource};
 pub use topology_aware::{Config, TopologyAware};
-
-/// Re-exported: [`ClaimAllocation`] carries its edits.
-pub use cdi;

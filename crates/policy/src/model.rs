@@ -107,6 +107,12 @@ pub struct Claim {
     /// and from the claim), in the API's order; see [`ClaimConfig`] for which apply to a result.
     #[serde(default)]
     pub config: Vec<ClaimConfig>,
+    /// The name the pod gives the claim (`pod.spec.resourceClaims[].name`), for a claim the
+    /// resource claim controller made from a ResourceClaimTemplate (its
+    /// `resource.kubernetes.io/pod-claim-name` annotation); `None` for a claim the pod names
+    /// itself. Where a container finds the claim's device metadata depends on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_claim_name: Option<String>,
 }
 
 impl Claim {
@@ -223,6 +229,13 @@ pub struct ClaimAllocation {
     /// containers moved off the CPUs the claim took. The resource manager logs each as a
     /// warning.
     pub warnings: Vec<String>,
+    /// What a container using each result may read of it, in result order: the attributes of
+    /// its device and of what it was granted, by qualified name (bare names are in the driver's
+    /// domain, as in [`Device::attributes`]). The resource manager writes them into the claim's
+    /// device metadata (KEP-5304), which the runtime mounts into the container. Either one map
+    /// per result or none at all (a policy that says nothing: the metadata then names the
+    /// devices only).
+    pub attributes: Vec<BTreeMap<String, AttributeValue>>,
 }
 
 /// A typed attribute value of a published device.
@@ -240,6 +253,10 @@ pub enum AttributeValue {
     /// server keeps only with the `DRAListTypeAttributes` gate, and which `matchAttribute`
     /// matches by intersection there.
     Strings(Vec<String>),
+    /// A non-empty list of integers: a list attribute like [`AttributeValue::Strings`]. The
+    /// topology-aware policy uses it only in device metadata (a result's CPU numbers), which no
+    /// API server sees.
+    Ints(Vec<i64>),
 }
 
 /// Which amounts a request may consume from a capacity.
@@ -288,4 +305,45 @@ pub struct Device {
     pub capacities: BTreeMap<String, Capacity>,
     /// Whether several claims may share the device, each consuming part of its capacity.
     pub allow_multiple_allocations: bool,
+    /// Taints (KEP-5055): what keeps the scheduler from allocating the device to new claims.
+    /// Policies publish none; the agent taints a device whose CPUs went offline or whose NUMA
+    /// node lost its memory, and takes the taint off when they are back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<DeviceTaint>,
+}
+
+/// A taint on a published device (`devices[].taints[]` of a ResourceSlice).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceTaint {
+    /// A label name: `<driver>/cpus-offline`.
+    pub key: String,
+    /// A label value saying why: which CPUs, which node.
+    pub value: String,
+    /// What it does to claims that do not tolerate it.
+    pub effect: TaintEffect,
+    /// When it was first seen, in seconds since the Unix epoch; the API server sets it when
+    /// absent.
+    pub time_added: Option<i64>,
+}
+
+/// A device taint's effect on claims that do not tolerate it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaintEffect {
+    /// The scheduler allocates the device to no new claim; claims allocated before keep it.
+    NoSchedule,
+    /// As `NoSchedule`, and the claims allocated before are evicted with their pods.
+    NoExecute,
+    /// Nothing: the taint only informs.
+    None,
+}
+
+impl TaintEffect {
+    /// As the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoSchedule => "NoSchedule",
+            Self::NoExecute => "NoExecute",
+            Self::None => "None",
+        }
+    }
 }

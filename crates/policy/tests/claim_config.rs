@@ -36,6 +36,7 @@ fn claim(uid: &str, results: &[(&str, &str, u64)], config: Vec<ClaimConfig>) -> 
             })
             .collect(),
         config,
+        pod_claim_name: None,
     }
 }
 

@@ -84,6 +84,7 @@ fn claim(uid: &str, device: &str, cpus: Option<u64>) -> Claim {
                 .unwrap_or_default(),
         }],
         config: Vec::new(),
+        pod_claim_name: None,
     }
 }
 

@@ -48,7 +48,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use policy::{
     AttributeValue, Claim, ClaimConfig, ConfigSource, Container, ContainerUpdate, CpuSet, Device,
     GrantKind, Pod, Policy, QosClass, Quantity, Resources, Topology, TopologyAware, TopologySource,
-    cdi,
     model::AllocationResult,
     scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, ScheduleError, Scheduler, Selector},
     topology::CoreKind,
@@ -527,6 +526,7 @@ impl World {
                 reserved_for: vec![pod.uid.clone()],
                 results: results.clone(),
                 config,
+                pod_claim_name: None,
             };
             description.push_str(&format!(") -> scheduler {}", show_results(&results)));
             if let Err(e) = self.policy.allocate_claim(&claim) {

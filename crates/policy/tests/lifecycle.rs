@@ -54,6 +54,7 @@ fn claim(uid: &str, results: &[(&str, u64)]) -> Claim {
             })
             .collect(),
         config: Vec::new(),
+        pod_claim_name: None,
     }
 }
 
@@ -319,6 +320,100 @@ fn sync_rebuilds_placement_keeping_claims_and_running_exclusive_cpus() {
         })
         .collect();
     assert_eq!(q.sync(&now).unwrap(), []);
+}
+
+/// The containers of a node where claim u1 holds 16-19 (a partition of 16-19 for claims):
+/// a Burstable one running in NUMA node 3's shared CPUs, a Guaranteed one on every CPU (no
+/// cpuset: created while no agent was there), the claim's container on every CPU, one whose
+/// annotation the policy cannot read, and a Guaranteed one sharing b1's CPUs (it ran shared).
+fn running_beside_a_claim() -> (TopologyAware, Vec<Container>) {
+    let mut p = machine_with(Exclusivity::Partition(ClaimCpus::Set(set("16-19"))));
+    p.allocate_claim(&claim("u1", &[("numa1", 4)])).unwrap();
+    let mut b1 = container("b1", QosClass::Burstable, 500);
+    b1.cpus = Some(set("48-63"));
+    b1.mems = Some(set("3"));
+    let g1 = container("g1", QosClass::Guaranteed, 2000);
+    let mut x = container("x", QosClass::BestEffort, 0);
+    x.pod.uid = "pod-x".into();
+    x.cdi_devices = vec!["topology-aware.resmgr.io/device=claim-u1-0".into()];
+    let mut odd = container("odd", QosClass::Burstable, 250);
+    odd.annotations.insert(
+        "prefer-shared-cpus.resource-policy.resmgr.io/container.odd".into(),
+        "maybe".into(),
+    );
+    let mut g2 = container("g2", QosClass::Guaranteed, 1000);
+    g2.cpus = Some(set("48-63"));
+    (p, vec![b1, g1, x, odd, g2])
+}
+
+#[test]
+fn a_running_container_the_sync_did_not_list_is_adopted_as_the_sync_would_place_it() {
+    let (_, all) = running_beside_a_claim();
+    for (i, late) in all.iter().enumerate() {
+        // The sync listed everyone...
+        let (mut listed, _) = running_beside_a_claim();
+        let synced = listed.sync(&all).unwrap();
+        // ...or everyone but `late`, which the policy hears of afterwards. (The others may be
+        // placed otherwise without it: g2 shares CPUs with b1 only if b1 is listed.)
+        let (mut unlisted, _) = running_beside_a_claim();
+        let mut others = all.clone();
+        others.remove(i);
+        unlisted.sync(&others).unwrap();
+        let adopted = unlisted.adopt_container(late).unwrap();
+
+        let id = late.id.as_str();
+        assert_eq!(
+            unlisted.placement(id),
+            listed.placement(id),
+            "{id}: placed as the sync places it"
+        );
+        let own = |updates: &[policy::ContainerUpdate]| {
+            updates.iter().find(|u| u.container_id == id).cloned()
+        };
+        assert_eq!(own(&adopted), own(&synced), "{id}: the same update");
+        if let Some(last) = adopted.last() {
+            assert_eq!(last.container_id, id, "its own update comes last");
+        }
+        let inventory = |p: &TopologyAware| {
+            p.inventory()
+                .containers
+                .into_iter()
+                .find(|c| c.id == id)
+                .map(|c| c.fallbacks)
+        };
+        assert_eq!(inventory(&unlisted), inventory(&listed), "{id}: fallbacks");
+    }
+    // Where they land: x on its claim; g1 on CPUs of its own, off the claim's; g2 shared (it
+    // shares its CPUs with b1); odd, whose annotation is malformed, shared with the defaults.
+    let (mut p, _) = running_beside_a_claim();
+    p.sync(&all[..1]).unwrap();
+    for c in &all[1..] {
+        p.adopt_container(c).unwrap();
+    }
+    assert_eq!(p.placement("x").unwrap().cpus, set("16-19"));
+    let g1 = p.placement("g1").unwrap().cpus;
+    assert!(g1.len() == 2 && !g1.intersects(&set("0-1,16-19")), "{g1}");
+    assert!(!p.placement("odd").unwrap().cpus.intersects(&set("16-19")));
+    assert!(!p.placement("g2").unwrap().cpus.intersects(&set("16-19")));
+    assert!(!p.shared_cpus().intersects(&g1));
+}
+
+#[test]
+fn adopting_an_exclusive_container_moves_the_shared_ones_and_a_held_one_changes_nothing() {
+    let mut p = machine_with(Exclusivity::Pods);
+    let mut b1 = container("b1", QosClass::Burstable, 500);
+    b1.cpus = Some(set("2-63"));
+    p.sync(std::slice::from_ref(&b1)).unwrap();
+    let g1 = container("g1", QosClass::Guaranteed, 2000);
+    let updates = p.adopt_container(&g1).unwrap();
+    let ids: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
+    assert_eq!(ids, ["b1", "g1"], "the ripple, then its own: {updates:?}");
+    let own = updates.last().unwrap().cpus.clone().unwrap();
+    assert!(!updates[0].cpus.as_ref().unwrap().intersects(&own));
+    assert_eq!(p.placement("g1").unwrap().cpus, own);
+    let before = placements(&p);
+    assert_eq!(p.adopt_container(&g1).unwrap(), []);
+    assert_eq!(placements(&p), before);
 }
 
 #[test]
@@ -589,14 +684,13 @@ fn a_claim_is_adopted_from_its_edits_with_what_they_grant_and_learns_the_rest_wh
     assert_eq!(learnt["results"], before.snapshot()["claims"][0]["results"]);
 
     // Refused: CPUs no claim can hold, CPUs held, edits it did not write.
-    let env = |e: &str| vec![policy::cdi::ContainerEdits::with_env([e.to_owned()])];
-    let refused =
-        |p: &mut TopologyAware, uid: &str, edits: Vec<policy::cdi::ContainerEdits>| match p
-            .adopt_claim(uid, &edits)
-        {
-            Err(PolicyError::Restore { reason, .. }) => reason,
-            other => panic!("{other:?}"),
-        };
+    let env = |e: &str| vec![cdi::ContainerEdits::with_env([e.to_owned()])];
+    let refused = |p: &mut TopologyAware, uid: &str, edits: Vec<cdi::ContainerEdits>| match p
+        .adopt_claim(uid, &edits)
+    {
+        Err(PolicyError::Restore { reason, .. }) => reason,
+        other => panic!("{other:?}"),
+    };
     assert_eq!(
         refused(&mut p, "u2", env("DRA_CPUSET_u2=0-1")),
         "claim u2: cpus 0-1 are not online or are reserved or kernel-isolated here"

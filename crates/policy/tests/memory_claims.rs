@@ -100,6 +100,7 @@ fn claim(uid: &str, results: Vec<AllocationResult>) -> Claim {
         reserved_for: vec![format!("pod-{uid}")],
         results,
         config: Vec::new(),
+        pod_claim_name: None,
     }
 }
 
@@ -430,7 +431,7 @@ fn on(request: &str, device: &str, consumed: &[(&str, &str)]) -> AllocationResul
     }
 }
 
-fn env_of(edits: &[policy::cdi::ContainerEdits], i: usize) -> Vec<String> {
+fn env_of(edits: &[cdi::ContainerEdits], i: usize) -> Vec<String> {
     edits[i].env.clone()
 }
 

@@ -228,6 +228,7 @@ fn claim(uid: u8, node: u8, cpus: u64) -> Claim {
             consumed_capacity: BTreeMap::from([("cpu".into(), Quantity::from_units(cpus))]),
         }],
         config: Vec::new(),
+        pod_claim_name: None,
     }
 }
 

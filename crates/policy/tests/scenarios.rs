@@ -184,6 +184,7 @@ fn step(p: &mut TopologyAware, line: &str) -> String {
                 reserved_for: vec![],
                 results: vec![],
                 config: Vec::new(),
+                pod_claim_name: None,
             };
             for w in &words[2..] {
                 if let Some(pods) = w.strip_prefix("pods=") {

@@ -317,6 +317,7 @@ fn shared_device(node: i64, cpus: u64, policy: Option<RequestPolicy>) -> Device 
             },
         )]),
         allow_multiple_allocations: true,
+        taints: Vec::new(),
     }
 }
 
@@ -616,6 +617,7 @@ fn single_cpus(nodes: i64, per_node: u32) -> Vec<Device> {
                 ]),
                 capacities: BTreeMap::new(),
                 allow_multiple_allocations: false,
+                taints: Vec::new(),
             })
         })
         .collect()

@@ -1,5 +1,5 @@
-//! The claim lifecycle: prepare = allocate, commit, write the spec; unprepare = remove the spec,
-//! release, commit.
+//! The claim lifecycle: prepare = allocate, commit, write the device metadata and then the spec;
+//! unprepare = remove the spec and then the device metadata, release, commit.
 //!
 //! # Why this order
 //!
@@ -15,7 +15,7 @@
 //! The kubelet calls us concurrently: one call per pod, a shared claim prepared by each of its
 //! pods, a retry after its deadline while the first call still runs (calls run to the end in
 //! tasks of their own, [`crate::dra_handler`]). Prepares and unprepares of *one* claim run one at
-//! a time, in arrival order ([`ClaimLocks`]): each step's decision (is a spec there, did this
+//! a time, in arrival order ([`crate::claim_locks`]): each step's decision (is a spec there, did this
 //! call create the allocation) then stays true until the call ends. Calls for different claims
 //! interleave freely; they share only the manager lock (in-memory work), the save lock and the
 //! delivery lock.
@@ -27,7 +27,7 @@
 //! the background and counted in the pending-updates metric. A container that may run on the
 //! claim's CPUs and that the runtime does not confirm does fail it: until the runtime says
 //! otherwise, it may still run where the spec would grant. A runtime that is only slow to answer
-//! (a busy node) is waited for, up to [`crate::commit::SETTLE_WAIT`], before that.
+//! (a busy node) is waited for, up to [`crate::core::SETTLE_WAIT`], before that.
 //!
 //! # Failures
 //!
@@ -49,56 +49,32 @@
 //! kubelet records and retries per claim. Only what is wrong with the whole request (the gate is
 //! closed, a malformed UID that cannot key an answer) fails the whole request.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, Weak},
-};
+// Blocking IO under the manager lock does not pass clippy (crates/resmgr/clippy.toml).
+#![deny(clippy::disallowed_methods)]
+
+use std::collections::BTreeMap;
 
 use cdi::{ClaimUid, ContainerEdits, StoreError};
 use kube_dra::ClaimReadError;
 use kubelet_plugin::ClaimRef;
 use policy::{Claim, PolicyError};
+use stdx::errors::chain;
 use tokio::{
-    sync::{Mutex, OwnedMutexGuard, RwLockReadGuard},
+    sync::RwLockReadGuard,
     time::{Duration, Instant},
 };
 use tracing::{info, warn};
 
 use crate::{
-    commit::{Change, CommitError, DeliveryError},
-    errors::chain,
+    core::{Change, CommitError, DeliveryError},
     faults::Point,
     manager::Manager,
     state::{DeviceRecord, PreparedClaim, StateError},
 };
 
-/// One lock per claim UID in use, so that the prepares and unprepares of a claim run one at a
-/// time, in the order they arrived (tokio's mutex is fair). Entries go when nobody holds or
-/// waits for them.
-#[derive(Debug, Default)]
-pub(crate) struct ClaimLocks(std::sync::Mutex<HashMap<String, Weak<Mutex<()>>>>);
-
-impl ClaimLocks {
-    /// Waits for claim `uid`'s turn.
-    pub(crate) async fn lock(&self, uid: &str) -> OwnedMutexGuard<()> {
-        let lock = {
-            let mut map = crate::sync::lock(&self.0);
-            map.retain(|_, w| w.strong_count() > 0);
-            if let Some(lock) = map.get(uid).and_then(Weak::upgrade) {
-                lock
-            } else {
-                let lock = Arc::new(Mutex::new(()));
-                map.insert(uid.to_owned(), Arc::downgrade(&lock));
-                lock
-            }
-        };
-        lock.lock_owned().await
-    }
-}
-
 /// How long a kubelet call that arrives before the runtime's synchronization has been handled
 /// is held before it is refused: well under the kubelet's 45 s per call, with room for the
-/// prepare's own wait for containers the runtime is starting ([`crate::commit::SETTLE_WAIT`],
+/// prepare's own wait for containers the runtime is starting ([`crate::core::SETTLE_WAIT`],
 /// 10 s). The agent normally synchronizes within a second of connecting to the runtime; a
 /// runtime that restarts with the agent takes a few more.
 pub const HOLD: Duration = Duration::from_secs(30);
@@ -168,12 +144,18 @@ pub enum Step {
     /// Commit step 2: delivering the updates that move containers off the claim's CPUs.
     #[error("updating containers")]
     UpdatingContainers,
+    /// Writing the claim's device metadata ([`crate::metadata`]).
+    #[error("writing the device metadata")]
+    WritingMetadata,
     /// Writing the claim's CDI spec.
     #[error("writing the CDI spec")]
     WritingSpec,
     /// Removing the claim's CDI spec.
     #[error("removing the CDI spec")]
     RemovingSpec,
+    /// Removing the claim's device metadata.
+    #[error("removing the device metadata")]
+    RemovingMetadata,
     /// The policy releasing the claim.
     #[error("releasing")]
     Releasing,
@@ -211,6 +193,9 @@ pub enum Cause {
     /// The CDI spec store.
     #[error(transparent)]
     Spec(#[from] StoreError),
+    /// The device metadata.
+    #[error(transparent)]
+    Metadata(#[from] crate::metadata::MetadataError),
 }
 
 impl From<CommitError> for (Step, Cause) {
@@ -390,12 +375,19 @@ impl Manager {
             .map_err(|e| fail(Step::Allocating, e.into(), None))?;
         let mut spec_attempted = false;
         let done = async {
-            let (edits, devices, change) = outcome?;
-            self.commit(change.at(Point::PrepareSaved, Point::PrepareDelivered))
+            let (edits, attributes, devices, change) = outcome?;
+            self.core
+                .commit(change.at(Point::PrepareSaved, Point::PrepareDelivered))
                 .await
                 .map_err(<(Step, Cause)>::from)?;
+            let edits = self
+                .grant_metadata(&claim, &attributes, edits)
+                .await
+                .map_err(|e| (Step::WritingMetadata, e.into()))?;
+            self.faults().crash_point(Point::PrepareMetadataWritten);
             spec_attempted = true;
-            self.write_spec(uid, edits)
+            self.core
+                .write_spec(uid, edits)
                 .await
                 .map_err(|e| (Step::WritingSpec, e.into()))?;
             self.faults().crash_point(Point::PrepareSpecWritten);
@@ -420,59 +412,61 @@ impl Manager {
         claim: &Claim,
     ) -> Result<Allocated, PolicyError> {
         let uid = claim_ref.uid.as_str();
-        self.with_lock(|mut inner| {
-            let created = !inner.records.contains_key(uid);
-            let allocation = inner.policy.allocate_claim(claim)?;
-            self.faults().crash_point(Point::PrepareAllocated);
-            for warning in &allocation.warnings {
-                warn!(claim = %claim_ref, "{warning}");
-            }
-            let mut ticket = self.record_pending(&mut inner, allocation.updates);
-            // Also every container that may still run on the claim's CPUs and is not meant to,
-            // moved away or not by this allocation (see crate::pending). A claim held before (an
-            // earlier prepare failed and could not roll back, or it was prepared and is prepared
-            // again) waits for them too: the allocation that moved them may be an earlier call's,
-            // whose updates the runtime has not confirmed yet.
-            let at_risk = match inner.policy.claim_cpus(uid) {
-                Some(cpus) => inner.pending.at_risk(&cpus),
-                None => inner.pending.displaced(),
-            };
-            ticket.extend(at_risk);
-            let devices = if allocation.edits.len() == claim.results.len() {
-                self.devices(claim)
-                    .map_err(|cause| (Step::NamingDevices, cause))
-            } else {
-                Err((
-                    Step::Allocating,
-                    Cause::Edits {
-                        edits: allocation.edits.len(),
-                        results: claim.results.len(),
-                    },
-                ))
-            };
-            let outcome = match devices {
-                Ok(devices) => {
-                    inner.records.insert(
-                        uid.to_owned(),
-                        PreparedClaim {
-                            namespace: claim.namespace.clone(),
-                            name: claim.name.clone(),
-                            devices: devices.clone(),
-                            adopted: false,
-                        },
-                    );
-                    inner.reconcile.confirm(uid);
-                    Ok((
-                        allocation.edits,
-                        devices,
-                        inner.change_all(ticket).granting(),
-                    ))
+        self.core
+            .with_lock(|mut inner| {
+                let created = !inner.records.contains_key(uid);
+                let allocation = inner.policy.allocate_claim(claim)?;
+                self.faults().crash_point(Point::PrepareAllocated);
+                for warning in &allocation.warnings {
+                    warn!(claim = %claim_ref, "{warning}");
                 }
-                Err(e) => Err(e),
-            };
-            Ok(Allocated { created, outcome })
-        })
-        .await
+                let mut ticket = inner.record_pending(allocation.updates);
+                // Also every container that may still run on the claim's CPUs and is not meant to,
+                // moved away or not by this allocation (see crate::pending). A claim held before (an
+                // earlier prepare failed and could not roll back, or it was prepared and is prepared
+                // again) waits for them too: the allocation that moved them may be an earlier call's,
+                // whose updates the runtime has not confirmed yet.
+                let at_risk = match inner.policy.claim_cpus(uid) {
+                    Some(cpus) => inner.pending.at_risk(&cpus),
+                    None => inner.pending.displaced(),
+                };
+                ticket.extend(at_risk);
+                let devices = if allocation.edits.len() == claim.results.len() {
+                    self.devices(claim)
+                        .map_err(|cause| (Step::NamingDevices, cause))
+                } else {
+                    Err((
+                        Step::Allocating,
+                        Cause::Edits {
+                            edits: allocation.edits.len(),
+                            results: claim.results.len(),
+                        },
+                    ))
+                };
+                let outcome = match devices {
+                    Ok(devices) => {
+                        inner.records.insert(
+                            uid.to_owned(),
+                            PreparedClaim {
+                                namespace: claim.namespace.clone(),
+                                name: claim.name.clone(),
+                                devices: devices.clone(),
+                                adopted: false,
+                            },
+                        );
+                        inner.reconcile.confirm(uid);
+                        Ok((
+                            allocation.edits,
+                            allocation.attributes,
+                            devices,
+                            inner.change_all(ticket).granting(),
+                        ))
+                    }
+                    Err(e) => Err(e),
+                };
+                Ok(Allocated { created, outcome })
+            })
+            .await
     }
 
     /// The devices to answer, in allocation-result order.
@@ -504,20 +498,25 @@ impl Manager {
             return Undo::PreparedBefore;
         }
         let spec = if spec_attempted {
-            self.remove_spec(uid).await.map(|_| false)
+            self.core.remove_spec(uid).await.map(|_| false)
         } else {
-            self.has_spec(uid).await
+            self.core.has_spec(uid).await
         };
         match spec {
             Ok(false) => {}
             Ok(true) => return Undo::SpecOnDisk,
             Err(e) => return Undo::SpecMayBeOnDisk(e),
         }
+        // With no spec, nothing mounts it. Left behind, the next start removes it.
+        if let Err(e) = self.core.remove_metadata(uid).await {
+            warn!(claim = %claim, error = %chain(&e), "removing the device metadata of a rolled back prepare failed");
+        }
         let released = self
+            .core
             .with_lock(|mut inner| {
                 let updates = inner.policy.release_claim(uid)?;
                 inner.records.remove(uid);
-                let ticket = self.record_pending(&mut inner, updates);
+                let ticket = inner.record_pending(updates);
                 Ok(inner.change_all(ticket))
             })
             .await;
@@ -525,7 +524,7 @@ impl Manager {
             Ok(change) => change,
             Err(e) => return Undo::Failed(e),
         };
-        match self.commit(change).await {
+        match self.core.commit(change).await {
             Ok(()) => Undo::RolledBack,
             Err(CommitError::Deliver(e)) => {
                 // Retried in the background.
@@ -554,17 +553,24 @@ impl Manager {
             cause,
         };
         let uid = claim.uid.as_str();
-        self.remove_spec(uid)
+        self.core
+            .remove_spec(uid)
             .await
             .map_err(|e| fail(Step::RemovingSpec, e.into()))?;
         self.faults().crash_point(Point::UnprepareSpecRemoved);
+        self.core
+            .remove_metadata(uid)
+            .await
+            .map_err(|e| fail(Step::RemovingMetadata, e.into()))?;
+        self.faults().crash_point(Point::UnprepareMetadataRemoved);
         let change = self
+            .core
             .with_lock(|mut inner| {
                 let updates = inner.policy.release_claim(uid)?;
                 self.faults().crash_point(Point::UnprepareReleased);
                 inner.records.remove(uid);
                 inner.reconcile.forget(uid);
-                let ticket = self.record_pending(&mut inner, updates);
+                let ticket = inner.record_pending(updates);
                 Ok(inner.change_all(ticket))
             })
             .await
@@ -574,6 +580,7 @@ impl Manager {
         // is saved now. Containers growing back onto its CPUs is not urgent: what is not
         // delivered now is retried in the background.
         match self
+            .core
             .commit(change.at(Point::UnprepareSaved, Point::UnprepareDelivered))
             .await
         {
@@ -589,7 +596,8 @@ impl Manager {
 
     /// What was answered for a prepared claim, if it is prepared.
     pub async fn claim_record(&self, uid: &str) -> Option<PreparedClaim> {
-        self.with_lock(|inner| inner.records.get(uid).cloned())
+        self.core
+            .with_lock(|inner| inner.records.get(uid).cloned())
             .await
     }
 }
@@ -601,8 +609,33 @@ struct Allocated {
     outcome: Result<Recorded, (Step, Cause)>,
 }
 
-/// A claim allocated and recorded: the spec's edits, the devices to answer, the change to commit.
-type Recorded = (Vec<ContainerEdits>, Vec<DeviceRecord>, Change);
+/// A claim allocated and recorded: the spec's edits, each result's attributes for its device
+/// metadata, the devices to answer, the change to commit.
+type Recorded = (
+    Vec<ContainerEdits>,
+    Vec<BTreeMap<String, policy::AttributeValue>>,
+    Vec<DeviceRecord>,
+    Change,
+);
+
+impl Manager {
+    /// Prepare's step between the commit and the spec: writes claim `claim`'s device metadata
+    /// durably and returns `edits` with each result's mount of it, or `edits` as they are
+    /// without a metadata store.
+    pub(crate) async fn grant_metadata(
+        &self,
+        claim: &Claim,
+        attributes: &[BTreeMap<String, policy::AttributeValue>],
+        edits: Vec<ContainerEdits>,
+    ) -> Result<Vec<ContainerEdits>, crate::metadata::MetadataError> {
+        let Some(store) = &self.config.metadata else {
+            return Ok(edits);
+        };
+        let files = store.files(claim, attributes)?;
+        self.core.write_metadata(&claim.uid, files).await?;
+        store.with_mounts(claim, edits)
+    }
+}
 
 /// `request/subrequest` → `request`: the kubelet matches devices to containers by base name.
 fn base_request_name(request: &str) -> &str {
@@ -611,59 +644,11 @@ fn base_request_name(request: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use futures::FutureExt;
-
     use super::*;
 
     #[test]
     fn strips_subrequests() {
         assert_eq!(base_request_name("cpus/big"), "cpus");
         assert_eq!(base_request_name("cpus"), "cpus");
-    }
-
-    fn entries(locks: &ClaimLocks) -> Vec<String> {
-        let mut uids: Vec<String> = crate::sync::lock(&locks.0).keys().cloned().collect();
-        uids.sort();
-        uids
-    }
-
-    #[tokio::test]
-    async fn a_claims_lock_entry_goes_when_nobody_holds_or_waits_for_it() {
-        let locks = ClaimLocks::default();
-        let held = locks.lock("u1").await;
-        drop(locks.lock("u2").await);
-        // u2's entry is dead now, u1's is held: the next lock keeps only live ones.
-        let _u3 = locks.lock("u3").await;
-        assert_eq!(entries(&locks), ["u1", "u3"]);
-        drop(held);
-        let _u1 = locks.lock("u1").await;
-        assert_eq!(entries(&locks), ["u1", "u3"]);
-        drop(_u1);
-        let _u4 = locks.lock("u4").await;
-        assert_eq!(
-            entries(&locks),
-            ["u3", "u4"],
-            "a claim no call holds or waits for leaves no entry behind"
-        );
-    }
-
-    #[tokio::test]
-    async fn calls_for_one_claim_take_turns_and_other_claims_do_not_wait() {
-        let locks = ClaimLocks::default();
-        let first = locks.lock("u1").await;
-        // Another claim's turn comes at once.
-        let other = locks.lock("u2").now_or_never();
-        assert!(other.is_some(), "u2 waited for u1's call");
-        // The same claim's waits until the first call ends.
-        let mut second = Box::pin(locks.lock("u1"));
-        assert!(
-            (&mut second).now_or_never().is_none(),
-            "a second call on u1 ran while the first held it"
-        );
-        drop(first);
-        assert!(
-            second.now_or_never().is_some(),
-            "u1's next call got no turn"
-        );
     }
 }

@@ -1,16 +1,16 @@
-//! The manager's disk while it serves: the state file and the CDI spec store, used from async
-//! code without blocking the async runtime's threads.
+//! The manager's disk while it serves: the state file, the CDI spec store and the claims' device
+//! metadata, used from async code without blocking the async runtime's threads.
 //!
 //! Every write here fsyncs, and a slow or stalled disk must not stall the NRI event handlers
 //! (the runtime drops a plugin that does not answer in time, which ends the agent) or anything
 //! else on the two runtime threads. So each operation runs on tokio's blocking pool, and none is
-//! ever called with the manager lock held ([`crate::manager`]). Start-up, which runs before
+//! ever called with the manager lock held ([`crate::core`]). Start-up, which runs before
 //! anything is served, reads and writes directly.
 //!
 //! Each operation passes its fault point first ([`crate::faults`]).
 //!
-//! Only the commit module ([`crate::commit`]) holds a [`Disk`]: the rest of the manager reaches the
-//! disk through it, never with the manager lock held.
+//! Only the core's commit holds a [`Disk`] ([`crate::core`]): the rest of the manager reaches the
+//! disk through the core's API, never with the manager lock held.
 
 use std::{io, sync::Arc};
 
@@ -19,6 +19,7 @@ use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::{
     faults::{Faults, Point},
+    metadata::{MetadataError, MetadataFile, MetadataStore},
     state::{State, StateError, StateFile},
 };
 
@@ -49,6 +50,8 @@ pub(crate) async fn off_thread<T: Send + 'static>(
 pub(crate) struct Disk {
     pub(crate) state_file: StateFile,
     pub(crate) specs: SpecStore,
+    /// The claims' device metadata, when the agent writes any.
+    pub(crate) metadata: Option<MetadataStore>,
     pub(crate) faults: Faults,
     /// Whether the node was handed over ([`crate::handover`]): then nothing is written any
     /// more. Every operation holds a read share until its blocking work is done, even if the
@@ -67,9 +70,16 @@ impl Disk {
         Self {
             state_file,
             specs,
+            metadata: None,
             faults,
             retired: Arc::default(),
         }
+    }
+
+    /// The disk that also writes the claims' device metadata into `metadata`.
+    pub(crate) fn with_metadata(mut self, metadata: Option<MetadataStore>) -> Self {
+        self.metadata = metadata;
+        self
     }
 
     /// A share of the disk for one operation, unless it was retired.
@@ -199,6 +209,60 @@ impl Disk {
         })
         .await
         .map_err(|e| self.io("setting aside cdi spec in", e))?
+    }
+
+    /// Writes claim `uid`'s device metadata files durably (nothing without a metadata store).
+    pub(crate) async fn write_metadata(
+        &self,
+        uid: &str,
+        files: Vec<MetadataFile>,
+    ) -> Result<(), MetadataError> {
+        let Some(store) = self.metadata.clone() else {
+            return Ok(());
+        };
+        let dir = store.dir().to_owned();
+        let failed = |source| MetadataError::Io {
+            op: "writing device metadata in",
+            path: dir.clone(),
+            source,
+        };
+        let share = self.enter().await.map_err(failed)?;
+        self.faults
+            .disk(Point::MetadataWrite)
+            .await
+            .map_err(failed)?;
+        let uid = uid.to_owned();
+        off_thread(&self.faults, Point::MetadataWrite, move || {
+            let _share = share;
+            store.write_claim(&uid, &files)
+        })
+        .await
+        .map_err(failed)?
+    }
+
+    /// Removes claim `uid`'s device metadata durably; whether there was any.
+    pub(crate) async fn remove_metadata(&self, uid: &str) -> Result<bool, MetadataError> {
+        let Some(store) = self.metadata.clone() else {
+            return Ok(false);
+        };
+        let dir = store.dir().to_owned();
+        let failed = |source| MetadataError::Io {
+            op: "removing device metadata in",
+            path: dir.clone(),
+            source,
+        };
+        let share = self.enter().await.map_err(failed)?;
+        self.faults
+            .disk(Point::MetadataRemove)
+            .await
+            .map_err(failed)?;
+        let uid = uid.to_owned();
+        off_thread(&self.faults, Point::MetadataRemove, move || {
+            let _share = share;
+            store.remove_claim(&uid)
+        })
+        .await
+        .map_err(failed)?
     }
 
     fn io(&self, op: &'static str, source: std::io::Error) -> StoreError {

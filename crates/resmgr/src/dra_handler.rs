@@ -16,11 +16,11 @@ use kubelet_plugin::{
     ClaimError, ClaimHandler, ClaimRef, PrepareResults, PreparedDevice, RequestError,
     UnprepareResults,
 };
+use stdx::errors::chain;
 use tokio::time::Instant;
 
 use crate::{
     claims::{AdmitError, HOLD},
-    errors::chain,
     manager::Manager,
 };
 
@@ -59,8 +59,16 @@ fn refusal(e: AdmitError) -> RequestError {
     }
 }
 
+/// A lifecycle task that did not finish: its panic goes on in the caller, never an answer.
+/// A panic is a bug that may have left the manager half-changed; answering `Internal` and
+/// serving on would build every later answer on that. (In the agent a panic aborts the process
+/// before it gets here: plugin-bin's `panics`.) A task cancelled because the runtime is shutting
+/// down is `Unavailable`, which the kubelet retries.
 fn lost(e: tokio::task::JoinError) -> RequestError {
-    RequestError::Internal(format!("the claim lifecycle task failed: {e}"))
+    match e.try_into_panic() {
+        Ok(panic) => std::panic::resume_unwind(panic),
+        Err(e) => RequestError::Unavailable(format!("the claim lifecycle task was cancelled: {e}")),
+    }
 }
 
 impl LifecycleHandler {

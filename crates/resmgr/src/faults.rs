@@ -154,7 +154,7 @@ mod tests {
 
     impl Recorder {
         fn note(&self, what: &'static str, point: Point) {
-            crate::sync::lock(&self.seen).push((what, point, std::thread::current().id()));
+            stdx::sync::lock(&self.seen).push((what, point, std::thread::current().id()));
         }
     }
 
@@ -202,7 +202,7 @@ mod tests {
             let worker = off_thread(&f, Point::SpecWrite, || std::thread::current().id())
                 .await
                 .unwrap();
-            let seen = crate::sync::lock(&hooks.seen).clone();
+            let seen = stdx::sync::lock(&hooks.seen).clone();
             let kinds: Vec<_> = seen
                 .iter()
                 .map(|(what, point, _)| (*what, *point))

@@ -61,9 +61,11 @@
 //! the lock. Containers are not state: the runtime's Synchronize lists them with their cpusets,
 //! so the new agent places them as it does after any restart. Containers created between the
 //! old agent's disconnect and the new one's Synchronize are created as the kubelet asked, and
-//! fixed by that Synchronize (the runtime blocks container events while it synchronizes a
-//! plugin, so none is missed; one it lists as created, whose start may be under way, gets its
-//! update once the runtime says it started it, [`crate::pending`]). An event in flight when the old agent disconnects is not failed:
+//! placed once the new agent hears of them: by that Synchronize when it lists them (containerd
+//! holds a plugin's synchronization while it creates a container; one it lists as created,
+//! whose start may be under way, gets its update once the runtime says it started it,
+//! [`crate::pending`]), and otherwise by the first event that names them (CRI-O's Synchronize
+//! leaves out a container it is still creating: [`crate::container_events`]). An event in flight when the old agent disconnects is not failed:
 //! the NRI adaptation treats a closed plugin connection as fatal for the plugin, drops it and
 //! creates the container without its adjustment (`isFatalError` in `pkg/adaptation/plugin.go`,
 //! NRI v0.11 and v0.12).
@@ -107,11 +109,11 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+use stdx::errors::chain;
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
 
 use crate::{
-    errors::chain,
     faults::Faults,
     manager::Manager,
     points::Point,
@@ -519,12 +521,12 @@ impl Manager {
         self.faults()
             .handover_step(Point::HandoverRuntimeClosed)
             .await;
-        if let Err(e) = self.save_state_for_handover().await {
+        if let Err(e) = self.core.save().await {
             warn!(error = %chain(&e), "the last save before the handover failed; the successor starts from the last commit's");
         }
-        self.retire_disk().await;
+        self.core.retire_disk().await;
         self.faults().handover_step(Point::HandoverSaved).await;
-        let lock = crate::sync::lock(&self.state_lock).take();
+        let lock = stdx::sync::lock(&self.state_lock).take();
         info!(to = %to, "handed the node over: the state directory's lock goes to the successor");
         Ok(lock)
     }

@@ -1,15 +1,22 @@
-//! The health of our published devices, for the kubelet's resource health stream.
+//! The health of our published devices, for the kubelet's resource health stream and for the
+//! taints on them ([`crate::taints`]).
 //!
-//! A device is a set of CPUs ([`policy::Policy::device_cpus`]). Every poll interval the monitor
-//! reads the kernel's online CPUs (`devices/system/cpu/online` under an injectable sysfs root,
-//! through the policy's one sysfs reader) and the devices the policy publishes, and reports:
+//! A device is a set of CPUs ([`policy::Policy::device_cpus`]) on a NUMA node (its
+//! `resource.kubernetes.io/numaNode`, [`HealthMonitor::with_device_nodes`]). Every poll interval
+//! the monitor reads the kernel's online CPUs (`devices/system/cpu/online` under an injectable
+//! sysfs root, through the policy's one sysfs reader) and the NUMA nodes with memory online
+//! (`devices/system/node/has_memory`), and the devices the policy publishes, and reports:
 //!
 //! | device | health | message |
 //! |---|---|---|
-//! | published, every CPU behind it online | Healthy | — |
+//! | published, every CPU behind it online, its node's memory online | Healthy | — |
 //! | published, some CPU behind it offline | Unhealthy | `cpus 3,5 are offline` |
+//! | published, its node had memory at start and has none online now | Unhealthy | `numa node 1 has no memory online` |
 //! | published earlier in this run, not any more | Unhealthy | its CPUs left the published set |
-//! | any, while the online CPUs cannot be read | Unknown | why |
+//! | any, while the online CPUs or memory nodes cannot be read | Unknown | why |
+//!
+//! What is wrong with each published device is also a [`DeviceFault`], which the agent turns
+//! into a taint on the device's slice entry, so that the scheduler places no new claim there.
 //!
 //! A device the policy stops publishing stays in the reports, because the kubelet keeps the
 //! claims already prepared on it and shows their health from our reports. Without a sysfs root
@@ -27,11 +34,10 @@ use std::{
 };
 
 use kubelet_plugin::{DeviceHealth, Health, HealthReport};
-use policy::{CpuSet, topology::sysfs};
+use policy::{CpuSet, NodeSet, topology::sysfs};
+use stdx::errors;
 use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
-
-use crate::errors;
 
 /// Where and how often the monitor looks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,14 +74,66 @@ impl HealthConfig {
 /// The devices' CPUs as the policy publishes them now.
 pub type DeviceCpus = Box<dyn Fn() -> BTreeMap<String, CpuSet> + Send + Sync>;
 
+/// The NUMA node of each published device that has one.
+pub type DeviceNodes = Box<dyn Fn() -> BTreeMap<String, u32> + Send + Sync>;
+
+/// What is wrong with a published device: the CPUs behind it that are offline, and its node
+/// when that node's memory went offline. Empty when nothing is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceFault {
+    /// CPUs behind the device that the kernel has offline.
+    pub offline_cpus: CpuSet,
+    /// The device's NUMA node, when it had memory at start and has none online now.
+    pub memoryless_nodes: NodeSet,
+}
+
+impl DeviceFault {
+    /// Whether nothing is wrong.
+    pub fn is_empty(&self) -> bool {
+        self.offline_cpus.is_empty() && self.memoryless_nodes.is_empty()
+    }
+
+    /// In words: `cpus 5-6 are offline; numa node 1 has no memory online`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match self.offline_cpus.len() {
+            0 => {}
+            1 => parts.push(format!("cpu {} is offline", self.offline_cpus)),
+            _ => parts.push(format!("cpus {} are offline", self.offline_cpus)),
+        }
+        match self.memoryless_nodes.len() {
+            0 => {}
+            1 => parts.push(format!(
+                "numa node {} has no memory online",
+                self.memoryless_nodes
+            )),
+            _ => parts.push(format!(
+                "numa nodes {} have no memory online",
+                self.memoryless_nodes
+            )),
+        }
+        parts.join("; ")
+    }
+}
+
+/// What is wrong with each published device, by name; devices with nothing wrong are left out.
+pub type DeviceFaults = BTreeMap<String, DeviceFault>;
+
 /// Checks the devices' health; see the module docs.
 pub struct HealthMonitor {
     config: HealthConfig,
     devices: DeviceCpus,
+    nodes: Option<DeviceNodes>,
     /// Asks for a check now, before the next poll ([`Self::refresh_on`]).
     refresh: Option<Arc<Notify>>,
     /// Every device published in this run, with the CPUs last seen behind it.
     seen: BTreeMap<String, CpuSet>,
+    /// What is wrong with the published devices, as of the last check.
+    faults: watch::Sender<DeviceFaults>,
+    /// The NUMA nodes with memory online at the first check (when the agent started, as the
+    /// topology it discovered then): a device on one of them is faulty while its memory is
+    /// offline. A node without memory at start was never promised any.
+    had_memory: Option<NodeSet>,
 }
 
 impl std::fmt::Debug for HealthMonitor {
@@ -96,9 +154,28 @@ impl HealthMonitor {
         Self {
             config,
             devices: Box::new(devices),
+            nodes: None,
             refresh: None,
             seen: BTreeMap::new(),
+            faults: watch::Sender::new(DeviceFaults::new()),
+            had_memory: None,
         }
+    }
+
+    /// Checks the memory of each device's NUMA node too, as `nodes` says them (devices without
+    /// a node have none checked).
+    #[must_use]
+    pub fn with_device_nodes(
+        mut self,
+        nodes: impl Fn() -> BTreeMap<String, u32> + Send + Sync + 'static,
+    ) -> Self {
+        self.nodes = Some(Box::new(nodes));
+        self
+    }
+
+    /// What is wrong with the published devices, updated by every check that changes it.
+    pub fn faults(&self) -> watch::Receiver<DeviceFaults> {
+        self.faults.subscribe()
     }
 
     /// Checks again at once whenever `refresh` is notified, besides every poll interval: when
@@ -116,25 +193,41 @@ impl HealthMonitor {
         for (name, cpus) in &published {
             self.seen.insert(name.clone(), cpus.clone());
         }
-        let online = self.online();
+        let nodes = self.nodes.as_ref().map(|f| f()).unwrap_or_default();
+        let facts = self
+            .online()
+            .and_then(|online| Ok((online, self.memory()?)));
+        let mut faults = DeviceFaults::new();
         let devices = self
             .seen
             .iter()
             .map(|(name, cpus)| {
-                let (health, message) = match (&online, published.contains_key(name)) {
+                let (health, message) = match (&facts, published.contains_key(name)) {
                     (Err(why), _) => (Health::Unknown, why.clone()),
                     (Ok(_), false) => (
                         Health::Unhealthy,
                         format!("no longer published: cpus {cpus} left the published set"),
                     ),
-                    (Ok(online), true) => {
-                        let offline = online
-                            .as_ref()
-                            .map_or_else(CpuSet::new, |online| cpus.difference(online));
-                        match offline.len() {
-                            0 => (Health::Healthy, String::new()),
-                            1 => (Health::Unhealthy, format!("cpu {offline} is offline")),
-                            _ => (Health::Unhealthy, format!("cpus {offline} are offline")),
+                    (Ok((online, memory)), true) => {
+                        let fault = DeviceFault {
+                            offline_cpus: online
+                                .as_ref()
+                                .map_or_else(CpuSet::new, |online| cpus.difference(online)),
+                            memoryless_nodes: match (memory, nodes.get(name)) {
+                                (Some((had, memory)), Some(&node))
+                                    if had.contains(node) && !memory.contains(node) =>
+                                {
+                                    std::iter::once(node).collect()
+                                }
+                                _ => NodeSet::new(),
+                            },
+                        };
+                        if fault.is_empty() {
+                            (Health::Healthy, String::new())
+                        } else {
+                            let message = fault.describe();
+                            faults.insert(name.clone(), fault);
+                            (Health::Unhealthy, message)
                         }
                     }
                 };
@@ -146,6 +239,15 @@ impl HealthMonitor {
                 }
             })
             .collect();
+        // Unknown (sysfs unreadable) keeps the faults last known: a taint is not dropped on a
+        // read that failed.
+        if facts.is_ok() {
+            self.faults.send_if_modified(|current| {
+                let changed = *current != faults;
+                *current = faults;
+                changed
+            });
+        }
         HealthReport {
             devices,
             checked_at: now,
@@ -161,6 +263,24 @@ impl HealthMonitor {
         sysfs::read_cpu_facts(root)
             .map(|facts| facts.online)
             .map_err(|e| format!("cannot tell which cpus are online: {}", errors::chain(&e)))
+    }
+
+    /// The NUMA nodes that had memory at the first check and those that have it now (`None`:
+    /// not checked, without sysfs or without NUMA), or why they cannot be told.
+    fn memory(&mut self) -> Result<Option<(NodeSet, NodeSet)>, String> {
+        let Some(root) = &self.config.sysfs_root else {
+            return Ok(None);
+        };
+        let now = sysfs::read_memory_nodes(root).map_err(|e| {
+            format!(
+                "cannot tell which numa nodes have memory online: {}",
+                errors::chain(&e)
+            )
+        })?;
+        Ok(now.map(|now| {
+            let had = self.had_memory.get_or_insert_with(|| now.clone()).clone();
+            (had, now)
+        }))
     }
 
     /// Checks now and then every poll interval, in a task of its own, until every receiver is
@@ -362,6 +482,66 @@ mod tests {
             summary(&synthetic.check(SystemTime::now())),
             [row("cpu1", Health::Healthy, "")]
         );
+    }
+
+    fn set_memory(root: &Path, list: &str) {
+        let dir = root.join("devices/system/node");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("has_memory"), format!("{list}\n")).unwrap();
+    }
+
+    #[test]
+    fn a_node_that_lost_its_memory_makes_its_devices_unhealthy_and_faulty() {
+        let root = tempfile::tempdir().unwrap();
+        set_online(root.path(), "0-7");
+        // Node 1 has memory at start; node 0 has none (a memory-less node is no news).
+        set_memory(root.path(), "1");
+        let (checked, _) = monitor(Some(root.path()), &[("numa0", "1-3"), ("numa1", "4-7")]);
+        let mut checked = checked.with_device_nodes(|| {
+            BTreeMap::from([("numa0".to_owned(), 0), ("numa1".to_owned(), 1)])
+        });
+        let faults = checked.faults();
+        let now = SystemTime::UNIX_EPOCH;
+        assert!(
+            summary(&checked.check(now))
+                .iter()
+                .all(|(_, h, _)| *h == Health::Healthy)
+        );
+        assert!(faults.borrow().is_empty());
+
+        set_memory(root.path(), "");
+        set_online(root.path(), "0-5");
+        assert_eq!(
+            summary(&checked.check(now)),
+            [
+                row("numa0", Health::Healthy, ""),
+                row(
+                    "numa1",
+                    Health::Unhealthy,
+                    "cpus 6-7 are offline; numa node 1 has no memory online"
+                )
+            ]
+        );
+        assert_eq!(
+            *faults.borrow(),
+            DeviceFaults::from([(
+                "numa1".to_owned(),
+                DeviceFault {
+                    offline_cpus: cpus("6-7"),
+                    memoryless_nodes: "1".parse().unwrap(),
+                }
+            )])
+        );
+        // A read that fails keeps the faults last known.
+        set_memory(root.path(), "garbage");
+        let (_, health, message) = summary(&checked.check(now))[1].clone();
+        assert_eq!(health, Health::Unknown);
+        assert!(message.contains("has_memory"), "{message}");
+        assert_eq!(faults.borrow().len(), 1);
+        set_memory(root.path(), "1");
+        set_online(root.path(), "0-7");
+        checked.check(now);
+        assert!(faults.borrow().is_empty(), "recovered: no fault left");
     }
 
     #[test]

@@ -1,62 +1,30 @@
-//! The resource manager: one policy, one lock, two front ends.
+//! The resource manager: the core ([`crate::core`]) and the services over it, as one public
+//! type, [`Manager`], and its start-up from disk.
 //!
-//! # The lock
-//!
-//! Everything the policy decides lives in [`Inner`] behind one async mutex. NRI event handlers,
-//! the runtime's Synchronize, and the kubelet's prepare and unprepare all take it, so the policy
-//! sees one sequence of calls. It is held only for in-memory work: never across a call to the
-//! runtime, and never across disk IO. It is taken only through [`Manager::with_lock`], by a plain
-//! closure that cannot await, so code that would hold it across IO does not compile (see
-//! [`crate::commit`]).
-//!
-//! # The lock is never held across a call to the runtime
-//!
-//! The runtime (containerd, CRI-O) holds its own NRI lock while it waits for our answer to an
-//! event, and serves our unsolicited `UpdateContainers` under that same lock. If a commit held our
-//! lock while waiting for `UpdateContainers`, an event arriving meanwhile would wait for our lock
-//! while the runtime waits for our event answer: a deadlock that ends only when the runtime's
-//! request timeout disconnects us. So a commit delivers the pending updates after letting go
-//! ([`Manager::deliver`]); deliveries are serialized by a lock of their own that event handlers
-//! never take. Event handlers therefore never wait on the runtime, including Synchronize, which
-//! takes the manager lock like every other event. What keeps claims from racing the Synchronize
-//! is not the lock but the gate ([`crate::gate`]).
-//!
-//! # The lock is never held across disk IO
-//!
-//! Saves and spec writes fsync, and a slow disk must not delay the answers to NRI events (the
-//! runtime drops a plugin that misses its timeout, which ends the agent). So every change of
-//! the durable state bumps a version under the lock, and is made durable afterwards, outside it:
-//! saves are serialized by a lock of their own, each writes the newest state (taken under the
-//! manager lock, briefly), and a caller whose version a later save already covered does not
-//! write at all. Disk IO runs on the blocking pool ([`crate::disk`]). Events that change nothing
-//! durable (with the topology-aware policy: every container event) never wait for the disk.
-//!
-//! # Commit
-//!
-//! A commit makes a change durable and delivers the container updates it made; both rules above
-//! are kept by [`crate::commit`], which alone holds the disk and the runtime, and which takes a
-//! change only once the lock is let go: the change is what the lock's closure returns.
+//! [`Manager`] holds the core and what the services share beside it: the claim gate
+//! ([`crate::gate`]), the per-claim locks ([`crate::claim_locks`]), the admission lock of claim
+//! calls that a handover takes whole, the API server's claim reader and the Event recorder, the
+//! configuration, and the state directory's lock. The lock and what it protects, the disk, the
+//! runtime, commit and the published snapshot are the core's, private to it: the services
+//! (`claims`, `container_events`, `reconcile`, `handover`) reach them only through its API. What this file implements of `Manager` is start-up and the readers and background
+//! tasks the binary calls, each handed to the core.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-    time::Duration,
-};
+// Blocking IO under the manager lock does not pass clippy (crates/resmgr/clippy.toml).
+#![deny(clippy::disallowed_methods)]
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use kube_dra::{ClaimReader, EventRecorder, NoEvents};
 use policy::Policy;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    claims::ClaimLocks,
-    commit::Io,
+    claim_locks::ClaimLocks,
+    core::{CommitError, Core, DeliveryError, Published, Timing},
     disk::Disk,
     faults::Faults,
     gate::Gate,
-    pending::PendingUpdates,
-    published::{Guard, Published},
-    reconcile::{ReconcileConfig, Reconciliation, Stray, Unconfirmed},
+    reconciliation::{ReconcileConfig, Reconciliation, Stray, Unconfirmed},
     runtime::Runtime,
     state::{PreparedClaim, Records, STATE_VERSION, State, StateError, StateFile, StateLock},
 };
@@ -77,6 +45,9 @@ pub struct ManagerConfig {
     pub faults: Faults,
     /// Reconciliation of strays and unconfirmed claims ([`crate::reconcile`]).
     pub reconcile: ReconcileConfig,
+    /// Where prepared claims' device metadata is written ([`crate::metadata`]); `None` writes
+    /// none and mounts none.
+    pub metadata: Option<crate::metadata::MetadataStore>,
 }
 
 impl ManagerConfig {
@@ -89,105 +60,8 @@ impl ManagerConfig {
             max_retry_backoff: Duration::from_secs(30),
             faults: Faults::default(),
             reconcile: ReconcileConfig::default(),
+            metadata: None,
         }
-    }
-}
-
-/// What the lock protects. Public only because [`Manager::with_lock`] is (for its doc tests);
-/// nothing of it is usable outside this crate.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct Inner {
-    pub(crate) policy: Box<dyn Policy>,
-    pub(crate) records: Records,
-    pub(crate) pending: PendingUpdates,
-    pub(crate) reconcile: Reconciliation,
-    /// Counts changes of the durable state.
-    version: u64,
-    /// The version on disk, which the commit module sets after each save: a version above it is
-    /// unsaved (a save failed, or is under way), and the background retry saves it.
-    pub(crate) saved: Arc<std::sync::atomic::AtomicU64>,
-    /// The durable state as of `version`.
-    durable: Durable,
-    /// The counters the published snapshot was made at ([`crate::published`]).
-    pub(crate) published_at: PublishedAt,
-}
-
-/// The durable state as of the manager's version: the policy's snapshot and the claim records,
-/// with the counters they were taken at.
-#[derive(Debug)]
-struct Durable {
-    snapshot: serde_json::Value,
-    records: BTreeMap<String, PreparedClaim>,
-    /// The policy's durable counter ([`policy::Generations::durable`]); `None`: it keeps none.
-    policy: Option<u64>,
-    records_generation: u64,
-}
-
-/// The counters the published snapshot was made at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PublishedAt {
-    /// The policy's devices counter; `None`: it keeps none.
-    pub(crate) devices: Option<u64>,
-    pub(crate) records: u64,
-}
-
-impl Inner {
-    /// Takes note of what the calls since the last note changed: if the policy's durable state
-    /// or the records changed, that is a new version, returned for
-    /// [`crate::commit::Change`]; `None` if nothing durable changed.
-    ///
-    /// Changes are told by counters ([`policy::Policy::generations`], [`Records::generation`]):
-    /// nothing is serialized or copied to find out, so an event that changed nothing durable
-    /// costs nothing here. Only a policy that keeps no counter has its snapshot taken and
-    /// compared after every mutating call.
-    pub(crate) fn note_changes(&mut self) -> Option<u64> {
-        let counted = self.policy.generations().durable;
-        let records_changed = self.records.generation() != self.durable.records_generation;
-        let snapshot = match counted {
-            Some(now) if Some(now) == self.durable.policy => None,
-            Some(_) => Some(self.policy.snapshot()),
-            None => Some(self.policy.snapshot()).filter(|s| *s != self.durable.snapshot),
-        };
-        if snapshot.is_none() && !records_changed {
-            return None;
-        }
-        if let Some(snapshot) = snapshot {
-            self.durable.snapshot = snapshot;
-            self.durable.policy = counted;
-        }
-        if records_changed {
-            self.durable.records = (*self.records).clone();
-            self.durable.records_generation = self.records.generation();
-        }
-        self.version += 1;
-        Some(self.version)
-    }
-
-    /// The newest version if it is not on disk yet (an earlier save failed, or one is under
-    /// way): what a claim's commit and the background retry save
-    /// ([`crate::commit::Manager::retry_once`]).
-    pub(crate) fn unsaved(&self) -> Option<u64> {
-        (self.version > self.saved.load(std::sync::atomic::Ordering::Acquire))
-            .then_some(self.version)
-    }
-
-    /// Notes changes ([`Inner::note_changes`]) and returns the version that includes every
-    /// change so far, whoever made it.
-    pub(crate) fn current_version(&mut self) -> u64 {
-        self.note_changes();
-        self.version
-    }
-
-    /// The newest durable state and its version.
-    pub(crate) fn durable_state(&self) -> (u64, State) {
-        let state = State {
-            version: STATE_VERSION,
-            policy: self.policy.name().to_owned(),
-            policy_state: self.durable.snapshot.clone(),
-            claims: self.durable.records.clone(),
-        };
-        (self.version, state)
     }
 }
 
@@ -214,12 +88,9 @@ pub enum StartError {
 /// The resource manager.
 #[derive(Debug)]
 pub struct Manager {
-    /// Reached only through [`Manager::with_lock`].
-    inner: Mutex<Inner>,
-    /// What readers see ([`crate::published`]).
-    published: watch::Sender<Arc<Published>>,
-    /// The disk and the runtime, reached only through [`crate::commit`].
-    pub(crate) io: Io,
+    /// The lock and what it protects, the disk, the runtime, commit and the published
+    /// snapshot, reached only through the core's API.
+    pub(crate) core: Core,
     /// One prepare or unprepare of a claim at a time.
     pub(crate) claim_locks: ClaimLocks,
     pub(crate) claim_reader: Arc<dyn ClaimReader>,
@@ -266,6 +137,10 @@ impl Manager {
 
     /// [`Manager::start`] with the state directory's lock taken already (a new agent takes it
     /// as the old one lets it go: [`crate::handover`]).
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "start-up reads and writes the disk before anything is served, with no lock taken"
+    )]
     pub fn start_locked(
         lock: StateLock,
         config: ManagerConfig,
@@ -333,12 +208,12 @@ impl Manager {
             }
             let path = specs.spec_path(uid);
             let stray = match specs.read_claim(uid.as_str()) {
-                Err(e) => Stray::Unreadable(crate::errors::chain(&e)),
+                Err(e) => Stray::Unreadable(stdx::errors::chain(&e)),
                 Ok(edits) => match policy.adopt_claim(uid.as_str(), &edits) {
                     Ok(()) => {
                         records.insert(
                             uid.to_string(),
-                            crate::reconcile::adopted_record(&config.driver, uid, edits.len()),
+                            crate::reconciliation::adopted_record(&config.driver, uid, edits.len()),
                         );
                         adopted += 1;
                         Stray::Adopted
@@ -353,6 +228,12 @@ impl Manager {
         // Claims held without proof that they are still wanted: adopted at an earlier start and
         // not prepared since, or held without a spec (see crate::reconcile).
         let with_spec: BTreeSet<&str> = on_disk.iter().map(cdi::ClaimUid::as_str).collect();
+        let keep_metadata = with_spec
+            .iter()
+            .map(|u| (*u).to_owned())
+            .chain(records.keys().cloned())
+            .collect();
+        crate::metadata::sweep_at_start(config.metadata.as_ref(), &keep_metadata);
         for uid in &accounted {
             let adopted_before = records.get(uid).is_some_and(|r| r.adopted);
             let without_spec = !with_spec.contains(uid.as_str());
@@ -376,38 +257,21 @@ impl Manager {
             })?;
             info!(claims = adopted, "adopted claims saved");
         }
-        let records = Records::new(records);
-        let generations = policy.generations();
-        let durable = Durable {
-            snapshot: policy.snapshot(),
-            records: (*records).clone(),
-            policy: generations.durable,
-            records_generation: records.generation(),
-        };
-        let saved = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let published = watch::Sender::new(Arc::new(Published::of(policy.as_ref(), &records)));
-        let published_at = PublishedAt {
-            devices: generations.devices,
-            records: records.generation(),
-        };
+        let core = Core::new(
+            policy,
+            Records::new(records),
+            reconcile,
+            Disk::new(state_file, specs, config.faults.clone())
+                .with_metadata(config.metadata.clone()),
+            runtime,
+            Timing {
+                update_timeout: config.update_timeout,
+                retry_backoff: config.retry_backoff,
+                max_retry_backoff: config.max_retry_backoff,
+            },
+        );
         Ok(Self {
-            published,
-            inner: Mutex::new(Inner {
-                policy,
-                records,
-                pending: PendingUpdates::default(),
-                reconcile,
-                version: 0,
-                saved: saved.clone(),
-                durable,
-                published_at,
-            }),
-            io: Io::new(
-                Disk::new(state_file, specs, config.faults.clone()),
-                runtime,
-                config.update_timeout,
-                saved,
-            ),
+            core,
             claim_locks: ClaimLocks::default(),
             claim_reader,
             recorder: Arc::new(NoEvents),
@@ -441,106 +305,65 @@ impl Manager {
         &self.config
     }
 
-    /// Runs `f` with the manager lock held, and lets the lock go when `f` returns: the one way
-    /// to the manager's state.
-    ///
-    /// `f` is a plain closure, so nothing can be awaited while the lock is held, and every IO
-    /// of the manager is awaited (the state file, CDI specs, the runtime: [`crate::commit`]);
-    /// the guard's lifetime is `f`'s own, so it cannot leave `f`, in what `f` returns or
-    /// otherwise. So holding the lock across IO does not compile.
-    ///
-    /// Public only for the examples below, which are the tests of that (a doc test, like a
-    /// `trybuild` case, sees only the public API): outside this crate the guard ([`Guard`]) can
-    /// be held but not used. The IO they try is the state's save, the one that is public; the
-    /// spec IO is crate-private, and awaited like it. The first is refused by the closure not
-    /// being async; the other two, by the guard's lifetime being `f`'s (given `f` a guard that
-    /// outlives it, they compile).
-    ///
-    /// None of these compiles: awaiting IO with the lock held,
-    ///
-    /// ```compile_fail
-    /// # async fn f(manager: &resmgr::Manager) {
-    /// manager.with_lock(|_guard| manager.save_state().await).await;
-    /// # }
-    /// ```
-    ///
-    /// returning a future that holds the guard, to await once `f` has returned,
-    ///
-    /// ```compile_fail
-    /// # async fn f(manager: &resmgr::Manager) {
-    /// let save = manager
-    ///     .with_lock(|guard| async move {
-    ///         let _held = guard;
-    ///         manager.save_state().await
-    ///     })
-    ///     .await;
-    /// save.await.unwrap();
-    /// # }
-    /// ```
-    ///
-    /// or keeping the guard outside `f`:
-    ///
-    /// ```compile_fail
-    /// # async fn f(manager: &resmgr::Manager) {
-    /// let mut held = None;
-    /// manager.with_lock(|guard| held = Some(guard)).await;
-    /// manager.save_state().await.unwrap();
-    /// drop(held);
-    /// # }
-    /// ```
-    ///
-    /// The same code without the guard held across the save compiles (so the examples above
-    /// fail for that alone):
-    ///
-    /// ```
-    /// # async fn f(manager: &resmgr::Manager) {
-    /// // A future made under the lock and awaited after it.
-    /// manager.with_lock(|_guard| manager.save_state()).await.await.unwrap();
-    /// // A future that does not hold the guard.
-    /// let save = manager
-    ///     .with_lock(|_guard| async move { manager.save_state().await })
-    ///     .await;
-    /// save.await.unwrap();
-    /// // Something else kept outside.
-    /// let mut held = None;
-    /// manager.with_lock(|_guard| held = Some(())).await;
-    /// manager.save_state().await.unwrap();
-    /// drop(held);
-    /// # }
-    /// ```
-    #[doc(hidden)]
-    pub async fn with_lock<R>(&self, f: impl FnOnce(Guard<'_>) -> R) -> R {
-        f(Guard::new(self.inner.lock().await, &self.published))
-    }
-
-    /// What readers need, refreshed under the lock at every change ([`crate::published`]).
+    /// What readers need, refreshed under the lock at every change ([`Published`]).
     pub fn published(&self) -> watch::Receiver<Arc<Published>> {
-        self.published.subscribe()
+        self.core.published()
     }
 
     /// The snapshot as of now.
     pub fn snapshot(&self) -> Arc<Published> {
-        self.published.borrow().clone()
+        self.core.snapshot()
     }
 
     /// The injected faults.
     pub(crate) fn faults(&self) -> &Faults {
         &self.config.faults
     }
+
     /// How many containers have updates pending.
     pub async fn pending_updates(&self) -> usize {
-        self.with_lock(|inner| inner.pending.len()).await
+        self.core.with_lock(|inner| inner.pending.len()).await
     }
 
     /// Every prepared claim's record, by UID: what `/debug/state` shows.
     pub async fn claim_records(&self) -> std::collections::BTreeMap<String, PreparedClaim> {
-        self.with_lock(|inner| (*inner.records).clone()).await
+        self.core.with_lock(|inner| (*inner.records).clone()).await
     }
 
     /// What the policy has placed where, now ([`Policy::inventory`]): for metrics, debugging
     /// and the simulator. It takes the lock, briefly: an inventory grows with what runs on the
     /// node, so it is made when a reader asks (a scrape, a debug request), not at every change.
     pub async fn inventory(&self) -> policy::Inventory {
-        self.with_lock(|inner| inner.policy.inventory()).await
+        self.core.with_lock(|inner| inner.policy.inventory()).await
+    }
+
+    /// Delivers everything pending to the runtime ([`Core::deliver`]): fails naming the
+    /// containers whose updates the runtime did not confirm, which stay pending.
+    pub async fn deliver(&self) -> Result<(), DeliveryError> {
+        self.core.deliver().await
+    }
+
+    /// One pass of what commits could not finish ([`Core::retry_once`]): a failed save, then
+    /// what is pending.
+    pub async fn retry_once(&self) -> Result<(), CommitError> {
+        self.core.retry_once().await
+    }
+
+    /// Retries, in the background, what commits could not finish, with exponential backoff,
+    /// for as long as the manager lives ([`Core::run_retries`]). Started once the gate is open.
+    pub async fn run_retries(&self) {
+        self.core.run_retries().await;
+    }
+
+    /// Saves the durable state once more: the last step of a graceful shutdown. Every commit
+    /// has saved already; this makes the file exist, and current, even when nothing was ever
+    /// committed. A manager that handed the node over saves nothing: the state is its
+    /// successor's ([`crate::handover`]).
+    pub async fn save_state(&self) -> Result<(), StateError> {
+        if let Some(to) = self.gate.handed_over_to() {
+            info!(successor = %to, "handed over: the state is the successor's, nothing saved");
+            return Ok(());
+        }
+        self.core.save().await
     }
 }

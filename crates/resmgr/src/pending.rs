@@ -46,7 +46,8 @@
 //! runtime says it started the container ([`PendingUpdates::started`]). The same holds for a
 //! container the runtime's Synchronize lists as created and not running: made while no agent
 //! was connected, it may be being started right then
-//! ([`crate::Manager::synchronize_starting`]).
+//! ([`crate::Manager::synchronize_starting`]); and for one the Synchronize did not list, which
+//! the agent first hears of at its PostCreateContainer ([`crate::container_events`]).
 //!
 //! Likewise while the runtime updates a container (a resize): containerd applies the updates of
 //! other containers in our UpdateContainer reply under its NRI lock, but the container's own

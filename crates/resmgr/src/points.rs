@@ -19,10 +19,14 @@ pub enum Point {
     PrepareSaved,
     /// Prepare: the containers moved off the claim's CPUs have moved.
     PrepareDelivered,
+    /// Prepare: the claim's device metadata is on disk; its spec is not written yet.
+    PrepareMetadataWritten,
     /// Prepare: the claim's CDI spec is on disk.
     PrepareSpecWritten,
     /// Unprepare: the claim's CDI spec is gone.
     UnprepareSpecRemoved,
+    /// Unprepare: the claim's device metadata is gone; it is not released yet.
+    UnprepareMetadataRemoved,
     /// Unprepare: the policy released the claim, in memory.
     UnprepareReleased,
     /// Unprepare: the state without the claim is on disk.
@@ -44,6 +48,10 @@ pub enum Point {
     SpecCheck,
     /// Disk: moving an unreadable CDI spec aside.
     SpecSetAside,
+    /// Disk: writing a claim's device metadata; fails before anything is written.
+    MetadataWrite,
+    /// Disk: removing a claim's device metadata; fails before anything is removed.
+    MetadataRemove,
     /// Handover, the owner: it accepted an agent that asked for the node ([`crate::handover`]).
     HandoverAccepted,
     /// Handover, the owner: the new agent said go; no claim call is in flight any more and
@@ -75,8 +83,10 @@ impl Point {
         Point::PrepareAllocated,
         Point::PrepareSaved,
         Point::PrepareDelivered,
+        Point::PrepareMetadataWritten,
         Point::PrepareSpecWritten,
         Point::UnprepareSpecRemoved,
+        Point::UnprepareMetadataRemoved,
         Point::UnprepareReleased,
         Point::UnprepareSaved,
         Point::UnprepareDelivered,
@@ -113,6 +123,8 @@ impl Point {
         Point::SpecRemove,
         Point::SpecCheck,
         Point::SpecSetAside,
+        Point::MetadataWrite,
+        Point::MetadataRemove,
     ];
 
     /// Its name, as the crash test's environment and the failure reports spell it.
@@ -121,8 +133,10 @@ impl Point {
             Point::PrepareAllocated => "prepare.allocated",
             Point::PrepareSaved => "prepare.saved",
             Point::PrepareDelivered => "prepare.delivered",
+            Point::PrepareMetadataWritten => "prepare.metadata-written",
             Point::PrepareSpecWritten => "prepare.spec-written",
             Point::UnprepareSpecRemoved => "unprepare.spec-removed",
+            Point::UnprepareMetadataRemoved => "unprepare.metadata-removed",
             Point::UnprepareReleased => "unprepare.released",
             Point::UnprepareSaved => "unprepare.saved",
             Point::UnprepareDelivered => "unprepare.delivered",
@@ -133,6 +147,8 @@ impl Point {
             Point::SpecRemove => "disk.spec-remove",
             Point::SpecCheck => "disk.spec-check",
             Point::SpecSetAside => "disk.spec-set-aside",
+            Point::MetadataWrite => "disk.metadata-write",
+            Point::MetadataRemove => "disk.metadata-remove",
             Point::HandoverAccepted => "handover.accepted",
             Point::HandoverDrained => "handover.drained",
             Point::HandoverRuntimeClosed => "handover.runtime-closed",
@@ -188,8 +204,10 @@ mod tests {
                 Point::PrepareAllocated
                 | Point::PrepareSaved
                 | Point::PrepareDelivered
+                | Point::PrepareMetadataWritten
                 | Point::PrepareSpecWritten
                 | Point::UnprepareSpecRemoved
+                | Point::UnprepareMetadataRemoved
                 | Point::UnprepareReleased
                 | Point::UnprepareSaved
                 | Point::UnprepareDelivered
@@ -200,6 +218,8 @@ mod tests {
                 | Point::SpecRemove
                 | Point::SpecCheck
                 | Point::SpecSetAside
+                | Point::MetadataWrite
+                | Point::MetadataRemove
                 | Point::HandoverAccepted
                 | Point::HandoverDrained
                 | Point::HandoverRuntimeClosed
@@ -212,7 +232,7 @@ mod tests {
             }
             assert_eq!(p.name().parse::<Point>(), Ok(*p));
         }
-        assert_eq!(all.len(), 24, "every variant is in STEPS, DISK or HANDOVER");
+        assert_eq!(all.len(), 28, "every variant is in STEPS, DISK or HANDOVER");
         assert!("disk.nowhere".parse::<Point>().is_err());
     }
 }

@@ -45,6 +45,9 @@ const (
 	// Claims of the cache pod carrying configuration: memory pinning off, and a typo.
 	unpinnedUID = "c0ffee00-0000-4000-8000-000000000002"
 	typoUID     = "c0ffee00-0000-4000-8000-000000000003"
+	// A claim the resource claim controller made from a template for the cache pod, which the
+	// pod names "cpus" (metadata_test.go).
+	templateUID = "c0ffee00-0000-4000-8000-000000000004"
 	// waitLimit bounds every wait for the agent's reaction; reaching it is a failure.
 	waitLimit = 30 * time.Second
 )
@@ -84,6 +87,9 @@ type cluster struct {
 	// synced are the updates of the last Synchronize reply, which the runtime drops (see
 	// creating_test.go).
 	synced []*api.ContainerUpdate
+	// duringSync, when set, runs once inside the next Synchronize, before the runtime lists its
+	// containers, as a CRI-O does whatever it is doing meanwhile (see unlisted_test.go).
+	duringSync func(ctx context.Context)
 	// locks, when set, are the locks of a runtime on NRI v0.11 (see lockorder_test.go), which
 	// UpdateContainers takes.
 	locks *v011Locks
@@ -161,6 +167,13 @@ func startSetup(t testing.TB, s setup) *cluster {
 		c.locks = newV011Locks()
 	}
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
+		c.mu.Lock()
+		during := c.duringSync
+		c.duringSync = nil
+		c.mu.Unlock()
+		if during != nil {
+			during(ctx)
+		}
 		c.mu.Lock()
 		pods := append([]*api.PodSandbox{web}, c.running...)
 		containers := append([]*api.Container{app}, c.containers...)
@@ -300,6 +313,7 @@ func (c *cluster) startAPIServer() string {
 			}},
 		configuredClaim(unpinnedUID, "cache-cpus", map[string]any{"memoryPinning": false}),
 		configuredClaim(typoUID, "typo-cpus", map[string]any{"memoryPining": false}),
+		templateClaim(),
 	}
 	data, err := json.Marshal(objects)
 	if err != nil {
@@ -328,6 +342,23 @@ func (c *cluster) startAPIServer() string {
 		c.t.Fatalf("the fake API server did not start: %q %v", line, err)
 	}
 	return kubeconfig
+}
+
+// templateClaim is an allocated claim of one CPU on numa0 for the cache pod, made from a
+// ResourceClaimTemplate: the controller names it after the pod and annotates the pod's name for
+// it.
+func templateClaim() map[string]any {
+	return map[string]any{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+		"metadata": map[string]any{"name": "cache-cpus-x7k2p", "namespace": "default", "uid": templateUID,
+			"annotations": map[string]any{"resource.kubernetes.io/pod-claim-name": "cpus"}},
+		"spec": map[string]any{"devices": map[string]any{"requests": []any{}}},
+		"status": map[string]any{
+			"allocation": map[string]any{"devices": map[string]any{"results": []any{
+				map[string]any{"request": "cpus", "driver": driver, "pool": node, "device": "numa0",
+					"shareID": "5a4e0000-0000-4000-8000-000000000004", "consumedCapacity": map[string]any{"cpu": "1"}},
+			}}},
+			"reservedFor": []any{map[string]any{"resource": "pods", "name": "cache", "uid": podCache}},
+		}}
 }
 
 // configuredClaim is an allocated claim of two CPUs on numa0 for the cache pod whose allocation

@@ -39,7 +39,7 @@ const (
 	eventPathPods = 500
 	// eventPathEvents are the agent's subscriptions (crates/resmgr/src/nri_plugin), which the
 	// no-op subscribes to as well.
-	eventPathEvents = "CREATE_CONTAINER,POST_START_CONTAINER,UPDATE_CONTAINER,POST_UPDATE_CONTAINER,STOP_CONTAINER,REMOVE_CONTAINER"
+	eventPathEvents = "CREATE_CONTAINER,POST_CREATE_CONTAINER,POST_START_CONTAINER,UPDATE_CONTAINER,POST_UPDATE_CONTAINER,STOP_CONTAINER,REMOVE_CONTAINER"
 	// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat (100 on Linux).
 	clockTicks = 100
 )

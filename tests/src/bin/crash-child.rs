@@ -1,8 +1,8 @@
 //! The process the crash-consistency test kills: a resource manager over a directory, with a
 //! runtime whose state lives in a file there, asked to prepare or unprepare one claim.
 //!
-//! `crash-child <dir> prepare|unprepare`. It starts the manager from `<dir>/state` and
-//! `<dir>/cdi` (as the agent starts after a crash), synchronizes with the containers in
+//! `crash-child <dir> prepare|unprepare`. It starts the manager from `<dir>/state`,
+//! `<dir>/cdi` and `<dir>/metadata` (as the agent starts after a crash), synchronizes with the containers in
 //! `<dir>/runtime.json`, opens the gate and runs the operation, as the kubelet's retry would.
 //! With `RESMGR_CRASH_AT=<point>` it aborts at that crash point ([`integration_tests::crash`]);
 //! otherwise it prints the answer and exits 0 when the claim's answer is a success.
@@ -33,6 +33,11 @@ fn main() -> ExitCode {
         let manager = Manager::start(
             ManagerConfig {
                 faults: integration_tests::crash::from_env(),
+                metadata: Some(resmgr::metadata::MetadataStore::new(
+                    dir.join("metadata"),
+                    integration_tests::fakes::DRIVER,
+                    kube_dra::metadata::MetadataVersion::ALL.to_vec(),
+                )),
                 ..ManagerConfig::new(integration_tests::fakes::DRIVER)
             },
             Box::new(TestPolicy::new(8)),

@@ -1,7 +1,7 @@
 //! What the e2e stages and the release need built besides the workspace, each in a module of its
 //! own that builds one thing and knows nothing of who runs it: the runtimes (containerd and
 //! crictl, CRI-O), each Kubernetes release's control plane and kubelet, the `helm` command, the
-//! e2e's test image and the agent's image. The Go builds go to [`cache`] and can run in the
+//! e2e's test image, the agent's image and the node-v2 stage's VM image. The Go builds go to [`cache`] and can run in the
 //! [`background`].
 
 pub mod agent_image;
@@ -12,3 +12,4 @@ pub mod crio;
 pub mod helm;
 pub mod kubernetes;
 pub mod test_image;
+pub mod vm_image;

@@ -11,6 +11,9 @@ pub enum Stage {
     Controlplane,
     /// resmgr installed with Helm in a real one-node cluster (kubelet, controller-manager).
     Cluster,
+    /// The cluster's node in a VM with systemd: cgroup v2 alone, the systemd cgroup driver, the
+    /// newest Kubernetes release, on containerd and on CRI-O.
+    NodeV2,
 }
 
 /// Options of `cargo xtask e2e`.
@@ -28,12 +31,18 @@ pub struct E2eArgs {
     #[arg(long, value_name = "MINOR")]
     pub kubernetes: Vec<String>,
     /// Run the cluster stage on this container runtime only (repeat); default: containerd on
-    /// every release, and CRI-O on the primary one (CRI-O 1.36 goes with Kubernetes 1.36).
+    /// every release, and CRI-O on the primary one (CRI-O 1.36 goes with Kubernetes 1.36). The
+    /// node-v2 stage runs on both by default.
     #[arg(long, value_enum, value_name = "RUNTIME")]
     pub runtime: Vec<Runtime>,
     /// Run only these scenarios (repeat); default: all. Most build on the ones before them.
     #[arg(long, value_name = "SCENARIO")]
     pub only: Vec<String>,
+    /// Run every scenario of the node-v2 stage on every runtime (by default CRI-O runs those
+    /// whose outcome is the runtime's: the cgroup driver, pinning, the shared pools and the
+    /// daemon-reload; the reboot and MemoryQoS run on containerd, each saying why).
+    #[arg(long)]
+    pub all: bool,
     /// How the agent runs: `container` (its image, as the chart's DaemonSet runs it; built from
     /// the debug binary) or `process` (`resmgr run` on the host; quicker while developing).
     #[arg(long, value_enum, default_value_t = AgentAs::Container)]

@@ -8,7 +8,9 @@
 //! - [`controlplane`]: against a real kube-apiserver, kube-scheduler and
 //!   kube-controller-manager, on nodes without a kubelet (any topology, flags and gates);
 //! - [`cluster`]: in a real one-node cluster, kubelet and controller-manager included, the agent
-//!   installed with Helm, on containerd and on CRI-O.
+//!   installed with Helm, on containerd and on CRI-O;
+//! - [`node_v2`]: that cluster with its node in a VM with systemd, cgroup v2 alone and the
+//!   systemd cgroup driver, on the newest release, on containerd and on CRI-O.
 //!
 //! The last two run once per Kubernetes release the repository has a build module for
 //! ([`build::kubernetes::releases`]; `--kubernetes 1.37` picks one), the cluster stage once per
@@ -22,6 +24,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod controlplane;
 pub mod crio;
+pub mod node_v2;
 
 use std::{path::Path, path::PathBuf};
 
@@ -72,6 +75,20 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if all || args.stage.contains(&Stage::NodeV2) {
+        let releases = if args.kubernetes.is_empty() {
+            vec![node_v2::release(root)?]
+        } else {
+            releases
+        };
+        for release in &releases {
+            for runtime in node_v2::runtimes(&args.runtime) {
+                node_v2::run(
+                    root, &args.only, args.all, release, runtime, None, None, None,
+                )?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -82,12 +99,14 @@ pub struct Builds {
     crio: Option<Background<PathBuf>>,
     kubernetes: Option<kubernetes::Prefetch>,
     helm: Option<Background<PathBuf>>,
+    vm_image: Option<Background<build::vm_image::VmImage>>,
 }
 
 /// Starts building, in the background, what each stage the machine can run needs: `cargo xtask
 /// test` does this first, so that on a fresh machine the Go module downloads and builds
-/// (minutes, `nice`d) overlap the Rust build and tests instead of following them.
-pub fn start_builds(root: &Path) -> Builds {
+/// (minutes, `nice`d) overlap the Rust build and tests instead of following them. The VM image
+/// only with `node_v2`.
+pub fn start_builds(root: &Path, node_v2: bool) -> Builds {
     let can = |missing: Vec<missing::Missing>| missing.is_empty();
     Builds {
         containerd: can(containerd::prerequisites()).then(build::containerd::in_background),
@@ -96,6 +115,8 @@ pub fn start_builds(root: &Path) -> Builds {
             .flatten(),
         helm: can(cluster::prerequisites()).then(|| build::helm::in_background(root)),
         crio: can(crio::prerequisites()).then(build::crio::in_background),
+        vm_image: (node_v2 && can(node_v2::prerequisites_on(Runtime::Containerd)))
+            .then(build::vm_image::in_background),
     }
 }
 
@@ -107,13 +128,25 @@ pub fn start_builds(root: &Path) -> Builds {
 /// ([`kubernetes::releases`]), the primary release's two first, and the cluster stage once per
 /// runtime of the release ([`cluster::runtimes`]): the releases are built in the background in
 /// that order, so on a fresh machine the next release's build overlaps the stages of the one
-/// before it (the CRI-O cluster of the primary release among them).
-pub fn in_test(root: &Path, mut builds: Builds, steps: &mut Steps) -> anyhow::Result<()> {
+/// before it (the CRI-O cluster of the primary release among them). The node-v2 stage runs
+/// last, on both runtimes, and only with `node_v2` (`cargo xtask test --node-v2`): emulated
+/// without KVM it takes about 35 minutes on two cores, so CI does not run it yet.
+pub fn in_test(
+    root: &Path,
+    mut builds: Builds,
+    steps: &mut Steps,
+    node_v2: bool,
+) -> anyhow::Result<()> {
     let mut stages = vec![(Stage::Containerd, None, None), (Stage::Crio, None, None)];
     for release in kubernetes::releases(root)? {
         stages.push((Stage::Controlplane, Some(release.clone()), None));
         for runtime in cluster::runtimes(&release, &[]) {
             stages.push((Stage::Cluster, Some(release.clone()), Some(runtime)));
+        }
+    }
+    if node_v2 {
+        for runtime in node_v2::runtimes(&[]) {
+            stages.push((Stage::NodeV2, Some(node_v2::release(root)?), Some(runtime)));
         }
     }
     for (stage, release, runtime) in stages {
@@ -124,6 +157,10 @@ pub fn in_test(root: &Path, mut builds: Builds, steps: &mut Steps) -> anyhow::Re
             Stage::Cluster => (
                 "the cluster e2e",
                 cluster::prerequisites_on(runtime.unwrap_or(Runtime::Containerd)),
+            ),
+            Stage::NodeV2 => (
+                "the node-v2 e2e (cgroup v2, systemd driver, in a VM)",
+                node_v2::prerequisites_on(runtime.unwrap_or(Runtime::Containerd)),
             ),
         };
         let on = match (&release, runtime) {
@@ -165,9 +202,22 @@ pub fn in_test(root: &Path, mut builds: Builds, steps: &mut Steps) -> anyhow::Re
                         None,
                     )
                 })?,
-                // The control plane and cluster stages are listed with their release (and the
-                // cluster stage with its runtime).
-                (Stage::Controlplane | Stage::Cluster, ..) => {}
+                (Stage::NodeV2, Some(release), Some(runtime)) => steps.run(step, || {
+                    let binaries = binaries(&release)?;
+                    node_v2::run(
+                        root,
+                        &[],
+                        false,
+                        &release,
+                        runtime,
+                        builds.vm_image.take(),
+                        builds.helm.take(),
+                        Some(binaries),
+                    )
+                })?,
+                // The control plane, cluster and node-v2 stages are listed with their release
+                // (and the cluster and node-v2 stages with their runtime).
+                (Stage::Controlplane | Stage::Cluster | Stage::NodeV2, ..) => {}
             }
         } else {
             if std::env::var("CI").is_ok_and(|v| v == "true") {

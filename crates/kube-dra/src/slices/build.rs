@@ -10,15 +10,16 @@ use k8s_openapi::{
     apimachinery::pkg::{api::resource::Quantity as WireQuantity, apis::meta::v1::OwnerReference},
 };
 use policy::{
-    AttributeValue, Capacity, Device, Quantity, ValidValues,
+    AttributeValue, Capacity, Device, DeviceTaint, Quantity, ValidValues,
     topology_aware::{devices::MEMORY_CAPACITY, memory::hugepage_size},
 };
 
 use super::PublisherConfig;
 
-/// Devices per slice (the API allows 128 unless a device uses taints or counters, which ours do
-/// not).
+/// Devices per slice (the API allows 128 unless a device uses taints or counters).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Devices per slice when a device of it has taints (`ResourceSliceMaxDevicesWithTaintsOrConsumesCounters`).
+pub const MAX_TAINTED_DEVICES_PER_SLICE: usize = 64;
 /// The label on every slice we publish, so `kubectl get resourceslices -l` finds ours.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Its value.
@@ -46,7 +47,20 @@ pub fn wire_device(config: &PublisherConfig, device: &Device) -> wire::Device {
         capacity: (!capacity.is_empty()).then_some(capacity),
         allow_multiple_allocations: device.allow_multiple_allocations.then_some(true),
         node_allocatable_resource_mappings: node_allocatable_mapping(config, device),
+        taints: (!device.taints.is_empty()).then(|| device.taints.iter().map(wire_taint).collect()),
         ..Default::default()
+    }
+}
+
+fn wire_taint(taint: &DeviceTaint) -> wire::DeviceTaint {
+    wire::DeviceTaint {
+        key: taint.key.clone(),
+        value: (!taint.value.is_empty()).then(|| taint.value.clone()),
+        effect: taint.effect.as_str().to_owned(),
+        time_added: taint
+            .time_added
+            .and_then(|seconds| k8s_openapi::jiff::Timestamp::from_second(seconds).ok())
+            .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time),
     }
 }
 
@@ -102,7 +116,8 @@ fn node_memory_resource(capacity: &str) -> Option<String> {
     Some(format!("hugepages-{size}"))
 }
 
-fn wire_attribute(value: &AttributeValue) -> wire::DeviceAttribute {
+/// An attribute value as the API writes it (in slices and in device metadata).
+pub fn wire_attribute(value: &AttributeValue) -> wire::DeviceAttribute {
     match value {
         AttributeValue::Int(i) => wire::DeviceAttribute {
             int: Some(*i),
@@ -122,6 +137,10 @@ fn wire_attribute(value: &AttributeValue) -> wire::DeviceAttribute {
         },
         AttributeValue::Strings(list) => wire::DeviceAttribute {
             strings: Some(list.clone()),
+            ..Default::default()
+        },
+        AttributeValue::Ints(list) => wire::DeviceAttribute {
+            ints: Some(list.clone()),
             ..Default::default()
         },
     }
@@ -159,17 +178,26 @@ pub fn quantity(q: Quantity) -> WireQuantity {
     WireQuantity(q.to_string())
 }
 
-/// Devices in slices of at most [`MAX_DEVICES_PER_SLICE`], in the policy's order. No devices
-/// is one empty slice: it tells the scheduler the driver runs on this node and offers nothing,
-/// which is not the same as publishing nothing.
+/// Devices in slices of at most [`MAX_DEVICES_PER_SLICE`] ([`MAX_TAINTED_DEVICES_PER_SLICE`]
+/// while a device is tainted), in the policy's order. No devices is one empty slice: it tells
+/// the scheduler the driver runs on this node and offers nothing, which is not the same as
+/// publishing nothing.
 pub fn chunk(devices: Vec<wire::Device>) -> Vec<Vec<wire::Device>> {
     if devices.is_empty() {
         return vec![Vec::new()];
     }
-    let mut chunks = Vec::with_capacity(devices.len().div_ceil(MAX_DEVICES_PER_SLICE));
+    let per_slice = if devices
+        .iter()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+    {
+        MAX_TAINTED_DEVICES_PER_SLICE
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
+    let mut chunks = Vec::with_capacity(devices.len().div_ceil(per_slice));
     let mut devices = devices.into_iter().peekable();
     while devices.peek().is_some() {
-        chunks.push(devices.by_ref().take(MAX_DEVICES_PER_SLICE).collect());
+        chunks.push(devices.by_ref().take(per_slice).collect());
     }
     chunks
 }
@@ -265,6 +293,37 @@ mod tests {
     }
 
     #[test]
+    fn a_tainted_device_goes_out_with_its_taint_in_slices_of_64() {
+        let device = Device {
+            name: "numa1".into(),
+            attributes: BTreeMap::new(),
+            capacities: BTreeMap::new(),
+            allow_multiple_allocations: false,
+            taints: vec![DeviceTaint {
+                key: "topology-aware.resmgr.io/cpus-offline".into(),
+                value: "5".into(),
+                effect: policy::TaintEffect::NoSchedule,
+                time_added: Some(1_700_000_000),
+            }],
+        };
+        let json = serde_json::to_value(wire_device(&config(), &device)).unwrap();
+        assert_eq!(
+            json["taints"],
+            serde_json::json!([{
+                "key": "topology-aware.resmgr.io/cpus-offline",
+                "value": "5",
+                "effect": "NoSchedule",
+                "timeAdded": "2023-11-14T22:13:20Z",
+            }])
+        );
+        let mut devices = names(100);
+        let sizes = |d: Vec<wire::Device>| chunk(d).iter().map(Vec::len).collect::<Vec<_>>();
+        assert_eq!(sizes(devices.clone()), [100]);
+        devices[99].taints = Some(vec![wire_taint(&device.taints[0])]);
+        assert_eq!(sizes(devices), [64, 36]);
+    }
+
+    #[test]
     fn converts_a_shared_device_with_a_request_policy() {
         let mut device = Device {
             name: "numa-0".into(),
@@ -292,6 +351,7 @@ mod tests {
                 },
             )]),
             allow_multiple_allocations: true,
+            taints: Vec::new(),
         };
         let json = serde_json::to_value(wire_device(&config(), &device)).unwrap();
         assert_eq!(
@@ -333,6 +393,7 @@ mod tests {
                 },
             )]),
             allow_multiple_allocations: true,
+            taints: Vec::new(),
         };
         let mut exclusive = shared.clone();
         exclusive.allow_multiple_allocations = false;
@@ -377,6 +438,7 @@ mod tests {
                 ("other".into(), capacity("3")),
             ]),
             allow_multiple_allocations: true,
+            taints: Vec::new(),
         };
         let mut exclusive = shared.clone();
         exclusive.allow_multiple_allocations = false;

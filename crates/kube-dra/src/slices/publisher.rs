@@ -69,8 +69,9 @@ use super::{
     validate::{DeviceValidationError, validate_devices},
     wire::{FieldPath, Step, comparable, dropped_fields, from_wire, to_wire},
 };
+use stdx::errors::chain;
+
 use crate::{
-    errors::chain,
     notices::{EventRecorder, NoEvents, Notice},
     retry::{AttemptError, RetryError},
     version::{DiscoveryError, ResourceApiVersion, ResourceApiVersions, is_path_not_served},

@@ -23,6 +23,8 @@ pub const MAX_ID_LEN: usize = 32;
 pub const MAX_ATTRIBUTE_VALUES: usize = 48;
 /// Entries of a request policy's valid values.
 pub const MAX_VALID_VALUES: usize = 10;
+/// Taints per device (`DeviceTaintsMaxLength`).
+pub const MAX_TAINTS: usize = 16;
 
 /// A device the API server would refuse, naming the device and the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +69,7 @@ pub fn validate_device(driver: &str, device: &Device) -> Result<(), DeviceValida
         .values()
         .map(|v| match v {
             AttributeValue::Strings(list) => list.len().max(1),
+            AttributeValue::Ints(list) => list.len().max(1),
             _ => 1,
         })
         .sum();
@@ -92,6 +95,20 @@ pub fn validate_device(driver: &str, device: &Device) -> Result<(), DeviceValida
             ));
         }
         attribute_value(value).map_err(|reason| error(device, &field(), reason))?;
+    }
+    if device.taints.len() > MAX_TAINTS {
+        return Err(error(
+            device,
+            "taints",
+            format!(
+                "{} taints, at most {MAX_TAINTS} allowed",
+                device.taints.len()
+            ),
+        ));
+    }
+    for (i, taint) in device.taints.iter().enumerate() {
+        taint_fields(&taint.key, &taint.value)
+            .map_err(|reason| error(device, &format!("taints[{i}]"), reason))?;
     }
     let mut qualified = BTreeSet::new();
     for (name, capacity) in &device.capacities {
@@ -163,10 +180,26 @@ pub fn validate_slice_spec(
         }
     }
     let devices = spec.devices.as_deref().unwrap_or_default();
-    if devices.len() > crate::slices::build::MAX_DEVICES_PER_SLICE {
+    let tainted = devices
+        .iter()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()));
+    let max = if tainted {
+        crate::slices::build::MAX_TAINTED_DEVICES_PER_SLICE
+    } else {
+        crate::slices::build::MAX_DEVICES_PER_SLICE
+    };
+    if devices.len() > max {
         return Err(error(
             "devices".into(),
-            format!("{} devices, at most 128 allowed", devices.len()),
+            format!(
+                "{} devices, at most {max} allowed{}",
+                devices.len(),
+                if tainted {
+                    " when a device has taints"
+                } else {
+                    ""
+                }
+            ),
         ));
     }
     let mut names = BTreeSet::new();
@@ -207,6 +240,26 @@ pub fn validate_slice_spec(
                 string_list(list).map_err(|r| error(field(), r))?;
             }
         }
+        let taints = device.taints.as_deref().unwrap_or_default();
+        if taints.len() > MAX_TAINTS {
+            return Err(error(
+                at("taints"),
+                format!("{} taints, at most {MAX_TAINTS} allowed", taints.len()),
+            ));
+        }
+        for (t, taint) in taints.iter().enumerate() {
+            taint_fields(&taint.key, taint.value.as_deref().unwrap_or_default())
+                .map_err(|r| error(at(&format!("taints[{t}]")), r))?;
+            if !["NoSchedule", "NoExecute", "None"].contains(&taint.effect.as_str()) {
+                return Err(error(
+                    at(&format!("taints[{t}].effect")),
+                    format!(
+                        "{:?} is not one of NoSchedule, NoExecute, None",
+                        taint.effect
+                    ),
+                ));
+            }
+        }
         for (name, capacity) in device.capacity.iter().flatten() {
             let field = || at(&format!("capacity[{name}]"));
             qualified_name(name).map_err(|r| error(field(), r))?;
@@ -236,9 +289,51 @@ fn fully_qualified<'a>(driver: &'a str, name: &'a str) -> (&'a str, &'a str) {
     name.split_once('/').unwrap_or((driver, name))
 }
 
+/// A taint's key is a label name, its value a label value.
+fn taint_fields(key: &str, value: &str) -> Result<(), String> {
+    let name = match key.split_once('/') {
+        Some((prefix, name)) => {
+            dns_subdomain(prefix, 253).map_err(|reason| format!("key {key:?}: {reason}"))?;
+            name
+        }
+        None => key,
+    };
+    if name.is_empty() {
+        return Err(format!("key {key:?}: the name after the prefix is empty"));
+    }
+    label_value(name).map_err(|reason| format!("key {key:?}: {reason}"))?;
+    label_value(value).map_err(|reason| format!("value {value:?}: {reason}"))
+}
+
+/// A label value (or the name part of a label name): at most 63 characters, alphanumerics,
+/// `-`, `_` and `.`, beginning and ending with an alphanumeric; empty is allowed.
+fn label_value(s: &str) -> Result<(), String> {
+    if s.len() > 63 {
+        return Err(format!("{} characters, at most 63 allowed", s.len()));
+    }
+    let ok = s.is_empty()
+        || (s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()));
+    if ok {
+        Ok(())
+    } else {
+        Err(
+            "must be alphanumerics, '-', '_' or '.', beginning and ending with an alphanumeric"
+                .to_owned(),
+        )
+    }
+}
+
 fn attribute_value(value: &AttributeValue) -> Result<(), String> {
     match value {
         AttributeValue::Int(_) | AttributeValue::Bool(_) => Ok(()),
+        AttributeValue::Ints(list) if list.is_empty() => {
+            Err("a list of ints must not be empty".to_owned())
+        }
+        AttributeValue::Ints(_) => Ok(()),
         AttributeValue::String(s) => max_len(s, MAX_ATTRIBUTE_VALUE_LEN),
         AttributeValue::Strings(list) => string_list(list),
         AttributeValue::Version(v) => {
@@ -381,6 +476,7 @@ mod tests {
             attributes: BTreeMap::new(),
             capacities: BTreeMap::new(),
             allow_multiple_allocations: false,
+            taints: Vec::new(),
         }
     }
 
@@ -675,6 +771,35 @@ mod tests {
             assert_eq!(err.field, "capacity[cpu].requestPolicy", "{policy:?}");
             assert!(err.reason.contains(reason), "{policy:?}: {err}");
         }
+    }
+
+    #[test]
+    fn taints_are_label_names_and_values_and_at_most_16() {
+        let taint = |key: &str, value: &str| policy::DeviceTaint {
+            key: key.into(),
+            value: value.into(),
+            effect: policy::TaintEffect::NoSchedule,
+            time_added: None,
+        };
+        let mut d = device("numa0");
+        d.taints = vec![taint("topology-aware.resmgr.io/cpus-offline", "3_5-7")];
+        assert_eq!(validate_device("d.io", &d), Ok(()));
+        for (key, value) in [
+            ("d.io/cpus offline", "3"),
+            ("d.io/", "3"),
+            ("-bad-/x", "3"),
+            ("d.io/x", "3,5"),
+            ("d.io/x", &"7".repeat(64)),
+        ] {
+            d.taints = vec![taint(key, value)];
+            assert_eq!(
+                field_of(validate_device("d.io", &d)),
+                "taints[0]",
+                "{key} {value}"
+            );
+        }
+        d.taints = vec![taint("d.io/x", ""); 17];
+        assert_eq!(field_of(validate_device("d.io", &d)), "taints");
     }
 
     #[test]

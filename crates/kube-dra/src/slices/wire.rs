@@ -79,6 +79,11 @@ pub fn canonical(mut spec: wire::ResourceSliceSpec) -> wire::ResourceSliceSpec {
         }
     }
     for device in spec.devices.iter_mut().flatten() {
+        // The API server sets a taint's time when it is missing; which instant a taint was
+        // first seen is not worth a rewrite (an agent restarted sees it again later).
+        for taint in device.taints.iter_mut().flatten() {
+            taint.time_added = None;
+        }
         for capacity in device.capacity.iter_mut().flat_map(|c| c.values_mut()) {
             canon(&mut capacity.value);
             if let Some(policy) = &mut capacity.request_policy {
@@ -337,6 +342,38 @@ mod tests {
         assert_eq!(
             comparable(ResourceApiVersion::V1, &stored_spec, &dropped),
             comparable(ResourceApiVersion::V1, &spec(), &dropped)
+        );
+    }
+
+    #[test]
+    fn a_taint_compares_whenever_it_was_added() {
+        let taint = |seconds| wire::DeviceTaint {
+            key: "d.io/cpus-offline".into(),
+            value: Some("3".into()),
+            effect: "NoSchedule".into(),
+            time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap(),
+            )),
+        };
+        let spec = |t: wire::DeviceTaint| wire::ResourceSliceSpec {
+            devices: Some(vec![wire::Device {
+                name: "numa0".into(),
+                taints: Some(vec![t]),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let none = BTreeSet::new();
+        let ours = comparable(ResourceApiVersion::V1, &spec(taint(100)), &none);
+        assert_eq!(
+            ours,
+            comparable(ResourceApiVersion::V1, &spec(taint(200)), &none)
+        );
+        let mut other = taint(100);
+        other.value = Some("4".into());
+        assert_ne!(
+            ours,
+            comparable(ResourceApiVersion::V1, &spec(other), &none)
         );
     }
 

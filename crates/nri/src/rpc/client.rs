@@ -7,12 +7,13 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::{Bytes, BytesMut};
 use prost::Message as _;
+use stdx::sync::lock;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{CallError, Status, code};
@@ -80,7 +81,7 @@ impl Client {
         .encode_to_vec();
         let (tx, rx) = oneshot::channel();
         let id = {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut state = lock(&self.state);
             if state.closed {
                 return Err(CallError::ConnectionClosed {
                     method: method.into(),
@@ -136,7 +137,7 @@ impl Client {
     }
 
     fn forget(&self, id: u32) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = lock(&self.state);
         state.pending.remove(&id);
     }
 }
@@ -159,11 +160,7 @@ async fn read_replies(mut inbound: mpsc::Receiver<Bytes>, state: Arc<Mutex<State
                     ))),
                 ),
             };
-            let waiter = state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pending
-                .remove(&id);
+            let waiter = lock(&state).pending.remove(&id);
             match waiter {
                 Some(tx) => {
                     let _ = tx.send(delivery);
@@ -173,7 +170,7 @@ async fn read_replies(mut inbound: mpsc::Receiver<Bytes>, state: Arc<Mutex<State
         }
     }
     // The connection is gone: fail every call still waiting, and refuse new ones.
-    let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut state = lock(&state);
     state.closed = true;
     state.pending.clear();
 }

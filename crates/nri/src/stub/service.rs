@@ -12,12 +12,13 @@
 
 use std::{
     future::Future,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::Bytes;
 use prost::Message;
+use stdx::sync::lock;
 use tokio::sync::oneshot;
 
 use super::Shared;
@@ -194,7 +195,7 @@ impl<P: Plugin> PluginService<P> {
             Err(status) => return Err(status).into(),
         };
         let (pods, containers) = {
-            let mut chunks = self.sync.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut chunks = lock(&self.sync);
             chunks.pods.extend(req.pods);
             chunks.containers.extend(req.containers);
             if req.more {

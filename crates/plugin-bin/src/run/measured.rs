@@ -3,12 +3,9 @@
 
 use std::sync::Arc;
 
-use resmgr::{
-    claims::HOLD,
-    dra_handler::LifecycleHandler,
-    kube_dra::EventRecorder,
-    kubelet_plugin::{ClaimHandler, ClaimRef, PrepareResults, RequestError, UnprepareResults},
-};
+use kube_dra::EventRecorder;
+use kubelet_plugin::{ClaimHandler, ClaimRef, PrepareResults, RequestError, UnprepareResults};
+use resmgr::{claims::HOLD, dra_handler::LifecycleHandler};
 use tokio::time::Instant;
 use tracing::info;
 
@@ -127,8 +124,8 @@ fn outcome<T, E>(
 
 #[cfg(test)]
 mod tests {
+    use kube_dra::fake::StaticClaims;
     use policy::{AllocationResult, Claim, Quantity, Topology, topology_aware::Config};
-    use resmgr::kube_dra::fake::StaticClaims;
 
     use super::*;
     use crate::{
@@ -170,13 +167,14 @@ mod tests {
                 consumed_capacity: [("cpu".to_owned(), Quantity::from_units(1))].into(),
             }],
             config: Vec::new(),
+            pod_claim_name: None,
         });
         let metrics = Arc::new(Metrics::new());
         let node = Arc::new(Node::default());
         node.own(manager.clone());
         let handler = Measured {
             node,
-            recorder: Arc::new(resmgr::kube_dra::NoEvents),
+            recorder: Arc::new(kube_dra::NoEvents),
             metrics: metrics.clone(),
         };
         let refs = [

@@ -26,7 +26,7 @@
 
 mod measured;
 pub mod node;
-mod publish;
+pub(crate) mod publish;
 pub mod tasks;
 
 use std::{
@@ -38,17 +38,16 @@ use std::{
 };
 
 use anyhow::Context as _;
+use kube_dra::{
+    ClaimReader, EventRecorder, EventsConfig, KubeEvents, NoEvents, ResourceApiVersions,
+    RetryPolicy, SlicePublisher, WaitingPods,
+};
+use kubelet_plugin::{KubeletConfig, KubeletPlugin, RegistrationState};
 use policy::topology_aware::DeviceMode;
 use resmgr::{
-    ClaimReader, Manager,
+    Manager,
     faults::Faults,
     health::{HealthConfig, HealthMonitor},
-    kube_dra::{
-        self, EventRecorder, EventsConfig, KubeEvents, NoEvents, ResourceApiVersions, RetryPolicy,
-        SlicePublisher, WaitingPods,
-    },
-    kubelet_plugin::{KubeletConfig, KubeletPlugin, RegistrationState},
-    nri,
     nri_plugin::{self, NriRuntime, ResmgrPlugin},
     state::StateFile,
 };
@@ -61,7 +60,7 @@ use self::{
     tasks::{Stop, Tasks},
 };
 use crate::{
-    config::{RunConfig, RunFlags},
+    config::{DraConfig, RunConfig, RunFlags},
     http::{self, Endpoints},
     logging, memory,
     metrics::Metrics,
@@ -147,6 +146,7 @@ struct Agent {
 struct Dra {
     kubelet: KubeletConfig,
     health: HealthConfig,
+    device_mode: DeviceMode,
     recorder: Arc<dyn EventRecorder>,
     /// The Events poster, run until the exit: the runtime's events are answered (and containers
     /// refused) until then.
@@ -159,47 +159,67 @@ struct Dra {
     waiting: Option<WaitingPods>,
 }
 
+impl Dra {
+    /// The API client and what the agent does with it, for `settings`: the parts that serve
+    /// claims, the claim reader, and the Events poster (also the recorder of what the agent
+    /// posts).
+    async fn build(
+        settings: &DraConfig,
+        publishing: Arc<OnceLock<SlicePublisher>>,
+    ) -> anyhow::Result<(Self, Arc<dyn ClaimReader>, KubeEvents)> {
+        let client = kube_dra::connect(settings.kubeconfig.as_deref())
+            .await
+            .context("the Kubernetes API client")?;
+        let driver = &settings.kubelet.driver_name;
+        let waiting = settings
+            .retry_waiting_pods
+            .then(|| WaitingPods::new(client.clone(), settings.node_name.clone(), driver));
+        let versions = Arc::new(ResourceApiVersions::discover(client));
+        let claims = Arc::new(kube_dra::KubeClaimReader::new(
+            versions.clone(),
+            driver,
+            RetryPolicy::default(),
+        ));
+        let (events, poster) = KubeEvents::new(
+            versions.clone(),
+            EventsConfig::new(driver, settings.node_name.clone()),
+        );
+        let recorder: Arc<dyn EventRecorder> = Arc::new(events.clone());
+        let publisher = SlicePublisher::new(settings.publisher.clone(), versions)
+            .context("the resource slice publisher")?
+            .with_recorder(recorder.clone());
+        let dra = Self {
+            kubelet: settings.kubelet.clone(),
+            health: settings.health.clone(),
+            device_mode: settings.device_mode,
+            recorder,
+            poster: Box::pin(poster),
+            publisher,
+            publishing,
+            waiting,
+        };
+        Ok((dra, claims, events))
+    }
+}
+
 impl Agent {
     /// Builds the agent. What fails here fails before anything runs: the machine (topology),
     /// the API client's configuration, the listeners. The state is not read yet.
     async fn build(config: RunConfig, faults: Faults) -> anyhow::Result<Self> {
         info!(config = %config.to_json(), "starting");
         let policy = config.policy()?;
+        let publishing = Arc::new(OnceLock::new());
         // Without DRA, nothing reads claims (the kubelet never calls us): an empty reader stands
         // in, and refusals are only logged (there is no API server to post Events to).
-        let mut waiting = None;
-        let (versions, claims, kube_events): (_, Arc<dyn ClaimReader>, _) = match config.publisher()
-        {
-            Some(_) => {
-                let client = kube_dra::connect(config.kubeconfig.as_deref())
-                    .await
-                    .context("the Kubernetes API client")?;
-                if config.retry_waiting_pods {
-                    waiting = Some(WaitingPods::new(
-                        client.clone(),
-                        config.node_name.clone().unwrap_or_default(),
-                        &config.driver_name,
-                    ));
-                }
-                let versions = Arc::new(ResourceApiVersions::discover(client));
-                let claims = Arc::new(kube_dra::KubeClaimReader::new(
-                    versions.clone(),
-                    &config.driver_name,
-                    RetryPolicy::default(),
-                ));
-                let events = KubeEvents::new(
-                    versions.clone(),
-                    EventsConfig::new(
-                        &config.driver_name,
-                        config.node_name.clone().unwrap_or_default(),
-                    ),
-                );
-                (Some(versions), claims, Some(events))
+        let (claims, events, dra): (Arc<dyn ClaimReader>, _, _) = match &config.dra {
+            Some(settings) => {
+                let (dra, claims, events) = Dra::build(settings, publishing.clone()).await?;
+                (claims, Some(events), Some(dra))
             }
-            None => (None, Arc::new(kube_dra::NoClaims), None),
+            None => (Arc::new(kube_dra::NoClaims), None, None),
         };
-        let recorder: Arc<dyn EventRecorder> = match &kube_events {
-            Some((events, _)) => Arc::new(events.clone()),
+        let recorder: Arc<dyn EventRecorder> = match &events {
+            Some(events) => Arc::new(events.clone()),
             None => Arc::new(NoEvents),
         };
         // The spec directory's setting is checked before anything runs.
@@ -209,15 +229,13 @@ impl Agent {
 
         let node = Arc::new(Node::new(faults));
         let metrics = Arc::new(Metrics::new());
-        let publishing = Arc::new(OnceLock::new());
         let endpoints = Endpoints {
-            dra: config.dra,
-            node_name: config.node_name.clone().unwrap_or_default(),
+            node_name: config.dra.as_ref().map(|dra| dra.node_name.clone()),
             driver: config.driver_name.clone(),
             node: node.clone(),
             metrics: metrics.clone(),
-            publisher: publishing.clone(),
-            events: kube_events.as_ref().map(|(events, _)| events.clone()),
+            publisher: publishing,
+            events,
         };
         let mut servers = vec![http::metrics_server(
             config.metrics_addr,
@@ -230,20 +248,6 @@ impl Agent {
             servers.push(server);
         }
 
-        let dra = match (versions, kube_events, config.publisher(), config.health()) {
-            (Some(versions), Some((_, poster)), Some(publisher), Some(health)) => Some(Dra {
-                kubelet: config.kubelet(),
-                health,
-                recorder: recorder.clone(),
-                poster: Box::pin(poster),
-                publisher: SlicePublisher::new(publisher, versions)
-                    .context("the resource slice publisher")?
-                    .with_recorder(recorder.clone()),
-                publishing,
-                waiting,
-            }),
-            _ => None,
-        };
         Ok(Self {
             config,
             policy,
@@ -282,13 +286,7 @@ impl Agent {
         }
         tasks.spawn_graceful(
             "claims",
-            serve_claims(
-                config.policy.1.mode,
-                node.clone(),
-                metrics.clone(),
-                dra,
-                tasks.clone(),
-            ),
+            serve_claims(node.clone(), metrics.clone(), dra, tasks.clone()),
         );
         let owning = Owning {
             config,
@@ -335,7 +333,7 @@ impl Owning {
             resmgr::handover::Hello::new(uid.clone()).with_generation(config.pod_generation)
         });
         let taken = tokio::select! {
-            taken = node.take(&state_file, pod.as_ref(), config.dra) => taken,
+            taken = node.take(&state_file, pod.as_ref(), config.dra.is_some()) => taken,
             () = tasks.stopping() => return Ok(()),
         };
         let (lock, predecessors) = taken.map_err(|e| Stop::failed("node", e))?;
@@ -432,7 +430,7 @@ async fn start_manager(
         .context("starting the resource manager")?
         .with_recorder(recorder.clone()),
     );
-    if !config.dra {
+    if config.dra.is_none() {
         let held = manager.claim_records().await.len();
         if held > 0 {
             warn!(
@@ -481,7 +479,6 @@ async fn connect_runtime(
 /// deregisters and answers the calls in flight. Once the gate is open it gives back the memory
 /// Synchronize left free.
 async fn serve_claims(
-    mode: DeviceMode,
     node: Arc<Node>,
     metrics: Arc<Metrics>,
     dra: Option<Dra>,
@@ -500,6 +497,7 @@ async fn serve_claims(
     let Dra {
         kubelet,
         health,
+        device_mode,
         recorder,
         poster,
         publisher,
@@ -520,7 +518,7 @@ async fn serve_claims(
     // as soon as it does, refreshed below, not a poll later, when the kubelet would have shown
     // the devices of pods started meanwhile as Unknown.
     let devices_appeared = Arc::new(tokio::sync::Notify::new());
-    let (reports, poll) = HealthMonitor::new(health, {
+    let monitor = HealthMonitor::new(health, {
         let node = node.clone();
         move || {
             node.manager()
@@ -528,8 +526,19 @@ async fn serve_claims(
                 .unwrap_or_default()
         }
     })
-    .refresh_on(devices_appeared.clone())
-    .start();
+    .with_device_nodes({
+        let node = node.clone();
+        move || {
+            node.manager()
+                .map(|m| publish::device_nodes(&m.snapshot()))
+                .unwrap_or_default()
+        }
+    })
+    .refresh_on(devices_appeared.clone());
+    let faults = monitor.faults();
+    let (reports, poll) = monitor.start();
+    let taints = resmgr::taints::Taints::new(kubelet.driver_name.clone());
+    let tainted_recorder = recorder.clone();
     let mut poll = std::pin::pin!(poll);
     let handler = Arc::new(Measured {
         node: node.clone(),
@@ -548,9 +557,17 @@ async fn serve_claims(
         }
         let _ = publishing.set(publisher.clone());
         tokio::join!(
-            publish::publish(publisher.clone(), manager.published()),
+            publish::publish(
+                publisher.clone(),
+                manager.published(),
+                publish::Tainting {
+                    faults,
+                    taints,
+                    recorder: tainted_recorder,
+                },
+            ),
             publisher.maintain(),
-            publish::watch_dropped_fields(publisher.dropped_fields(), mode, metrics),
+            publish::watch_dropped_fields(publisher.dropped_fields(), device_mode, metrics),
         );
     };
     let mut serve = std::pin::pin!(serve);
@@ -584,7 +601,7 @@ async fn serve_claims(
             () = &mut serve => false,
         };
         if let Err(e) = plugin.shutdown().await {
-            warn!(error = %resmgr::errors::chain(&e), "stopping the kubelet plugin");
+            warn!(error = %stdx::errors::chain(&e), "stopping the kubelet plugin");
         }
         if !again {
             return Ok(());
@@ -618,7 +635,7 @@ async fn retry_waiting_pods(waiting: &WaitingPods, node: &Node) {
         .map_or(0, |d| d.as_secs())
         .to_string();
     if let Err(e) = waiting.retry(&stamp).await {
-        warn!(error = %resmgr::errors::chain(&e), "marking the pods that wait for their claims failed: the kubelet prepares them at its next resync");
+        warn!(error = %stdx::errors::chain(&e), "marking the pods that wait for their claims failed: the kubelet prepares them at its next resync");
     }
 }
 

@@ -23,11 +23,11 @@ use std::{
     time::Duration,
 };
 
+use kubelet_plugin::RegistrationState;
 use resmgr::{
     Manager,
     faults::Faults,
     handover::{self, AskError, HandoverError, Hello, Owner, Surrender},
-    kubelet_plugin::RegistrationState,
     points::Point,
     runtime::BoxFuture,
     state::{StateError, StateFile, StateLock},
@@ -38,8 +38,11 @@ use tracing::{info, warn};
 
 /// How long a new agent waits for the state directory's lock once the owner broke the exchange
 /// off, or let the lock go rather than passing it: the kernel lets a lock go as its holder
-/// dies.
-const LOCK_WAIT: Duration = Duration::from_secs(30);
+/// dies, within moments. Held longer, another agent took it (one waiting in standby polls it
+/// every [`LOCK_POLL`]), and the new agent asks that one for the node rather than hold its
+/// calls for a lock that is not coming: the agent that asks on goes back to polling too, if the
+/// holder cannot be asked.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// How often an agent that cannot take the node over yet looks whether the lock is free.
 const LOCK_POLL: Duration = Duration::from_secs(1);
@@ -291,7 +294,7 @@ impl Node {
                     self.deregister();
                 }
                 Err(e) => {
-                    let why = resmgr::errors::chain(&e);
+                    let why = stdx::errors::chain(&e);
                     if !matches!(self.standing(), Standing::Standby { .. }) {
                         warn!(reason = %why, "another agent owns the node and cannot be asked for it now: registered, holding the kubelet's calls, until it is gone or can be asked");
                     }
@@ -330,7 +333,7 @@ impl Node {
             Ok(Some(fd)) => match state_file.adopt(fd) {
                 Ok(lock) => Some(lock),
                 Err(e) => {
-                    warn!(error = %resmgr::errors::chain(&e), "the owner passed something other than the node's lock; taking the node once its lock is free");
+                    warn!(error = %stdx::errors::chain(&e), "the owner passed something other than the node's lock; taking the node once its lock is free");
                     None
                 }
             },
@@ -339,7 +342,7 @@ impl Node {
                 None
             }
             Err(e) => {
-                warn!(error = %resmgr::errors::chain(&e), "the owner broke the handover off; taking the node once its lock is free");
+                warn!(error = %stdx::errors::chain(&e), "the owner broke the handover off; taking the node once its lock is free");
                 None
             }
         };

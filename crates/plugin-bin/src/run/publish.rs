@@ -1,25 +1,49 @@
-//! Our devices in the API server: the first publication, republication when the devices change,
-//! and what the API server's view of our slices tells the operator.
+//! Our devices in the API server: the first publication, republication when the devices change
+//! or a device's health taints it ([`resmgr::taints`]), and what the API server's view of our
+//! slices tells the operator.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::SystemTime,
+};
 
-use policy::topology_aware::DeviceMode;
+use kube_dra::{self, DevicePublisher as _, EventRecorder, Notice, SlicePublisher};
+use policy::{AttributeValue, topology_aware::DeviceMode};
 use resmgr::{
     Published,
-    kube_dra::{self, DevicePublisher as _, SlicePublisher},
+    health::DeviceFaults,
+    taints::{self, Taints},
 };
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::metrics::Metrics;
 
-/// Publishes the devices as the manager publishes them after every change, first as they are
-/// now, then again whenever they change (a claim on a device of an earlier configuration gave
-/// back CPUs the devices withheld). A failed publication is retried by
-/// [`SlicePublisher::maintain`]. Returns when the manager is gone.
-pub async fn publish(publisher: SlicePublisher, mut snapshots: watch::Receiver<Arc<Published>>) {
+/// What taints our devices: the faults the health monitor finds, the taints they call for, and
+/// where the claims prepared on a tainted device are reported.
+pub struct Tainting {
+    /// What is wrong with each published device.
+    pub faults: watch::Receiver<DeviceFaults>,
+    /// The taints, with when each was first seen.
+    pub taints: Taints,
+    /// Where claims on a tainted device are told (an Event on each and its pods).
+    pub recorder: Arc<dyn EventRecorder>,
+}
+
+/// Publishes the devices as the manager publishes them after every change, tainted as their
+/// faults say, first as they are now, then again whenever they change (a claim on a device of
+/// an earlier configuration gave back CPUs the devices withheld) or their faults do (CPUs went
+/// offline or came back). A failed publication is retried by [`SlicePublisher::maintain`].
+/// Returns when the manager is gone.
+pub async fn publish(
+    publisher: SlicePublisher,
+    mut snapshots: watch::Receiver<Arc<Published>>,
+    mut tainting: Tainting,
+) {
     let mut published = Vec::new();
-    let first = (*snapshots.borrow_and_update().devices).clone();
+    let mut told = BTreeMap::new();
+    let first = tainted(&snapshots.borrow_and_update(), &mut tainting, &mut told);
     match first {
         Ok(devices) => {
             published.clone_from(&devices);
@@ -27,16 +51,87 @@ pub async fn publish(publisher: SlicePublisher, mut snapshots: watch::Receiver<A
                 Ok(report) => info!(?report, "published our devices"),
                 // The maintainer retries.
                 Err(e) => {
-                    warn!(error = %resmgr::errors::chain(&e), "publishing our devices failed; retrying")
+                    warn!(error = %stdx::errors::chain(&e), "publishing our devices failed; retrying")
                 }
             }
         }
         Err(e) => warn!(error = %e, "the policy publishes no devices"),
     }
-    while snapshots.changed().await.is_ok() {
-        let devices = (*snapshots.borrow_and_update().devices).clone();
+    // Once the monitor is gone, the faults stay as last seen.
+    let mut monitored = true;
+    loop {
+        tokio::select! {
+            changed = snapshots.changed() => if changed.is_err() { return },
+            changed = tainting.faults.changed(), if monitored => monitored = changed.is_ok(),
+        }
+        let devices = tainted(&snapshots.borrow_and_update(), &mut tainting, &mut told);
         republish_if_changed(devices, &publisher, &mut published).await;
     }
+}
+
+/// The policy's devices in `snapshot` with the taints their faults call for; tells of a device
+/// newly tainted (and of each claim prepared on it) and of one whose taint went. `told` holds
+/// what was told of each tainted device.
+fn tainted(
+    snapshot: &Published,
+    tainting: &mut Tainting,
+    told: &mut BTreeMap<String, String>,
+) -> Result<Vec<policy::Device>, policy::PolicyError> {
+    let faults = tainting.faults.borrow_and_update().clone();
+    let devices = (*snapshot.devices).clone()?;
+    let devices = tainting.taints.apply(devices, &faults, SystemTime::now());
+    let now: BTreeMap<String, String> = devices
+        .iter()
+        .filter(|d| !d.taints.is_empty())
+        .filter_map(|d| Some((d.name.clone(), faults.get(&d.name)?.describe())))
+        .collect();
+    let fresh: Vec<String> = now
+        .iter()
+        .filter(|(name, why)| told.get(*name) != Some(*why))
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in &fresh {
+        warn!(device = %name, reason = %now[name], "device tainted: the scheduler allocates it to no new claim; claims prepared on it keep it");
+    }
+    for (claim, on) in taints::claims_on(&fresh, &snapshot.claims) {
+        let reasons: Vec<String> = on
+            .iter()
+            .map(|d| format!("device {d}: {}", now[*d]))
+            .collect();
+        let message = format!(
+            "{}; the device is tainted, so no new claim is allocated on it, and this claim keeps its cpus",
+            reasons.join("; ")
+        );
+        warn!(claim = %claim, "{message}");
+        tainting
+            .recorder
+            .record(Notice::DeviceTainted { claim, message });
+    }
+    for name in told.keys().filter(|name| !now.contains_key(*name)) {
+        info!(device = %name, "device healthy again: its taint is taken off");
+    }
+    *told = now;
+    Ok(devices)
+}
+
+/// The NUMA node of each device `snapshot` publishes that says one
+/// (`resource.kubernetes.io/numaNode`): whose memory its health depends on.
+pub fn device_nodes(snapshot: &Published) -> BTreeMap<String, u32> {
+    let Ok(devices) = &*snapshot.devices else {
+        return BTreeMap::new();
+    };
+    devices
+        .iter()
+        .filter_map(|d| {
+            match d
+                .attributes
+                .get(policy::topology_aware::devices::NUMA_NODE_ATTRIBUTE)?
+            {
+                AttributeValue::Int(node) => Some((d.name.clone(), u32::try_from(*node).ok()?)),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// Publishes `devices` (the policy's, from the manager's snapshot) if they differ from
@@ -59,7 +154,7 @@ async fn republish_if_changed(
             "republished our devices: a claim gave back withheld cpus"
         ),
         Err(e) => {
-            warn!(error = %resmgr::errors::chain(&e), "republishing our devices failed; retrying")
+            warn!(error = %stdx::errors::chain(&e), "republishing our devices failed; retrying")
         }
     }
     Some(devices)
@@ -144,8 +239,7 @@ mod tests {
         policy.restore(&grouped.snapshot()).unwrap();
         let mut published = policy.devices().unwrap();
         assert_eq!(published.len(), 1, "cpu3 only: u1 holds 1-2");
-        let publisher =
-            resmgr::kube_dra::fake::RecordingPublisher::new(crate::config::DEFAULT_DRIVER);
+        let publisher = kube_dra::fake::RecordingPublisher::new(crate::config::DEFAULT_DRIVER);
         assert_eq!(
             republish_if_changed(policy.devices(), &publisher, &mut published).await,
             None
@@ -160,6 +254,74 @@ mod tests {
             republish_if_changed(policy.devices(), &publisher, &mut published).await,
             None
         );
+    }
+
+    #[test]
+    fn a_faulty_device_is_published_tainted_and_its_claims_are_told_once() {
+        let device = |name: &str, node: i64| policy::Device {
+            name: name.into(),
+            attributes: BTreeMap::from([(
+                "resource.kubernetes.io/numaNode".to_owned(),
+                AttributeValue::Int(node),
+            )]),
+            capacities: BTreeMap::new(),
+            allow_multiple_allocations: true,
+            taints: Vec::new(),
+        };
+        let record = resmgr::state::PreparedClaim {
+            namespace: "ns".into(),
+            name: "db".into(),
+            devices: vec![resmgr::state::DeviceRecord {
+                request_names: vec!["cpus".into()],
+                pool: "node-a".into(),
+                device: "numa1".into(),
+                cdi_device_id: String::new(),
+                share_id: None,
+            }],
+            adopted: false,
+        };
+        let snapshot = Published {
+            devices: Arc::new(Ok(vec![device("numa0", 0), device("numa1", 1)])),
+            device_cpus: Arc::default(),
+            claims: Arc::new(BTreeMap::from([("u1".to_owned(), record)])),
+        };
+        assert_eq!(
+            device_nodes(&snapshot),
+            BTreeMap::from([("numa0".to_owned(), 0), ("numa1".to_owned(), 1)])
+        );
+        let (faults, rx) = watch::channel(DeviceFaults::new());
+        let events = Arc::new(kube_dra::fake::RecordingEvents::new());
+        let mut tainting = Tainting {
+            faults: rx,
+            taints: Taints::new("d.io"),
+            recorder: events.clone(),
+        };
+        let mut told = BTreeMap::new();
+        let clean = tainted(&snapshot, &mut tainting, &mut told).unwrap();
+        assert!(clean.iter().all(|d| d.taints.is_empty()));
+        faults.send_replace(DeviceFaults::from([(
+            "numa1".to_owned(),
+            resmgr::health::DeviceFault {
+                offline_cpus: "5".parse().unwrap(),
+                ..Default::default()
+            },
+        )]));
+        let devices = tainted(&snapshot, &mut tainting, &mut told).unwrap();
+        assert_eq!(devices[1].taints.len(), 1);
+        assert_eq!(devices[1].taints[0].key, "d.io/cpus-offline");
+        assert!(devices[0].taints.is_empty());
+        let again = tainted(&snapshot, &mut tainting, &mut told).unwrap();
+        assert_eq!(again, devices);
+        let notices = events.notices();
+        assert_eq!(notices.len(), 1, "told once: {notices:?}");
+        assert!(
+            matches!(&notices[0], Notice::DeviceTainted { claim, message }
+                if claim.uid == "u1" && message.contains("device numa1: cpu 5 is offline")),
+            "{notices:?}"
+        );
+        faults.send_replace(DeviceFaults::new());
+        let healed = tainted(&snapshot, &mut tainting, &mut told).unwrap();
+        assert!(healed.iter().all(|d| d.taints.is_empty()));
     }
 
     #[test]

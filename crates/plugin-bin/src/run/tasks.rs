@@ -2,9 +2,9 @@
 //!
 //! Every task of `resmgr run` is spawned through [`Tasks`]. The first one to end with a
 //! [`Stop`] (the signal listener, the runtime connection when the runtime goes away, any task
-//! that fails or panics) records why and cancels the others; a reason that comes later is only
-//! logged. So a signal, a lost runtime and a failed task all lead to the same drain
-//! ([`Tasks::drain`]), in two steps:
+//! that fails) records why and cancels the others; a reason that comes later is only logged. So
+//! a signal, a lost runtime and a failed task all lead to the same drain ([`Tasks::drain`]), in
+//! two steps:
 //!
 //! 1. the tasks that serve (HTTP servers, the kubelet plugin, the publishers) stop: those spawned
 //!    with [`Tasks::spawn`] are dropped, those spawned with [`Tasks::spawn_graceful`] finish what
@@ -16,15 +16,16 @@
 //!    the runtime's timeout.
 //!
 //! A task spawned once the agent is stopping is not started.
+//!
+//! A panic is not a way to stop: it aborts the process where it happens (`crate::panics`), before
+//! any task could see it, so no drain saves what the panic left half-changed.
 
 use std::{
     future::Future,
-    panic::AssertUnwindSafe,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use futures::FutureExt as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
@@ -37,7 +38,7 @@ pub enum Stop {
     /// The runtime closed the NRI connection. The claim gate never closes, so the agent exits to
     /// be restarted (the DaemonSet does it) and synchronizes afresh.
     RuntimeLost(String),
-    /// A task failed (or panicked).
+    /// A task failed.
     Failed {
         task: &'static str,
         error: anyhow::Error,
@@ -59,7 +60,7 @@ impl Stop {
             }
             Self::Failed { task, error } => error!(
                 task,
-                error = %resmgr::errors::chain(&**error),
+                error = %stdx::errors::chain(&**error),
                 "a task of the agent failed: stopping"
             ),
         }
@@ -94,7 +95,7 @@ impl Tasks {
 
     /// Stops the agent for `why`, unless it is stopping already (then `why` is only logged).
     pub fn stop(&self, why: Stop) {
-        let mut reason = resmgr::sync::lock(&self.inner.reason);
+        let mut reason = stdx::sync::lock(&self.inner.reason);
         if reason.is_some() {
             match &why {
                 Stop::Signal(name) => warn!(signal = name, "already stopping"),
@@ -103,7 +104,7 @@ impl Tasks {
                 }
                 Stop::Failed { task, error } => warn!(
                     task,
-                    error = %resmgr::errors::chain(&**error),
+                    error = %stdx::errors::chain(&**error),
                     "a task failed while stopping"
                 ),
             }
@@ -126,7 +127,7 @@ impl Tasks {
     }
 
     /// Runs `task` until it ends or the agent stops, whichever is first. An error stops the
-    /// agent; so does a panic.
+    /// agent.
     pub fn spawn<F>(&self, name: &'static str, task: F)
     where
         F: Future<Output = Result<(), Stop>> + Send + 'static,
@@ -138,8 +139,7 @@ impl Tasks {
     }
 
     /// Runs `task`, which ends by itself once the agent stops (see [`Tasks::stopping`]) after
-    /// finishing what is in flight: the drain waits for it. An error stops the agent; so does a
-    /// panic.
+    /// finishing what is in flight: the drain waits for it. An error stops the agent.
     pub fn spawn_graceful<F>(&self, name: &'static str, task: F)
     where
         F: Future<Output = Result<(), Stop>> + Send + 'static,
@@ -148,7 +148,7 @@ impl Tasks {
     }
 
     /// Runs `task` until it ends or the state is saved at the end of the drain. An error stops
-    /// the agent; so does a panic.
+    /// the agent.
     pub fn spawn_until_exit<F>(&self, name: &'static str, task: F)
     where
         F: Future<Output = Result<(), Stop>> + Send + 'static,
@@ -163,21 +163,16 @@ impl Tasks {
     where
         F: Future<Output = Result<(), Stop>> + Send + 'static,
     {
-        let mut running = resmgr::sync::lock(running);
+        let mut running = stdx::sync::lock(running);
         if self.is_stopping() {
             tracing::debug!(task = name, "not started: the agent is stopping");
             return;
         }
         let tasks = self.clone();
         let handle = tokio::spawn(async move {
-            let stop = match AssertUnwindSafe(task).catch_unwind().await {
-                Ok(Ok(())) => return,
-                Ok(Err(stop)) => stop,
-                Err(panic) => {
-                    Stop::failed(name, anyhow::anyhow!("panicked: {}", panic_text(&*panic)))
-                }
-            };
-            tasks.stop(stop);
+            if let Err(stop) = task.await {
+                tasks.stop(stop);
+            }
         });
         running.retain(|(_, h)| !h.is_finished());
         running.push((name, handle));
@@ -186,7 +181,7 @@ impl Tasks {
     /// Waits until the agent stops; returns why.
     pub async fn stopped(&self) -> Stop {
         self.stopping().await;
-        resmgr::sync::lock(&self.inner.reason)
+        stdx::sync::lock(&self.inner.reason)
             .take()
             .unwrap_or(Stop::Signal("stop"))
     }
@@ -208,7 +203,7 @@ impl Tasks {
 
 /// Waits up to `deadline` for every task of `running`, then aborts the rest; their names.
 async fn drain(running: &Running, deadline: Duration) -> Vec<&'static str> {
-    let mut tasks = std::mem::take(&mut *resmgr::sync::lock(running));
+    let mut tasks = std::mem::take(&mut *stdx::sync::lock(running));
     let wait = futures::future::join_all(tasks.iter_mut().map(|(_, handle)| handle));
     let _ = tokio::time::timeout(deadline, wait).await;
     let mut late = Vec::new();
@@ -219,15 +214,6 @@ async fn drain(running: &Running, deadline: Duration) -> Vec<&'static str> {
         }
     }
     late
-}
-
-/// What a panic said.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
 }
 
 #[cfg(test)]
@@ -285,17 +271,6 @@ mod tests {
             Vec::<&str>::new()
         );
         assert!(serving.is_set(), "the other task was dropped");
-    }
-
-    #[tokio::test]
-    async fn a_panicking_task_stops_the_agent_as_a_failure() {
-        let tasks = Tasks::new();
-        tasks.spawn("panics", async { panic!("a bug") });
-        let Stop::Failed { task, error } = tasks.stopped().await else {
-            panic!("not stopped for the panic");
-        };
-        assert_eq!(task, "panics");
-        assert_eq!(error.to_string(), "panicked: a bug");
     }
 
     #[tokio::test]

@@ -8,11 +8,12 @@
 
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
+use kube_dra::metadata::MetadataVersion;
+use kubelet_plugin::names::{dns_label, dns_subdomain};
 use policy::{
     CpuSet, TopologySource,
     topology_aware::{ClaimCpus, DeviceMode, Granularity, GroupBy, NodeReservation},
 };
-use resmgr::kubelet_plugin::names::{dns_label, dns_subdomain};
 use serde_json::{Value, json};
 
 use crate::values::{self, ExclusivityMode, Format};
@@ -267,6 +268,39 @@ impl SettingType for Namespaces {
 
     fn show(&self) -> Value {
         json!(self.0)
+    }
+}
+
+/// `device-metadata`: metadata API versions, newest first; none turns device metadata off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataVersions(pub Vec<MetadataVersion>);
+
+impl SettingType for MetadataVersions {
+    fn parse(given: &Given) -> Result<Self, String> {
+        let items: Vec<String> = match given {
+            Given::List(items) => items.clone(),
+            Given::One(v) => v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        };
+        let mut versions = Vec::new();
+        for item in &items {
+            let version: MetadataVersion = item
+                .parse()
+                .map_err(|_| refuse(item, "expected v1beta1 or v1alpha1"))?;
+            if versions.contains(&version) {
+                return Err(refuse(item, "each version once"));
+            }
+            versions.push(version);
+        }
+        Ok(Self(versions))
+    }
+
+    fn show(&self) -> Value {
+        json!(self.0.iter().map(|v| v.as_str()).collect::<Vec<_>>())
     }
 }
 

@@ -14,6 +14,7 @@
 //! flags loudly a claim the scheduler allocated and the node refused (its pod would be stuck)
 //! or granted with another number of CPUs than the scheduler accounted.
 
+pub(crate) mod hardware;
 pub mod report;
 pub mod scenario;
 pub mod svg;
@@ -22,18 +23,18 @@ pub(crate) mod world;
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
+use kube_dra::fake::StaticClaims;
+use kubelet_plugin::ClaimRef;
 use policy::{
     AllocationResult, AttributeValue, Claim, Container, CpuSet, Device, Pod, QosClass, Quantity,
-    Resources, Topology, cdi, scheduler::Scheduler, topology_aware::Config,
+    Resources, Topology, scheduler::Scheduler, topology_aware::Config,
 };
-use resmgr::{
-    Manager, ManagerConfig, kube_dra::fake::StaticClaims, kubelet_plugin::ClaimRef,
-    state::StateFile,
-};
+use resmgr::{Manager, ManagerConfig, state::StateFile};
 
 use self::{
+    hardware::Hardware,
     report::{Change, DeviceSummary, Problem, Report, ScheduledResult, StepReport},
-    scenario::{ContainerStep, Qty, Scenario, ScheduleStep, Step},
+    scenario::{ContainerStep, HardwareStep, Qty, Scenario, ScheduleStep, Step},
     world::{Applied, SimRuntime},
 };
 use crate::{
@@ -46,15 +47,20 @@ use crate::{
 pub struct Dirs {
     pub cdi: PathBuf,
     pub state: PathBuf,
+    /// The claims' device metadata, as the agent writes it.
+    pub metadata: PathBuf,
+    /// The machine's sysfs files the agent's health monitor reads (online CPUs and memory).
+    pub sysfs: PathBuf,
 }
 
 impl Dirs {
-    /// `cdi/` and `state/` under `root`, for the binary's tests.
-    #[cfg(test)]
+    /// `cdi/`, `state/`, `metadata/` and `sysfs/` under `root`.
     pub fn under(root: &std::path::Path) -> Self {
         Self {
             cdi: root.join("cdi"),
             state: root.join("state"),
+            metadata: root.join("metadata"),
+            sysfs: root.join("sysfs"),
         }
     }
 }
@@ -136,6 +142,8 @@ struct Sim {
     /// What the scheduler handed out in the step being run, reported whether or not the node
     /// then granted it.
     scheduled: Option<Change>,
+    /// The machine's CPUs and memory online, and the taints they make the agent publish.
+    hardware: Hardware,
 }
 
 /// Runs `scenario` and reports what happened.
@@ -175,13 +183,21 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         .context("the policy's devices")?;
     // The simulated API server checks the devices as a real one would check the ResourceSlice.
     {
-        use resmgr::kube_dra::DevicePublisher as _;
-        resmgr::kube_dra::fake::RecordingPublisher::new(&driver)
+        use kube_dra::DevicePublisher as _;
+        kube_dra::fake::RecordingPublisher::new(&driver)
             .publish(published.clone())
             .await
             .map_err(|e| anyhow::anyhow!("{file}: the API server refuses the devices: {e}"))?;
     }
     let devices = published.iter().map(DeviceSummary::of).collect();
+    let hardware = Hardware::new(
+        dirs.sysfs.clone(),
+        &topology,
+        &driver,
+        &scenario.node_name,
+        view.borrow().clone(),
+    )
+    .with_context(|| format!("{file}: the simulated sysfs"))?;
     let mut sim = Sim {
         driver,
         node: scenario.node_name.clone(),
@@ -207,6 +223,7 @@ pub async fn run(scenario: &Scenario, file: &str, dirs: Dirs) -> anyhow::Result<
         problems: Vec::new(),
         current_step: 0,
         scheduled: None,
+        hardware,
     };
     let mut steps = Vec::new();
     for (i, (line, step)) in scenario.steps.iter().enumerate() {
@@ -279,7 +296,14 @@ pub(crate) fn start_manager(
 ) -> anyhow::Result<(Manager, Snapshots)> {
     let specs = cdi::SpecStore::new(&dirs.cdi, driver)?;
     let manager = Manager::start(
-        ManagerConfig::new(driver),
+        ManagerConfig {
+            metadata: Some(resmgr::metadata::MetadataStore::new(
+                &dirs.metadata,
+                driver,
+                kube_dra::metadata::MetadataVersion::ALL.to_vec(),
+            )),
+            ..ManagerConfig::new(driver)
+        },
         policy,
         StateFile::new(&dirs.state),
         specs,
@@ -319,15 +343,47 @@ impl Sim {
         Observed {
             applied: self.runtime.table(),
             inventory: self.inventory().await,
-            devices: self
-                .view
-                .borrow()
-                .devices_to_show()
-                .unwrap_or_default()
-                .iter()
-                .map(DeviceSummary::of)
-                .collect(),
+            devices: self.published().iter().map(DeviceSummary::of).collect(),
         }
+    }
+
+    /// What the agent publishes now: the policy's devices, tainted as their health says.
+    fn published(&mut self) -> Vec<Device> {
+        let snapshot = self.view.borrow().clone();
+        self.hardware.devices(snapshot)
+    }
+
+    /// CPUs or memory go offline or come back: the agent's health monitor sees it, and the
+    /// devices behind them are tainted, or not any more. Reports each device whose taint came
+    /// or went, with the claims prepared on a newly tainted one (they keep their CPUs).
+    fn hardware(&mut self, online: bool, step: &HardwareStep) -> Result<Vec<Change>, String> {
+        let (cpus, nodes) = step.sets()?;
+        let before = self.hardware.faults();
+        self.hardware.set(online, &cpus, &nodes)?;
+        self.published();
+        let after = self.hardware.faults();
+        let claims = self.view.borrow().claims.clone();
+        let mut changes = Vec::new();
+        for (device, fault) in &after {
+            if before.get(device) == Some(fault) {
+                continue;
+            }
+            let on: Vec<String> = resmgr::taints::claims_on(std::slice::from_ref(device), &claims)
+                .into_iter()
+                .map(|(claim, _)| format!("{}/{}", claim.namespace, claim.name))
+                .collect();
+            changes.push(Change::Tainted {
+                device: device.clone(),
+                reason: fault.describe(),
+                claims: on,
+            });
+        }
+        for device in before.keys().filter(|d| !after.contains_key(*d)) {
+            changes.push(Change::Healthy {
+                device: device.clone(),
+            });
+        }
+        Ok(changes)
     }
 
     fn uid(&mut self, tag: u32) -> String {
@@ -393,7 +449,7 @@ impl Sim {
                     .manager()?
                     .update_container(&container, &resources)
                     .await
-                    .map_err(|e| resmgr::errors::chain(&e))?;
+                    .map_err(|e| stdx::errors::chain(&e))?;
                 self.runtime.apply(&updates);
                 if let Some(c) = self.containers.get_mut(&id) {
                     c.resources = resources;
@@ -409,6 +465,8 @@ impl Sim {
                 }
                 self.restart().await
             }
+            Step::Offline(h) => self.hardware(false, h),
+            Step::Online(h) => self.hardware(true, h),
         }
     }
 
@@ -424,9 +482,20 @@ impl Sim {
         let Some(pod) = self.pods.get(&step.pod).map(|p| p.pod.clone()) else {
             return Err(format!("pod {} does not exist", step.pod));
         };
-        // The scheduler: the device must be published and have room.
+        // The scheduler: the device must be published, untainted, and have room.
+        let published = self.published();
         let mut consumed = Vec::new();
         for r in &step.results {
+            if let Some(tainted) = published
+                .iter()
+                .find(|d| d.name == r.device && !d.taints.is_empty())
+            {
+                return Err(format!(
+                    "unschedulable: device {} is tainted ({}), and the claim does not tolerate it",
+                    r.device,
+                    report::taints_text(&tainted.taints)
+                ));
+            }
             let Some(device) = self.devices.iter().find(|d| d.name == r.device) else {
                 return Err(format!(
                     "unschedulable: device {:?} is not published on this node (published: {})",
@@ -476,6 +545,7 @@ impl Sim {
                 })
                 .collect(),
             config: claim_config(&step.config),
+            pod_claim_name: step.pod_claim_name.clone(),
         };
         self.scheduler.record(&uid, claim.results.clone());
         self.prepare(&step.pod, claim, consumed)
@@ -490,11 +560,11 @@ impl Sim {
         let Some(pod) = self.pods.get(&step.pod).map(|p| p.pod.clone()) else {
             return Err(format!("pod {} does not exist", step.pod));
         };
-        let published = self
-            .view
+        self.view
             .borrow()
             .devices_to_show()
             .map_err(|e| format!("the policy's devices: {e}"))?;
+        let published = self.published();
         let seen = self.scheduler.stored_devices(&published);
         let spec = step.spec();
         let (_, dropped) = self.scheduler.stored_claim(&spec);
@@ -557,6 +627,7 @@ impl Sim {
             reserved_for: vec![pod.uid.clone()],
             results,
             config: claim_config(&step.config),
+            pod_claim_name: step.pod_claim_name.clone(),
         };
         match self.prepare(&step.pod, claim, consumed).await {
             Ok((mut changes, _)) => {
@@ -652,20 +723,20 @@ impl Sim {
                     .unwrap_or_default();
                 let namespace = sim_claim.reference.namespace.clone();
                 self.claims.insert(name.clone(), sim_claim);
-                Ok((
-                    vec![Change::Spec {
-                        claim: format!("{namespace}/{name}"),
-                        file: spec,
-                        cdi_devices: ids.clone(),
-                    }],
-                    ids,
-                ))
+                let claim = format!("{namespace}/{name}");
+                let mut changes = vec![Change::Spec {
+                    claim: claim.clone(),
+                    file: spec,
+                    cdi_devices: ids.clone(),
+                }];
+                changes.extend(self.metadata(&claim, &uid).map_err(|e| format!("{e:#}"))?);
+                Ok((changes, ids))
             }
             Err(e) => {
                 self.claims.insert(name, sim_claim);
                 Err(format!(
                     "the kubelet could not prepare it: {}",
-                    resmgr::errors::chain(&e)
+                    stdx::errors::chain(&e)
                 ))
             }
         }
@@ -718,7 +789,7 @@ impl Sim {
         let allocation = manager
             .create_container(&container)
             .await
-            .map_err(|e| resmgr::errors::chain(&e))?;
+            .map_err(|e| stdx::errors::chain(&e))?;
         self.runtime.apply(&allocation.updates);
         self.runtime.start(
             &id,
@@ -739,8 +810,46 @@ impl Sim {
         Ok(Vec::new())
     }
 
-    /// What a CDI-enabled runtime does with the devices: reads the specs and applies their
-    /// environment edits.
+    /// The device metadata the claim's spec mounts, as a container would read each file: what
+    /// the agent wrote, read back from where the mount's host path says.
+    fn metadata(&self, claim: &str, uid: &str) -> anyhow::Result<Vec<Change>> {
+        let store = cdi::SpecStore::new(&self.dirs.cdi, &self.driver)?;
+        let edits = store.read_claim(uid)?;
+        let mut seen = Vec::new();
+        let mut changes = Vec::new();
+        for mount in edits.iter().flat_map(|e| &e.mounts) {
+            if seen.contains(&mount.container_path) {
+                continue;
+            }
+            seen.push(mount.container_path.clone());
+            let bytes = std::fs::read(&mount.host_path)
+                .with_context(|| format!("reading the device metadata {}", mount.host_path))?;
+            let metadata = kube_dra::metadata::RequestMetadata::decode(&bytes)?;
+            changes.push(Change::Metadata {
+                claim: claim.to_owned(),
+                path: mount.container_path.clone(),
+                request: metadata.request,
+                generation: metadata.generation,
+                devices: metadata
+                    .devices
+                    .into_iter()
+                    .map(|d| report::MetadataDevice {
+                        name: d.name,
+                        attributes: d
+                            .attributes
+                            .iter()
+                            .map(|(k, v)| (k.clone(), report::attribute_text(v)))
+                            .collect(),
+                    })
+                    .collect(),
+            });
+        }
+        Ok(changes)
+    }
+
+    /// What a CDI-enabled runtime does with the devices: reads the specs, applies their
+    /// environment edits, and checks that what they mount is there (runc fails a container
+    /// whose mount source is missing).
     fn inject(&self, devices: &[String]) -> anyhow::Result<Vec<String>> {
         let mut env = Vec::new();
         let mut read: BTreeMap<PathBuf, cdi::Spec> = BTreeMap::new();
@@ -761,6 +870,17 @@ impl Sim {
             let name = device.rsplit('=').next().unwrap_or_default();
             for d in spec.devices.iter().filter(|d| d.name == name) {
                 env.extend(d.container_edits.env.iter().cloned());
+                if let Some(missing) = d
+                    .container_edits
+                    .mounts
+                    .iter()
+                    .find(|m| !std::path::Path::new(&m.host_path).exists())
+                {
+                    anyhow::bail!(
+                        "device {device} mounts {}, which is not on the host",
+                        missing.host_path
+                    );
+                }
             }
             env.extend(spec.container_edits.env.iter().cloned());
         }
@@ -860,7 +980,7 @@ impl Sim {
             .manager()?
             .synchronize(&running)
             .await
-            .map_err(|e| resmgr::errors::chain(&e))?;
+            .map_err(|e| stdx::errors::chain(&e))?;
         self.runtime.apply(&updates);
         self.manager()?.synchronized().await;
         let restored = self.inventory().await.claims.len();
@@ -1099,6 +1219,7 @@ mod tests {
                 .collect(),
             capacities: BTreeMap::new(),
             allow_multiple_allocations: false,
+            taints: Vec::new(),
         };
         let devices = [
             device("cpu4", Some(("cpu", AttributeValue::Int(4)))),

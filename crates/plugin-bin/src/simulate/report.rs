@@ -7,7 +7,10 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use policy::{AttributeValue, Device, Topology, ValidValues};
+use policy::{
+    AttributeValue, Device, DeviceTaint, Topology, ValidValues,
+    topology_aware::devices::NUMA_NODE_ATTRIBUTE,
+};
 use serde::Serialize;
 
 use super::scenario::Scenario;
@@ -30,6 +33,9 @@ pub struct DeviceSummary {
     /// Hugepages claims may take on it, by capacity name (`hugepages2Mi: 508Mi`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub hugepages: BTreeMap<String, String>,
+    /// Its taints (`cpus-offline=4_5:NoSchedule`): the scheduler allocates it to no new claim.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
     #[serde(skip)]
     pub cpu_capacity_milli: u64,
     #[serde(skip)]
@@ -75,6 +81,7 @@ impl DeviceSummary {
                 .filter(|(n, _)| n.starts_with("hugepages"))
                 .map(|(n, c)| (n.clone(), bytes(c)))
                 .collect(),
+            taints: d.taints.iter().map(taint_text).collect(),
             cpu_capacity_milli: capacity.milli(),
             memory_bytes: d
                 .capacities
@@ -82,6 +89,46 @@ impl DeviceSummary {
                 .map_or(0, |c| c.value.units_ceil()),
         }
     }
+}
+
+/// A taint as `kubectl describe` would list it, the key's driver domain left out:
+/// `cpus-offline=4_5:NoSchedule`.
+fn taint_text(t: &DeviceTaint) -> String {
+    let key = t
+        .key
+        .rsplit_once('/')
+        .map_or(t.key.as_str(), |(_, name)| name);
+    format!("{key}={}:{}", t.value, t.effect.as_str())
+}
+
+/// A device's taints in one string.
+pub(crate) fn taints_text(taints: &[DeviceTaint]) -> String {
+    taints.iter().map(taint_text).collect::<Vec<_>>().join(", ")
+}
+
+/// An attribute value as a consumer reads it: `8-11`, `1`, `true`, `[8,9,10,11]`.
+pub(crate) fn attribute_text(v: &AttributeValue) -> String {
+    match v {
+        AttributeValue::Int(i) => i.to_string(),
+        AttributeValue::Bool(b) => b.to_string(),
+        AttributeValue::String(s) | AttributeValue::Version(s) => s.clone(),
+        AttributeValue::Strings(list) => format!("[{}]", list.join(",")),
+        AttributeValue::Ints(list) => format!(
+            "[{}]",
+            list.iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+}
+
+/// A device in a claim's device metadata, as a container reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MetadataDevice {
+    pub name: String,
+    /// Every attribute, by name, as text.
+    pub attributes: BTreeMap<String, String>,
 }
 
 /// One change a step made.
@@ -126,6 +173,26 @@ pub enum Change {
         file: String,
         cdi_devices: Vec<String>,
     },
+    /// A claim's device metadata, one file per request, as its containers find it.
+    Metadata {
+        claim: String,
+        /// Where a container finds it.
+        path: String,
+        /// The request it is about (`cpus`, or `cpus/big`).
+        request: String,
+        generation: i64,
+        devices: Vec<MetadataDevice>,
+    },
+    /// CPUs behind a device went offline, or its node lost its memory: the agent taints it.
+    Tainted {
+        device: String,
+        reason: String,
+        /// The claims prepared on it, which keep it.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        claims: Vec<String>,
+    },
+    /// A tainted device recovered: its taint is taken off.
+    Healthy { device: String },
     /// A claim's CPUs were given back.
     Released { claim: String, cpus: String },
     /// The agent restarted from its state file.
@@ -355,6 +422,9 @@ fn devices_line(devices: &[DeviceSummary]) -> String {
                 for (name, amount) in &d.hugepages {
                     let _ = write!(what, ", {amount} {name}");
                 }
+                if !d.taints.is_empty() {
+                    let _ = write!(what, ", tainted {}", d.taints.join(", "));
+                }
                 format!("{} ({what})", d.name)
             })
             .collect();
@@ -445,6 +515,46 @@ fn change_line(c: &Change) -> String {
             file,
             cdi_devices,
         } => format!("  CDI spec {file} for {claim}: {}", cdi_devices.join(", ")),
+        Change::Metadata {
+            path,
+            generation,
+            devices,
+            ..
+        } => {
+            let mut text = format!("  device metadata {path} (generation {generation}):");
+            for d in devices {
+                // What the claim was granted; the device's published attributes are in the
+                // file too (and in the JSON report).
+                let granted: Vec<String> = d
+                    .attributes
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("granted") || k.as_str() == NUMA_NODE_ATTRIBUTE)
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                let _ = write!(text, "\n        {}: {}", d.name, granted.join(" "));
+            }
+            text
+        }
+        Change::Tainted {
+            device,
+            reason,
+            claims,
+        } => {
+            let mut line = format!(
+                "! device {device} tainted (NoSchedule): {reason}; the scheduler allocates it to no new claim"
+            );
+            if !claims.is_empty() {
+                let _ = write!(
+                    line,
+                    "; claims on it keep their cpus: {}",
+                    claims.join(", ")
+                );
+            }
+            line
+        }
+        Change::Healthy { device } => {
+            format!("device {device} healthy again: its taint is taken off")
+        }
         Change::Released { claim, cpus } => format!("- claim {claim}: cpus {cpus} released"),
         Change::Restarted { claims, containers } => format!(
             "agent restarted: {claims} claim(s) restored from the state file, {containers} running container(s) synchronized"

@@ -25,7 +25,14 @@
 //!   # the operator changes the agent's settings (header keys, below) and it restarts with them
 //!   - reconfigure: {cpu-exclusivity: partition, claim-cpus: 8-15}
 //!   - remove: {pod: web}
+//!   # CPUs (or a NUMA node's memory) go offline: the agent taints the devices behind them, and
+//!   # the scheduler allocates them to no new claim until they come back
+//!   - offline: {cpus: 4-5}
+//!   - online: {cpus: 4-5}
 //! ```
+//!
+//! A claim made from a ResourceClaimTemplate says the pod's name for it, `pod-claim-name`, on a
+//! claim or schedule step: its containers find its device metadata under that name.
 //!
 //! `feature-gates: {DRAConsumableCapacity: false}` runs the scheduler as a cluster without
 //! consumable capacity (the default of Kubernetes 1.34 and 1.35) would: shared devices are
@@ -55,7 +62,7 @@ use std::{
 };
 
 use policy::{
-    AttributeValue, QosClass, Quantity, TopologySource,
+    AttributeValue, CpuSet, NodeSet, QosClass, Quantity, TopologySource,
     scheduler::{ClaimSpec, Constraint, DeviceRequest, Gates, Selector},
     topology_aware::{DeviceModel, Exclusivity, MemoryConfig, ReservedCpus},
 };
@@ -168,6 +175,64 @@ pub enum Step {
     Restart,
     /// The agent restarts with some of its settings changed.
     Reconfigure(ReconfigureStep),
+    /// CPUs, or the memory of NUMA nodes, go offline: the kernel takes them away.
+    Offline(HardwareStep),
+    /// CPUs, or the memory of NUMA nodes, come back online.
+    Online(HardwareStep),
+}
+
+/// The CPUs and NUMA nodes' memory an `offline` or `online` step concerns.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HardwareStep {
+    /// CPUs, in the kernel's list format.
+    #[serde(default)]
+    pub cpus: Option<String>,
+    /// NUMA nodes whose memory goes or comes, in the kernel's list format.
+    #[serde(default)]
+    pub memory_nodes: Option<String>,
+}
+
+impl HardwareStep {
+    /// The CPUs and nodes, parsed; what does not parse says which field.
+    pub fn sets(&self) -> Result<(CpuSet, NodeSet), String> {
+        let cpus = match &self.cpus {
+            Some(list) => list
+                .parse()
+                .map_err(|e| format!("cpus: {list:?} is not a cpu list: {e}"))?,
+            None => CpuSet::new(),
+        };
+        let nodes = match &self.memory_nodes {
+            Some(list) => list
+                .parse()
+                .map_err(|e| format!("memory-nodes: {list:?} is not a node list: {e}"))?,
+            None => NodeSet::new(),
+        };
+        if cpus.is_empty() && nodes.is_empty() {
+            return Err("name cpus or memory-nodes".to_owned());
+        }
+        Ok((cpus, nodes))
+    }
+
+    /// `verb` agreeing with what the step names: `go` for CPUs, `goes` for a node's memory.
+    fn verb(&self, verb: &str) -> String {
+        if self.cpus.is_none() {
+            format!("{verb}es")
+        } else {
+            verb.to_owned()
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(cpus) = &self.cpus {
+            parts.push(format!("cpus {cpus}"));
+        }
+        if let Some(nodes) = &self.memory_nodes {
+            parts.push(format!("the memory of numa node {nodes}"));
+        }
+        parts.join(" and ")
+    }
 }
 
 /// Settings changed on a restart; the ones not written keep their values (except `claim-cpus`,
@@ -277,6 +342,10 @@ pub struct ClaimStep {
     pub name: String,
     /// The pod the claim is reserved for; the claim lives in its namespace.
     pub pod: String,
+    /// The pod's name for the claim, when the claim was made from a ResourceClaimTemplate
+    /// (`pod.spec.resourceClaims[].name`): where its containers find its device metadata.
+    #[serde(default)]
+    pub pod_claim_name: Option<String>,
     pub results: Vec<ResultStep>,
     /// Opaque configuration for our driver, in the order the allocation would list it.
     #[serde(default)]
@@ -316,6 +385,9 @@ pub struct ScheduleStep {
     pub name: String,
     /// The pod the claim is reserved for; the claim lives in its namespace.
     pub pod: String,
+    /// As on a claim step.
+    #[serde(default)]
+    pub pod_claim_name: Option<String>,
     /// The inline request's name (default `cpus`).
     #[serde(default)]
     pub request: Option<String>,
@@ -611,6 +683,8 @@ impl Step {
             },
             Self::Restart => "restart the agent".into(),
             Self::Reconfigure(r) => format!("restart the agent with {}", r.written()),
+            Self::Offline(h) => format!("{} {} offline", h.describe(), h.verb("go")),
+            Self::Online(h) => format!("{} {} back online", h.describe(), h.verb("come")),
         }
     }
 }
@@ -935,10 +1009,23 @@ fn check(steps: &[(Option<usize>, Step)]) -> Result<(), (Option<usize>, String)>
                     }
                 }
             },
+            Step::Offline(h) | Step::Online(h) => {
+                if let Err(e) = h.sets() {
+                    return fail(format!("{}: {e}", step_name(step)));
+                }
+            }
             Step::Restart | Step::Reconfigure(_) => {}
         }
     }
     Ok(())
+}
+
+fn step_name(step: &Step) -> &'static str {
+    match step {
+        Step::Offline(_) => "offline",
+        Step::Online(_) => "online",
+        _ => "step",
+    }
 }
 
 /// The 1-based line of each item of the top-level `steps:` list, found by indentation; `None`
@@ -1022,6 +1109,37 @@ steps:
         let bad = GOOD.replace("remove: {pod: web}", "remove: {pod: nobody}");
         let e = parse("s.yaml", &bad, None).unwrap_err();
         assert_eq!(e.line, Some(13), "{e}");
+    }
+
+    #[test]
+    fn offline_and_online_steps_name_cpus_or_memory_nodes() {
+        let with = GOOD.replace(
+            "remove: {pod: web}",
+            "offline: {cpus: 4-5, memory-nodes: 1}",
+        );
+        let s = parse("s.yaml", &with, None).unwrap();
+        let Step::Offline(h) = &s.steps[6].1 else {
+            panic!("{:?}", s.steps[6])
+        };
+        assert_eq!(
+            h.sets().unwrap(),
+            ("4-5".parse().unwrap(), "1".parse().unwrap())
+        );
+        assert_eq!(
+            s.steps[6].1.describe(),
+            "cpus 4-5 and the memory of numa node 1 go offline"
+        );
+        for (bad, says) in [
+            ("online: {}", "online: name cpus or memory-nodes"),
+            (
+                "offline: {cpus: four}",
+                "offline: cpus: \"four\" is not a cpu list",
+            ),
+        ] {
+            let e = parse("s.yaml", &GOOD.replace("remove: {pod: web}", bad), None).unwrap_err();
+            assert_eq!(e.line, Some(13), "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
     }
 
     #[test]

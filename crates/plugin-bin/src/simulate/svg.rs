@@ -68,7 +68,7 @@ fn owners(topo: &Topology, inv: &InventoryRows) -> Owners {
         let users: Vec<&str> = inv
             .containers
             .iter()
-            .filter(|p| p.grant == crate::view::GrantKind::Claim && p.cpus == c.cpus)
+            .filter(|p| p.grant == GrantKind::Claim && p.cpus == c.cpus)
             .map(|p| {
                 if p.name.is_empty() {
                     p.id.as_str()

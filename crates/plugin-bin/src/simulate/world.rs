@@ -1,5 +1,5 @@
 //! The simulated container runtime: it applies what it is told. (The simulated API server is
-//! kube-dra's in-memory claim store, `resmgr::kube_dra::fake::StaticClaims`.)
+//! kube-dra's in-memory claim store, `kube_dra::fake::StaticClaims`.)
 //!
 //! It is deliberately dumb: the decisions under test are the real manager's and the real
 //! policy's, and it only records their effects so the report can show them.
@@ -7,7 +7,8 @@
 use std::{collections::BTreeMap, sync::Mutex};
 
 use policy::{ContainerUpdate, CpuSet, NodeSet};
-use resmgr::{BoxFuture, Runtime, RuntimeError, sync::lock};
+use resmgr::{BoxFuture, Runtime, RuntimeError};
+use stdx::sync::lock;
 
 /// A container as the runtime has it applied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

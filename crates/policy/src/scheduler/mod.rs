@@ -22,6 +22,9 @@
 //!   == value`. Attributes are looked up as the allocator does: the qualified name, or, when
 //!   its domain is the driver's, the bare name the device published; capacity names match
 //!   exactly;
+//! - **taints** ([`Device::taints`]): a device with a `NoSchedule` or `NoExecute` taint is
+//!   allocated to no claim, as kube-scheduler does with `DRADeviceTaints` (beta and on from
+//!   1.36, GA in 1.37) for claims that do not tolerate it (ours carry no tolerations);
 //! - **the search** ([`search`]): requests in order, devices in published order, first
 //!   solution, backtracking; at most 32 results per claim;
 //! - **the `DRAConsumableCapacity` gate** ([`Gates`]): off (the default on 1.34 and 1.35), the
@@ -35,7 +38,7 @@
 //! device allows.
 //!
 //! Out of scope, because our devices and claims do not use them: CEL, `allocationMode: All`,
-//! `firstAvailable` subrequests, admin access, taints, partitionable devices (shared counters),
+//! `firstAvailable` subrequests, admin access, tolerations, partitionable devices (shared counters),
 //! `distinctAttribute`, several claims of a pod allocated together, and incomplete pools (the
 //! devices given are one complete pool). Share IDs are deterministic here (the scheduler's are
 //! random UIDs), so simulations print the same every time.
@@ -52,7 +55,7 @@ use std::{
 };
 
 use crate::{
-    model::{AllocationResult, AttributeValue, Device},
+    model::{AllocationResult, AttributeValue, Device, TaintEffect},
     quantity::Quantity,
 };
 
@@ -443,12 +446,22 @@ pub(crate) fn resolve_capacity(
         .collect()
 }
 
+/// Whether a taint keeps the scheduler from allocating `device` to a claim that does not
+/// tolerate it.
+fn tainted(device: &Device) -> bool {
+    device
+        .taints
+        .iter()
+        .any(|t| matches!(t.effect, TaintEffect::NoSchedule | TaintEffect::NoExecute))
+}
+
 fn show_value(v: &AttributeValue) -> String {
     match v {
         AttributeValue::Int(i) => i.to_string(),
         AttributeValue::Bool(b) => b.to_string(),
         AttributeValue::String(s) | AttributeValue::Version(s) => format!("{s:?}"),
         AttributeValue::Strings(list) => format!("{list:?}"),
+        AttributeValue::Ints(list) => format!("{list:?}"),
     }
 }
 
@@ -591,6 +604,10 @@ fn amount(name: &str, q: Quantity) -> String {
 fn why_not(input: &search::Input<'_>, request: &DeviceRequest, device: &Device) -> Option<String> {
     if input.whole.contains(&device.name) {
         return Some("allocated whole to another claim".into());
+    }
+    if tainted(device) {
+        let keys: Vec<&str> = device.taints.iter().map(|t| t.key.as_str()).collect();
+        return Some(format!("tainted ({})", keys.join(", ")));
     }
     if !input.consumable {
         return None;

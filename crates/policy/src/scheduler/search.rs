@@ -76,6 +76,7 @@ impl ValueSet {
             AttributeValue::String(s) => Self::Strings(BTreeSet::from([s.clone()])),
             AttributeValue::Version(v) => Self::Versions(BTreeSet::from([v.clone()])),
             AttributeValue::Strings(list) => Self::Strings(list.iter().cloned().collect()),
+            AttributeValue::Ints(list) => Self::Ints(list.iter().copied().collect()),
         }
     }
 
@@ -159,7 +160,7 @@ impl Search<'_> {
         if self.input.whole.contains(&device.name) || self.taking.contains(&d) {
             return None;
         }
-        if !super::selected(device, self.input.driver, request) {
+        if !super::selected(device, self.input.driver, request) || super::tainted(device) {
             return None;
         }
         if !self.input.consumable {

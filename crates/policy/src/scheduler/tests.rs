@@ -54,6 +54,7 @@ fn grouped(node: i64, cpus: u64) -> Device {
             },
         )]),
         allow_multiple_allocations: true,
+        taints: Vec::new(),
     }
 }
 
@@ -67,6 +68,7 @@ fn individual(cpu: u32, node: i64) -> Device {
         ]),
         capacities: BTreeMap::new(),
         allow_multiple_allocations: false,
+        taints: Vec::new(),
     }
 }
 
@@ -657,6 +659,7 @@ fn rooted(name: &str, kind: &str, roots: AttributeValue) -> Device {
         ]),
         capacities: BTreeMap::new(),
         allow_multiple_allocations: false,
+        taints: Vec::new(),
     }
 }
 
@@ -724,4 +727,33 @@ fn match_attribute_on_lists_needs_a_value_common_to_all_devices() {
     // Values of another type never match, whatever they say.
     s.allocate("int", &same_root(&["gpu-as-int", "nic"]), &devices)
         .unwrap_err();
+}
+
+#[test]
+fn a_tainted_device_is_allocated_to_no_claim_until_the_taint_goes() {
+    let mut devices = vec![grouped(0, 4), grouped(1, 4)];
+    devices[0].taints.push(crate::model::DeviceTaint {
+        key: format!("{DRIVER}/cpus-offline"),
+        value: "3".into(),
+        effect: TaintEffect::NoSchedule,
+        time_added: None,
+    });
+    let mut s = on();
+    let first = s
+        .allocate("a", &one(DeviceRequest::count("cpus", 1)), &devices)
+        .unwrap();
+    assert_eq!(devices_of(&first), ["numa1"], "numa0 is tainted");
+    // A taint that only informs keeps nothing away.
+    devices[0].taints[0].effect = TaintEffect::None;
+    let second = s
+        .allocate("b", &one(DeviceRequest::count("cpus", 1)), &devices)
+        .unwrap();
+    assert_eq!(devices_of(&second), ["numa0"]);
+    devices[1].taints = devices[0].taints.clone();
+    devices[1].taints[0].effect = TaintEffect::NoExecute;
+    devices[0].taints[0].effect = TaintEffect::NoSchedule;
+    let err = s
+        .allocate("c", &one(DeviceRequest::count("cpus", 1)), &devices)
+        .unwrap_err();
+    assert!(!unschedulable(err).is_empty());
 }

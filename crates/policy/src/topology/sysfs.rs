@@ -1,5 +1,7 @@
 //! What hwloc does not report, read from sysfs under a configurable root: isolated and online
-//! CPUs, each NUMA node's hugepages, and the PCIe root complexes with the CPUs local to each.
+//! CPUs, the NUMA nodes with memory online (`devices/system/node/has_memory`, which device
+//! health reads), each NUMA node's hugepages, and the PCIe root complexes with the CPUs local to
+//! each.
 //!
 //! The root is a parameter (`/sys` on a live node, a host mount when the agent runs in a
 //! container, a temporary directory in tests). Files are read relative to it:
@@ -74,6 +76,12 @@ pub fn read_cpu_facts(root: &Path) -> Result<CpuFacts, SysfsError> {
         isolated: read_list(&dir.join("isolated"))?.unwrap_or_default(),
         online: read_list(&dir.join("online"))?,
     })
+}
+
+/// The NUMA nodes that have memory online (`devices/system/node/has_memory`) under `root`;
+/// `None` when the file is absent (a kernel without NUMA support).
+pub fn read_memory_nodes(root: &Path) -> Result<Option<crate::idset::NodeSet>, SysfsError> {
+    read_list(&root.join("devices/system/node/has_memory"))
 }
 
 /// Node `node`'s hugepages under `root`: page size in bytes -> pages kept (`nr_hugepages`), for

@@ -7,7 +7,7 @@ use super::{
     Grant, Placed, TopologyAware, Updates, annotations,
     claims::{self, HeldClaim},
     devices::DeviceTable,
-    into_vec,
+    into_vec, metadata,
     pools::Pool,
     to_i64,
 };
@@ -125,6 +125,7 @@ impl TopologyAware {
         let (record, mut warnings) = self.plan_claim(claim)?;
         let cpus = record.cpus();
         let edits = record.edits();
+        let attributes = metadata::attributes(&record, &self.table);
         let before = self.pool_fallbacks();
         self.taken = self.taken.union(&cpus);
         self.account_claim(&record, true);
@@ -138,12 +139,14 @@ impl TopologyAware {
             edits,
             updates: into_vec(updates),
             warnings,
+            attributes,
         })
     }
 
     fn claim_edits(&self, uid: &str) -> Option<ClaimAllocation> {
         self.claims.get(uid).map(|c| ClaimAllocation {
             edits: c.edits(),
+            attributes: metadata::attributes(c, &self.table),
             ..ClaimAllocation::default()
         })
     }

@@ -9,6 +9,8 @@
 //! memoryPinning: false   # default true
 //! fullCores: true        # default false
 //! memoryKinds: [dram, hbm]   # default [dram]
+//! cpus: "4-7"            # default: the policy picks
+//! memoryNodes: "1"       # default: the nodes of the cpus (and memoryKinds)
 //! ```
 //!
 //! - `memoryPinning` (default `true`): containers using the result are pinned to its NUMA
@@ -31,7 +33,23 @@
 //!   (`plan_claim.rs`), naming the request and what it holds. Without pinning it has no
 //!   effect.
 //!
-//! All three are decided at allocation; what a claim got is kept with its record, so a restart
+//! - `cpus` (default: unset): exactly the CPUs the request gets, in the kernel's list format,
+//!   chosen outside Kubernetes (a batch scheduler such as Slurm picking cores for a job). Each
+//!   CPU must lie in a device the scheduler allocated to the request and be free; each result
+//!   gets the named CPUs of its device, exactly as many as it consumed (all of an individual
+//!   device's). Otherwise the claim is refused at prepare, naming the CPUs and why (not in the
+//!   request's devices: reserved, not claimable, on another device; held by another claim; more
+//!   or fewer than the scheduler allocated; a core split on a whole-core device): never other
+//!   CPUs instead (`plan_claim.rs`). It names one request's CPUs, so a configuration with it
+//!   must apply to one request of the claim, and it comes from the claim, not its DeviceClass
+//!   (every claim of the class would name the same CPUs).
+//! - `memoryNodes` (default: unset): exactly the memory nodes containers using the request are
+//!   pinned to, in the kernel's list format. Each must be the NUMA node of the request's CPUs
+//!   or memory, or a memory-only node attached to one of them of a kind `memoryKinds` allows;
+//!   a node whose memory the request holds must be among them. It needs memory pinning, and
+//!   comes from the claim like `cpus`.
+//!
+//! All five are decided at allocation; what a claim got is kept with its record, so a restart
 //! changes nothing and re-preparing the claim returns the same edits.
 //!
 //! Decoding is strict: a wrong or missing `apiVersion` or `kind`, a field this version does not
@@ -45,6 +63,7 @@ use serde::Deserialize;
 
 use crate::{
     api::PolicyError,
+    idset::{CpuSet, NodeSet},
     model::{Claim, ClaimConfig, ConfigSource},
     topology::MemoryKind,
 };
@@ -67,6 +86,16 @@ struct CpuConfig {
     memory_pinning: Option<bool>,
     full_cores: Option<bool>,
     memory_kinds: Option<Vec<Kind>>,
+    cpus: Option<String>,
+    memory_nodes: Option<String>,
+}
+
+/// A configuration decoded: its fields, and the sets `cpus` and `memoryNodes` name.
+#[derive(Debug, Clone, Default)]
+struct Decoded {
+    fields: CpuConfig,
+    cpus: Option<CpuSet>,
+    memory_nodes: Option<NodeSet>,
 }
 
 /// A memory kind as written in a configuration (lower case, like the `memory-type`
@@ -100,6 +129,10 @@ pub struct Settings {
     pub full_cores: bool,
     /// The kinds of memory node its containers may use: sorted, never empty.
     pub memory_kinds: Vec<MemoryKind>,
+    /// Exactly the CPUs its request gets (`cpus`), when chosen outside.
+    pub cpus: Option<CpuSet>,
+    /// Exactly the memory nodes its containers are pinned to (`memoryNodes`).
+    pub memory_nodes: Option<NodeSet>,
 }
 
 impl Default for Settings {
@@ -109,12 +142,15 @@ impl Default for Settings {
             memory_pinning: true,
             full_cores: false,
             memory_kinds: vec![MemoryKind::Dram],
+            cpus: None,
+            memory_nodes: None,
         }
     }
 }
 
 impl Settings {
-    fn apply(&mut self, config: &CpuConfig) {
+    fn apply(&mut self, decoded: &Decoded) {
+        let config = &decoded.fields;
         if let Some(v) = config.memory_pinning {
             self.memory_pinning = v;
         }
@@ -127,6 +163,12 @@ impl Settings {
             kinds.dedup();
             self.memory_kinds = kinds;
         }
+        if let Some(cpus) = &decoded.cpus {
+            self.cpus = Some(cpus.clone());
+        }
+        if let Some(nodes) = &decoded.memory_nodes {
+            self.memory_nodes = Some(nodes.clone());
+        }
     }
 }
 
@@ -138,6 +180,9 @@ pub fn settings(claim: &Claim) -> Result<Vec<Settings>, PolicyError> {
         .iter()
         .map(|c| decode(claim, c).map(|d| (c, d)))
         .collect::<Result<Vec<_>, _>>()?;
+    for (config, decoded) in &decoded {
+        one_request(claim, config, decoded)?;
+    }
     Ok(claim
         .results
         .iter()
@@ -155,13 +200,51 @@ pub fn settings(claim: &Claim) -> Result<Vec<Settings>, PolicyError> {
         .collect())
 }
 
-fn decode(claim: &Claim, config: &ClaimConfig) -> Result<CpuConfig, PolicyError> {
-    let refuse = |field: &str, reason: String| PolicyError::ClaimConfig {
+/// A configuration naming CPUs or memory nodes names those of one request: refused when it
+/// applies to results of several.
+fn one_request(claim: &Claim, config: &ClaimConfig, decoded: &Decoded) -> Result<(), PolicyError> {
+    let field = if decoded.cpus.is_some() {
+        "cpus"
+    } else if decoded.memory_nodes.is_some() {
+        "memoryNodes"
+    } else {
+        return Ok(());
+    };
+    let requests: std::collections::BTreeSet<&str> = claim
+        .results
+        .iter()
+        .filter(|r| config.applies_to(&r.request))
+        .map(|r| {
+            r.request
+                .split_once('/')
+                .map_or(r.request.as_str(), |(base, _)| base)
+        })
+        .collect();
+    if requests.len() > 1 {
+        return Err(refusal(
+            claim,
+            config,
+            field,
+            format!(
+                "it names the cpus and memory nodes of one request, but this configuration applies to requests {}: list one request in its requests",
+                requests.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn refusal(claim: &Claim, config: &ClaimConfig, field: &str, reason: String) -> PolicyError {
+    PolicyError::ClaimConfig {
         claim: format!("{}/{} ({})", claim.namespace, claim.name, claim.uid),
         requests: describe_requests(config),
         field: field.to_owned(),
         reason,
-    };
+    }
+}
+
+fn decode(claim: &Claim, config: &ClaimConfig) -> Result<Decoded, PolicyError> {
+    let refuse = |field: &str, reason: String| refusal(claim, config, field, reason);
     let Some(object) = config.parameters.as_object() else {
         return Err(refuse(
             "parameters",
@@ -186,7 +269,51 @@ fn decode(claim: &Claim, config: &ClaimConfig) -> Result<CpuConfig, PolicyError>
             "empty: name at least one of dram, hbm, pmem, cxl".to_owned(),
         ));
     }
-    Ok(decoded)
+    let cpus = decoded
+        .cpus
+        .as_deref()
+        .map(|list| parse_set::<CpuSet>(list, "cpu").map_err(|reason| refuse("cpus", reason)))
+        .transpose()?;
+    let memory_nodes = decoded
+        .memory_nodes
+        .as_deref()
+        .map(|list| {
+            parse_set::<NodeSet>(list, "node").map_err(|reason| refuse("memoryNodes", reason))
+        })
+        .transpose()?;
+    if config.source == ConfigSource::Class {
+        for (field, named) in [
+            ("cpus", cpus.is_some()),
+            ("memoryNodes", memory_nodes.is_some()),
+        ] {
+            if named {
+                return Err(refuse(
+                    field,
+                    "a device class cannot name them: every claim of the class would get the same ones; put it in the claim's configuration".to_owned(),
+                ));
+            }
+        }
+    }
+    Ok(Decoded {
+        fields: decoded,
+        cpus,
+        memory_nodes,
+    })
+}
+
+/// A non-empty set in the kernel's list format (`2-5,8`).
+fn parse_set<T>(list: &str, what: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + Default + PartialEq,
+    T::Err: std::fmt::Display,
+{
+    let set: T = list
+        .parse()
+        .map_err(|e| format!("{list:?} is not a {what} list such as \"2-5,8\": {e}"))?;
+    if set == T::default() {
+        return Err(format!("{list:?} names no {what}"));
+    }
+    Ok(set)
 }
 
 fn describe_requests(config: &ClaimConfig) -> String {
@@ -279,6 +406,8 @@ mod tests {
                 memory_pinning: true,
                 full_cores: true,
                 memory_kinds: vec![MemoryKind::Dram],
+                cpus: None,
+                memory_nodes: None,
             }],
             "the claim's pinning wins, the class's fullCores stays"
         );
@@ -408,7 +537,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "claim ns/c (u1): configuration for request other (from its device class): bogus: \
-             unknown field `bogus`, expected one of `apiVersion`, `kind`, `memoryPinning`, `fullCores`, `memoryKinds`"
+             unknown field `bogus`, expected one of `apiVersion`, `kind`, `memoryPinning`, `fullCores`, `memoryKinds`, `cpus`, `memoryNodes`"
         );
     }
 }

@@ -725,6 +725,7 @@ mod tests {
             reserved_for: vec!["pod-a".into()],
             results: vec![result("r0", "numa0"), result("r1", "numa1")],
             config: Vec::new(),
+            pod_claim_name: None,
         };
         let count = |_: &AllocationResult| Some(7);
         assert_eq!(

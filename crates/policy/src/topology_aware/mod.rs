@@ -97,6 +97,7 @@ pub mod devices;
 mod fallbacks;
 mod inventory;
 pub mod memory;
+pub mod metadata;
 mod place;
 mod plan_claim;
 pub mod pools;
@@ -489,6 +490,13 @@ impl Policy for TopologyAware {
 
     fn allocate(&mut self, container: &Container) -> Result<Allocation, PolicyError> {
         self.allocate_container(container)
+    }
+
+    fn adopt_container(
+        &mut self,
+        container: &Container,
+    ) -> Result<Vec<ContainerUpdate>, PolicyError> {
+        Ok(self.adopt_running(container))
     }
 
     fn update(

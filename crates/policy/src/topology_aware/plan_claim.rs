@@ -31,6 +31,12 @@ struct MemoryGrant {
     hugepages: BTreeMap<u64, u64>,
 }
 
+/// `request/subrequest` → `request`: a configuration names the CPUs of a request, whichever of
+/// its subrequests was allocated.
+fn base_request(request: &str) -> &str {
+    request.split_once('/').map_or(request, |(base, _)| base)
+}
+
 /// Bytes as a Kubernetes quantity, in the largest binary unit that is exact (`16Gi`, `3Mi`).
 fn bytes_text(bytes: u64) -> String {
     if bytes == 0 {
@@ -82,6 +88,10 @@ impl TopologyAware {
         // Memory this claim's earlier results take, by node: (bytes, hugepage bytes by size).
         let mut held: BTreeMap<u32, (u64, BTreeMap<u64, u64>)> = BTreeMap::new();
         let mut results = Vec::with_capacity(claim.results.len());
+        // The CPUs each request's configuration names (`cpus`) that no result took yet.
+        let mut named_left: BTreeMap<&str, CpuSet> = BTreeMap::new();
+        // The CPUs of the devices allocated to each such request.
+        let mut named_devices: BTreeMap<&str, CpuSet> = BTreeMap::new();
         for ((i, r), s) in claim.results.iter().enumerate().zip(&settings) {
             let at = format!("result {i} (request {})", r.request);
             let Some(device) = self.table.get(&r.device) else {
@@ -95,6 +105,15 @@ impl TopologyAware {
                     reason: format!("{at}: device {:?}: {why}", r.device),
                 });
             };
+            if device.is_memory() && s.cpus.is_some() {
+                return Err(PolicyError::Invalid {
+                    subject,
+                    reason: format!(
+                        "{at}: its configuration names cpus, but the request is for memory device {}, which has none: name the cpus in the configuration of the request for cpus",
+                        r.device
+                    ),
+                });
+            }
             if device.is_memory() {
                 // Memory without CPUs: what it consumed of its node's account, or, handed out
                 // whole (the API server dropped consumable capacity), all of it.
@@ -124,52 +143,65 @@ impl TopologyAware {
                 Share::Whole => None,
                 Share::Consumable { .. } => r.consumed_capacity.get(CPU_CAPACITY),
             };
-            let cpus = match consumed {
-                None => {
-                    if free != device.cpus {
-                        let why = match device.share {
+            let cpus = if let Some(named) = &s.cpus {
+                let n = match consumed {
+                    None => device.cpus.len(),
+                    Some(q) => usize::try_from(q.units_ceil()).unwrap_or(usize::MAX),
+                };
+                let in_devices = named_devices.entry(base_request(&r.request)).or_default();
+                *in_devices = in_devices.union(&device.cpus);
+                let left = named_left
+                    .entry(base_request(&r.request))
+                    .or_insert_with(|| named.clone());
+                self.take_named(&subject, &at, &r.device, device, n, left, &tentative)?
+            } else {
+                match consumed {
+                    None => {
+                        if free != device.cpus {
+                            let why = match device.share {
                             Share::Whole => "it is allocated to one claim at a time".to_owned(),
                             Share::Consumable { .. } => "the result consumed no capacity, so the scheduler handed the device out whole (DRAConsumableCapacity is off: device-mode individual fits this cluster)".to_owned(),
                         };
-                        return Err(PolicyError::DoesNotFit {
-                            subject,
-                            reason: format!(
-                                "{at} on device {}: {why}, but cpus {} of it are held by {}",
-                                r.device,
-                                device.cpus.difference(&free),
-                                self.holders(&device.cpus.difference(&free), &tentative)
-                            ),
-                        });
+                            return Err(PolicyError::DoesNotFit {
+                                subject,
+                                reason: format!(
+                                    "{at} on device {}: {why}, but cpus {} of it are held by {}",
+                                    r.device,
+                                    device.cpus.difference(&free),
+                                    self.holders(&device.cpus.difference(&free), &tentative)
+                                ),
+                            });
+                        }
+                        device.cpus.clone()
                     }
-                    device.cpus.clone()
-                }
-                Some(q) => {
-                    let n = usize::try_from(q.units_ceil()).unwrap_or(usize::MAX);
-                    if n == 0 {
-                        return Err(PolicyError::Invalid {
-                            subject,
-                            reason: format!("{at}: consumes no cpu"),
-                        });
+                    Some(q) => {
+                        let n = usize::try_from(q.units_ceil()).unwrap_or(usize::MAX);
+                        if n == 0 {
+                            return Err(PolicyError::Invalid {
+                                subject,
+                                reason: format!("{at}: consumes no cpu"),
+                            });
+                        }
+                        let whole = (device.whole_cores || s.full_cores)
+                            .then(|| self.pick_whole_cores(&free, n))
+                            .flatten();
+                        let picked =
+                            whole.or_else(|| cpus::pick(&self.topo, &self.index, &free, n, None));
+                        let Some(cpus) = picked else {
+                            return Err(PolicyError::DoesNotFit {
+                                subject,
+                                reason: format!(
+                                    "{at} consumed {n} cpus of device {}, but only {} of its {} are free ({} held by {})",
+                                    r.device,
+                                    free.len(),
+                                    device.cpus.len(),
+                                    device.cpus.difference(&free),
+                                    self.holders(&device.cpus.difference(&free), &tentative)
+                                ),
+                            });
+                        };
+                        cpus
                     }
-                    let whole = (device.whole_cores || s.full_cores)
-                        .then(|| self.pick_whole_cores(&free, n))
-                        .flatten();
-                    let picked =
-                        whole.or_else(|| cpus::pick(&self.topo, &self.index, &free, n, None));
-                    let Some(cpus) = picked else {
-                        return Err(PolicyError::DoesNotFit {
-                            subject,
-                            reason: format!(
-                                "{at} consumed {n} cpus of device {}, but only {} of its {} are free ({} held by {})",
-                                r.device,
-                                free.len(),
-                                device.cpus.len(),
-                                device.cpus.difference(&free),
-                                self.holders(&device.cpus.difference(&free), &tentative)
-                            ),
-                        });
-                    };
-                    cpus
                 }
             };
             tentative = tentative.union(&cpus);
@@ -193,8 +225,36 @@ impl TopologyAware {
                 hugepages: grant.hugepages,
             });
         }
+        for (request, left) in named_left {
+            if left.is_empty() {
+                continue;
+            }
+            let allocated = named_devices.get(request).cloned().unwrap_or_default();
+            let beyond = left.intersection(&allocated);
+            let reason = if beyond.is_empty() {
+                format!(
+                    "its configuration names cpus {left}, which lie in no device the scheduler allocated to it: {}",
+                    self.why_not_allocated(&left)
+                )
+            } else {
+                let outside = left.difference(&allocated);
+                let also = if outside.is_empty() {
+                    String::new()
+                } else {
+                    format!(", and {}", self.why_not_allocated(&outside))
+                };
+                format!(
+                    "its configuration names cpus {beyond} beyond the cpus the scheduler allocated to it of its devices{also}: name exactly as many as the request consumed"
+                )
+            };
+            return Err(PolicyError::Invalid {
+                subject,
+                reason: format!("request {request}: {reason}"),
+            });
+        }
         let mut warnings = self.tie_memory_devices(&subject, &mut results)?;
         self.widen_to_memory_kinds(&subject, &mut results, &settings)?;
+        self.pin_named_nodes(&subject, &mut results, &settings)?;
         // fullCores: whole cores per request (an individual request's CPUs are whole cores
         // together, not one by one).
         let mut asked: BTreeMap<&str, CpuSet> = BTreeMap::new();
@@ -472,6 +532,157 @@ impl TopologyAware {
             memory,
             hugepages,
         })
+    }
+
+    /// The `n` CPUs of `device` that a result whose configuration names its request's CPUs
+    /// gets: the lowest `n` of those named (`left`, the named CPUs no earlier result of the
+    /// request took) that lie in the device, taken out of `left`. Refused, naming the CPUs and
+    /// why, when fewer than `n` of them lie in the device, when one of them is held (by a claim,
+    /// or by an earlier result of this claim: `tentative`), or when they split a core of a
+    /// whole-core device. Never other CPUs instead.
+    #[allow(clippy::too_many_arguments)]
+    fn take_named(
+        &self,
+        subject: &str,
+        at: &str,
+        device_name: &str,
+        device: &devices::PublishedDevice,
+        n: usize,
+        left: &mut CpuSet,
+        tentative: &CpuSet,
+    ) -> Result<CpuSet, PolicyError> {
+        let invalid = |reason: String| PolicyError::Invalid {
+            subject: subject.to_owned(),
+            reason: format!("{at}: {reason}"),
+        };
+        let here = left.intersection(&device.cpus);
+        let held = here.intersection(&self.taken.union(tentative));
+        if !held.is_empty() {
+            return Err(PolicyError::DoesNotFit {
+                subject: subject.to_owned(),
+                reason: format!(
+                    "{at}: its configuration names cpus {held} of device {device_name}, which are held by {}",
+                    self.holders(&held, tentative)
+                ),
+            });
+        }
+        if here.len() < n {
+            let elsewhere = left.difference(&device.cpus);
+            let where_else = if elsewhere.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; of the others it names, {}",
+                    self.why_not_allocated(&elsewhere)
+                )
+            };
+            let named = if here.is_empty() {
+                "none of them".to_owned()
+            } else {
+                format!("{} of them ({here})", here.len())
+            };
+            return Err(invalid(format!(
+                "the scheduler allocated {n} {} of device {device_name} (cpus {}), and its configuration names {named}{where_else}: name exactly as many of the device's cpus as the request consumed",
+                if n == 1 { "cpu" } else { "cpus" },
+                device.cpus
+            )));
+        }
+        let taken: CpuSet = here.iter().take(n).collect();
+        if device.whole_cores {
+            let split = taken.difference(&devices::whole_cores(&self.topo, &taken));
+            if !split.is_empty() {
+                return Err(invalid(format!(
+                    "device {device_name} hands out whole cores, but the cpus its configuration names for it ({taken}) take only part of a core through {split}: name every thread of each core"
+                )));
+            }
+        }
+        *left = left.difference(&taken);
+        Ok(taken)
+    }
+
+    /// Why `cpus` are not CPUs of a claim's allocated devices, in words, by reason:
+    /// `cpu 0 is reserved; cpus 8-11 are on device numa1`.
+    fn why_not_allocated(&self, cpus: &CpuSet) -> String {
+        let mut by_reason: BTreeMap<String, CpuSet> = BTreeMap::new();
+        for cpu in cpus.iter() {
+            let one: CpuSet = std::iter::once(cpu).collect();
+            let reason = if !self.topo.online.contains(cpu) {
+                "not online on this node".to_owned()
+            } else if self.reserved.contains(cpu) {
+                "reserved for system pods".to_owned()
+            } else if let Some(d) = self.table.iter().find(|d| d.cpus.contains(cpu)) {
+                format!(
+                    "on device {}, which the scheduler did not allocate to the request",
+                    d.device.name
+                )
+            } else if self.isolated.contains(cpu) {
+                "kernel-isolated, not published for claims".to_owned()
+            } else {
+                "not published for claims".to_owned()
+            };
+            let entry = by_reason.entry(reason).or_default();
+            *entry = entry.union(&one);
+        }
+        by_reason
+            .into_iter()
+            .map(|(reason, cpus)| match cpus.len() {
+                1 => format!("cpu {cpus} is {reason}"),
+                _ => format!("cpus {cpus} are {reason}"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Pins each result whose configuration names its memory nodes (`memoryNodes`) to exactly
+    /// those, once they are checked: memory pinning on, every node the NUMA node of the
+    /// result's CPUs or memory or a memory-only node of a kind `memoryKinds` allows attached to
+    /// one, and the node whose memory it holds among them. Refused otherwise, naming the nodes
+    /// and why.
+    fn pin_named_nodes(
+        &self,
+        subject: &str,
+        results: &mut [ResultRecord],
+        settings: &[claim_config::Settings],
+    ) -> Result<(), PolicyError> {
+        for (i, (r, s)) in results.iter_mut().zip(settings).enumerate() {
+            let Some(named) = &s.memory_nodes else {
+                continue;
+            };
+            let refuse = |reason: String| PolicyError::Invalid {
+                subject: subject.to_owned(),
+                reason: format!(
+                    "result {i} (request {}): its configuration names memory nodes {named}, but {reason}",
+                    r.request
+                ),
+            };
+            if !r.memory_pinning {
+                return Err(refuse(
+                    "memoryPinning is false, so its containers are pinned to no memory node: leave one of the two out".to_owned(),
+                ));
+            }
+            let mut dram = self.nodes_of(&r.cpus);
+            dram.extend(r.memory_node);
+            if r.cpus.is_empty() {
+                dram.extend(r.mems.iter());
+            }
+            let allowed = self.zone(&dram, &s.memory_kinds).union(&r.mems);
+            let outside = named.difference(&allowed);
+            if !outside.is_empty() {
+                return Err(refuse(format!(
+                    "{} {outside} {} neither the NUMA node of its cpus or memory (node {dram}) nor a memory-only node of the kinds its memoryKinds allows attached to it",
+                    if outside.len() == 1 { "node" } else { "nodes" },
+                    if outside.len() == 1 { "is" } else { "are" },
+                )));
+            }
+            if let Some(node) = r.memory_node.filter(|n| !named.contains(*n)) {
+                return Err(refuse(format!(
+                    "it holds {} of node {node}, which they leave out",
+                    held_text(r)
+                )));
+            }
+            r.mems = named.clone();
+        }
+        Ok(())
     }
 
     /// Who holds `cpus`: the claims (and this claim's earlier results, `tentative`).

@@ -1,7 +1,9 @@
 //! Rebuilding every container placement from the runtime's containers
 //! ([`Policy::sync`](crate::Policy::sync)), keeping the claims: claim and reserved containers
 //! first, exclusive ones on the CPUs they run on while those are free, then the shared ones where
-//! they run now; a running container is never refused.
+//! they run now; a running container is never refused. A running container the sync did not
+//! list is placed by the same rules when the policy first hears of it
+//! ([`Policy::adopt_container`](crate::Policy::adopt_container)).
 
 use std::collections::BTreeMap;
 
@@ -9,6 +11,7 @@ use super::{
     Grant, Placed, TopologyAware, Updates,
     annotations::{self, Options},
     cpus::Spare,
+    into_vec,
     place::Class,
 };
 use crate::{
@@ -217,31 +220,79 @@ impl TopologyAware {
             }
         }
         for (c, opts) in not_exclusive {
-            let shared = Class::Shared {
-                milli: c.resources.cpu_request_milli,
-            };
-            let mut placed = self
-                .plan_admitted(c, opts, &shared, c.cpus.as_ref())
-                .unwrap_or_else(|_| {
-                    let grant = Grant::Shared {
-                        pool: 0,
-                        milli: c.resources.cpu_request_milli,
-                    };
-                    self.placed(c, grant, None, Vec::new())
-                });
-            placed.fallbacks.insert(0, Fallback::NotExclusive);
-            placed.warnings.clear();
-            self.commit(&c.id, placed, &mut scratch);
+            self.place_not_exclusive(c, opts, &mut scratch);
         }
 
-        by_id
-            .values()
-            .filter_map(|c| {
-                let want = self.update_of(&c.id)?;
-                let cpus_differ = c.cpus != want.cpus;
-                let mems_differ = want.mems.is_some() && c.mems != want.mems;
-                (cpus_differ || mems_differ).then_some(want)
-            })
-            .collect()
+        by_id.values().filter_map(|c| self.differs(c)).collect()
+    }
+
+    /// Places a running container that asks for exclusive CPUs it cannot have (or that ran
+    /// shared) on shared CPUs, where it runs now if it can.
+    fn place_not_exclusive(&mut self, c: &Container, opts: &Options, updates: &mut Updates) {
+        let shared = Class::Shared {
+            milli: c.resources.cpu_request_milli,
+        };
+        let mut placed = self
+            .plan_admitted(c, opts, &shared, c.cpus.as_ref())
+            .unwrap_or_else(|_| {
+                let grant = Grant::Shared {
+                    pool: 0,
+                    milli: c.resources.cpu_request_milli,
+                };
+                self.placed(c, grant, None, Vec::new())
+            });
+        placed.fallbacks.insert(0, Fallback::NotExclusive);
+        placed.warnings.clear();
+        self.commit(&c.id, placed, updates);
+    }
+
+    /// The update a placed running container needs: what it should run on, when that differs
+    /// from what the runtime reported.
+    fn differs(&self, c: &Container) -> Option<ContainerUpdate> {
+        let want = self.update_of(&c.id)?;
+        let cpus_differ = c.cpus != want.cpus;
+        let mems_differ = want.mems.is_some() && c.mems != want.mems;
+        (cpus_differ || mems_differ).then_some(want)
+    }
+
+    /// [`Policy::adopt_container`](crate::Policy::adopt_container): one running container the
+    /// policy has not seen, placed as [`TopologyAware::sync_containers`] places each: by its
+    /// class (a request it cannot read gets the defaults), an exclusive one kept on the CPUs it
+    /// runs on while they are free, given free ones otherwise, and run shared when it shares
+    /// its CPUs with a container the policy holds or none can be had; never refused. Returns
+    /// the ripple, then its own update if it runs elsewhere. One the policy holds already
+    /// changes nothing.
+    pub(super) fn adopt_running(&mut self, c: &Container) -> Vec<ContainerUpdate> {
+        if self.containers.contains_key(&c.id) {
+            return Vec::new();
+        }
+        let opts = annotations::options(c, &self.config.reserved_namespaces)
+            .unwrap_or_else(|_| annotations::defaults(c, &self.config.reserved_namespaces));
+        let class = self.classify(c, &opts);
+        let mut updates = Updates::new();
+        match &class {
+            Class::Exclusive { n, isolated } => {
+                let shares_cpus = c.cpus.as_ref().is_some_and(|mine| {
+                    self.containers
+                        .values()
+                        .any(|p| self.cpus_of(&p.grant).intersects(mine))
+                });
+                let exclusive = if shares_cpus {
+                    None
+                } else {
+                    self.plan_keep(c, &opts, *n, *isolated)
+                        .or_else(|| self.plan_exclusive_running(c, &opts, *n, *isolated))
+                };
+                match exclusive {
+                    Some(placed) => self.commit(&c.id, placed, &mut updates),
+                    None => self.place_not_exclusive(c, &opts, &mut updates),
+                }
+            }
+            _ => self.place_running(c, &opts, &class, &mut updates),
+        }
+        updates.remove(&c.id);
+        let mut out = into_vec(updates);
+        out.extend(self.differs(c));
+        out
     }
 }

@@ -15,9 +15,11 @@
 //!
 //! Subscribed events: CreateContainer, UpdateContainer and StopContainer (whose replies carry
 //! updates to other containers), PostStartContainer and PostUpdateContainer (until which the
-//! runtime may drop or overwrite a container's updates: [`crate::pending`]) and RemoveContainer (both arrive as StateChange, or as
-//! their own calls on NRI v0.12 runtimes, and carry none). Pod events change nothing the policy
-//! decides.
+//! runtime may drop or overwrite a container's updates: [`crate::pending`]), PostCreateContainer
+//! (the first the agent hears of a container CRI-O's Synchronize did not list, before it runs:
+//! [`crate::container_events`]) and RemoveContainer; those four arrive as StateChange, or as
+//! their own calls on NRI v0.12 runtimes, and carry none. Every one of them is in the mask of
+//! every NRI version (events 1 to 11). Pod events change nothing the policy decides.
 
 pub mod translate;
 
@@ -32,12 +34,12 @@ use nri::{
     api::{self, Event},
 };
 use policy::{ContainerUpdate, PolicyError};
+use stdx::errors::chain;
 use tracing::{info, warn};
 
 use crate::{
-    commit::CommitError,
     container_events::EventError,
-    errors::chain,
+    core::CommitError,
     manager::Manager,
     runtime::{BoxFuture, Runtime, RuntimeError},
 };
@@ -86,8 +88,9 @@ impl Runtime for NriRuntime {
 
 /// Told about every runtime event the plugin handles, for metrics.
 pub trait EventObserver: Send + Sync + std::fmt::Debug {
-    /// One event of `kind`: `synchronize`, `create-container`, `update-container`,
-    /// `stop-container` or `remove-container`.
+    /// One event of `kind`: `synchronize`, `create-container`, `post-create-container`,
+    /// `post-start-container`, `update-container`, `post-update-container`, `stop-container` or
+    /// `remove-container`.
     fn event(&self, kind: &'static str);
 }
 
@@ -165,18 +168,26 @@ fn updates(updates: &[ContainerUpdate]) -> Vec<api::ContainerUpdate> {
     updates.iter().map(translate::update).collect()
 }
 
+/// The events the plugin subscribes to (see the module docs).
+pub fn subscriptions() -> EventSet {
+    EventSet::of(&[
+        Event::CreateContainer,
+        // The first the agent hears of a container a Synchronize did not list, before it runs
+        // (crate::container_events).
+        Event::PostCreateContainer,
+        // Until it, the runtime may drop updates of the container (crate::pending).
+        Event::PostStartContainer,
+        Event::UpdateContainer,
+        // Until it, the runtime may overwrite updates of the container (crate::pending).
+        Event::PostUpdateContainer,
+        Event::StopContainer,
+        Event::RemoveContainer,
+    ])
+}
+
 impl Plugin for ResmgrPlugin {
     fn events(&self) -> EventSet {
-        EventSet::of(&[
-            Event::CreateContainer,
-            // Until it, the runtime may drop updates of the container (crate::pending).
-            Event::PostStartContainer,
-            Event::UpdateContainer,
-            // Until it, the runtime may overwrite updates of the container (crate::pending).
-            Event::PostUpdateContainer,
-            Event::StopContainer,
-            Event::RemoveContainer,
-        ])
+        subscriptions()
     }
 
     async fn synchronize(
@@ -301,6 +312,17 @@ impl Plugin for ResmgrPlugin {
 
     async fn state_change(&self, change: StateChange) -> Result<(), PluginError> {
         match change.event {
+            Event::PostCreateContainer => {
+                self.observer.event("post-create-container");
+                let c = change
+                    .container
+                    .as_ref()
+                    .ok_or_else(|| missing("PostCreateContainer", "container"))?;
+                let pod = change.pod.unwrap_or_default();
+                self.manager
+                    .container_created(&translate::container(&pod, c))
+                    .await;
+            }
             Event::PostStartContainer => {
                 self.observer.event("post-start-container");
                 let c = change
@@ -397,7 +419,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        commit::{DeliveryCause, DeliveryError},
+        core::{DeliveryCause, DeliveryError},
         runtime::RuntimeError,
         state::StateError,
     };
@@ -470,6 +492,36 @@ mod tests {
             assert_eq!(refused.kind, kind, "{error:?}");
             assert_eq!(refused.message, chain(&error));
             assert!(refused.message.starts_with("container ns/pod/c: "));
+        }
+    }
+
+    #[test]
+    fn every_runtime_supported_delivers_every_event_subscribed_to() {
+        use nri::version::NriVersion;
+        let ours = subscriptions();
+        // containerd 2.1 (v0.8), 2.2.0 (v0.10), 2.2.1 and CRI-O 1.36 (v0.11), containerd 2.4
+        // (v0.12), and a runtime that does not say.
+        for runtime in [
+            Some(NriVersion::new(0, 8, 0)),
+            Some(NriVersion::new(0, 10, 0)),
+            Some(NriVersion::new(0, 11, 0)),
+            Some(NriVersion::new(0, 12, 0)),
+            None,
+        ] {
+            let (delivered, dropped) = ours.split_for(runtime);
+            assert!(dropped.is_empty(), "{runtime:?} drops {dropped:?}");
+            assert_eq!(delivered, ours, "{runtime:?}");
+        }
+        for needed in [
+            Event::CreateContainer,
+            Event::PostCreateContainer,
+            Event::PostStartContainer,
+            Event::UpdateContainer,
+            Event::PostUpdateContainer,
+            Event::StopContainer,
+            Event::RemoveContainer,
+        ] {
+            assert!(ours.contains(needed), "{needed:?}");
         }
     }
 

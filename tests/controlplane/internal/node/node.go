@@ -338,6 +338,11 @@ func (n *Node) RunContainers(pod *corev1.Pod) map[string]Container {
 					claimName = *pc.ResourceClaimName
 				}
 			}
+			for _, s := range pod.Status.ResourceClaimStatuses {
+				if claimName == "" && s.Name == ref.Name && s.ResourceClaimName != nil {
+					claimName = *s.ResourceClaimName
+				}
+			}
 			devices = append(devices, n.prepared[string(pod.UID)][claimName]...)
 		}
 		ctr, err := n.runtime.createContainer(ctx, pod, c, devices)
@@ -386,12 +391,20 @@ func podClaims(t testing.TB, client kubernetes.Interface, pod *corev1.Pod) []*re
 	defer cancel()
 	var out []*resourcev1.ResourceClaim
 	for _, ref := range pod.Spec.ResourceClaims {
-		if ref.ResourceClaimName == nil {
-			t.Fatalf("pod %s: claim %s comes from a template; these scenarios name their claims (the cluster stage's use templates)", pod.Name, ref.Name)
+		name := ref.ResourceClaimName
+		// A claim from a template: the one the resource claim controller made, as the pod's
+		// status names it (the kubelet reads it there too).
+		for _, s := range pod.Status.ResourceClaimStatuses {
+			if name == nil && s.Name == ref.Name {
+				name = s.ResourceClaimName
+			}
 		}
-		claim, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *ref.ResourceClaimName, metav1.GetOptions{})
+		if name == nil {
+			t.Fatalf("pod %s: claim %s comes from a template, and the pod's status names no claim made from it", pod.Name, ref.Name)
+		}
+		claim, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
 		if err != nil {
-			t.Fatalf("reading claim %s of pod %s: %v", *ref.ResourceClaimName, pod.Name, err)
+			t.Fatalf("reading claim %s of pod %s: %v", *name, pod.Name, err)
 		}
 		out = append(out, claim)
 	}

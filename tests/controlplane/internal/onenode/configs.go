@@ -15,7 +15,8 @@ const (
 	// podCIDR is the bridge's range inside the run's network namespace (nothing outside it
 	// sees it, so every run may use the same).
 	podCIDR = "10.88.0.0/16"
-	// apiPort is the API server's port on the node's address.
+	// apiPort is the API server's port on the node's address (a VM node's API server listens
+	// on a free port of this machine's loopback instead).
 	apiPort = 6443
 )
 
@@ -29,7 +30,10 @@ func toml(s string) string {
 // (tests/src/bin/e2e/containerd.rs), and adds the CRI's CNI: Debian's plugins, the run's
 // network configuration, and pod network namespaces under containerd's state directory instead
 // of /run/netns.
-func containerdConfig(l layout, socket, runc, cniBin, sandboxImage string) string {
+//
+// With systemd (a VM node), runc manages cgroups through systemd (SystemdCgroup), as the
+// kubelet's systemd driver requires.
+func containerdConfig(l layout, socket, runc, cniBin, sandboxImage string, systemd bool) string {
 	return fmt.Sprintf(`# containerd of one resmgr cluster: everything lives under its run directory.
 version = 3
 root = %[1]s
@@ -85,7 +89,7 @@ disabled_plugins = [
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
   BinaryName = %[15]s
   Root = %[16]s
-  SystemdCgroup = false
+  SystemdCgroup = %[17]t
 
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
@@ -94,7 +98,7 @@ disabled_plugins = [
 		toml(socket), toml(l.at("containerd/containerd.sock.ttrpc")), toml(l.at("containerd/opt")),
 		toml(l.at("s")), toml(l.at("nri/nri.sock")), toml(l.at("nri/plugins")), toml(l.at("nri/conf.d")),
 		toml(sandboxImage), toml(l.CDIDir), toml(l.at("cni/net.d")), toml(cniBin), toml(runc),
-		toml(l.at("containerd/runc")))
+		toml(l.at("containerd/runc")), systemd)
 }
 
 // crioConfig is the main configuration of the run's CRI-O, everything under the run directory
@@ -105,7 +109,14 @@ disabled_plugins = [
 // at its default, true: only pods sharing a PID namespace get one), images from the run's
 // directory of archives (the default transport; nothing is pulled from a registry), and NRI off:
 // the drop-in docs/deploy.md gives operators, written next to this file, turns it on.
-func crioConfig(l layout, socket, runc, conmon, crioDir, cniBin, sandboxImage string) string {
+//
+// With systemd (a VM node), CRI-O manages cgroups through systemd (cgroup_manager), conmon in
+// the pod's slice.
+func crioConfig(l layout, socket, runc, conmon, crioDir, cniBin, sandboxImage string, systemd bool) string {
+	manager := "cgroupfs"
+	if systemd {
+		manager = "systemd"
+	}
 	return fmt.Sprintf(`# CRI-O of one resmgr cluster: everything lives under its run directory.
 [crio]
 root = %[1]s
@@ -123,7 +134,7 @@ stream_port = "0"
 
 [crio.runtime]
 default_runtime = "runc"
-cgroup_manager = "cgroupfs"
+cgroup_manager = %[27]s
 pinns_path = %[8]s
 namespaces_dir = %[9]s
 container_exits_dir = %[10]s
@@ -167,7 +178,7 @@ nri_plugin_config_dir = %[26]s
 		toml(l.CDIDir), toml(l.at("crio/keys")), toml(l.at("crio/irqbalance")), toml(l.at("crio/orig_irq_banned_cpus")),
 		toml(runc), toml(l.at("crio/runc-state")), toml(conmon), toml("oci-archive:"+l.at("crio/images")+"/"),
 		toml(sandboxImage), toml(l.at("crio/policy.json")), toml(l.at("crio/tmp")), toml(l.at("cni/net.d")), toml(cniBin),
-		toml(l.at("nri/plugins")), toml(l.at("nri/conf.d")))
+		toml(l.at("nri/plugins")), toml(l.at("nri/conf.d")), toml(manager))
 }
 
 // crioNRISocketDropin follows the documented drop-in: the run's NRI socket, in the directory
@@ -178,8 +189,9 @@ func crioNRISocketDropin(l layout) string {
 
 // cniConfig is the pods' network: a bridge in the run's network namespace, the node's address
 // as seen from the pods being its gateway's neighbour, and a default route so that pods reach
-// the API server on the node's address.
-func cniConfig(l layout) string {
+// the API server on the node's address. With masquerade (a VM node, whose API server is on the
+// host behind qemu's user network) the pods' traffic leaves with the node's address.
+func cniConfig(l layout, masquerade bool) string {
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "resmgr-cluster",
@@ -187,7 +199,7 @@ func cniConfig(l layout) string {
 			"type":      "bridge",
 			"bridge":    "cni0",
 			"isGateway": true,
-			"ipMasq":    false,
+			"ipMasq":    masquerade,
 			"ipam": map[string]any{
 				"type":    "host-local",
 				"ranges":  []any{[]any{map[string]any{"subnet": podCIDR}}},
@@ -203,7 +215,10 @@ func cniConfig(l layout) string {
 // kubeletConfig is the KubeletConfiguration of the run's kubelet: cgroupfs under the run's own
 // cgroup root, no CPU manager (the agent owns cpusets), every port on loopback or the node's
 // address, no host tuning the machine's root cannot do, and every directory under the run's.
-func kubeletConfig(l layout, runtimeSocket, nodeIP, cgroupRoot, reservedCPUs, ca string, gates map[string]bool) string {
+//
+// With systemd (a VM node) it is a node as kubeadm sets one up: the systemd cgroup driver, the
+// default cgroup root, and failCgroupV1 at its default (the VM has cgroup v2 alone).
+func kubeletConfig(l layout, runtimeSocket, nodeIP, cgroupRoot, reservedCPUs, ca string, gates map[string]bool, systemd bool) string {
 	conf := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
@@ -245,6 +260,11 @@ func kubeletConfig(l layout, runtimeSocket, nodeIP, cgroupRoot, reservedCPUs, ca
 	if len(gates) > 0 {
 		conf["featureGates"] = gates
 	}
+	if systemd {
+		conf["cgroupDriver"] = "systemd"
+		delete(conf, "cgroupRoot")
+		delete(conf, "failCgroupV1")
+	}
 	b, _ := json.MarshalIndent(conf, "", "  ")
 	return string(b)
 }
@@ -263,7 +283,7 @@ const AgentCPURequest = "0"
 // the image loaded into the runtime (never pulled), the kubelet's reserved CPUs, the agent's CPU
 // request (AgentCPURequest), and the API server's address, which the pod cannot reach through
 // the kubernetes Service without kube-proxy.
-func agentValues(l layout, repository, tag, nodeIP, reservedCPUs string) map[string]any {
+func agentValues(l layout, repository, tag, apiHost string, port int, reservedCPUs string) map[string]any {
 	return map[string]any{
 		"image":     map[string]any{"repository": repository, "tag": tag, "pullPolicy": "Never"},
 		"nri":       map[string]any{"socketDir": l.at("nri")},
@@ -273,8 +293,8 @@ func agentValues(l layout, repository, tag, nodeIP, reservedCPUs string) map[str
 		"resources": map[string]any{"requests": map[string]any{"cpu": AgentCPURequest}},
 		"config":    map[string]any{"reserved-cpus": reservedCPUs},
 		"extraEnv": []any{
-			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": nodeIP},
-			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": strconv.Itoa(apiPort)},
+			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": apiHost},
+			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": strconv.Itoa(port)},
 		},
 	}
 }

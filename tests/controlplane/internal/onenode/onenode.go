@@ -183,6 +183,10 @@ type Node struct {
 	detach bool
 	procs  string // the daemons' cgroup.procs
 	gates  map[string]bool
+	// vm is the guest the node runs in (Options.VM); nil: this machine is the node.
+	vm *VM
+	// apiPort is the API server's port: apiPort, or a VM node's free port on loopback.
+	apiPort int
 
 	mu    sync.Mutex
 	st    state
@@ -213,6 +217,9 @@ type Options struct {
 	// FeatureGates are given to kube-apiserver, kube-scheduler, kube-controller-manager and
 	// the kubelet.
 	FeatureGates map[string]bool
+	// VM, when set, makes the node a VM (vm.go): the control plane runs here on loopback, the
+	// runtime and the kubelet in the guest with the systemd cgroup driver.
+	VM *VMConfig
 }
 
 // Up starts the cluster and installs the agent. On failure everything started is taken down
@@ -241,7 +248,11 @@ func Up(cfg Config, o Options) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, l: layoutOf(dir), rt: rt, detach: o.Detach, gates: o.FeatureGates, cmds: map[string]*exec.Cmd{}, exits: map[string]chan error{}}
+	n = &Node{cfg: cfg, l: layoutOf(dir), rt: rt, detach: o.Detach, gates: o.FeatureGates, apiPort: apiPort, cmds: map[string]*exec.Cmd{}, exits: map[string]chan error{}}
+	if o.VM != nil {
+		// The runtime's sockets are the guest's.
+		n.rt, _ = runtimeOf(cfg.Runtime, guestLayout)
+	}
 	n.st = state{Dir: dir, CgroupRoot: runPrefix + id, PIDs: map[string]int{}}
 	if !o.Detach {
 		n.st.Owner = os.Getpid()
@@ -255,6 +266,9 @@ func Up(cfg Config, o Options) (n *Node, err error) {
 		}
 	}()
 	began := time.Now()
+	if o.VM != nil {
+		return n, n.upInVM(*o.VM, o, began)
+	}
 	if err := n.host(); err != nil {
 		return n, err
 	}
@@ -262,7 +276,7 @@ func Up(cfg Config, o Options) (n *Node, err error) {
 	if err := n.controlPlane(); err != nil {
 		return n, err
 	}
-	o.Logf("cluster: control plane ready at https://%s:%d after %s", n.NodeIP, apiPort, time.Since(began).Round(time.Millisecond))
+	o.Logf("cluster: control plane ready at https://%s:%d after %s", n.NodeIP, n.apiPort, time.Since(began).Round(time.Millisecond))
 	if err := n.writeCNIConfig(); err != nil {
 		return n, err
 	}
@@ -440,7 +454,7 @@ func (n *Node) spawn(name string, inNS bool, program string, args ...string) (in
 	// escapes it, and then becomes the program.
 	script := `echo $$ > "$0" && exec "$@"`
 	full := []string{"-c", script, n.procs}
-	if inNS {
+	if inNS && n.st.Holder != 0 {
 		full = append(full, "nsenter", "--target", strconv.Itoa(n.st.Holder), "--mount", "--net", "--")
 	}
 	full = append(full, program)
@@ -559,7 +573,7 @@ func (n *Node) waitFor(what, name string, limit time.Duration, ready func() (boo
 func (n *Node) kubeconfig(name string, user string) (string, error) {
 	cert := n.pki.clients[user]
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["resmgr"] = &clientcmdapi.Cluster{Server: fmt.Sprintf("https://%s:%d", n.NodeIP, apiPort), CertificateAuthority: n.pki.CA}
+	cfg.Clusters["resmgr"] = &clientcmdapi.Cluster{Server: fmt.Sprintf("https://%s:%d", n.NodeIP, n.apiPort), CertificateAuthority: n.pki.CA}
 	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificate: cert[0], ClientKey: cert[1]}
 	cfg.Contexts["resmgr"] = &clientcmdapi.Context{Cluster: "resmgr", AuthInfo: user}
 	cfg.CurrentContext = "resmgr"
@@ -569,7 +583,12 @@ func (n *Node) kubeconfig(name string, user string) (string, error) {
 
 func (n *Node) controlPlane() error {
 	var err error
-	if n.pki, err = makePKI(n.l.at("pki"), NodeName, n.NodeIP); err != nil {
+	// A VM node reaches the API server at guestAPIHost, which its certificate must name.
+	certIP, advertise := n.NodeIP, n.NodeIP
+	if n.vm != nil {
+		certIP, advertise = guestAPIHost, guestAPIHost
+	}
+	if n.pki, err = makePKI(n.l.at("pki"), NodeName, certIP); err != nil {
 		return err
 	}
 	if n.Kubeconfig, err = n.kubeconfig("kubeconfig", "admin"); err != nil {
@@ -581,17 +600,29 @@ func (n *Node) controlPlane() error {
 		}
 	}
 	admin := n.pki.clients["admin"]
-	n.RESTConfig = &rest.Config{Host: fmt.Sprintf("https://%s:%d", n.NodeIP, apiPort), QPS: 200, Burst: 400, Timeout: 30 * time.Second,
+	n.RESTConfig = &rest.Config{Host: fmt.Sprintf("https://%s:%d", n.NodeIP, n.apiPort), QPS: 200, Burst: 400, Timeout: 30 * time.Second,
 		TLSClientConfig: rest.TLSClientConfig{CAFile: n.pki.CA, CertFile: admin[0], KeyFile: admin[1]}}
 	if n.Client, err = kubernetes.NewForConfig(n.RESTConfig); err != nil {
 		return err
 	}
 	bin := func(name string) string { return filepath.Join(n.cfg.ControlPlane, name) }
-	etcdURL := "http://127.0.0.1:2379"
+	// In the run's network namespace etcd has loopback to itself; a VM node's control plane
+	// shares this machine's, so it takes free ports.
+	clientPort, peerPort := 2379, 2380
+	if n.vm != nil {
+		if clientPort, err = freePort(); err != nil {
+			return err
+		}
+		if peerPort, err = freePort(); err != nil {
+			return err
+		}
+	}
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 	if _, err := n.spawn("etcd", true, bin("etcd"), "--name=node", "--data-dir="+n.l.at("etcd"),
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
-		"--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-		"--initial-cluster=node=http://127.0.0.1:2380", "--unsafe-no-fsync", "--log-level=warn"); err != nil {
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=node="+peerURL, "--unsafe-no-fsync", "--log-level=warn"); err != nil {
 		return err
 	}
 	p := n.pki
@@ -601,7 +632,7 @@ func (n *Node) controlPlane() error {
 	}
 	if _, err := n.spawn("kube-apiserver", true, bin("kube-apiserver"), append(gates,
 		"--etcd-servers="+etcdURL,
-		"--bind-address="+n.NodeIP, "--advertise-address="+n.NodeIP, "--secure-port="+strconv.Itoa(apiPort),
+		"--bind-address="+n.NodeIP, "--advertise-address="+advertise, "--secure-port="+strconv.Itoa(n.apiPort),
 		"--cert-dir="+n.l.at("pki/apiserver"),
 		"--tls-cert-file="+p.Serving, "--tls-private-key-file="+p.ServingKey,
 		"--client-ca-file="+p.CA,
@@ -657,12 +688,12 @@ func gateFlag(gates map[string]bool) string {
 
 // writeCNIConfig writes the pods' network configuration, which either runtime reads.
 func (n *Node) writeCNIConfig() error {
-	return os.WriteFile(n.l.at("cni/net.d/10-resmgr-cluster.conflist"), []byte(cniConfig(n.l)), 0o644)
+	return os.WriteFile(n.l.at("cni/net.d/10-resmgr-cluster.conflist"), []byte(cniConfig(n.l, false)), 0o644)
 }
 
 func (n *Node) startKubelet() error {
 	config := n.l.at("kubelet-config.json")
-	if err := os.WriteFile(config, []byte(kubeletConfig(n.l, n.rt.socket(), n.NodeIP, n.st.CgroupRoot, ReservedCPUs, n.pki.CA, n.gates)), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte(kubeletConfig(n.l, n.rt.socket(), n.NodeIP, n.st.CgroupRoot, ReservedCPUs, n.pki.CA, n.gates, false)), 0o644); err != nil {
 		return err
 	}
 	_, err := n.spawn("kubelet", true, filepath.Join(n.cfg.ControlPlane, "kubelet"),
@@ -673,7 +704,7 @@ func (n *Node) startKubelet() error {
 }
 
 func (n *Node) waitNodeReady() error {
-	return n.waitFor("node "+NodeName+" to be Ready", "kubelet", WaitLimit, func() (bool, error) {
+	return n.waitFor("node "+NodeName+" to be Ready", n.kubeletProcess(), WaitLimit, func() (bool, error) {
 		cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		node, err := n.Client.CoreV1().Nodes().Get(cx, NodeName, metav1.GetOptions{})
@@ -722,7 +753,10 @@ func (n *Node) ValuesFile(name string, extra map[string]any) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("the agent's image %s has no tag", n.cfg.AgentImageName)
 	}
-	values := merge(agentValues(n.l, repository, tag, n.NodeIP, ReservedCPUs), extra)
+	values := merge(agentValues(n.l, repository, tag, n.NodeIP, n.apiPort, ReservedCPUs), extra)
+	if n.vm != nil {
+		values = merge(agentValues(guestLayout, repository, tag, guestAPIHost, n.apiPort, ReservedCPUs), extra)
+	}
 	data, err := json.MarshalIndent(values, "", "  ")
 	if err != nil {
 		return "", err
@@ -771,7 +805,7 @@ func (n *Node) InstallAgent(extra map[string]any) error {
 	}
 	if _, err := n.Helm("install", Release, n.cfg.Chart, "--namespace", Namespace, "-f", values,
 		"--wait", "--timeout", "5m"); err != nil {
-		return fmt.Errorf("%w\nkubelet log ends:\n%s", err, n.Tail("kubelet", 20))
+		return fmt.Errorf("%w\nkubelet log ends:\n%s", err, n.kubeletTail(20))
 	}
 	return n.WaitSlices()
 }
@@ -896,8 +930,8 @@ func (n *Node) Leftovers() []string {
 			}
 		}
 	}
-	if _, err := os.Stat("/sys/class/net/" + n.st.Network.HostLink); err == nil {
-		left = append(left, "link "+n.st.Network.HostLink)
+	if link := n.st.Network.HostLink; link != "" && hostLinkExists(link) {
+		left = append(left, "link "+link)
 	}
 	for name, pid := range n.st.PIDs {
 		if alive(pid) {

@@ -71,7 +71,7 @@ func (containerdRuntime) cgroupName(id string) string { return id }
 
 func (c containerdRuntime) start(n *Node) error {
 	config := c.l.at("containerd/config.toml")
-	if err := os.WriteFile(config, []byte(containerdConfig(c.l, c.socket(), n.cfg.Runc, n.cfg.CNI, n.cfg.TestImageName)), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte(containerdConfig(c.l, c.socket(), n.cfg.Runc, n.cfg.CNI, n.cfg.TestImageName, false)), 0o644); err != nil {
 		return err
 	}
 	// containerd finds its shim on PATH.
@@ -122,7 +122,7 @@ func (c crioRuntime) start(n *Node) error {
 	}
 	wrapper := c.l.at("crio/runc")
 	files := map[string]string{
-		c.l.at("crio/crio.conf"):               crioConfig(c.l, c.socket(), wrapper, n.cfg.Conmon, n.cfg.Crio, n.cfg.CNI, n.cfg.TestImageName),
+		c.l.at("crio/crio.conf"):               crioConfig(c.l, c.socket(), wrapper, n.cfg.Conmon, n.cfg.Crio, n.cfg.CNI, n.cfg.TestImageName, false),
 		c.l.at("crio/conf.d/" + name):          dropin,
 		c.l.at("crio/conf.d/" + crioRunDropin): crioNRISocketDropin(c.l),
 		c.l.at("crio/policy.json"):             `{"default": [{"type": "insecureAcceptAnything"}]}`,

@@ -1191,9 +1191,7 @@ fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
                 .join()
                 .map_err(|_| anyhow::anyhow!("the creating thread panicked"))?;
             prepared.with_context(|| format!("round {round}: preparing {}", claim.name))?;
-            answered
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
+            stdx::sync::lock(&answered)
                 .1
                 .push((claim.uid.clone(), w.granted[&claim.uid].cpus.clone()));
             let id = created.with_context(|| format!("round {round}: creating {}", c.name))?;
@@ -1201,9 +1199,7 @@ fn create_while_prepare(w: &mut World) -> anyhow::Result<()> {
             w.check(&[])
                 .with_context(|| format!("round {round}, with the claim prepared"))?;
             {
-                let mut answered = answered
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut answered = stdx::sync::lock(&answered);
                 answered.0 += 1;
                 answered.1.clear();
             }
@@ -1251,17 +1247,9 @@ fn sample_intrusions(
     let mut known: BTreeMap<String, (String, u32)> = BTreeMap::new();
     let mut samples = 0;
     let mut intrusions = Vec::new();
-    let epoch = || {
-        answered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .0
-    };
+    let epoch = || stdx::sync::lock(answered).0;
     while !done.load(std::sync::atomic::Ordering::SeqCst) {
-        let (began, claims) = answered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let (began, claims) = stdx::sync::lock(answered).clone();
         for id in cri.running_ids()? {
             if !known.contains_key(&id) {
                 // A container that went between the listing and the look is not running.
@@ -1335,7 +1323,7 @@ fn stray_spec(w: &mut World) -> anyhow::Result<()> {
     store
         .write_claim(
             STRAY_UID,
-            &[policy::cdi::ContainerEdits::with_env([
+            &[cdi::ContainerEdits::with_env([
                 format!("DRA_CPUSET_{STRAY_UID}={stray}"),
                 format!("DRA_MEMS_{STRAY_UID}={node}"),
             ])],

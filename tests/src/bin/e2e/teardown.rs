@@ -74,10 +74,7 @@ impl Teardown {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         // A panic while holding the lock leaves plain data behind; teardown must still run.
-        self.0
-            .registry
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        stdx::sync::lock(&self.0.registry)
     }
 
     /// Registers a process we started; one started after teardown began is stopped at once
@@ -120,11 +117,7 @@ impl Teardown {
 
     /// Takes everything down, once; a call while another is under way waits for it.
     pub fn run(&self) {
-        let _busy = self
-            .0
-            .busy
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _busy = stdx::sync::lock(&self.0.busy);
         let (graceful, processes, run_dir, cgroups, keep) = {
             let mut r = self.lock();
             if r.done {

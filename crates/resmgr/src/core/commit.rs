@@ -6,10 +6,10 @@
 //! ([`Guard::change`], [`Guard::change_all`]): the version of the durable state that includes it
 //! and the ticket of the container updates it must wait for. Turning the guard into a change lets
 //! go of the lock, and a change is `#[must_use]`, so it is committed after the lock is released or
-//! dropped on purpose. [`Manager::commit`] then (1) makes the durable state up to its version
+//! dropped on purpose. [`Core::commit`] then (1) makes the durable state up to its version
 //! durable (atomically, with fsyncs), and (2) delivers its updates and waits for the runtime to
 //! confirm them ([`crate::pending`]); what it could not deliver goes out from the background
-//! retry ([`Manager::run_retries`]).
+//! retry ([`Core::run_retries`]).
 //!
 //! # The lock is never held across IO: it does not compile
 //!
@@ -20,14 +20,14 @@
 //! (`crate::disk`).
 //!
 //! The manager lock, for its part, is only ever held inside a plain closure:
-//! [`Manager::with_lock`] takes the lock, hands the closure the [`Guard`], and lets go when the
+//! [`Core::with_lock`] takes the lock, hands the closure the [`Guard`], and lets go when the
 //! closure returns. Nothing can be awaited in a closure that is not async, and the guard cannot
 //! leave it (its lifetime is the closure's own: returning it, or a future holding it, or
 //! keeping it in a captured variable does not compile). So no code holds the lock across IO,
-//! or while it waits for any other lock (the lock order, below); the examples of
-//! [`Manager::with_lock`] are the compile-fail tests that keep it so. Here the lock is taken
-//! only for in-memory work: copying the newest state, beginning and finishing a batch of
-//! updates. Why it matters is in [`crate::manager`].
+//! or while it waits for any other lock (the lock order, below); the lock is a
+//! [`stdx::scoped::ScopedLock`], whose trybuild cases are the compile-fail tests that keep it
+//! so. Here the lock is taken only for in-memory work: copying the newest state, beginning and
+//! finishing a batch of updates. Why it matters is in [`crate::core`].
 //!
 //! A closure rather than a token that the guard borrows and the IO needs: the manager is shared
 //! (`&self`) by every task, so there would be a token per task, and code holding one task's
@@ -40,20 +40,24 @@
 //! is innermost and never held while another lock is awaited (it cannot be: see above); the save
 //! lock and the delivery lock are never held together.
 
+// Blocking IO under the manager lock does not pass clippy (crates/resmgr/clippy.toml).
+#![deny(clippy::disallowed_methods)]
+
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use cdi::{ContainerEdits, StoreError};
 use policy::ContainerUpdate;
+use stdx::errors::chain;
 use tokio::sync::{Mutex, Notify};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
+use super::{Core, Timing};
+#[cfg(doc)]
+use super::{Guard, Inner};
 use crate::{
     disk::Disk,
-    errors::chain,
     faults::{Faults, Point},
-    manager::{Inner, Manager},
     pending::{Ticket, Versioned},
-    published::Guard,
     runtime::{Runtime, RuntimeError},
     state::StateError,
 };
@@ -66,7 +70,7 @@ use crate::{
 pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
 /// What one mutation under the manager lock changed, to commit once the lock is released.
-#[must_use = "a change is committed with Manager::commit once the lock is released"]
+#[must_use = "a change is committed with Core::commit once the lock is released"]
 #[derive(Debug, Default)]
 pub(crate) struct Change {
     /// The version of the durable state that includes it; `None`: nothing durable changed.
@@ -81,6 +85,17 @@ pub(crate) struct Change {
 }
 
 impl Change {
+    /// A change of the durable state up to `version` (`None`: nothing durable changed) that
+    /// waits for `ticket`'s updates.
+    pub(super) fn new(version: Option<u64>, ticket: Ticket) -> Self {
+        Self {
+            version,
+            ticket,
+            points: None,
+            grants: false,
+        }
+    }
+
     /// Passes `saved` once the change is on disk and `delivered` once its updates are.
     pub(crate) fn at(mut self, saved: Point, delivered: Point) -> Self {
         self.points = Some((saved, delivered));
@@ -91,35 +106,6 @@ impl Change {
     pub(crate) fn granting(mut self) -> Self {
         self.grants = true;
         self
-    }
-}
-
-impl Guard<'_> {
-    /// Ends this use of the lock: what the calls since the last change made durable (nothing, if
-    /// they changed nothing durable), and the updates to wait for. An event that changed nothing
-    /// durable does not wait for anyone else's save.
-    pub(crate) fn change(mut self, ticket: Ticket) -> Change {
-        // Not what an earlier failed save left unsaved: an event must never wait for, or fail
-        // by, a disk that another change found broken (the background retry saves it).
-        let version = self.note_changes();
-        Change {
-            version,
-            ticket,
-            points: None,
-            grants: false,
-        }
-    }
-
-    /// Ends this use of the lock with everything changed so far, whoever changed it: what a
-    /// claim's commit persists, so that it also finishes what an earlier failed save left
-    /// unsaved.
-    pub(crate) fn change_all(mut self, ticket: Ticket) -> Change {
-        Change {
-            version: Some(self.current_version()),
-            ticket,
-            points: None,
-            grants: false,
-        }
     }
 }
 
@@ -170,7 +156,7 @@ pub enum DeliveryCause {
 pub(crate) struct Io {
     disk: Disk,
     runtime: Arc<dyn Runtime>,
-    update_timeout: Duration,
+    timing: Timing,
     /// Serializes deliveries, so they reach the runtime in the order they were begun.
     delivery: Mutex<()>,
     /// Serializes saves; holds the version on disk.
@@ -184,16 +170,16 @@ pub(crate) struct Io {
 }
 
 impl Io {
-    pub(crate) fn new(
+    pub(super) fn new(
         disk: Disk,
         runtime: Arc<dyn Runtime>,
-        update_timeout: Duration,
+        timing: Timing,
         saved_version: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         Self {
             disk,
             runtime,
-            update_timeout,
+            timing,
             delivery: Mutex::new(()),
             saved: Mutex::new(0),
             saved_version,
@@ -205,9 +191,19 @@ impl Io {
     fn faults(&self) -> &Faults {
         &self.disk.faults
     }
+
+    /// Wakes the background retry: updates became pending or deliverable.
+    pub(super) fn pending_changed(&self) {
+        self.pending_changed.notify_one();
+    }
+
+    /// Wakes the deliveries waiting for the runtime to start a container.
+    pub(super) fn started(&self) {
+        self.started.notify_waiters();
+    }
 }
 
-impl Manager {
+impl Core {
     /// Commits a change: saves the durable state up to its version, then delivers its updates.
     /// A failed save delivers nothing (the updates stay pending, retried in the background).
     pub(crate) async fn commit(&self, change: Change) -> Result<(), CommitError> {
@@ -230,30 +226,6 @@ impl Manager {
         Ok(())
     }
 
-    /// Records updates as pending and wakes the background retry; returns their versions.
-    pub(crate) fn record_pending(
-        &self,
-        inner: &mut Inner,
-        updates: Vec<ContainerUpdate>,
-    ) -> Ticket {
-        if updates.is_empty() {
-            return Ticket::default();
-        }
-        let ticket = inner.pending.record(updates);
-        self.io.pending_changed.notify_one();
-        ticket
-    }
-
-    /// Takes note that the runtime started a container (its PostStartContainer): what is
-    /// pending for it goes out from the background retry, since the runtime's own event is still
-    /// waiting for our answer, and deliveries waiting for it go on.
-    pub(crate) fn note_started(&self, inner: &mut Inner, container_id: &str) {
-        if inner.pending.started(container_id) {
-            self.io.pending_changed.notify_one();
-        }
-        self.io.started.notify_waiters();
-    }
-
     /// Makes the durable state durable up to `version`. Takes the manager lock only to copy the
     /// newest state; writes it outside. A save since `version` already covers it.
     async fn persist(&self, version: u64) -> Result<(), StateError> {
@@ -265,7 +237,7 @@ impl Manager {
     }
 
     async fn write_state(&self, saved: &mut u64) -> Result<(), StateError> {
-        let (version, state) = self.with_lock(|inner| inner.durable_state()).await;
+        let (version, state) = self.lock.with(|inner| inner.durable_state()).await;
         self.io.disk.save_state(state).await?;
         self.io.faults().crash_point(Point::CommitStateWritten);
         *saved = version;
@@ -275,21 +247,9 @@ impl Manager {
         Ok(())
     }
 
-    /// Saves the durable state once more: the last step of a graceful shutdown. Every commit
-    /// has saved already; this makes the file exist, and current, even when nothing was ever
-    /// committed. A manager that handed the node over saves nothing: the state is its
-    /// successor's ([`crate::handover`]).
-    pub async fn save_state(&self) -> Result<(), StateError> {
-        if let Some(to) = self.gate.handed_over_to() {
-            info!(successor = %to, "handed over: the state is the successor's, nothing saved");
-            return Ok(());
-        }
-        let mut saved = self.io.saved.lock().await;
-        self.write_state(&mut saved).await
-    }
-
-    /// The last save before a handover, with the claim gate shut already.
-    pub(crate) async fn save_state_for_handover(&self) -> Result<(), StateError> {
+    /// Saves the newest durable state now, whatever is saved already: the last save of a
+    /// graceful shutdown or before a handover ([`crate::Manager::save_state`]).
+    pub(crate) async fn save(&self) -> Result<(), StateError> {
         let mut saved = self.io.saved.lock().await;
         self.write_state(&mut saved).await
     }
@@ -308,6 +268,25 @@ impl Manager {
         edits: Vec<ContainerEdits>,
     ) -> Result<(), StoreError> {
         self.io.disk.write_spec(uid, edits).await
+    }
+
+    /// Writes claim `uid`'s device metadata durably: a prepare's step after its commit and
+    /// before its spec ([`crate::metadata`]).
+    pub(crate) async fn write_metadata(
+        &self,
+        uid: &str,
+        files: Vec<crate::metadata::MetadataFile>,
+    ) -> Result<(), crate::metadata::MetadataError> {
+        self.io.disk.write_metadata(uid, files).await
+    }
+
+    /// Removes claim `uid`'s device metadata durably: a release's step after its spec went;
+    /// whether there was any.
+    pub(crate) async fn remove_metadata(
+        &self,
+        uid: &str,
+    ) -> Result<bool, crate::metadata::MetadataError> {
+        self.io.disk.remove_metadata(uid).await
     }
 
     /// Removes claim `uid`'s CDI spec durably: the first step of a release; whether there was
@@ -336,7 +315,7 @@ impl Manager {
     /// A batch the runtime refuses is sent again one update at a time, so that one container the
     /// runtime cannot update (it may be gone) does not hold back everyone else's updates. A
     /// batch it did not answer in time is not: it is still pending, for the next delivery.
-    pub async fn deliver(&self) -> Result<(), DeliveryError> {
+    pub(crate) async fn deliver(&self) -> Result<(), DeliveryError> {
         self.deliver_only(None).await
     }
 
@@ -387,10 +366,14 @@ impl Manager {
             }
             // A runtime that did not answer in time is slow, not refusing: the call stays in it
             // until it answers (the NRI stub sends the next one only then), and may apply. A
-            // claim waits for it, and sends again, rather than fail on a busy node.
+            // claim waits for it, and sends again, rather than fail on a busy node; after the
+            // background retry's first backoff, as that retry would: a runtime on NRI v0.11 that
+            // was slow to apply an update has events queued behind it, and an update sent the
+            // moment it answers may meet one of them (`nri::UpdateLull`).
             let unanswered = matches!(cause, DeliveryCause::Runtime(RuntimeError::Timeout(_)));
             if grants && unanswered && tokio::time::Instant::now() < deadline {
                 debug!(containers = ?unsettled, "the runtime has not answered the claim's updates yet; sending them again");
+                tokio::time::sleep(self.io.timing.retry_backoff).await;
                 continue;
             }
             if nothing_failed && starting.is_empty() && again > 0 {
@@ -483,7 +466,7 @@ impl Manager {
             // Nothing of a crashed manager reaches the runtime.
             return Err(RuntimeError::Disconnected);
         }
-        let timeout = self.io.update_timeout;
+        let timeout = self.io.timing.update_timeout;
         match tokio::time::timeout(timeout, self.io.runtime.update_containers(updates)).await {
             Ok(result) => result,
             Err(_) => Err(RuntimeError::Timeout(timeout)),
@@ -493,8 +476,8 @@ impl Manager {
     /// One pass of what commits could not finish: saves the state if a save failed since the
     /// last one succeeded (a failed save is otherwise retried only by the next commit, and an
     /// idle node may have none), then delivers what is pending.
-    pub async fn retry_once(&self) -> Result<(), CommitError> {
-        let unsaved = self.with_lock(|inner| inner.unsaved()).await;
+    pub(crate) async fn retry_once(&self) -> Result<(), CommitError> {
+        let unsaved = self.lock.with(|inner| inner.unsaved()).await;
         if let Some(version) = unsaved {
             self.persist(version).await.map_err(CommitError::Save)?;
         }
@@ -502,25 +485,26 @@ impl Manager {
     }
 
     /// Retries, in the background, what commits could not finish (a failed save, undelivered
-    /// updates: [`Manager::retry_once`]), with exponential backoff, for as long as the manager
+    /// updates: [`Core::retry_once`]), with exponential backoff, for as long as the core
     /// lives. Started once the gate is open.
-    pub async fn run_retries(&self) {
-        let mut backoff = self.config.retry_backoff;
+    pub(crate) async fn run_retries(&self) {
+        let mut backoff = self.io.timing.retry_backoff;
         loop {
             let notified = self.io.pending_changed.notified();
             let due = self
-                .with_lock(|inner| inner.pending.is_deliverable() || inner.unsaved().is_some())
+                .lock
+                .with(|inner| inner.locked.pending.is_deliverable() || inner.unsaved().is_some())
                 .await;
             if !due {
                 notified.await;
                 continue;
             }
             match self.retry_once().await {
-                Ok(()) => backoff = self.config.retry_backoff,
+                Ok(()) => backoff = self.io.timing.retry_backoff,
                 Err(e) => {
                     warn!(error = %chain(&e), retry_in = ?backoff, "retrying what a commit could not finish");
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(self.config.max_retry_backoff);
+                    backoff = (backoff * 2).min(self.io.timing.max_retry_backoff);
                 }
             }
         }

@@ -1,7 +1,6 @@
 //! Rendering errors for people: one line with every cause in the chain, each once. The one
-//! error-chain printer of the workspace: this crate's logs use it, and resmgr re-exports it as
-//! `resmgr::errors` for its answers and logs and for the binary, which prints its fatal errors
-//! with it. It lives here because this is the lowest crate that needs it.
+//! error-chain printer of the workspace: kube-dra's logs, resmgr's answers and logs, and the
+//! binary's logs and fatal errors all print with it.
 //!
 //! Our library errors keep their cause in `source()` rather than repeating it in their message
 //! (so chain printers do not print it twice); some third-party errors do repeat it, which

@@ -1,14 +1,13 @@
-//! [`lock`]: the one poison-tolerant lock of a std mutex, for this crate, resmgr and the binary
-//! (resmgr re-exports it as `resmgr::sync`). It lives here because this is the lowest crate that
-//! needs it.
+//! [`lock`]: the one poison-tolerant lock of a std mutex, for every crate of the workspace.
 //!
 //! A std mutex is poisoned when a thread panics while holding it, and every later `lock()` then
-//! fails. Each std mutex locked with it guards data a panic cannot leave invalid: plain values
-//! replaced in one assignment (the Kubernetes API version cache, the in-memory claim store, the
-//! simulator's container table), or the policy, whose contract is that a failed call leaves it as
-//! it was. Behind a poisoned lock the data is still the best there is, and failing every later
-//! lock would turn one panic into an agent that no longer answers. (resmgr's manager lock is
-//! tokio's, which does not poison.)
+//! fails. In the agent that cannot happen: a panic aborts it before anything unwinds
+//! (ARCHITECTURE.md, "A panic stops the agent at once"). It can in what unwinds (tests, the
+//! benchmarks), where a test that catches one panic must still read what the others left. Each
+//! std mutex locked with this guards data a panic cannot leave invalid: plain values replaced in
+//! one assignment (the Kubernetes API version cache, the in-memory claim store, the simulator's
+//! container table, the NRI connection's call table), or the policy, whose contract is that a
+//! failed call leaves it as it was; behind a poisoned lock the data is still the best there is.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
