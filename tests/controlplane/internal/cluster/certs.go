@@ -1,9 +1,11 @@
 package cluster
 
+// The test cluster's certificates and keys: their files and subjects (package certs makes them).
+
 import (
-	"fmt"
-	"os/exec"
 	"path/filepath"
+
+	"github.com/resmgr/resmgr/tests/controlplane/internal/certs"
 )
 
 // pki is the run's certificates and keys, made with openssl: P-256 keys, valid for two days.
@@ -34,32 +36,18 @@ func makePKI(dir string) (*pki, error) {
 	p.ControllerManager, p.ControllerManagerKey = f("controller-manager.crt"), f("controller-manager.key")
 	p.ServiceAccountKey, p.ServiceAccountPub = f("sa.key"), f("sa.pub")
 
-	newKey := []string{"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"}
+	ca := certs.CA{Cert: p.CA, Key: p.CAKey, Days: 2}
 	steps := [][]string{
-		append(append([]string{"req", "-x509"}, newKey...), "-keyout", p.CAKey, "-out", p.CA,
-			"-subj", "/CN=resmgr-e2e-ca"),
-		p.leaf(newKey, p.Serving, p.ServingKey, "/CN=kube-apiserver", "serverAuth",
+		ca.Root("/CN=resmgr-e2e-ca"),
+		ca.Leaf(p.Serving, p.ServingKey, "/CN=kube-apiserver", "serverAuth",
 			"-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-		p.leaf(newKey, p.Admin, p.AdminKey, "/O=system:masters/CN=resmgr-e2e-admin", "clientAuth"),
-		p.leaf(newKey, p.Scheduler, p.SchedulerKey, "/CN=system:kube-scheduler", "clientAuth"),
-		p.leaf(newKey, p.ControllerManager, p.ControllerManagerKey, "/CN=system:kube-controller-manager", "clientAuth"),
-		{"genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", p.ServiceAccountKey},
-		{"pkey", "-in", p.ServiceAccountKey, "-pubout", "-out", p.ServiceAccountPub},
+		ca.Leaf(p.Admin, p.AdminKey, "/O=system:masters/CN=resmgr-e2e-admin", "clientAuth"),
+		ca.Leaf(p.Scheduler, p.SchedulerKey, "/CN=system:kube-scheduler", "clientAuth"),
+		ca.Leaf(p.ControllerManager, p.ControllerManagerKey, "/CN=system:kube-controller-manager", "clientAuth"),
 	}
-	for _, args := range steps {
-		if out, err := exec.Command("openssl", args...).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("openssl %v: %w\n%s", args, err, out)
-		}
+	steps = append(steps, certs.ServiceAccount(p.ServiceAccountKey, p.ServiceAccountPub)...)
+	if err := certs.Run(steps); err != nil {
+		return nil, err
 	}
 	return p, nil
-}
-
-// leaf is the openssl arguments of a certificate signed by the CA.
-func (p *pki) leaf(newKey []string, cert, key, subject, usage string, extra ...string) []string {
-	args := append([]string{"req", "-x509"}, newKey...)
-	args = append(args, "-keyout", key, "-out", cert, "-subj", subject, "-CA", p.CA, "-CAkey", p.CAKey,
-		"-addext", "basicConstraints=critical,CA:FALSE",
-		"-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
-		"-addext", "extendedKeyUsage="+usage)
-	return append(args, extra...)
 }

@@ -1,9 +1,12 @@
 package onenode
 
+// The cluster's certificates and keys: their files and subjects (package certs makes them).
+
 import (
 	"fmt"
-	"os/exec"
 	"path/filepath"
+
+	"github.com/resmgr/resmgr/tests/controlplane/internal/certs"
 )
 
 // pki is the run's certificates and keys, made with openssl: P-256 keys valid for 30 days (a
@@ -39,36 +42,22 @@ func makePKI(dir, node, nodeIP string) (*pki, error) {
 	p.Serving, p.ServingKey = f("apiserver.crt"), f("apiserver.key")
 	p.KubeletClient, p.KubeletClientKey = f("apiserver-kubelet-client.crt"), f("apiserver-kubelet-client.key")
 	p.ServiceAccountKey, p.ServiceAccountPub = f("sa.key"), f("sa.pub")
-	newKey := []string{"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "30"}
+	ca := certs.CA{Cert: p.CA, Key: p.CAKey, Days: 30}
 	steps := [][]string{
-		append(append([]string{"req", "-x509"}, newKey...), "-keyout", p.CAKey, "-out", p.CA,
-			"-subj", "/CN=resmgr-cluster-ca"),
-		p.leaf(newKey, p.Serving, p.ServingKey, "/CN=kube-apiserver", "serverAuth",
+		ca.Root("/CN=resmgr-cluster-ca"),
+		ca.Leaf(p.Serving, p.ServingKey, "/CN=kube-apiserver", "serverAuth",
 			"-addext", fmt.Sprintf("subjectAltName=IP:%s,IP:%s,IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"+
 				"DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local", nodeIP, serviceIP)),
-		p.leaf(newKey, p.KubeletClient, p.KubeletClientKey, "/O=system:masters/CN=kube-apiserver-kubelet-client", "clientAuth"),
-		{"genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", p.ServiceAccountKey},
-		{"pkey", "-in", p.ServiceAccountKey, "-pubout", "-out", p.ServiceAccountPub},
+		ca.Leaf(p.KubeletClient, p.KubeletClientKey, "/O=system:masters/CN=kube-apiserver-kubelet-client", "clientAuth"),
 	}
+	steps = append(steps, certs.ServiceAccount(p.ServiceAccountKey, p.ServiceAccountPub)...)
 	for name, subject := range clientSubjects(node) {
 		cert, key := f(name+".crt"), f(name+".key")
 		p.clients[name] = [2]string{cert, key}
-		steps = append(steps, p.leaf(newKey, cert, key, subject, "clientAuth"))
+		steps = append(steps, ca.Leaf(cert, key, subject, "clientAuth"))
 	}
-	for _, args := range steps {
-		if out, err := exec.Command("openssl", args...).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("openssl %v: %w\n%s", args, err, out)
-		}
+	if err := certs.Run(steps); err != nil {
+		return nil, err
 	}
 	return p, nil
-}
-
-// leaf is the openssl arguments of a certificate signed by the CA.
-func (p *pki) leaf(newKey []string, cert, key, subject, usage string, extra ...string) []string {
-	args := append([]string{"req", "-x509"}, newKey...)
-	args = append(args, "-keyout", key, "-out", cert, "-subj", subject, "-CA", p.CA, "-CAkey", p.CAKey,
-		"-addext", "basicConstraints=critical,CA:FALSE",
-		"-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
-		"-addext", "extendedKeyUsage="+usage)
-	return append(args, extra...)
 }
