@@ -7,7 +7,6 @@
 package clusterscenarios
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -18,37 +17,9 @@ import (
 var node *onenode.Node
 
 func TestMain(m *testing.M) {
-	cfg, err := onenode.ConfigFromEnv()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 	// The node-allocatable mapping's gate, for its scenario (allocatable_test.go): it changes
 	// nothing while the agent maps nothing, as by default.
-	node, err = onenode.Up(cfg, onenode.Options{
-		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+	os.Exit(onenode.RunTests(m, onenode.Options{
 		FeatureGates: map[string]bool{"DRANodeAllocatableResources": true},
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bringing up the cluster:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	keep := code != 0
-	if keep {
-		fmt.Fprintf(os.Stderr, "the cluster's files and logs are kept in %s\n", node.Dir())
-	}
-	if err := node.Close(keep); err != nil {
-		fmt.Fprintln(os.Stderr, "taking the cluster down:", err)
-		code = 1
-	}
-	// Down must leave nothing of the run on the machine (its directory only when kept).
-	for _, left := range node.Leftovers() {
-		if keep && left == "directory "+node.Dir() {
-			continue
-		}
-		fmt.Fprintln(os.Stderr, "left behind after the cluster was taken down:", left)
-		code = 1
-	}
-	os.Exit(code)
+	}, func(n *onenode.Node) { node = n }))
 }

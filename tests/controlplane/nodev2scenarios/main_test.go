@@ -20,11 +20,6 @@ import (
 var node *onenode.Node
 
 func TestMain(m *testing.M) {
-	cfg, err := onenode.ConfigFromEnv()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 	vm, ok, err := onenode.VMConfigFromEnv()
 	if err == nil && !ok {
 		err = fmt.Errorf("%s not set: run this with `cargo xtask e2e --stage node-v2`", onenode.EnvVMImage)
@@ -35,31 +30,8 @@ func TestMain(m *testing.M) {
 	}
 	// The node-allocatable mapping's gate, for the MemoryQoS scenario: it changes nothing while
 	// the agent maps nothing, as by default.
-	node, err = onenode.Up(cfg, onenode.Options{
-		Logf:         func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+	os.Exit(onenode.RunTests(m, onenode.Options{
 		FeatureGates: map[string]bool{"DRANodeAllocatableResources": true},
 		VM:           &vm,
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bringing up the cluster:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	keep := code != 0
-	if keep {
-		fmt.Fprintln(os.Stderr, node.Diagnostics())
-		fmt.Fprintf(os.Stderr, "the cluster's files and logs are kept in %s\n", node.Dir())
-	}
-	if err := node.Close(keep); err != nil {
-		fmt.Fprintln(os.Stderr, "taking the cluster down:", err)
-		code = 1
-	}
-	for _, left := range node.Leftovers() {
-		if keep && left == "directory "+node.Dir() {
-			continue
-		}
-		fmt.Fprintln(os.Stderr, "left behind after the cluster was taken down:", left)
-		code = 1
-	}
-	os.Exit(code)
+	}, func(n *onenode.Node) { node = n }))
 }
