@@ -12,11 +12,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
+	"github.com/resmgr/resmgr/tests/controlplane/internal/scenariokit"
 )
 
 const (
@@ -30,75 +30,31 @@ const (
 // pod resync, seen at 70-75 s here, so this leaves room for that on a loaded machine.
 const limit = 3 * time.Minute
 
-func cx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 30*time.Second)
+// kit is the shared helpers (scenariokit) on the package's node: waits of up to limit that look
+// every 100 ms and end with the kubelet's log when they fail, and namespaces that go after their
+// tests.
+func kit() scenariokit.Kit {
+	return scenariokit.Kit{Node: node, Limit: limit, Every: 100 * time.Millisecond, DeleteNamespaces: true,
+		Note: func() string { return "\nkubelet log ends:\n" + node.Tail("kubelet", 15) }}
 }
+
+func cx() (context.Context, context.CancelFunc) { return scenariokit.Cx() }
 
 // poll calls cond every 100 ms until it is true or limit passes, then fails with its last error.
 func poll(t testing.TB, what string, within time.Duration, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	var last error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		last = err
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s (last: %v)\nkubelet log ends:\n%s", what, within, last, node.Tail("kubelet", 15))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	kit().Poll(t, what, within, cond)
 }
 
-// namespace creates a namespace for one test, deleted when it ends: the test's end waits until
-// its pods are gone (stopped, their claims unprepared), so that no test's pods are still
-// stopping while the next one runs. (Whatever a test's pods are doing when it ends would
-// otherwise meet the next test's claims: on CRI-O 1.36 the agent's moving a stopping container
-// is where its NRI can deadlock, TestAClaimReleasedWhileTheContainersItMovesBackStop.) The
-// namespace itself goes later; waiting for it would cost the namespace controller's seconds.
+// namespace creates a namespace for one test, named after it, deleted when it ends
+// (scenariokit's Kit.Namespace says how).
 func namespace(t testing.TB) string {
 	t.Helper()
 	name := strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))
 	if len(name) > 50 {
 		name = name[:50]
 	}
-	name = strings.Trim(name, "-")
-	c, cancel := cx()
-	defer cancel()
-	if _, err := node.Client.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// The pods first, by us: the namespace controller would start on them seconds later.
-		c, cancel := cx()
-		err := node.Client.CoreV1().Pods(name).DeleteCollection(c, metav1.DeleteOptions{}, metav1.ListOptions{})
-		cancel()
-		if err != nil {
-			t.Errorf("deleting the pods of namespace %s: %v", name, err)
-		}
-		poll(t, "the pods of namespace "+name+" to be gone", limit, func() (bool, error) {
-			c, cancel := cx()
-			defer cancel()
-			pods, err := node.Client.CoreV1().Pods(name).List(c, metav1.ListOptions{})
-			return err == nil && len(pods.Items) == 0, err
-		})
-		c, cancel = cx()
-		defer cancel()
-		if err := node.Client.CoreV1().Namespaces().Delete(c, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("deleting namespace %s: %v", name, err)
-		}
-	})
-	// The controller-manager's serviceaccount controller makes the default ServiceAccount,
-	// without which pods are refused.
-	poll(t, "the default ServiceAccount of "+name, limit, func() (bool, error) {
-		c, cancel := cx()
-		defer cancel()
-		_, err := node.Client.CoreV1().ServiceAccounts(name).Get(c, "default", metav1.GetOptions{})
-		return err == nil, err
-	})
-	return name
+	return kit().Namespace(t, strings.Trim(name, "-"))
 }
 
 // claimTemplate creates a ResourceClaimTemplate for cpus CPUs of one device of the class.
@@ -223,33 +179,13 @@ func describePod(pod *corev1.Pod) string {
 // deletePod deletes a pod and waits until it is gone.
 func deletePod(t testing.TB, ns, name string) {
 	t.Helper()
-	c, cancel := cx()
-	defer cancel()
-	if err := node.Client.CoreV1().Pods(ns).Delete(c, name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	poll(t, "pod "+ns+"/"+name+" to be gone", limit, func() (bool, error) {
-		c, cancel := cx()
-		defer cancel()
-		_, err := node.Client.CoreV1().Pods(ns).Get(c, name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), err
-	})
+	kit().DeletePod(t, ns, name)
 }
 
 // containerID is the runtime's ID of a pod's container.
 func containerID(t testing.TB, pod *corev1.Pod, container string) string {
 	t.Helper()
-	for _, s := range pod.Status.ContainerStatuses {
-		if s.Name == container {
-			_, id, ok := strings.Cut(s.ContainerID, "://")
-			if !ok {
-				t.Fatalf("container %s of %s has ID %q", container, pod.Name, s.ContainerID)
-			}
-			return id
-		}
-	}
-	t.Fatalf("pod %s has no container %s", pod.Name, container)
-	return ""
+	return scenariokit.ContainerID(t, pod, container)
 }
 
 // placement is where the kernel runs a pod's container; every process of it must agree with
@@ -272,23 +208,7 @@ func placement(t testing.TB, pod *corev1.Pod, container string) onenode.Placemen
 // claim (the examples name theirs as they like).
 func podClaim(t testing.TB, pod *corev1.Pod) *resourcev1.ResourceClaim {
 	t.Helper()
-	name := ""
-	statuses := pod.Status.ResourceClaimStatuses
-	for _, s := range statuses {
-		if s.ResourceClaimName != nil && (s.Name == "cpus" || len(statuses) == 1) {
-			name = *s.ResourceClaimName
-		}
-	}
-	if name == "" {
-		t.Fatalf("pod %s has no generated claim: %+v", pod.Name, pod.Status.ResourceClaimStatuses)
-	}
-	c, cancel := cx()
-	defer cancel()
-	claim, err := node.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(c, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return claim
+	return kit().PodClaim(t, pod)
 }
 
 // grantedCPUs is the cpuset the agent granted a claim, as the CDI device put it into the
@@ -325,24 +245,8 @@ func cdiSpecs(t testing.TB) []string {
 func cpus(t testing.TB, set string) map[int]bool {
 	t.Helper()
 	out := map[int]bool{}
-	for _, part := range strings.Split(strings.TrimSpace(set), ",") {
-		if part == "" {
-			continue
-		}
-		lo, hi, ranged := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			t.Fatalf("cpuset %q: %v", set, err)
-		}
-		b := a
-		if ranged {
-			if b, err = strconv.Atoi(hi); err != nil {
-				t.Fatalf("cpuset %q: %v", set, err)
-			}
-		}
-		for c := a; c <= b; c++ {
-			out[c] = true
-		}
+	for _, c := range scenariokit.CPUSet(t, set) {
+		out[c] = true
 	}
 	return out
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,11 +12,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
+	"github.com/resmgr/resmgr/tests/controlplane/internal/scenariokit"
 )
 
 const (
@@ -28,27 +27,19 @@ const (
 	limit = 5 * time.Minute
 )
 
-func cx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 30*time.Second)
+// kit is the shared helpers (scenariokit) on the package's node: waits of up to limit that look
+// every 200 ms; the namespaces stay.
+func kit() scenariokit.Kit {
+	return scenariokit.Kit{Node: node, Limit: limit, Every: 200 * time.Millisecond}
 }
+
+func cx() (context.Context, context.CancelFunc) { return scenariokit.Cx() }
 
 // poll calls cond every 200 ms until it is true or within passes, then fails with its last
 // error.
 func poll(t testing.TB, what string, within time.Duration, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	var last error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		last = err
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s (last: %v)", what, within, last)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	kit().Poll(t, what, within, cond)
 }
 
 // guest runs a shell command in the VM; its output, trimmed.
@@ -71,33 +62,7 @@ func namespace(t testing.TB) string {
 	if len(name) > 50 {
 		name = strings.Trim(name[:40], "-") + fmt.Sprintf("-%08x", crc32.ChecksumIEEE([]byte(full)))
 	}
-	name = strings.Trim(name, "-")
-	c, cancel := cx()
-	defer cancel()
-	if _, err := node.Client.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, cancel := cx()
-		err := node.Client.CoreV1().Pods(name).DeleteCollection(c, metav1.DeleteOptions{}, metav1.ListOptions{})
-		cancel()
-		if err != nil {
-			t.Errorf("deleting the pods of namespace %s: %v", name, err)
-		}
-		poll(t, "the pods of namespace "+name+" to be gone", limit, func() (bool, error) {
-			c, cancel := cx()
-			defer cancel()
-			pods, err := node.Client.CoreV1().Pods(name).List(c, metav1.ListOptions{})
-			return err == nil && len(pods.Items) == 0, err
-		})
-	})
-	poll(t, "the default ServiceAccount of "+name, limit, func() (bool, error) {
-		c, cancel := cx()
-		defer cancel()
-		_, err := node.Client.CoreV1().ServiceAccounts(name).Get(c, "default", metav1.GetOptions{})
-		return err == nil, err
-	})
-	return name
+	return kit().Namespace(t, strings.Trim(name, "-"))
 }
 
 // claimTemplate creates a ResourceClaimTemplate for one device of the class with capacity,
@@ -187,33 +152,13 @@ func running(t testing.TB, ns, name string) *corev1.Pod {
 // deletePod deletes a pod and waits until it is gone.
 func deletePod(t testing.TB, ns, name string) {
 	t.Helper()
-	c, cancel := cx()
-	defer cancel()
-	if err := node.Client.CoreV1().Pods(ns).Delete(c, name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	poll(t, "pod "+ns+"/"+name+" to be gone", limit, func() (bool, error) {
-		c, cancel := cx()
-		defer cancel()
-		_, err := node.Client.CoreV1().Pods(ns).Get(c, name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), err
-	})
+	kit().DeletePod(t, ns, name)
 }
 
 // containerID is the runtime's ID of the pod's first container (app in the tests' pods).
 func containerID(t testing.TB, pod *corev1.Pod) string {
 	t.Helper()
-	for _, s := range pod.Status.ContainerStatuses {
-		if s.Name == pod.Spec.Containers[0].Name {
-			_, id, ok := strings.Cut(s.ContainerID, "://")
-			if !ok {
-				t.Fatalf("container app of %s has ID %q", pod.Name, s.ContainerID)
-			}
-			return id
-		}
-	}
-	t.Fatalf("pod %s has no container %s", pod.Name, pod.Spec.Containers[0].Name)
-	return ""
+	return scenariokit.ContainerID(t, pod, pod.Spec.Containers[0].Name)
 }
 
 // cgroupOf reads the cgroup of the pod's first container in the guest; every process of it must
@@ -236,46 +181,13 @@ func cgroupOf(t testing.TB, pod *corev1.Pod) onenode.GuestCgroup {
 // podClaim is the ResourceClaim generated for the pod's claim "cpus".
 func podClaim(t testing.TB, pod *corev1.Pod) *resourcev1.ResourceClaim {
 	t.Helper()
-	for _, s := range pod.Status.ResourceClaimStatuses {
-		if s.Name == "cpus" && s.ResourceClaimName != nil {
-			c, cancel := cx()
-			defer cancel()
-			claim, err := node.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(c, *s.ResourceClaimName, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return claim
-		}
-	}
-	t.Fatalf("pod %s has no generated claim: %+v", pod.Name, pod.Status.ResourceClaimStatuses)
-	return nil
+	return kit().PodClaim(t, pod)
 }
 
 // cpuset parses a cpuset ("1,3-5") into its sorted members.
 func cpuset(t testing.TB, set string) []int {
 	t.Helper()
-	var out []int
-	for _, part := range strings.Split(strings.TrimSpace(set), ",") {
-		if part == "" {
-			continue
-		}
-		lo, hi, ranged := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			t.Fatalf("cpuset %q: %v", set, err)
-		}
-		b := a
-		if ranged {
-			if b, err = strconv.Atoi(hi); err != nil {
-				t.Fatalf("cpuset %q: %v", set, err)
-			}
-		}
-		for c := a; c <= b; c++ {
-			out = append(out, c)
-		}
-	}
-	sort.Ints(out)
-	return out
+	return scenariokit.CPUSet(t, set)
 }
 
 // minus is a's members not in b, as a cpuset.
