@@ -42,9 +42,9 @@ func TestTheNodeRunsCgroupV2AloneAndTheSystemdDriver(t *testing.T) {
 // (what runc's systemd driver does) is kept. Without the first, those checks could not fail.
 func TestADaemonReloadRevertsACpusetWrittenOnlyInCgroupfs(t *testing.T) {
 	out := guest(t, `set -e
-systemd-run --quiet --unit=resmgr-premise --slice=resmgr-premise.slice -p AllowedCPUs=1-2 sleep 600
+systemd-run --quiet --unit=resmgr-premise --slice=resmgrpremise.slice -p AllowedCPUs=1-2 sleep 600
 trap 'systemctl stop resmgr-premise' EXIT
-d=/sys/fs/cgroup/resmgr-premise.slice/resmgr-premise.service
+d=/sys/fs/cgroup$(systemctl show -p ControlGroup --value resmgr-premise.service)
 echo 4 > $d/cpuset.cpus
 systemctl daemon-reload
 echo "cgroupfs-only $(cat $d/cpuset.cpus.effective)"
