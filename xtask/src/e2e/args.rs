@@ -38,6 +38,10 @@ pub struct E2eArgs {
     /// Run only these scenarios (repeat); default: all. Most build on the ones before them.
     #[arg(long, value_name = "SCENARIO")]
     pub only: Vec<String>,
+    /// Run each scenario of the cluster and node-v2 stages this many times in a row (`go test
+    /// -count`): how often a scenario fails is counted so, under load when it has timing in it.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: u32,
     /// Run every scenario of the node-v2 stage on every runtime (by default CRI-O runs those
     /// whose outcome is the runtime's: the cgroup driver, pinning, the shared pools and the
     /// daemon-reload; the reboot and MemoryQoS run on containerd, each saying why).
@@ -54,6 +58,38 @@ pub struct E2eArgs {
     /// is in its environment: RESMGR_E2E_*).
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+impl E2eArgs {
+    /// The scenarios these options choose, for the stages run by `go test`.
+    pub fn scenarios(&self) -> Scenarios<'_> {
+        Scenarios {
+            only: &self.only,
+            count: self.count,
+        }
+    }
+}
+
+/// Which scenarios a stage run by `go test` runs, and how many times each.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenarios<'a> {
+    /// Only these (`--only`); empty: every one.
+    pub only: &'a [String],
+    /// Each this many times in a row (`--count`).
+    pub count: u32,
+}
+
+impl Scenarios<'_> {
+    /// Every scenario, once: what `cargo xtask test` runs.
+    pub const ALL: Scenarios<'static> = Scenarios {
+        only: &[],
+        count: 1,
+    };
+
+    /// `go test`'s `-count` flag for them.
+    pub fn count_flag(&self) -> String {
+        format!("-count={}", self.count)
+    }
 }
 
 /// The container runtime of the cluster's node.

@@ -29,7 +29,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{args::Runtime, containerd, controlplane, crio};
+use super::{
+    args::{Runtime, Scenarios},
+    containerd, controlplane, crio,
+};
 use crate::{
     build::{self, background::Background, kubernetes::Release},
     missing::{self, Missing},
@@ -185,7 +188,7 @@ pub fn runtimes(release: &Release, wanted: &[Runtime]) -> Vec<Runtime> {
 /// in `control_plane`, on `runtime`.
 pub fn run(
     root: &Path,
-    only: &[String],
+    scenarios: Scenarios<'_>,
     release: &Release,
     runtime: Runtime,
     control_plane: &Path,
@@ -208,9 +211,9 @@ pub fn run(
     go.current_dir(root.join("tests/controlplane"))
         .envs(env)
         .env("GOFLAGS", workspace::go_flags())
-        .args(["test", "-count=1", "-v", "-timeout=30m"]);
-    if !only.is_empty() {
-        go.args(["-run", &only.join("|")]);
+        .args(["test", &scenarios.count_flag(), "-v", "-timeout=30m"]);
+    if !scenarios.only.is_empty() {
+        go.args(["-run", &scenarios.only.join("|")]);
     } else if runtime == Runtime::Crio {
         let names: Vec<&str> = CONTAINERD_ONLY.iter().map(|(n, _)| *n).collect();
         go.args(["-skip", &format!("^({})$", names.join("|"))]);

@@ -30,6 +30,7 @@ use std::{path::Path, path::PathBuf};
 
 use anyhow::bail;
 
+use args::Scenarios;
 pub use args::{E2eArgs, Runtime, Stage};
 
 use crate::{
@@ -71,7 +72,15 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
         for release in &releases {
             let binaries = kubernetes::binaries(release, None)?;
             for runtime in cluster::runtimes(release, &args.runtime) {
-                cluster::run(root, &args.only, release, runtime, &binaries, None, None)?;
+                cluster::run(
+                    root,
+                    args.scenarios(),
+                    release,
+                    runtime,
+                    &binaries,
+                    None,
+                    None,
+                )?;
             }
         }
     }
@@ -84,7 +93,14 @@ pub fn run(root: &Path, args: &E2eArgs) -> anyhow::Result<()> {
         for release in &releases {
             for runtime in node_v2::runtimes(&args.runtime) {
                 node_v2::run(
-                    root, &args.only, args.all, release, runtime, None, None, None,
+                    root,
+                    args.scenarios(),
+                    args.all,
+                    release,
+                    runtime,
+                    None,
+                    None,
+                    None,
                 )?;
             }
         }
@@ -194,7 +210,7 @@ pub fn in_test(
                     let binaries = binaries(&release)?;
                     cluster::run(
                         root,
-                        &[],
+                        Scenarios::ALL,
                         &release,
                         runtime,
                         &binaries,
@@ -206,7 +222,7 @@ pub fn in_test(
                     let binaries = binaries(&release)?;
                     node_v2::run(
                         root,
-                        &[],
+                        Scenarios::ALL,
                         false,
                         &release,
                         runtime,

@@ -20,7 +20,10 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{args::Runtime, cluster};
+use super::{
+    args::{Runtime, Scenarios},
+    cluster,
+};
 use crate::{
     build::{self, background::Background, kubernetes::Release, vm_image::VmImage},
     missing::Missing,
@@ -79,7 +82,7 @@ pub const CONTAINERD_ONLY: &[(&str, &str)] = &[
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     root: &Path,
-    only: &[String],
+    scenarios: Scenarios<'_>,
     all: bool,
     release: &Release,
     runtime: Runtime,
@@ -125,9 +128,9 @@ pub fn run(
     go.current_dir(root.join("tests/controlplane"))
         .envs(env)
         .env("GOFLAGS", workspace::go_flags())
-        .args(["test", "-count=1", "-v", "-timeout=40m"]);
-    if !only.is_empty() {
-        go.args(["-run", &only.join("|")]);
+        .args(["test", &scenarios.count_flag(), "-v", "-timeout=40m"]);
+    if !scenarios.only.is_empty() {
+        go.args(["-run", &scenarios.only.join("|")]);
     } else if runtime == Runtime::Crio && !all {
         let names: Vec<&str> = CONTAINERD_ONLY.iter().map(|(n, _)| *n).collect();
         go.args(["-skip", &format!("^({})$", names.join("|"))]);
