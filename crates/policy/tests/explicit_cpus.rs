@@ -73,6 +73,24 @@ fn refused(p: &mut TopologyAware, c: &Claim) -> String {
     err.to_string()
 }
 
+/// Checks that a claim `uid` of `results`, configured with `fields`, is refused, holding
+/// nothing, with a text that says each of `says`.
+fn refused_saying(
+    p: &mut TopologyAware,
+    uid: &str,
+    results: &[(&str, &str, u64)],
+    fields: Value,
+    says: &[&str],
+) {
+    let text = refused(p, &claim(uid, results, cpus_of(fields)));
+    for said in says {
+        assert!(
+            text.contains(said),
+            "the refusal does not say {said:?}: {text}"
+        );
+    }
+}
+
 #[test]
 fn grouped_devices_grant_exactly_the_named_cpus_and_say_so_in_the_metadata() {
     let mut p = machine();
@@ -121,77 +139,52 @@ fn grouped_devices_grant_exactly_the_named_cpus_and_say_so_in_the_metadata() {
 #[test]
 fn cpus_outside_the_allocated_devices_are_refused_naming_each_and_why() {
     let mut p = machine();
-    let text = refused(
+    refused_saying(
         &mut p,
-        &claim(
-            "u1",
-            &[("cpus", "numa0", 4)],
-            cpus_of(json!({"cpus": "0-1,2-3"})),
-        ),
+        "u1",
+        &[("cpus", "numa0", 4)],
+        json!({"cpus": "0-1,2-3"}),
+        &[
+            "the scheduler allocated 4 cpus of device numa0",
+            "names 2 of them (2-3)",
+            "cpus 0-1 are reserved for system pods",
+        ],
     );
-    assert!(
-        text.contains("the scheduler allocated 4 cpus of device numa0")
-            && text.contains("names 2 of them (2-3)")
-            && text.contains("cpus 0-1 are reserved for system pods"),
-        "{text}"
-    );
-    let text = refused(
+    refused_saying(
         &mut p,
-        &claim(
-            "u1",
-            &[("cpus", "numa0", 2)],
-            cpus_of(json!({"cpus": "2,16"})),
-        ),
+        "u1",
+        &[("cpus", "numa0", 2)],
+        json!({"cpus": "2,16"}),
+        &[
+            "names 1 of them (2)",
+            "cpu 16 is on device numa1, which the scheduler did not allocate to the request",
+        ],
     );
-    assert!(
-        text.contains("names 1 of them (2)")
-            && text.contains(
-                "cpu 16 is on device numa1, which the scheduler did not allocate to the request"
-            ),
-        "{text}"
-    );
-    let text = refused(
+    refused_saying(
         &mut p,
-        &claim(
-            "u1",
-            &[("cpus", "numa0", 2)],
-            cpus_of(json!({"cpus": "2-3,200"})),
-        ),
-    );
-    assert!(
-        text.contains("cpu 200 is not online on this node"),
-        "{text}"
+        "u1",
+        &[("cpus", "numa0", 2)],
+        json!({"cpus": "2-3,200"}),
+        &["cpu 200 is not online on this node"],
     );
 }
 
 #[test]
 fn more_or_fewer_cpus_than_the_scheduler_allocated_are_refused() {
     let mut p = machine();
-    let text = refused(
+    refused_saying(
         &mut p,
-        &claim(
-            "u1",
-            &[("cpus", "numa0", 2)],
-            cpus_of(json!({"cpus": "2-4"})),
-        ),
+        "u1",
+        &[("cpus", "numa0", 2)],
+        json!({"cpus": "2-4"}),
+        &["request cpus: its configuration names cpus 4 beyond the cpus the scheduler allocated"],
     );
-    assert!(
-        text.contains(
-            "request cpus: its configuration names cpus 4 beyond the cpus the scheduler allocated"
-        ),
-        "{text}"
-    );
-    let text = refused(
+    refused_saying(
         &mut p,
-        &claim(
-            "u1",
-            &[("cpus", "numa0", 3)],
-            cpus_of(json!({"cpus": "2-3"})),
-        ),
-    );
-    assert!(
-        text.contains("the scheduler allocated 3 cpus of device numa0"),
-        "{text}"
+        "u1",
+        &[("cpus", "numa0", 3)],
+        json!({"cpus": "2-3"}),
+        &["the scheduler allocated 3 cpus of device numa0"],
     );
 }
 
@@ -309,18 +302,15 @@ fn individual_devices_take_the_named_cpus_only_when_they_are_the_devices() {
         ))
         .unwrap();
     assert_eq!(got.edits[0].env[0], "DRA_CPUSET_u1=4-5");
-    let text = refused(
+    refused_saying(
         &mut p,
-        &claim(
-            "u2",
-            &[("cpus", "cpu6", 0), ("cpus", "cpu7", 0)],
-            cpus_of(json!({"cpus": "6,8"})),
-        ),
-    );
-    assert!(
-        text.contains("the scheduler allocated 1 cpu of device cpu7 (cpus 7), and its configuration names none of them")
-            && text.contains("cpu 8 is on device cpu8, which the scheduler did not allocate to the request"),
-        "{text}"
+        "u2",
+        &[("cpus", "cpu6", 0), ("cpus", "cpu7", 0)],
+        json!({"cpus": "6,8"}),
+        &[
+            "the scheduler allocated 1 cpu of device cpu7 (cpus 7), and its configuration names none of them",
+            "cpu 8 is on device cpu8, which the scheduler did not allocate to the request",
+        ],
     );
 }
 
@@ -335,17 +325,14 @@ fn memory_nodes_are_pinned_exactly_when_they_are_the_claims() {
         ))
         .unwrap();
     assert_eq!(got.edits[0].env[1], "DRA_MEMS_u1=1");
-    let text = refused(
+    refused_saying(
         &mut p,
-        &claim(
-            "u2",
-            &[("cpus", "numa1", 2)],
-            cpus_of(json!({"memoryNodes": "0-1"})),
-        ),
-    );
-    assert!(
-        text.contains("names memory nodes 0-1, but node 0 is neither the NUMA node of its cpus or memory (node 1)"),
-        "{text}"
+        "u2",
+        &[("cpus", "numa1", 2)],
+        json!({"memoryNodes": "0-1"}),
+        &[
+            "names memory nodes 0-1, but node 0 is neither the NUMA node of its cpus or memory (node 1)",
+        ],
     );
     let text = refused(
         &mut p,
