@@ -6,6 +6,7 @@ package scenariokit
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,9 +72,31 @@ func (k Kit) Poll(t testing.TB, what string, within time.Duration, cond func() (
 // namespace controller's seconds.
 func (k Kit) Namespace(t testing.TB, name string) string {
 	t.Helper()
-	c, cancel := Cx()
-	defer cancel()
-	if _, err := k.Node.Client.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+	namespaces := k.Node.Client.CoreV1().Namespaces()
+	create := func() error {
+		c, cancel := Cx()
+		defer cancel()
+		_, err := namespaces.Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		return err
+	}
+	if err := create(); apierrors.IsAlreadyExists(err) {
+		// An earlier run of the same test made it (`cargo xtask e2e --count N`); its end waited
+		// for its pods, and its namespace is kept or still being deleted.
+		k.Poll(t, "namespace "+name+" of the test's earlier run to be gone", k.Limit, func() (bool, error) {
+			c, cancel := Cx()
+			ns, err := namespaces.Get(c, name, metav1.GetOptions{})
+			cancel()
+			switch {
+			case apierrors.IsNotFound(err):
+				err := create()
+				return err == nil, err
+			case err != nil:
+				return false, err
+			default:
+				return ns.DeletionTimestamp == nil && !k.DeleteNamespaces, fmt.Errorf("namespace %s is %s", name, ns.Status.Phase)
+			}
+		})
+	} else if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
