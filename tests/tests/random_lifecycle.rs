@@ -877,6 +877,16 @@ impl World {
                 .filter(|(_, m)| m.state == ClaimState::Prepared)
                 .map(|(uid, _)| uid.clone()),
         );
+        // And every claim whose spec is on disk, a stray one planted while the agent was down
+        // included: it grants its CPUs from before the container, which the agent that holds it
+        // after its restart did not wait on.
+        granted.extend(
+            self.specs_dir()
+                .claims()
+                .expect("listing the specs on disk")
+                .into_iter()
+                .map(|u| u.to_string()),
+        );
         self.from_gap.insert(id, granted);
         self.gap.push((name, c));
     }
