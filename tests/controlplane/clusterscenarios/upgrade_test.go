@@ -214,7 +214,11 @@ func rollOut(t testing.TB, what string, act func() error) (calm, during []time.D
 // and the kubelet fails no prepare.
 func TestAHelmUpgradeNeverStallsAClaimPod(t *testing.T) {
 	_, _ = rollOut(t, "helm upgrade", func() error {
-		values, err := node.ValuesFile("values-rolling.json", map[string]any{"config": map[string]any{"log-level": "info,resmgr::handover=debug"}})
+		// A new pod template on every run, the test's own runs again included (`--count N`).
+		values, err := node.ValuesFile("values-rolling.json", map[string]any{
+			"config":         map[string]any{"log-level": "info,resmgr::handover=debug"},
+			"podAnnotations": map[string]any{"resmgr.io/test-upgrade": time.Now().Format(time.RFC3339Nano)},
+		})
 		if err != nil {
 			return err
 		}
