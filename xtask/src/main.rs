@@ -42,7 +42,7 @@ enum Command {
     /// Run everything CI checks: fmt, clippy, tests, the codegen check and the Go conformance tests.
     Test {
         /// Also run the node-v2 stage (cgroup v2 and the systemd driver, in an emulated VM; about
-        /// 35 minutes on two cores): not yet part of what CI runs (see the README).
+        /// 20 minutes on two cores): not yet part of what CI runs (see the README).
         #[arg(long)]
         node_v2: bool,
     },

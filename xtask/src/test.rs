@@ -10,7 +10,7 @@
 //!    and `go test` (which vets) of the chart renderer's Go program, `tools/helm-chart/go`.
 //! 7. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane and cluster stages,
 //!    each when the machine can run it (under `CI=true` it must); with `--node-v2`, the node-v2
-//!    stage too, which CI does not run yet: emulated, it takes about 35 minutes on two cores.
+//!    stage too, which CI does not run yet: emulated, it takes about 20 minutes on two cores.
 //!
 //! It ends, whether it passed or not, with a table of each step's wall time, the background
 //! builds each waited for and how long, and how long each background build took

@@ -146,7 +146,7 @@ pub fn start_builds(root: &Path, node_v2: bool) -> Builds {
 /// that order, so on a fresh machine the next release's build overlaps the stages of the one
 /// before it (the CRI-O cluster of the primary release among them). The node-v2 stage runs
 /// last, on both runtimes, and only with `node_v2` (`cargo xtask test --node-v2`): emulated
-/// without KVM it takes about 35 minutes on two cores, so CI does not run it yet.
+/// without KVM it takes about 20 minutes on two cores, so CI does not run it yet.
 pub fn in_test(
     root: &Path,
     mut builds: Builds,
