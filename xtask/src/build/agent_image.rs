@@ -633,9 +633,9 @@ pub fn of_profile(root: &Path, out: &Path, profile: &str) -> anyhow::Result<(Pat
 
 /// [`of_profile`] with the binary's debug information and symbols left out (`objcopy
 /// --strip-all`, into `out`): half the debug binary's size (91 MB to 44 MB), for a node that
-/// imports the image slowly (the emulated VM of the node-v2 stage, where importing the debug
-/// image took about 90 s). A panic's message still names its file and line; its backtrace no
-/// longer names functions.
+/// imports the image slowly (the emulated VM of the node-v2 stage, where the kubelet's start
+/// and the images' import take a minute and a half). A panic's message still names its file
+/// and line; its backtrace no longer names functions.
 pub fn of_profile_without_debug_info(
     root: &Path,
     out: &Path,

@@ -115,7 +115,7 @@ pub fn run(
         None,
     )?;
     // The guest imports the agent's image under emulation: without the debug information and
-    // symbols the debug binary carries, it is half the size and imports in about half the time.
+    // symbols the debug binary carries, it has half the bytes to copy, unpack and hash.
     let out = workspace::target_dir(root)?.join("node-v2");
     let (agent_image, _) = build::agent_image::of_profile_without_debug_info(root, &out, "debug")?;
     for (var, value) in &mut env {
