@@ -45,6 +45,19 @@ pub trait SettingType: Sized {
     fn show(&self) -> Value;
 }
 
+/// The items of a list setting: a list's, or a single value's comma-separated ones.
+fn items_of(given: &Given) -> Vec<String> {
+    match given {
+        Given::List(items) => items.clone(),
+        Given::One(v) => v
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    }
+}
+
 /// `"value" is not allowed: <what is>`, the form of every refusal that names no parser.
 fn refuse(value: &str, allowed: &str) -> String {
     format!("{value:?} is not allowed: {allowed}")
@@ -248,15 +261,7 @@ pub struct Namespaces(pub Vec<String>);
 
 impl SettingType for Namespaces {
     fn parse(given: &Given) -> Result<Self, String> {
-        let names: Vec<String> = match given {
-            Given::List(items) => items.clone(),
-            Given::One(v) => v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect(),
-        };
+        let names = items_of(given);
         if let Some(bad) = names.iter().find(|ns| dns_label(ns).is_err()) {
             return Err(refuse(
                 bad,
@@ -277,15 +282,7 @@ pub struct MetadataVersions(pub Vec<MetadataVersion>);
 
 impl SettingType for MetadataVersions {
     fn parse(given: &Given) -> Result<Self, String> {
-        let items: Vec<String> = match given {
-            Given::List(items) => items.clone(),
-            Given::One(v) => v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect(),
-        };
+        let items = items_of(given);
         let mut versions = Vec::new();
         for item in &items {
             let version: MetadataVersion = item
