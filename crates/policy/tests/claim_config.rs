@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 const GIB: u64 = 1 << 30;
 
 mod common;
-use common::{machine, set};
+use common::{cpu_config, from_claim, machine, set};
 
 /// A claim with one result per `(request, device, cpus)`.
 fn claim(uid: &str, results: &[(&str, &str, u64)], config: Vec<ClaimConfig>) -> Claim {
@@ -37,22 +37,6 @@ fn claim(uid: &str, results: &[(&str, &str, u64)], config: Vec<ClaimConfig>) -> 
             .collect(),
         config,
         pod_claim_name: None,
-    }
-}
-
-fn cpu_config(fields: Value) -> Value {
-    let mut v = json!({"apiVersion": "resmgr.io/v1alpha1", "kind": "CpuConfig"});
-    v.as_object_mut()
-        .unwrap()
-        .extend(fields.as_object().unwrap().clone());
-    v
-}
-
-fn from_claim(requests: &[&str], fields: Value) -> ClaimConfig {
-    ClaimConfig {
-        source: ConfigSource::Claim,
-        requests: requests.iter().map(|r| (*r).to_owned()).collect(),
-        parameters: cpu_config(fields),
     }
 }
 

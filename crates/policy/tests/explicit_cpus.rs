@@ -14,23 +14,7 @@ use policy::{
 use serde_json::{Value, json};
 
 mod common;
-use common::machine;
-
-fn cpu_config(fields: Value) -> Value {
-    let mut v = json!({"apiVersion": "resmgr.io/v1alpha1", "kind": "CpuConfig"});
-    v.as_object_mut()
-        .unwrap()
-        .extend(fields.as_object().unwrap().clone());
-    v
-}
-
-fn from_claim(requests: &[&str], fields: Value) -> ClaimConfig {
-    ClaimConfig {
-        source: ConfigSource::Claim,
-        requests: requests.iter().map(|r| (*r).to_owned()).collect(),
-        parameters: cpu_config(fields),
-    }
-}
+use common::{cpu_config, from_claim, machine};
 
 /// A claim with one result per `(request, device, cpus consumed)`; 0 consumes nothing (an
 /// individual device).

@@ -1,13 +1,14 @@
-//! What the policy's integration tests share: the machine most of them run on, and cpuset
-//! literals.
+//! What the policy's integration tests share: the machine most of them run on, cpuset
+//! literals, and a claim's `CpuConfig`.
 
 // Each test binary includes this module and uses what it needs of it.
 #![allow(dead_code)]
 
 use policy::{
-    CpuSet, Topology, TopologyAware, TopologySource,
+    ClaimConfig, ConfigSource, CpuSet, Topology, TopologyAware, TopologySource,
     topology_aware::{Config, Exclusivity, ReservedCpus},
 };
+use serde_json::{Value, json};
 
 /// Two sockets of two NUMA nodes of 8 two-thread cores (4 NUMA nodes; numa1 is CPUs 16-31,
 /// cores 16-17, 18-19, ...), CPUs 0-1 reserved, exclusive CPUs through claims only (the
@@ -33,4 +34,22 @@ pub fn machine_with(exclusivity: Exclusivity) -> TopologyAware {
 /// A cpuset from the kernel's list format.
 pub fn set(s: &str) -> CpuSet {
     s.parse().unwrap()
+}
+
+/// A `CpuConfig` with `fields`.
+pub fn cpu_config(fields: Value) -> Value {
+    let mut v = json!({"apiVersion": "resmgr.io/v1alpha1", "kind": "CpuConfig"});
+    v.as_object_mut()
+        .unwrap()
+        .extend(fields.as_object().unwrap().clone());
+    v
+}
+
+/// A claim's configuration for `requests` (all of them, if empty): a `CpuConfig` with `fields`.
+pub fn from_claim(requests: &[&str], fields: Value) -> ClaimConfig {
+    ClaimConfig {
+        source: ConfigSource::Claim,
+        requests: requests.iter().map(|r| (*r).to_owned()).collect(),
+        parameters: cpu_config(fields),
+    }
 }
