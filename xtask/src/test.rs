@@ -8,9 +8,10 @@
 //! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
 //!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0;
 //!    and `go test` (which vets) of the chart renderer's Go program, `tools/helm-chart/go`.
-//! 7. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane and cluster stages,
-//!    each when the machine can run it (under `CI=true` it must); with `--node-v2`, the node-v2
-//!    stage too, which CI does not run yet: emulated, it takes about 20 minutes on two cores.
+//! 7. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane, cluster and node-v2
+//!    stages, each when the machine can run it (under `CI=true` it must); the newest release's
+//!    cluster runs on the node-v2 stage's node, and `--all` adds what CI leaves out for time
+//!    ([`e2e::in_test`]).
 //!
 //! It ends, whether it passed or not, with a table of each step's wall time, the background
 //! builds each waited for and how long, and how long each background build took
@@ -22,9 +23,9 @@ use anyhow::bail;
 
 use crate::{codegen, docs, e2e, sysdeps, timing::Steps, util, workspace};
 
-pub fn run(root: &Path, node_v2: bool) -> anyhow::Result<()> {
+pub fn run(root: &Path, all: bool) -> anyhow::Result<()> {
     let mut steps = Steps::new();
-    let result = checks(root, &mut steps, node_v2);
+    let result = checks(root, &mut steps, all);
     eprintln!("\n{}", steps.table());
     result?;
     let skipped = steps.skipped();
@@ -41,10 +42,10 @@ pub fn run(root: &Path, node_v2: bool) -> anyhow::Result<()> {
 }
 
 /// Every check, each a step of `steps`.
-fn checks(root: &Path, steps: &mut Steps, node_v2: bool) -> anyhow::Result<()> {
+fn checks(root: &Path, steps: &mut Steps, all: bool) -> anyhow::Result<()> {
     steps.run("system packages", sysdeps::ensure)?;
     // The e2e's builds (Go, minutes on a fresh machine) overlap the steps below.
-    let builds = e2e::start_builds(root, node_v2);
+    let builds = e2e::start_builds(root);
     steps.run("cargo fmt --check", || {
         util::run(
             util::cargo()
@@ -75,7 +76,7 @@ fn checks(root: &Path, steps: &mut Steps, node_v2: bool) -> anyhow::Result<()> {
         )
     })?;
     steps.run("Go conformance tests", || conformance(root))?;
-    e2e::in_test(root, builds, steps, node_v2)
+    e2e::in_test(root, builds, steps, all)
 }
 
 /// Builds the binaries the Go tests drive and runs `go test ./...` in every Go module under

@@ -42,9 +42,9 @@ pub struct E2eArgs {
     /// -count`): how often a scenario fails is counted so, under load when it has timing in it.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub count: u32,
-    /// Run every scenario of the node-v2 stage on every runtime (by default CRI-O runs those
-    /// whose outcome is the runtime's: the cgroup driver, pinning, the shared pools and the
-    /// daemon-reload; the reboot and MemoryQoS run on containerd, each saying why).
+    /// Run every scenario of the node-v2 stage on every runtime (by default, as in CI, both run
+    /// the cgroup driver, pinning, the shared pools and the daemon-reload; MemoryQoS runs on
+    /// containerd only and the reboot on neither, each saying why).
     #[arg(long)]
     pub all: bool,
     /// How the agent runs: `container` (its image, as the chart's DaemonSet runs it; built from

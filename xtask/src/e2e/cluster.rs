@@ -168,6 +168,18 @@ pub const CONTAINERD_ONLY: &[(&str, &str)] = &[(
      pod's containers before the unprepare, is TestDeletingAClaimPodUnpreparesRightAfterTheKubeletStopsItsContainers",
 )];
 
+/// The scenarios whose outcome depends on the Kubernetes release: what the kubelet writes for the
+/// node-allocatable mapping and for a memory claim, the health stream's version, the metadata
+/// file's. `cargo xtask test` runs only these on the newest release's cluster on this machine's
+/// node ([`super::in_test`]); the rest of that release runs on its users' node, in the node-v2
+/// stage. Each stands alone (`--only` runs them in a fresh cluster).
+pub const RELEASE_SPECIFIC: &[&str] = &[
+    "TestTheKubeletAddsAClaimsMappedCPUsToThePodsLimitsFrom137",
+    "TestTheKubeletStreamsDeviceHealthInTheVersionItsReleasePrefers",
+    "TestAMemoryAndHugepagesClaimIsHeldToItsClaimInTheKernel",
+    "TestAPodReadsItsClaimsCPUsInItsDeviceMetadata",
+];
+
 /// The runtimes the stage runs on for `release`: those `wanted` names, or by default containerd
 /// on every release and CRI-O on the primary one. The CRI-O build is 1.36, which goes with
 /// Kubernetes 1.36 (CRI-O's minor follows Kubernetes'); what CRI-O adds to the scenarios is its

@@ -120,9 +120,9 @@ pub struct Builds {
 
 /// Starts building, in the background, what each stage the machine can run needs: `cargo xtask
 /// test` does this first, so that on a fresh machine the Go module downloads and builds
-/// (minutes, `nice`d) overlap the Rust build and tests instead of following them. The VM image
-/// only with `node_v2`.
-pub fn start_builds(root: &Path, node_v2: bool) -> Builds {
+/// (minutes, `nice`d) and the VM image overlap the Rust build and tests instead of following
+/// them.
+pub fn start_builds(root: &Path) -> Builds {
     let can = |missing: Vec<missing::Missing>| missing.is_empty();
     Builds {
         containerd: can(containerd::prerequisites()).then(build::containerd::in_background),
@@ -131,7 +131,7 @@ pub fn start_builds(root: &Path, node_v2: bool) -> Builds {
             .flatten(),
         helm: can(cluster::prerequisites()).then(|| build::helm::in_background(root)),
         crio: can(crio::prerequisites()).then(build::crio::in_background),
-        vm_image: (node_v2 && can(node_v2::prerequisites_on(Runtime::Containerd)))
+        vm_image: can(node_v2::prerequisites_on(Runtime::Containerd))
             .then(build::vm_image::in_background),
     }
 }
@@ -145,26 +145,46 @@ pub fn start_builds(root: &Path, node_v2: bool) -> Builds {
 /// runtime of the release ([`cluster::runtimes`]): the releases are built in the background in
 /// that order, so on a fresh machine the next release's build overlaps the stages of the one
 /// before it (the CRI-O cluster of the primary release among them). The node-v2 stage runs
-/// last, on both runtimes, and only with `node_v2` (`cargo xtask test --node-v2`): emulated
-/// without KVM it takes about 20 minutes on two cores, so CI does not run it yet.
+/// last, on both runtimes, the scenarios CI runs ([`node_v2::left_out`]).
+///
+/// On the newest release the cluster stage runs on this machine's node only the scenarios whose
+/// outcome is the release's ([`cluster::RELEASE_SPECIFIC`]), unless `all`: that release's
+/// kubelet refuses cgroup v1 by default, so its users' node is the node-v2 stage's, where the
+/// rest of that release runs; on this machine's cgroup v1 the rest would check a node its users
+/// have to opt into, for five more minutes.
 pub fn in_test(
     root: &Path,
     mut builds: Builds,
     steps: &mut Steps,
-    node_v2: bool,
+    all: bool,
 ) -> anyhow::Result<()> {
     let mut stages = vec![(Stage::Containerd, None, None), (Stage::Crio, None, None)];
+    let newest = node_v2::release(root)?;
     for release in kubernetes::releases(root)? {
         stages.push((Stage::Controlplane, Some(release.clone()), None));
         for runtime in cluster::runtimes(&release, &[]) {
             stages.push((Stage::Cluster, Some(release.clone()), Some(runtime)));
         }
     }
-    if node_v2 {
-        for runtime in node_v2::runtimes(&[]) {
-            stages.push((Stage::NodeV2, Some(node_v2::release(root)?), Some(runtime)));
-        }
+    for runtime in node_v2::runtimes(&[]) {
+        stages.push((Stage::NodeV2, Some(newest.clone()), Some(runtime)));
     }
+    // The newest release's own scenarios on this machine's node; the rest of it on node-v2's.
+    let release_specific: Vec<String> = cluster::RELEASE_SPECIFIC
+        .iter()
+        .map(|name| format!("^{name}$"))
+        .collect();
+    let cluster_scenarios = |release: &kubernetes::Release| {
+        if all || release.is_primary() || release.minor() != newest.minor() {
+            (Scenarios::ALL, "")
+        } else {
+            let only = Scenarios {
+                only: &release_specific,
+                ..Scenarios::ALL
+            };
+            (only, " (the release's own scenarios)")
+        }
+    };
     for (stage, release, runtime) in stages {
         let (name, missing) = match stage {
             Stage::Containerd => ("the containerd e2e", containerd::prerequisites()),
@@ -184,7 +204,10 @@ pub fn in_test(
             (Some(r), None) => format!(" on Kubernetes {}", r.minor()),
             _ => String::new(),
         };
-        let step = format!("{name}{on}");
+        let mut step = format!("{name}{on}");
+        if let (Stage::Cluster, Some(release)) = (stage, &release) {
+            step.push_str(cluster_scenarios(release).1);
+        }
         if missing.is_empty() {
             let args = E2eArgs {
                 stage: vec![stage],
@@ -210,7 +233,7 @@ pub fn in_test(
                     let binaries = binaries(&release)?;
                     cluster::run(
                         root,
-                        Scenarios::ALL,
+                        cluster_scenarios(&release).0,
                         &release,
                         runtime,
                         &binaries,
@@ -223,7 +246,7 @@ pub fn in_test(
                     node_v2::run(
                         root,
                         Scenarios::ALL,
-                        false,
+                        all,
                         &release,
                         runtime,
                         builds.vm_image.take(),
@@ -261,4 +284,39 @@ pub fn in_test(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::{fs, path::Path};
+
+    use super::cluster;
+
+    /// Fails unless `scenario` is a test of the Go package `tests/controlplane/<package>`.
+    pub fn assert_scenario(package: &str, scenario: &str) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/controlplane")
+            .join(package);
+        let mut go = String::new();
+        for entry in fs::read_dir(&dir).unwrap() {
+            go.push_str(&fs::read_to_string(entry.unwrap().path()).unwrap());
+        }
+        let func = format!("func {scenario}(t *testing.T)");
+        assert!(
+            go.contains(&func),
+            "{scenario} is not a test of {}",
+            dir.display()
+        );
+    }
+
+    /// A scenario renamed in Go and not here would leave CI, unnoticed.
+    #[test]
+    fn every_scenario_named_for_the_cluster_stage_is_one_of_it() {
+        let named = cluster::RELEASE_SPECIFIC
+            .iter()
+            .chain(cluster::CONTAINERD_ONLY.iter().map(|(name, _)| name));
+        for name in named {
+            assert_scenario("clusterscenarios", name);
+        }
+    }
 }
