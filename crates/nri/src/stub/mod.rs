@@ -329,6 +329,15 @@ impl Shared {
         self.lifecycle.send_modify(|l| l.synchronized = true);
     }
 
+    /// The runtime's request timeout, as it announced it in Configure.
+    fn request_timeout(&self) -> Duration {
+        self.lifecycle
+            .borrow()
+            .runtime
+            .as_ref()
+            .map_or(DEFAULT_REQUEST_TIMEOUT, |r| r.request_timeout)
+    }
+
     fn set_closed(&self, why: Disconnect) {
         self.lifecycle.send_modify(|l| {
             l.closed.get_or_insert(why);

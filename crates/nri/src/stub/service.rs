@@ -239,7 +239,32 @@ impl<P: Plugin> PluginService<P> {
 
 impl<P: Plugin> Service for PluginService<P> {
     fn call(self: Arc<Self>, method: String, payload: Bytes) -> ReplyFuture {
-        Box::pin(IN_EVENT_HANDLER.scope((), async move { self.dispatch(&method, payload).await }))
+        let received = tokio::time::Instant::now();
+        Box::pin(IN_EVENT_HANDLER.scope((), async move {
+            let started = tokio::time::Instant::now();
+            let reply = self.dispatch(&method, payload).await;
+            warn_if_slow(&method, started - received, started.elapsed(), &self.shared);
+            reply
+        }))
+    }
+}
+
+/// A call answered later than this is logged: runtimes drop a plugin that misses their request
+/// timeout (2 s by default), so one that comes near it is worth knowing of, with where its time
+/// went.
+const SLOW_ANSWER: Duration = Duration::from_secs(1);
+
+/// Logs a call whose answer took longer than [`SLOW_ANSWER`]: `queued` from its arrival until
+/// its handler first ran (the process's threads were busy), `handled` in the handler.
+fn warn_if_slow(method: &str, queued: Duration, handled: Duration, shared: &Shared) {
+    if queued + handled > SLOW_ANSWER {
+        tracing::warn!(
+            call = method,
+            queued_ms = queued.as_millis(),
+            handled_ms = handled.as_millis(),
+            runtime_timeout_ms = shared.request_timeout().as_millis(),
+            "answered a runtime call slowly"
+        );
     }
 }
 
@@ -333,4 +358,41 @@ fn millis_or(ms: i64, default: Duration) -> Duration {
         .ok()
         .filter(|&ms| ms > 0)
         .map_or(default, Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::UpdateLull;
+
+    /// What `warn_if_slow` logs.
+    fn logged(queued_ms: u64, handled_ms: u64) -> String {
+        stdx::logs::captured(|| {
+            warn_if_slow(
+                "CreateContainer",
+                Duration::from_millis(queued_ms),
+                Duration::from_millis(handled_ms),
+                &Shared::new(UpdateLull::NONE),
+            );
+        })
+    }
+
+    #[test]
+    fn a_call_answered_in_over_a_second_is_logged_with_where_its_time_went() {
+        let line = logged(700, 400);
+        assert!(line.contains("answered a runtime call slowly"), "{line}");
+        for field in [
+            "call=\"CreateContainer\"",
+            "queued_ms=700",
+            "handled_ms=400",
+            "runtime_timeout_ms=2000",
+        ] {
+            assert!(line.contains(field), "{field} not in {line}");
+        }
+    }
+
+    #[test]
+    fn a_call_answered_within_a_second_is_not() {
+        assert_eq!(logged(400, 500), "");
+    }
 }

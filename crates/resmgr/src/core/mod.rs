@@ -208,10 +208,29 @@ impl Core {
     /// of the core is awaited (the state file, CDI specs, the runtime: [`commit`]); the guard's
     /// lifetime is `f`'s own, so it cannot leave `f`, in what `f` returns or otherwise. So
     /// holding the lock across IO does not compile ([`stdx::scoped`]).
-    pub(crate) async fn with_lock<R>(&self, f: impl FnOnce(Guard<'_>) -> R) -> R {
-        self.lock
-            .with(|held| f(Guard::new(held, &self.published, &self.io)))
-            .await
+    ///
+    /// A long wait for the lock, or a long hold of it, is logged with the caller's place in the
+    /// code: runtime events wait for the lock, and a runtime drops a plugin that misses its
+    /// request timeout.
+    #[track_caller]
+    pub(crate) fn with_lock<R, F>(&self, f: F) -> impl Future<Output = R> + use<'_, R, F>
+    where
+        F: FnOnce(Guard<'_>) -> R,
+    {
+        let caller = std::panic::Location::caller();
+        async move {
+            let asked = tokio::time::Instant::now();
+            let mut taken = asked;
+            let result = self
+                .lock
+                .with(|held| {
+                    taken = tokio::time::Instant::now();
+                    f(Guard::new(held, &self.published, &self.io))
+                })
+                .await;
+            warn_if_long(caller, taken - asked, taken.elapsed());
+            result
+        }
     }
 
     /// What readers need, refreshed under the lock at every change ([`Published`]).
@@ -222,6 +241,21 @@ impl Core {
     /// The snapshot as of now.
     pub(crate) fn snapshot(&self) -> Arc<Published> {
         self.published.borrow().clone()
+    }
+}
+
+/// Longer than this waiting for the manager lock, or holding it, is logged ([`Core::with_lock`]):
+/// the work under it is in memory, microseconds to a few milliseconds.
+const LONG_LOCK: Duration = Duration::from_millis(250);
+
+fn warn_if_long(caller: &std::panic::Location<'_>, waited: Duration, held: Duration) {
+    if waited > LONG_LOCK || held > LONG_LOCK {
+        tracing::warn!(
+            at = %caller,
+            waited_ms = waited.as_millis(),
+            held_ms = held.as_millis(),
+            "the manager lock was long to take or long held"
+        );
     }
 }
 
@@ -281,5 +315,40 @@ impl Inner {
             claims: self.books.durable.records.clone(),
         };
         (self.books.version, state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logged(waited_ms: u64, held_ms: u64) -> String {
+        stdx::logs::captured(|| {
+            warn_if_long(
+                std::panic::Location::caller(),
+                Duration::from_millis(waited_ms),
+                Duration::from_millis(held_ms),
+            );
+        })
+    }
+
+    #[test]
+    fn a_long_wait_for_the_lock_or_a_long_hold_is_logged_with_the_callers_place() {
+        for (waited, held) in [(300, 1), (1, 300)] {
+            let line = logged(waited, held);
+            assert!(line.contains("the manager lock was long"), "{line}");
+            for field in [
+                format!("waited_ms={waited}"),
+                format!("held_ms={held}"),
+                format!("at={}", file!()),
+            ] {
+                assert!(line.contains(&field), "{field} not in {line}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_one_is_not() {
+        assert_eq!(logged(200, 200), "");
     }
 }

@@ -187,6 +187,8 @@ type Node struct {
 	vm *VM
 	// apiPort is the API server's port: apiPort, or a VM node's free port on loopback.
 	apiPort int
+	// stopKeepingLogs ends keepAgentLogs; nil when it does not run (a VM node).
+	stopKeepingLogs chan struct{}
 
 	mu    sync.Mutex
 	st    state
@@ -272,6 +274,8 @@ func Up(cfg Config, o Options) (n *Node, err error) {
 	if err := n.host(); err != nil {
 		return n, err
 	}
+	n.stopKeepingLogs = make(chan struct{})
+	go n.keepAgentLogs(n.stopKeepingLogs)
 	o.Logf("cluster: namespaces, cgroups and the veth pair ready (node %s)", n.NodeIP)
 	if err := n.controlPlane(); err != nil {
 		return n, err
@@ -824,7 +828,13 @@ func (n *Node) WaitSlices() error {
 }
 
 // Close takes the cluster down (a detached one too).
-func (n *Node) Close(keep bool) error { return Down(n.l.Dir, keep) }
+func (n *Node) Close(keep bool) error {
+	if n.stopKeepingLogs != nil {
+		close(n.stopKeepingLogs)
+		n.stopKeepingLogs = nil
+	}
+	return Down(n.l.Dir, keep)
+}
 
 // Down takes down the run in dir: every process in its cgroup, its cgroups (the hugetlb ones
 // too), its hugepages, its host link and, unless keep, its directory.

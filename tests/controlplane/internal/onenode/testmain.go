@@ -34,10 +34,7 @@ func RunTests(m interface{ Run() int }, o Options, ready func(*Node)) int {
 	code := m.Run()
 	keep := code != 0
 	if keep {
-		// Only a VM node has more to say than its kept files (a node on this machine: nothing).
-		if d := node.Diagnostics(); d != "" {
-			fmt.Fprintln(os.Stderr, d)
-		}
+		fmt.Fprintln(os.Stderr, node.Diagnostics())
 		fmt.Fprintf(os.Stderr, "the cluster's files and logs are kept in %s\n", node.Dir())
 	}
 	if err := node.Close(keep); err != nil {

@@ -227,11 +227,13 @@ func (n *Node) VM() *VM { return n.vm }
 // GuestUnits are the systemd units of the node in the guest: the kubelet and the runtime.
 func (n *Node) GuestUnits() []string { return []string{"kubelet", n.rt.daemon()} }
 
-// Diagnostics is what a failure on a VM node should show: the end of the guest's console log,
-// the journal of the kubelet and the runtime, and the agent's container logs.
+// Diagnostics is what a failure should show besides the run's kept files: on this machine's
+// node the end of the agent's newest container logs (kept: agentlogs.go); on a VM node the end
+// of the guest's console log, the journal of the kubelet and the runtime, and the agent's
+// container logs.
 func (n *Node) Diagnostics() string {
 	if n.vm == nil {
-		return ""
+		return "=== the agent's newest container logs:\n" + agentLogTails(n.AgentLogsDir(), 4, 120)
 	}
 	var b strings.Builder
 	console, err := readFile(n.vm.ConsoleLog())
