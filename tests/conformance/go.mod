@@ -6,6 +6,7 @@ require (
 	github.com/containerd/nri v0.12.5
 	github.com/fsnotify/fsnotify v1.7.0
 	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/resmgr/resmgr/tests/gokit v0.0.0
 	google.golang.org/grpc v1.85.0
 	k8s.io/dynamic-resource-allocation v0.37.2
 	k8s.io/kubelet v0.37.2
@@ -43,3 +44,5 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+replace github.com/resmgr/resmgr/tests/gokit => ../gokit

@@ -80,13 +80,15 @@ fn checks(root: &Path, steps: &mut Steps, all: bool) -> anyhow::Result<()> {
 }
 
 /// Builds the binaries the Go tests drive and runs `go test ./...` in every Go module under
-/// `tests/conformance` and in xtask's chart renderer.
+/// `tests/conformance`, in the Go tests' shared helpers (`tests/gokit`) and in xtask's chart
+/// renderer.
 fn conformance(root: &Path) -> anyhow::Result<()> {
     if !util::have("go") {
         bail!("the conformance tests need Go (https://go.dev/dl/); `go` is not on PATH");
     }
     let bin_dir = workspace::build_test_binaries(root)?;
     let mut modules = workspace::go_modules(&root.join("tests/conformance"))?;
+    modules.push(root.join("tests/gokit"));
     modules.push(root.join(helm_chart::PROGRAM_DIR));
     for module in modules {
         util::run(

@@ -26,14 +26,13 @@ import (
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/resmgr/resmgr/tests/conformance/internal/harness"
 	"github.com/resmgr/resmgr/tests/conformance/internal/rustbin"
+	"github.com/resmgr/resmgr/tests/gokit/kubeletplay"
 )
 
 const (
@@ -435,47 +434,33 @@ func (c *cluster) nextUpdate(id string) *api.ContainerUpdate {
 	}
 }
 
-// registerLikeTheKubelet dials the registration socket by path (grpc-go then sends the
-// percent-encoded path as :authority), asks GetInfo and accepts the registration.
+// registerLikeTheKubelet registers the agent as the kubelet's plugin watcher does
+// (kubeletplay.Register) and returns its DRA endpoint.
 func (c *cluster) registerLikeTheKubelet() string {
 	c.t.Helper()
 	socket := c.path("plugins_registry", driver+"-reg.sock")
 	c.waitFor("the registration socket", exists(socket))
-	//lint:ignore SA1019 the kubelet's plugin watcher dials with DialContext.
-	conn, err := grpc.DialContext(context.Background(), socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
-		}))
-	if err != nil {
-		c.t.Fatalf("dialing the registration socket: %v", err)
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	client := registerapi.NewRegistrationClient(conn)
-	// The socket's file appears at bind, a system call before it listens: a connection made in
-	// between is refused. The kubelet's watcher dials blocking, retrying that; so does this.
-	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+	info, err := kubeletplay.Register(ctx, socket, func(info *registerapi.PluginInfo) error {
+		if info.Type != "DRAPlugin" || info.Name != driver || len(info.SupportedVersions) == 0 || info.SupportedVersions[0] != "v1.DRAPlugin" {
+			return fmt.Errorf("want a DRAPlugin named %s preferring v1.DRAPlugin", driver)
+		}
+		return nil
+	})
 	if err != nil {
-		c.t.Fatalf("GetInfo: %v", err)
-	}
-	if info.Type != "DRAPlugin" || info.Name != driver || len(info.SupportedVersions) == 0 || info.SupportedVersions[0] != "v1.DRAPlugin" {
-		c.t.Fatalf("GetInfo answered %+v", info)
-	}
-	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
-		c.t.Fatalf("NotifyRegistrationStatus: %v", err)
+		c.t.Fatal(err)
 	}
 	return info.Endpoint
 }
 
 func draClient(t *testing.T, endpoint string) drav1.DRAPluginClient {
-	conn, err := grpc.NewClient("unix:"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dra, conn, err := kubeletplay.DRAClient(endpoint)
 	if err != nil {
-		t.Fatalf("dialing the DRA socket: %v", err)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return drav1.NewDRAPluginClient(conn)
+	return dra
 }
 
 func get(t testing.TB, url string) (int, string) {

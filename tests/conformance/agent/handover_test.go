@@ -10,6 +10,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -23,12 +24,11 @@ import (
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/resmgr/resmgr/tests/conformance/internal/harness"
+	"github.com/resmgr/resmgr/tests/gokit/kubeletplay"
 )
 
 const (
@@ -145,28 +145,16 @@ func (c *cluster) registerInstance(pod string) string {
 			c.t.Fatalf("timed out waiting for the registration socket of %s", pod)
 		}
 	}
-	//lint:ignore SA1019 the kubelet's plugin watcher dials with DialContext.
-	conn, err := grpc.DialContext(context.Background(), socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
-		}))
-	if err != nil {
-		c.t.Fatalf("dialing %s: %v", socket, err)
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	client := registerapi.NewRegistrationClient(conn)
-	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+	info, err := kubeletplay.Register(ctx, socket, func(info *registerapi.PluginInfo) error {
+		if info.Name != driver || !strings.HasSuffix(info.Endpoint, "dra-"+pod+".sock") {
+			return fmt.Errorf("the agent of %s must register a DRA socket of its own", pod)
+		}
+		return nil
+	})
 	if err != nil {
-		c.t.Fatalf("GetInfo of %s: %v", pod, err)
-	}
-	if info.Name != driver || !strings.HasSuffix(info.Endpoint, "dra-"+pod+".sock") {
-		c.t.Fatalf("the agent of %s registers %+v, not a DRA socket of its own", pod, info)
-	}
-	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
-		c.t.Fatalf("NotifyRegistrationStatus: %v", err)
+		c.t.Fatal(err)
 	}
 	return info.Endpoint
 }

@@ -5,40 +5,16 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/resmgr/resmgr/tests/gokit/cpulist"
 )
 
-// cpus expands a kernel cpu list ("0-3,8").
-func cpus(list string) map[int]bool {
-	out := map[int]bool{}
-	for _, part := range strings.Split(list, ",") {
-		if part == "" {
-			continue
-		}
-		lo, hi, found := strings.Cut(part, "-")
-		a, _ := strconv.Atoi(lo)
-		b := a
-		if found {
-			b, _ = strconv.Atoi(hi)
-		}
-		for i := a; i <= b; i++ {
-			out[i] = true
-		}
-	}
-	return out
-}
+// cpus expands a kernel cpu list ("0-3,8"); a malformed one panics, failing the test.
+func cpus(list string) cpulist.Set { return cpulist.MustParse(list) }
 
-func overlaps(a, b string) bool {
-	bs := cpus(b)
-	for c := range cpus(a) {
-		if bs[c] {
-			return true
-		}
-	}
-	return false
-}
+func overlaps(a, b string) bool { return cpus(a).Overlaps(cpus(b)) }
 
 // kubeURL reads the server URL back from the kubeconfig the fake API server wrote.
 func kubeURL(t *testing.T, kubeconfig string) string {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
 	"github.com/resmgr/resmgr/tests/controlplane/internal/scenariokit"
+	"github.com/resmgr/resmgr/tests/gokit/cpulist"
 )
 
 const (
@@ -242,22 +243,12 @@ func cdiSpecs(t testing.TB) []string {
 }
 
 // cpus parses a cpuset ("1,3-5").
-func cpus(t testing.TB, set string) map[int]bool {
+func cpus(t testing.TB, set string) cpulist.Set {
 	t.Helper()
-	out := map[int]bool{}
-	for _, c := range scenariokit.CPUSet(t, set) {
-		out[c] = true
-	}
-	return out
+	return scenariokit.CPUs(t, set)
 }
 
 func overlaps(t testing.TB, a, b string) bool {
 	t.Helper()
-	bs := cpus(t, b)
-	for c := range cpus(t, a) {
-		if bs[c] {
-			return true
-		}
-	}
-	return false
+	return cpus(t, a).Overlaps(cpus(t, b))
 }

@@ -37,16 +37,7 @@ func itoa(i int) string { return resource.NewQuantity(int64(i), resource.Decimal
 // same says whether two cpusets are the same set.
 func same(t testing.TB, a, b string) bool {
 	t.Helper()
-	x, y := cpus(t, a), cpus(t, b)
-	if len(x) != len(y) {
-		return false
-	}
-	for c := range x {
-		if !y[c] {
-			return false
-		}
-	}
-	return true
+	return cpus(t, a).Equal(cpus(t, b))
 }
 
 // agentPod is the DaemonSet's running pod.

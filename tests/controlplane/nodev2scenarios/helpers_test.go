@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -187,29 +186,19 @@ func podClaim(t testing.TB, pod *corev1.Pod) *resourcev1.ResourceClaim {
 // cpuset parses a cpuset ("1,3-5") into its sorted members.
 func cpuset(t testing.TB, set string) []int {
 	t.Helper()
-	return scenariokit.CPUSet(t, set)
+	return scenariokit.CPUs(t, set).Sorted()
 }
 
 // minus is a's members not in b, as a cpuset.
 func minus(t testing.TB, a, b string) string {
 	t.Helper()
-	drop := map[int]bool{}
-	for _, c := range cpuset(t, b) {
-		drop[c] = true
-	}
-	var parts []string
-	for _, c := range cpuset(t, a) {
-		if !drop[c] {
-			parts = append(parts, strconv.Itoa(c))
-		}
-	}
-	return strings.Join(parts, ",")
+	return scenariokit.CPUs(t, a).Minus(scenariokit.CPUs(t, b)).String()
 }
 
 // same says whether two cpusets have the same members.
 func same(t testing.TB, a, b string) bool {
 	t.Helper()
-	return fmt.Sprint(cpuset(t, a)) == fmt.Sprint(cpuset(t, b))
+	return scenariokit.CPUs(t, a).Equal(scenariokit.CPUs(t, b))
 }
 
 // upgradeAgent upgrades the agent's release with extra values over the node's. They stay: each

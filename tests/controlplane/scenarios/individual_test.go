@@ -30,7 +30,7 @@ func pickedCPUs(t *testing.T, devs map[string]resourcev1.Device, claim *resource
 }
 
 // sameCPUs compares two cpu lists as sets.
-func sameCPUs(a, b string) bool { return subset(a, b) && subset(b, a) }
+func sameCPUs(a, b string) bool { return cpus(a).Equal(cpus(b)) }
 
 // One device per CPU (`device-mode: individual`, for clusters without consumable capacity): the
 // scheduler picks `count` devices with matchAttribute on the NUMA node, and the agent grants

@@ -49,19 +49,10 @@ func TestSwitchingTheDeviceModeKeepsThePromise(t *testing.T) {
 				published[int(*c.IntValue)] = true
 			}
 		}
-		return subsetOf(cpus(released), published)
+		return cpus(released).SubsetOf(published)
 	}))
 	again := e.run("released-cpus", &claimSpec{count: int64(len(cpus(released))), matchNUMA: true}, "")
 	if picked := pickedCPUs(t, devs, again.claim); !sameCPUs(picked, released) || !sameCPUs(claimCPUs(again), released) {
 		t.Fatalf("the scheduler picked %s, the agent granted %q; want the released cpus %q", picked, claimCPUs(again), released)
 	}
-}
-
-func subsetOf(a, b map[int]bool) bool {
-	for c := range a {
-		if !b[c] {
-			return false
-		}
-	}
-	return true
 }

@@ -20,8 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,6 +28,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/resmgr/resmgr/tests/controlplane/internal/cluster"
+	"github.com/resmgr/resmgr/tests/gokit/kubeletplay"
 )
 
 // Driver is the agent's DRA driver name, as in the chart.
@@ -164,44 +163,29 @@ func (n *Node) Log() string {
 	return string(data)
 }
 
-// register plays the kubelet's plugin watcher: dial the registration socket by path (so grpc-go
-// sends the percent-encoded path as :authority), GetInfo, accept; then dial the DRA endpoint
-// the way kubelets from 1.34 do.
+// register plays the kubelet's plugin watcher (kubeletplay.Register), then dials the DRA
+// endpoint the way kubelets from 1.34 do.
 func (n *Node) register() drav1.DRAPluginClient {
 	n.t.Helper()
 	socket := n.path("plugins_registry", Driver+"-reg.sock")
 	n.waitFor("the registration socket", func() bool { _, err := os.Stat(socket); return err == nil })
-	//lint:ignore SA1019 the kubelet's plugin watcher dials with DialContext.
-	conn, err := grpc.DialContext(context.Background(), socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
-		}))
-	if err != nil {
-		n.t.Fatalf("dialing the registration socket: %v", err)
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	client := registerapi.NewRegistrationClient(conn)
-	// The socket's file appears at bind, a system call before it listens: a connection made in
-	// between is refused. The kubelet's watcher dials blocking, retrying that; so does this.
-	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+	info, err := kubeletplay.Register(ctx, socket, func(info *registerapi.PluginInfo) error {
+		if info.Type != "DRAPlugin" || info.Name != Driver {
+			return fmt.Errorf("want a DRAPlugin named %s", Driver)
+		}
+		return nil
+	})
 	if err != nil {
-		n.t.Fatalf("GetInfo: %v", err)
+		n.t.Fatal(err)
 	}
-	if info.Type != "DRAPlugin" || info.Name != Driver {
-		n.t.Fatalf("GetInfo answered %+v", info)
-	}
-	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
-		n.t.Fatalf("NotifyRegistrationStatus: %v", err)
-	}
-	dra, err := grpc.NewClient("unix:"+info.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dra, conn, err := kubeletplay.DRAClient(info.Endpoint)
 	if err != nil {
-		n.t.Fatalf("dialing the DRA socket %s: %v", info.Endpoint, err)
+		n.t.Fatal(err)
 	}
-	n.t.Cleanup(func() { dra.Close() })
-	return drav1.NewDRAPluginClient(dra)
+	n.t.Cleanup(func() { conn.Close() })
+	return dra
 }
 
 // waitFor polls cond every 20 ms until it holds, failing the test if the agent exits or the

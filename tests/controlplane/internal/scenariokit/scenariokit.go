@@ -7,8 +7,6 @@ package scenariokit
 import (
 	"context"
 	"fmt"
-	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/resmgr/resmgr/tests/controlplane/internal/onenode"
+	"github.com/resmgr/resmgr/tests/gokit/cpulist"
 )
 
 // Kit is the helpers on one package's node, with that package's waits: a VM node is several
@@ -188,29 +187,12 @@ func (k Kit) PodClaim(t testing.TB, pod *corev1.Pod) *resourcev1.ResourceClaim {
 	return claim
 }
 
-// CPUSet parses a cpuset ("1,3-5") into its sorted members.
-func CPUSet(t testing.TB, set string) []int {
+// CPUs reads a cpuset ("1,3-5") the kernel or the agent wrote; a malformed one fails the test.
+func CPUs(t testing.TB, set string) cpulist.Set {
 	t.Helper()
-	var out []int
-	for _, part := range strings.Split(strings.TrimSpace(set), ",") {
-		if part == "" {
-			continue
-		}
-		lo, hi, ranged := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			t.Fatalf("cpuset %q: %v", set, err)
-		}
-		b := a
-		if ranged {
-			if b, err = strconv.Atoi(hi); err != nil {
-				t.Fatalf("cpuset %q: %v", set, err)
-			}
-		}
-		for c := a; c <= b; c++ {
-			out = append(out, c)
-		}
+	cpus, err := cpulist.Parse(set)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sort.Ints(out)
-	return out
+	return cpus
 }
