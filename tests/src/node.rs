@@ -1,15 +1,15 @@
 //! A node as the kubelet sees it: the resource manager with the real topology-aware policy on a
 //! synthetic machine, writing the claims' device metadata as the agent does by default, serving
-//! the real DRA and registration sockets, over a fake runtime and in-memory claims; plus a
-//! channel to dial its DRA socket the way tonic dials a unix socket.
+//! the real DRA and registration sockets, over a fake runtime and in-memory claims; and a channel
+//! to its DRA socket ([`crate::kubelet::dial`]).
 
-use std::{path::Path, sync::Arc};
+use std::sync::Arc;
 
 use kube_dra::fake::StaticClaims;
 use kubelet_plugin::{KubeletConfig, KubeletPlugin};
 use policy::{Allocation, Claim, Container, Topology, TopologyAware, TopologySource};
 use resmgr::{Manager, ManagerConfig, dra_handler::LifecycleHandler, state::StateFile};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::fakes::FakeRuntime;
 
@@ -120,22 +120,8 @@ impl Node {
 
     /// A channel to the node's DRA socket.
     pub async fn dra_channel(&self) -> Channel {
-        unix_channel(self.plugin.dra_socket()).await
+        crate::kubelet::dial(self.plugin.dra_socket())
+            .await
+            .unwrap()
     }
-}
-
-/// A gRPC channel to a unix socket.
-pub async fn unix_channel(socket: &Path) -> Channel {
-    let socket = socket.to_owned();
-    Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                tokio::net::UnixStream::connect(socket)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
-        .await
-        .unwrap()
 }

@@ -8,7 +8,7 @@ use dra_proto::health_v1alpha1::{
     HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
     dra_resource_health_client::DraResourceHealthClient,
 };
-use integration_tests::node::unix_channel;
+use integration_tests::kubelet;
 use kubelet_plugin::{
     ClaimHandler, ClaimRef, KubeletConfig, KubeletPlugin, PrepareResults, RequestError,
     UnprepareResults,
@@ -40,7 +40,8 @@ fn set_online(root: &Path, list: &str) {
 }
 
 async fn watch(plugin: &KubeletPlugin) -> Streaming<NodeWatchResourcesResponse> {
-    let mut client = DraResourceHealthClient::new(unix_channel(plugin.dra_socket()).await);
+    let mut client =
+        DraResourceHealthClient::new(kubelet::dial(plugin.dra_socket()).await.unwrap());
     client
         .node_watch_resources(NodeWatchResourcesRequest {})
         .await

@@ -1,21 +1,14 @@
 //! The kubelet's side of the agent: registration through the plugin registry socket, then
 //! NodePrepareResources and NodeUnprepareResources (DRA v1) through the socket the agent
 //! names, with the generated clients of `dra-proto`, dialed over unix sockets as the kubelet
-//! dials them.
+//! dials them ([`integration_tests::kubelet`]).
 
-use std::{path::PathBuf, time::Duration};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use dra_proto::{
-    pluginregistration::{
-        InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
-    },
-    v1,
-};
-use tonic::transport::{Channel, Endpoint};
-
-/// Each call's limit, as the kubelet's (45 s) rounded down.
-const CALL_LIMIT: Duration = Duration::from_secs(40);
+use dra_proto::v1;
+use integration_tests::kubelet::CALL_LIMIT;
+use tonic::transport::Channel;
 
 /// A prepared claim: its CDI device IDs, in result order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,22 +24,6 @@ pub struct Kubelet {
     registry_dir: PathBuf,
     driver: String,
     dra: Option<v1::dra_plugin_client::DraPluginClient<Channel>>,
-}
-
-async fn unix_channel(socket: PathBuf) -> anyhow::Result<Channel> {
-    let path = socket.clone();
-    Endpoint::from_static("http://localhost")
-        .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(socket)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
-        .await
-        .with_context(|| format!("dialing {}", socket.display()))
 }
 
 impl Kubelet {
@@ -89,37 +66,12 @@ impl Kubelet {
         let socket = self.registration_socket().with_context(|| {
             format!("no registration socket in {}", self.registry_dir.display())
         })?;
-        let driver = self.driver.clone();
-        let endpoint = self.runtime.block_on(async {
-            let mut client = RegistrationClient::new(unix_channel(socket).await?);
-            let info = tokio::time::timeout(CALL_LIMIT, client.get_info(InfoRequest {}))
-                .await
-                .context("GetInfo timed out")??
-                .into_inner();
-            if info.r#type != "DRAPlugin" || info.name != driver {
-                bail!(
-                    "GetInfo answered type {:?} name {:?}, want DRAPlugin {driver:?}",
-                    info.r#type,
-                    info.name
-                );
-            }
-            if !info.supported_versions.iter().any(|v| v == "v1.DRAPlugin") {
-                bail!(
-                    "the plugin supports {:?}, not v1.DRAPlugin",
-                    info.supported_versions
-                );
-            }
-            client
-                .notify_registration_status(RegistrationStatus {
-                    plugin_registered: true,
-                    error: String::new(),
-                })
-                .await?;
-            Ok(info.endpoint)
-        })?;
+        let endpoint = self
+            .runtime
+            .block_on(integration_tests::kubelet::register(&socket, &self.driver))?;
         let dra = self
             .runtime
-            .block_on(unix_channel(PathBuf::from(&endpoint)))?;
+            .block_on(integration_tests::kubelet::dial(Path::new(&endpoint)))?;
         self.dra = Some(v1::dra_plugin_client::DraPluginClient::new(dra));
         Ok(())
     }
