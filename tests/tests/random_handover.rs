@@ -31,12 +31,16 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use integration_tests::fakes::{DRIVER, claim_on, claim_ref, topology_aware};
+use integration_tests::{
+    fakes::{DRIVER, claim_on, claim_ref, topology_aware},
+    on_disk::{saved_claims, spec_uids},
+    settings::env_u64,
+};
 use kube_dra::fake::StaticClaims;
 use kubelet_plugin::RegistrationState;
 use policy::{Container, ContainerUpdate, CpuSet, QosClass, Resources};
@@ -1084,57 +1088,6 @@ impl World {
     }
 }
 
-/// The claims the state file on disk accounts for, with their CPUs; its records and its
-/// policy's state must name the same claims.
-fn saved_claims(state_dir: &Path) -> Result<BTreeMap<String, CpuSet>, String> {
-    let bytes = match std::fs::read(state_dir.join("state.json")) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(format!("reading the state: {e}")),
-    };
-    let v: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| format!("the state: {e}"))?;
-    let records: BTreeSet<String> = v["claims"]
-        .as_object()
-        .map(|o| o.keys().cloned().collect())
-        .unwrap_or_default();
-    let mut held = BTreeMap::new();
-    for claim in v["policy_state"]["claims"].as_array().into_iter().flatten() {
-        let uid = claim["uid"].as_str().unwrap_or_default().to_owned();
-        let mut cpus = CpuSet::new();
-        for r in claim["results"].as_array().into_iter().flatten() {
-            let c: CpuSet = r["cpus"]
-                .as_str()
-                .unwrap_or_default()
-                .parse()
-                .map_err(|e| format!("{e:?}"))?;
-            cpus = cpus.union(&c);
-        }
-        held.insert(uid, cpus);
-    }
-    let policy: BTreeSet<String> = held.keys().cloned().collect();
-    if policy != records {
-        return Err(format!(
-            "the state's records name {records:?}, its policy state {policy:?}"
-        ));
-    }
-    Ok(held)
-}
-
-/// The claims with a spec on disk.
-fn spec_uids(cdi_dir: &Path) -> Result<BTreeSet<String>, String> {
-    if !cdi_dir.exists() {
-        return Ok(BTreeSet::new());
-    }
-    Ok(cdi::SpecStore::new(cdi_dir, DRIVER)
-        .map_err(|e| e.to_string())?
-        .claims()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .map(|u| u.to_string())
-        .collect())
-}
-
 fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1186,13 +1139,6 @@ fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
                 ))
             }
         }
-    })
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| {
-        v.parse()
-            .unwrap_or_else(|e| panic!("{name}={v:?} is not a number: {e}"))
     })
 }
 

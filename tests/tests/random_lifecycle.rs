@@ -67,6 +67,8 @@ use cdi::ContainerEdits;
 use integration_tests::{
     fakes::{DRIVER, FakeRuntime, claim_on},
     faults::{Fault, FaultTable, Point},
+    on_disk::{disjoint, saved_claims},
+    settings::env_u64,
 };
 use kube_dra::{ClaimReadError, ClaimReader, fake::StaticClaims};
 use kubelet_plugin::ClaimRef;
@@ -1872,7 +1874,7 @@ impl World {
     }
 
     fn check_disk_with(&self, report: &ReconcileReport) -> Result<(), String> {
-        let state = saved_state(&self.state_dir())?;
+        let state = saved_claims(&self.state_dir())?;
         let accounted: BTreeSet<String> = state.keys().cloned().collect();
         let specs: Vec<String> = self
             .specs_dir()
@@ -2152,7 +2154,7 @@ impl World {
         self.apply(answers);
         self.check_disk().await?;
         self.settle().await?;
-        let state = saved_state(&self.state_dir())?;
+        let state = saved_claims(&self.state_dir())?;
         let specs = self.specs_dir().claims().map_err(|e| e.to_string())?;
         if !state.is_empty() || !specs.is_empty() {
             return Err(format!("left behind: claims {state:?}, specs {specs:?}"));
@@ -2170,60 +2172,6 @@ impl World {
         self.stats.count(&self.m().reconciliation().await);
         Ok(())
     }
-}
-
-/// Fails if two of `claims` share a CPU.
-fn disjoint(what: &str, claims: &BTreeMap<String, CpuSet>) -> Result<(), String> {
-    let mut seen = CpuSet::new();
-    for (uid, cpus) in claims {
-        if seen.intersects(cpus) {
-            return Err(format!(
-                "{what}: claim {uid}'s cpus {cpus} are in another claim too: {claims:?}"
-            ));
-        }
-        seen = seen.union(cpus);
-    }
-    Ok(())
-}
-
-/// The claims a state file accounts for, with their CPUs, from the policy's snapshot (and the
-/// manager's records must name the same claims).
-fn saved_state(state_dir: &std::path::Path) -> Result<BTreeMap<String, CpuSet>, String> {
-    match std::fs::read(state_dir.join("state.json")) {
-        Ok(bytes) => state_claims(&bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-        Err(e) => Err(format!("reading the state: {e}")),
-    }
-}
-
-/// [`saved_state`] of a state file's bytes.
-fn state_claims(bytes: &[u8]) -> Result<BTreeMap<String, CpuSet>, String> {
-    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    let records: BTreeSet<String> = v["claims"]
-        .as_object()
-        .map(|o| o.keys().cloned().collect())
-        .unwrap_or_default();
-    let mut held = BTreeMap::new();
-    for claim in v["policy_state"]["claims"].as_array().into_iter().flatten() {
-        let uid = claim["uid"].as_str().unwrap_or_default().to_owned();
-        let mut cpus = CpuSet::new();
-        for r in claim["results"].as_array().into_iter().flatten() {
-            let c: CpuSet = r["cpus"]
-                .as_str()
-                .unwrap_or_default()
-                .parse()
-                .map_err(|e| format!("{e:?}"))?;
-            cpus = cpus.union(&c);
-        }
-        held.insert(uid, cpus);
-    }
-    let policy: BTreeSet<String> = held.keys().cloned().collect();
-    if policy != records {
-        return Err(format!(
-            "the state's records name {records:?}, its policy state {policy:?}"
-        ));
-    }
-    Ok(held)
 }
 
 async fn prepare(m: &Manager, claims: &[ClaimRef]) -> BTreeMap<String, bool> {
@@ -2302,13 +2250,6 @@ fn clock_seed() -> u64 {
 /// How many lines of a failing seed's log to print: `RESMGR_LOG_LINES`, 40 by default.
 fn log_tail() -> usize {
     env_u64("RESMGR_LOG_LINES").map_or(40, |n| usize::try_from(n).unwrap_or(usize::MAX))
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| {
-        v.parse()
-            .unwrap_or_else(|e| panic!("{name}={v:?} is not a number: {e}"))
-    })
 }
 
 #[test]
