@@ -6,7 +6,8 @@
 //! [`fakes`] (a policy, runtimes, claims), [`fake_apiserver`] (a Kubernetes API server, also run
 //! as the `fake-apiserver` binary by the Go agent suite), [`kubelet`] (the played kubelet, the
 //! e2e runner's too) and [`node`]; of what the randomized models share ([`on_disk`], what a
-//! node's disk says, and [`settings`], theirs from the environment); and of the fault hooks
+//! node's disk says, [`rng`], their seeded randomness, and [`settings`], theirs from the
+//! environment); and of the fault hooks
 //! the manager's fault seam takes ([`resmgr::faults`]): [`faults`], the faults a test arms, and
 //! [`crash`], the crash tests' abort at a named point (in the `crash-child` binary, and in
 //! `resmgr-crashing`, the agent with that hook, which the Go agent suite runs). Protocol conformance
@@ -20,4 +21,5 @@ pub mod faults;
 pub mod kubelet;
 pub mod node;
 pub mod on_disk;
+pub mod rng;
 pub mod settings;

@@ -39,6 +39,7 @@ use std::{
 use integration_tests::{
     fakes::{DRIVER, claim_on, claim_ref, topology_aware},
     on_disk::{saved_claims, spec_uids},
+    rng::Rng,
     settings::env_u64,
 };
 use kube_dra::fake::StaticClaims;
@@ -66,32 +67,6 @@ const MAX_AGENTS: usize = 3;
 /// Seeds (and steps each) of the bounded run, the one `cargo test` and CI do.
 const SEEDS: u64 = 200;
 const STEPS: usize = 40;
-
-/// SplitMix64: small, fast, and the same everywhere.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn index(&mut self, n: usize) -> usize {
-        usize::try_from(self.below(n as u64)).unwrap()
-    }
-}
 
 /// The agents' fault hooks: disk work inline (so that a seed runs the same every time), and a
 /// random pause at every step of a handover (half of them, up to 1.5 s), which widens the

@@ -68,6 +68,7 @@ use integration_tests::{
     fakes::{DRIVER, FakeRuntime, claim_on},
     faults::{Fault, FaultTable, Point},
     on_disk::{disjoint, saved_claims},
+    rng::Rng,
     settings::env_u64,
 };
 use kube_dra::{ClaimReadError, ClaimReader, fake::StaticClaims};
@@ -98,41 +99,6 @@ const STEPS: usize = 120;
 // ============================================================================================
 // Randomness
 // ============================================================================================
-
-/// SplitMix64: small, fast, and the same everywhere.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-
-    fn index(&mut self, n: usize) -> usize {
-        usize::try_from(self.below(n as u64)).unwrap()
-    }
-
-    /// True `percent` times in a hundred.
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
-        if items.is_empty() {
-            None
-        } else {
-            items.get(self.index(items.len()))
-        }
-    }
-}
 
 /// The seed's randomness for what runs inside the manager's calls (how long a runtime call or a
 /// claim read is in flight), shared by the doubles.
