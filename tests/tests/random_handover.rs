@@ -430,7 +430,7 @@ impl World {
     fn new(seed: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut rng = Rng(seed);
-        let faults = Faults::new(Arc::new(Pauses(Mutex::new(Rng(rng.next())))));
+        let faults = Faults::new(Arc::new(Pauses(Mutex::new(Rng(rng.next_u64())))));
         let node0 = Node0 {
             state_dir: dir.path().join("state"),
             cdi_dir: dir.path().join("cdi"),

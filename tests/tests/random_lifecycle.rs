@@ -557,7 +557,7 @@ fn fresh_faults() -> FaultTable {
 impl World {
     async fn new(seed: u64) -> Self {
         let mut rng = Rng(seed);
-        let shared_rng = Arc::new(Mutex::new(Rng(rng.next())));
+        let shared_rng = Arc::new(Mutex::new(Rng(rng.next_u64())));
         let dir = scratch_dir();
         let runtime = Arc::new(FakeRuntime::default());
         let api = Arc::new(StaticClaims::new());
