@@ -26,7 +26,10 @@ func TestAPodReadsItsClaimsCPUsInItsDeviceMetadata(t *testing.T) {
 	pod := podSpec{name: "reader", template: "one-cpu"}.pod(ns)
 	pod.Spec.Containers[0].Command = []string{"/bin/sh", "-c",
 		"cat " + path + "; echo '---'; grep Cpus_allowed_list /proc/self/status; " +
-			"if echo x >> " + path + " 2>/dev/null; then echo writable; else echo read-only; fi; " +
+			// The shell reports a failed redirection on its stderr before a 2>/dev/null after it
+			// applies: the group's own redirection keeps it out of the log, where it could land
+			// ahead of the file's text (the runtime reads stdout and stderr apart).
+			"if { echo x >> " + path + "; } 2>/dev/null; then echo writable; else echo read-only; fi; " +
 			"trap 'exit 0' TERM; sleep 2147483647 & wait"}
 	c, cancel := cx()
 	defer cancel()
