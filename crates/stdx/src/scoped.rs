@@ -19,7 +19,10 @@
 //! What the types cannot see is a closure that blocks (`std::fs`, `block_on`): resmgr refuses
 //! those with clippy's `disallowed_methods` (its `clippy.toml`).
 
-use std::ops::{Deref, DerefMut};
+use std::{
+    ops::{Deref, DerefMut},
+    time::Duration,
+};
 
 use tokio::sync::{Mutex, MutexGuard};
 
@@ -45,6 +48,21 @@ impl<T> ScopedLock<T> {
     /// the value. Waiting is fair (tokio's mutex: first come, first served).
     pub async fn with<R>(&self, f: impl FnOnce(Held<'_, T>) -> R) -> R {
         f(Held(self.mutex.lock().await))
+    }
+
+    /// [`ScopedLock::with`] that also hands `f` how long the lock was waited for: zero when it
+    /// was free, and then no clock is read, so that the common, uncontended case costs nothing
+    /// more (a lock whose waits are watched, as resmgr's is, is taken on every runtime event).
+    pub async fn with_waited<R>(&self, f: impl FnOnce(Held<'_, T>, Duration) -> R) -> R {
+        let (guard, waited) = match self.mutex.try_lock() {
+            Ok(guard) => (guard, Duration::ZERO),
+            Err(_) => {
+                let asked = tokio::time::Instant::now();
+                let guard = self.mutex.lock().await;
+                (guard, asked.elapsed())
+            }
+        };
+        f(Held(guard), waited)
     }
 }
 
@@ -95,6 +113,33 @@ mod tests {
         );
         release.send(()).unwrap();
         second.await;
+        holder.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_free_lock_was_waited_for_zero_and_a_held_one_for_longer() {
+        let lock = std::sync::Arc::new(ScopedLock::new(()));
+        assert_eq!(
+            lock.with_waited(|_held, waited| waited).await,
+            Duration::ZERO
+        );
+        let (entered, wait_for_entry) = tokio::sync::oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let lock = lock.clone();
+            tokio::task::spawn_blocking(move || {
+                tokio::runtime::Handle::current().block_on(lock.with(|_held| {
+                    entered.send(()).unwrap();
+                    released.recv().unwrap();
+                }));
+            })
+        };
+        wait_for_entry.await.unwrap();
+        let second = lock.with_waited(|_held, waited| waited);
+        tokio::pin!(second);
+        assert!(futures_poll_once(second.as_mut()).await.is_none());
+        release.send(()).unwrap();
+        assert!(second.await > Duration::ZERO);
         holder.await.unwrap();
     }
 
