@@ -219,12 +219,15 @@ impl Core {
     {
         let caller = std::panic::Location::caller();
         async move {
-            self.lock
+            let (result, waited) = self
+                .lock
                 .with_waited(|held, waited| {
-                    warn_if_long(caller, waited);
-                    f(Guard::new(held, &self.published, &self.io))
+                    (f(Guard::new(held, &self.published, &self.io)), waited)
                 })
-                .await
+                .await;
+            // Logged once the lock is let go: a log line is IO.
+            warn_if_long(caller, waited);
+            result
         }
     }
 
