@@ -642,20 +642,28 @@ pub fn of_profile_without_debug_info(
     profile: &str,
 ) -> anyhow::Result<(PathBuf, String)> {
     let binary = workspace::target_dir(root)?.join(profile).join("resmgr");
-    let stripped = out.join("resmgr-without-debug-info");
-    sysdeps::ensure_packages(&["binutils"])?;
-    util::run(
-        std::process::Command::new("objcopy")
-            .arg("--strip-all")
-            .arg(&binary)
-            .arg(&stripped),
-    )
-    .with_context(|| format!("leaving the debug information out of {}", binary.display()))?;
+    let stripped = without_debug_info(&binary, out)?;
     of_binary(
         root,
         &stripped,
         &out.join("resmgr-image-without-debug-info.tar"),
     )
+}
+
+/// `binary` without its debug information and symbols, written into `out` (made if missing: a
+/// fresh clone has no `target/node-v2`).
+fn without_debug_info(binary: &Path, out: &Path) -> anyhow::Result<PathBuf> {
+    let stripped = out.join("resmgr-without-debug-info");
+    sysdeps::ensure_packages(&["binutils"])?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    util::run(
+        std::process::Command::new("objcopy")
+            .arg("--strip-all")
+            .arg(binary)
+            .arg(&stripped),
+    )
+    .with_context(|| format!("leaving the debug information out of {}", binary.display()))?;
+    Ok(stripped)
 }
 
 /// The agent's image of `binary`, uncompressed, written to `archive`: its path and its name.
@@ -683,6 +691,21 @@ fn of_binary(root: &Path, binary: &Path, archive: &Path) -> anyhow::Result<(Path
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fresh clone has no output directory yet (the node-v2 stage failed so on one).
+    #[test]
+    fn a_binary_without_its_debug_info_goes_to_an_output_directory_made_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("resmgr");
+        std::fs::copy(std::env::current_exe().unwrap(), &binary).unwrap();
+        let out = dir.path().join("target/node-v2");
+        let stripped = without_debug_info(&binary, &out).unwrap();
+        let (before, after) = (
+            std::fs::metadata(&binary).unwrap().len(),
+            std::fs::metadata(&stripped).unwrap().len(),
+        );
+        assert!(after > 0 && after < before, "{before} bytes, stripped {after}");
+    }
 
     #[test]
     fn ldd_output_gives_every_loaded_file_and_the_loader() {
