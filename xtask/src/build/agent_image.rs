@@ -704,7 +704,10 @@ mod tests {
             std::fs::metadata(&binary).unwrap().len(),
             std::fs::metadata(&stripped).unwrap().len(),
         );
-        assert!(after > 0 && after < before, "{before} bytes, stripped {after}");
+        assert!(
+            after > 0 && after < before,
+            "{before} bytes, stripped {after}"
+        );
     }
 
     #[test]
