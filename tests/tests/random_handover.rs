@@ -40,7 +40,7 @@ use integration_tests::{
     fakes::{DRIVER, claim_on, claim_ref, topology_aware},
     on_disk::{saved_claims, spec_uids},
     rng::Rng,
-    settings::env_u64,
+    settings::{clock_seed, env_u64},
 };
 use kube_dra::fake::StaticClaims;
 use kubelet_plugin::RegistrationState;
@@ -1124,10 +1124,7 @@ fn agents_that_start_die_and_hand_over_at_random_keep_one_owner_and_the_claims()
     let only = env_u64("RESMGR_SEED");
     let first = env_u64("RESMGR_FIRST_SEED").unwrap_or_else(|| {
         if soak.is_some() {
-            SEEDS
-                + std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs() % 1_000_000_000)
+            SEEDS + clock_seed()
         } else {
             0
         }

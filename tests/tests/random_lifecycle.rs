@@ -69,7 +69,7 @@ use integration_tests::{
     faults::{Fault, FaultTable, Point},
     on_disk::{disjoint, saved_claims},
     rng::Rng,
-    settings::env_u64,
+    settings::{clock_seed, env_u64},
 };
 use kube_dra::{ClaimReadError, ClaimReader, fake::StaticClaims};
 use kubelet_plugin::ClaimRef;
@@ -2201,16 +2201,6 @@ fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
         }
         Ok(world.stats)
     })
-}
-
-/// A number that differs from run to run, below a billion: where a soak starts past `SEEDS`.
-fn clock_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| {
-            u64::from(d.subsec_nanos()) ^ (d.as_secs() % 1_000_000_000)
-        })
-        % 1_000_000_000
 }
 
 /// How many lines of a failing seed's log to print: `RESMGR_LOG_LINES`, 40 by default.
