@@ -93,18 +93,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_second_caller_waits_until_the_closure_has_returned() {
         let lock = std::sync::Arc::new(ScopedLock::new(()));
-        let (entered, wait_for_entry) = tokio::sync::oneshot::channel();
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let holder = {
-            let lock = lock.clone();
-            tokio::task::spawn_blocking(move || {
-                tokio::runtime::Handle::current().block_on(lock.with(|_held| {
-                    entered.send(()).unwrap();
-                    released.recv().unwrap();
-                }));
-            })
-        };
-        wait_for_entry.await.unwrap();
+        let (holder, release) = held_on_another_thread(&lock).await;
         let second = lock.with(|_held| ());
         tokio::pin!(second);
         assert!(
@@ -123,6 +112,20 @@ mod tests {
             lock.with_waited(|_held, waited| waited).await,
             Duration::ZERO
         );
+        let (holder, release) = held_on_another_thread(&lock).await;
+        let second = lock.with_waited(|_held, waited| waited);
+        tokio::pin!(second);
+        assert!(futures_poll_once(second.as_mut()).await.is_none());
+        release.send(()).unwrap();
+        assert!(second.await > Duration::ZERO);
+        holder.await.unwrap();
+    }
+
+    /// Takes `lock` on a blocking thread and holds it, inside its closure, until the returned
+    /// sender sends; returns once it is held.
+    async fn held_on_another_thread(
+        lock: &std::sync::Arc<ScopedLock<()>>,
+    ) -> (tokio::task::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
         let (entered, wait_for_entry) = tokio::sync::oneshot::channel();
         let (release, released) = std::sync::mpsc::channel::<()>();
         let holder = {
@@ -135,12 +138,7 @@ mod tests {
             })
         };
         wait_for_entry.await.unwrap();
-        let second = lock.with_waited(|_held, waited| waited);
-        tokio::pin!(second);
-        assert!(futures_poll_once(second.as_mut()).await.is_none());
-        release.send(()).unwrap();
-        assert!(second.await > Duration::ZERO);
-        holder.await.unwrap();
+        (holder, release)
     }
 
     /// Polls `f` once: `Some` if it completed.

@@ -169,6 +169,8 @@ struct TestPlugin {
     echo_annotations: bool,
     /// What CreateContainer refuses with, if it refuses.
     refuse_create: Mutex<Option<PluginError>>,
+    /// How long CreateContainer takes to answer (on the runtime's clock).
+    create_takes: Duration,
 }
 
 impl Plugin for TestPlugin {
@@ -193,6 +195,7 @@ impl Plugin for TestPlugin {
         request: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, PluginError> {
         let container = request.container.unwrap_or_default();
+        tokio::time::sleep(self.create_takes).await;
         if let Some(refusal) = self.refuse_create.lock().unwrap().clone() {
             return Err(refusal);
         }
@@ -227,6 +230,7 @@ fn test_plugin(events: &[Event]) -> (TestPlugin, mpsc::UnboundedReceiver<Seen>) 
         sync_update: vec![],
         echo_annotations: false,
         refuse_create: Mutex::new(None),
+        create_takes: Duration::ZERO,
     };
     (plugin, rx)
 }
@@ -651,6 +655,46 @@ async fn an_update_waits_for_the_runtimes_events_to_pause() {
     handle.update_containers(updates.clone()).await.unwrap();
     assert_eq!(runtime.updates.recv().await.unwrap(), updates);
     assert!(again.elapsed() < lull.quiet, "{:?}", again.elapsed());
+}
+
+/// A runtime call answered in over a second is logged by the service that answers it, with its
+/// time split into waiting for a thread and handling; one answered sooner is not.
+#[test]
+fn a_call_answered_in_over_a_second_is_logged_with_where_its_time_went() {
+    let answered_in = |takes: Duration| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        // The stub's tasks run on this thread, where the logs are captured.
+        stdx::logs::captured(|| {
+            runtime.block_on(async {
+                let (mut plugin, _seen) = test_plugin(&[Event::CreateContainer]);
+                plugin.create_takes = takes;
+                let config = StubConfig::new("test", "10");
+                let (_handle, runtime, _p, _) = handshake(plugin, config, "").await;
+                let req = api::CreateContainerRequest {
+                    pod: Some(api::PodSandbox::default()),
+                    container: Some(container("c1")),
+                };
+                let _: api::CreateContainerResponse =
+                    runtime.call("CreateContainer", &req).await.unwrap();
+            });
+        })
+    };
+    let slow = answered_in(Duration::from_millis(1200));
+    assert!(slow.contains("answered a runtime call slowly"), "{slow}");
+    for field in [
+        "call=\"CreateContainer\"",
+        "queued_ms=0",
+        "handled_ms=1200",
+        "runtime_timeout_ms=2000",
+    ] {
+        assert!(slow.contains(field), "{field} not in {slow}");
+    }
+    let quick = answered_in(Duration::from_millis(900));
+    assert!(!quick.contains("slowly"), "{quick}");
 }
 
 #[tokio::test(start_paused = true)]
