@@ -316,16 +316,34 @@ impl Inner {
     }
 }
 
-// The tests block a thread under the lock on purpose: a holder stuck there is what they make.
 #[cfg(test)]
-#[allow(clippy::disallowed_methods)]
 mod tests {
+    // They block a thread under the lock on purpose: a holder stuck there is what they make.
+    #![allow(clippy::disallowed_methods)]
+
     use std::path::Path;
 
     use policy::{Topology, TopologyAware, TopologySource};
 
     use super::*;
-    use crate::{faults::Faults, nri_plugin::NriRuntime, state::StateFile};
+    use crate::{
+        faults::Faults,
+        runtime::{BoxFuture, RuntimeError},
+        state::StateFile,
+    };
+
+    /// A runtime the core never calls here.
+    #[derive(Debug)]
+    struct NoRuntime;
+
+    impl Runtime for NoRuntime {
+        fn update_containers(
+            &self,
+            _updates: Vec<policy::ContainerUpdate>,
+        ) -> BoxFuture<'_, Result<Vec<String>, RuntimeError>> {
+            Box::pin(std::future::ready(Ok(Vec::new())))
+        }
+    }
 
     /// A core over the real policy on a small synthetic machine, its disk in `dir`.
     fn core(dir: &Path) -> Core {
@@ -341,7 +359,7 @@ mod tests {
             Records::default(),
             Reconciliation::default(),
             Disk::new(StateFile::new(dir.join("state")), specs, Faults::default()),
-            Arc::new(NriRuntime::default()),
+            Arc::new(NoRuntime),
             Timing {
                 update_timeout: second,
                 retry_backoff: second,
