@@ -2,13 +2,16 @@
 //!
 //! 1. system packages (installed when missing);
 //! 2. `cargo fmt --check`;
-//! 3. the codegen check and the generated documents' check;
+//! 3. the codegen check;
 //! 4. clippy with `-D warnings` over all targets;
 //! 5. `cargo test --workspace`, which includes the tidy tests;
-//! 6. the Go conformance modules under `tests/conformance`, run against binaries built here and
-//!    passed in through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0;
-//!    and `go test` (which vets) of the chart renderer's Go program, `tools/helm-chart/go`.
-//! 7. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane, cluster and node-v2
+//! 6. the binaries the Go tests and the e2e drive, built with the features of the test build so
+//!    that they share its compiled crates ([`workspace::build_test_binaries`]), and the generated
+//!    documents' check, which the agent among them prints;
+//! 7. the Go conformance modules under `tests/conformance`, run against those binaries, passed in
+//!    through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0; and `go test`
+//!    (which vets) of the chart renderer's Go program, `tools/helm-chart/go`.
+//! 8. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane, cluster and node-v2
 //!    stages, each when the machine can run it (under `CI=true` it must); the newest release's
 //!    cluster runs on the node-v2 stage's node, and `--all` adds what CI leaves out for time
 //!    ([`e2e::in_test`]).
@@ -53,10 +56,7 @@ fn checks(root: &Path, steps: &mut Steps, all: bool) -> anyhow::Result<()> {
                 .args(["fmt", "--all", "--", "--check"]),
         )
     })?;
-    steps.run("codegen --check, docs --check", || {
-        codegen::run(root, true)?;
-        docs::run(root, true)
-    })?;
+    steps.run("codegen --check", || codegen::run(root, true))?;
     steps.run("clippy", || {
         util::run(util::cargo().current_dir(root).args([
             "clippy",
@@ -75,18 +75,21 @@ fn checks(root: &Path, steps: &mut Steps, all: bool) -> anyhow::Result<()> {
                 .args(["test", "--workspace", "--locked"]),
         )
     })?;
-    steps.run("Go conformance tests", || conformance(root))?;
+    let bin_dir = steps.run("the test binaries, docs --check", || {
+        let bin_dir = workspace::build_test_binaries(root)?;
+        docs::generate(root, &bin_dir.join("resmgr"), true)?;
+        Ok(bin_dir)
+    })?;
+    steps.run("Go conformance tests", || conformance(root, &bin_dir))?;
     e2e::in_test(root, builds, steps, all)
 }
 
-/// Builds the binaries the Go tests drive and runs `go test ./...` in every Go module under
-/// `tests/conformance`, in the Go tests' shared helpers (`tests/gokit`) and in xtask's chart
-/// renderer.
-fn conformance(root: &Path) -> anyhow::Result<()> {
+/// Runs `go test ./...` in every Go module under `tests/conformance` against the binaries in
+/// `bin_dir`, in the Go tests' shared helpers (`tests/gokit`) and in xtask's chart renderer.
+fn conformance(root: &Path, bin_dir: &Path) -> anyhow::Result<()> {
     if !util::have("go") {
         bail!("the conformance tests need Go (https://go.dev/dl/); `go` is not on PATH");
     }
-    let bin_dir = workspace::build_test_binaries(root)?;
     let mut modules = workspace::go_modules(&root.join("tests/conformance"))?;
     modules.push(root.join("tests/gokit"));
     modules.push(root.join(helm_chart::PROGRAM_DIR));
@@ -94,7 +97,7 @@ fn conformance(root: &Path) -> anyhow::Result<()> {
         util::run(
             Command::new("go")
                 .current_dir(&module)
-                .env("RESMGR_BIN_DIR", &bin_dir)
+                .env("RESMGR_BIN_DIR", bin_dir)
                 .env("GOFLAGS", workspace::go_flags())
                 .args(["test", "-count=1", "./..."]),
         )?;
@@ -104,7 +107,7 @@ fn conformance(root: &Path) -> anyhow::Result<()> {
     util::run(
         Command::new("go")
             .current_dir(root.join("tests/conformance"))
-            .env("RESMGR_BIN_DIR", &bin_dir)
+            .env("RESMGR_BIN_DIR", bin_dir)
             .env("GOFLAGS", workspace::go_flags())
             .args(NRI_V080_TEST)
             .arg("./nri/..."),

@@ -14,16 +14,32 @@ use helm_chart::Helm;
 use crate::util;
 
 /// Builds every binary and example of the workspace (debug) and returns the directory they are in.
+///
+/// One cargo invocation with examples among its targets, so the features are those of
+/// `cargo test --workspace` (dev-dependencies included): every unit is the test build's, and on
+/// a fresh machine the async stack, kube-rs and the agent's own crates are compiled once, not
+/// once more for an agent built alone. What that adds to the `resmgr` binary the tests drive is
+/// tokio's `test-util` (paused time, which nothing in the agent calls) and capabilities other
+/// crates' tests use (hyper's HTTP/1 client, tonic's channel); the crash test's hook is not among
+/// it, and is checked for ([`ensure_shipped`]). The release binary, which ships and which the
+/// benchmarks measure, is built alone ([`build_binaries`]).
 pub fn build_test_binaries(root: &Path) -> anyhow::Result<PathBuf> {
-    build_binaries(root, "dev")
+    util::run(util::cargo().current_dir(root).args([
+        "build",
+        "--workspace",
+        "--bins",
+        "--examples",
+        "--locked",
+    ]))?;
+    check_hooks(target_dir(root)?.join("debug"))
 }
 
-/// Builds every binary and example of the workspace with cargo's `profile` (`dev` or
-/// `release`) and returns the directory they are in, the agent as it ships: the `resmgr` binary
-/// the tests and stages drive is built on its own (`-p plugin-bin`, as [`build_release`] builds
-/// it), so that no feature the test package turns on, on the crates it shares with the agent,
-/// is unified into it, and it is checked to hold no crash hook ([`ensure_shipped`]). The
-/// agent with the crash test's hook is the test package's `resmgr-crashing`, checked to hold it.
+/// Builds every binary and example of the workspace with cargo's `profile` (`release` for the
+/// benchmarks) and returns the directory they are in, the agent as it ships: the `resmgr` binary
+/// is built on its own (`-p plugin-bin`, as [`build_release`] builds it), so that no feature the
+/// test package turns on, on the crates it shares with the agent, is unified into it, and it is
+/// checked to hold no crash hook ([`ensure_shipped`]). The agent with the crash test's hook is
+/// the test package's `resmgr-crashing`, checked to hold it.
 pub fn build_binaries(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
     util::run(util::cargo().current_dir(root).args([
         "build",
@@ -46,7 +62,11 @@ pub fn build_binaries(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
         profile,
         "--locked",
     ]))?;
-    let dir = target_dir(root)?.join(if profile == "dev" { "debug" } else { profile });
+    check_hooks(target_dir(root)?.join(if profile == "dev" { "debug" } else { profile }))
+}
+
+/// `dir` (returned) holds an agent without the crash test's hook and a `resmgr-crashing` with it.
+fn check_hooks(dir: PathBuf) -> anyhow::Result<PathBuf> {
     ensure_shipped(&dir.join("resmgr"))?;
     let crashing = dir.join("resmgr-crashing");
     anyhow::ensure!(
