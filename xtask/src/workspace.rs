@@ -19,10 +19,11 @@ use crate::util;
 /// `cargo test --workspace` (dev-dependencies included): every unit is the test build's, and on
 /// a fresh machine the async stack, kube-rs and the agent's own crates are compiled once, not
 /// once more for an agent built alone. What that adds to the `resmgr` binary the tests drive is
-/// tokio's `test-util` (paused time, which nothing in the agent calls) and capabilities other
-/// crates' tests use (hyper's HTTP/1 client, tonic's channel); the crash test's hook is not among
-/// it, and is checked for ([`ensure_shipped`]). The release binary, which ships and which the
-/// benchmarks measure, is built alone ([`build_binaries`]).
+/// tokio's `test-util` (paused time, which nothing in the agent calls), stdx's `capture-logs` (a
+/// helper for tests of what code logs, which the agent does not call either) and optional parts
+/// of regex-automata and getrandom; the crash test's hook is not among it, and is checked for
+/// ([`ensure_shipped`]). The release binary, which ships and which the benchmarks measure, is
+/// built alone ([`build_binaries`]).
 pub fn build_test_binaries(root: &Path) -> anyhow::Result<PathBuf> {
     util::run(util::cargo().current_dir(root).args([
         "build",
