@@ -4,7 +4,10 @@
 //! (see the hwloc reference notes). On a fresh Debian machine none of these are present. As root
 //! we install them with apt; otherwise we stop and print the exact command to run.
 
-use std::process::Command;
+use std::{
+    process::Command,
+    sync::{Mutex, PoisonError},
+};
 
 use anyhow::bail;
 
@@ -18,8 +21,16 @@ pub fn ensure() -> anyhow::Result<()> {
     ensure_packages(PACKAGES)
 }
 
+/// One apt at a time from this process: the background builds and the e2e's lanes ask for
+/// packages from several threads, and a second apt-get would fail on dpkg's lock.
+static APT: Mutex<()> = Mutex::new(());
+
+/// How long apt-get waits for dpkg's lock that another process (an unattended upgrade) holds.
+const DPKG_LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=300";
+
 /// Makes sure `packages` are installed: as root with apt, otherwise stop and say how.
 pub fn ensure_packages(packages: &[&str]) -> anyhow::Result<()> {
+    let _apt = APT.lock().unwrap_or_else(PoisonError::into_inner);
     let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
@@ -35,11 +46,12 @@ pub fn ensure_packages(packages: &[&str]) -> anyhow::Result<()> {
     eprintln!("installing missing system packages: {}", missing.join(" "));
     let install = |update_first: bool| -> anyhow::Result<()> {
         if update_first {
-            util::run(Command::new("apt-get").args(["update", "-q"]))?;
+            apt_update()?;
         }
         util::run(
             Command::new("apt-get")
                 .env("DEBIAN_FRONTEND", "noninteractive")
+                .args(["-o", DPKG_LOCK_TIMEOUT])
                 .args(["install", "-y", "-q", "--no-install-recommends"])
                 .args(&missing),
         )
@@ -49,6 +61,16 @@ pub fn ensure_packages(packages: &[&str]) -> anyhow::Result<()> {
         install(true)?;
     }
     Ok(())
+}
+
+/// Refreshes apt's package lists (as root), one apt at a time from this process.
+pub fn refresh_package_lists() -> anyhow::Result<()> {
+    let _apt = APT.lock().unwrap_or_else(PoisonError::into_inner);
+    apt_update()
+}
+
+fn apt_update() -> anyhow::Result<()> {
+    util::run(Command::new("apt-get").args(["-o", DPKG_LOCK_TIMEOUT, "update", "-q"]))
 }
 
 fn installed(package: &str) -> bool {

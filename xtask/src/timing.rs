@@ -1,14 +1,18 @@
-//! Where the time of `cargo xtask test` goes: each step's wall time, the background builds a
-//! step waited for and how long, and how long each background build took, printed as one table
-//! at the end (also when a step fails), so that the next person sees it without a profile.
+//! Where the time of `cargo xtask test` goes: each step's start and wall time, the background
+//! builds a step waited for and how long, and how long each background build took, printed as
+//! one table at the end (also when a step fails), so that the next person sees it without a
+//! profile.
 //!
 //! The builds ([`crate::build::background`], the control planes' prefetch) report a wait and a
 //! finished build here ([`waited`], [`built`]), and the stages a test they skipped
 //! ([`skipped`]); the steps ([`Steps`]) collect those that happened while they ran, and the
-//! table lists the skipped tests as not passed. A command other than `cargo xtask test` reports into nothing anyone
-//! reads, which costs a lock and a few bytes.
+//! table lists the skipped tests as not passed. Steps may run on two threads at once (the e2e's
+//! lanes, [`Steps::lane`]): a wait or a skip belongs to the step running on the thread that
+//! reports it, so those are kept per thread. A command other than `cargo xtask test` reports
+//! into nothing anyone reads, which costs a few bytes.
 
 use std::{
+    cell::RefCell,
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -20,51 +24,72 @@ struct Event {
     took: Duration,
 }
 
-static WAITS: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+/// The background builds' own durations, whichever thread ran them.
 static BUILT: Mutex<Vec<Event>> = Mutex::new(Vec::new());
-static SKIPPED: Mutex<Vec<Event>> = Mutex::new(Vec::new());
-static ELSEWHERE: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+
+/// What happened on this thread during its current step.
+#[derive(Debug, Default)]
+struct StepEvents {
+    waits: Vec<Event>,
+    skipped: Vec<Event>,
+    elsewhere: Vec<Event>,
+}
+
+thread_local! {
+    static EVENTS: RefCell<StepEvents> = RefCell::new(StepEvents::default());
+}
 
 /// Records a test a stage leaves to another run of it on purpose ("TestX (on containerd
 /// only)"), which the table names.
 pub fn not_run_here(what: impl Into<String>) {
-    push(&ELSEWHERE, what.into(), Duration::ZERO);
+    let event = Event {
+        what: what.into(),
+        took: Duration::ZERO,
+    };
+    EVENTS.with_borrow_mut(|e| e.elsewhere.push(event));
 }
 
 /// Records that a test was skipped ("TestX: why"): not passed.
 pub fn skipped(what: impl Into<String>) {
-    push(&SKIPPED, what.into(), Duration::ZERO);
+    let event = Event {
+        what: what.into(),
+        took: Duration::ZERO,
+    };
+    EVENTS.with_borrow_mut(|e| e.skipped.push(event));
 }
 
 /// Records that the caller waited `took` for `what` ("the e2e's CRI-O build").
 pub fn waited(what: impl Into<String>, took: Duration) {
-    push(&WAITS, what.into(), took);
+    let event = Event {
+        what: what.into(),
+        took,
+    };
+    EVENTS.with_borrow_mut(|e| e.waits.push(event));
 }
 
 /// Records that the background build `what` took `took` from its start to its end.
 pub fn built(what: impl Into<String>, took: Duration) {
-    push(&BUILT, what.into(), took);
-}
-
-fn push(to: &Mutex<Vec<Event>>, what: String, took: Duration) {
     // A poisoned list only means another thread panicked while pushing: the entries are whole.
-    to.lock()
+    BUILT
+        .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(Event { what, took });
+        .push(Event {
+            what: what.into(),
+            took,
+        });
 }
 
-fn take(from: &Mutex<Vec<Event>>) -> Vec<Event> {
-    std::mem::take(
-        &mut *from
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    )
+/// This thread's events since the last call.
+fn take_events() -> StepEvents {
+    EVENTS.with_borrow_mut(std::mem::take)
 }
 
 /// One step's row.
 #[derive(Debug)]
 struct Row {
     name: String,
+    /// When it began, from the run's start.
+    began: Duration,
     took: Duration,
     outcome: &'static str,
     waits: Vec<Event>,
@@ -87,37 +112,49 @@ impl Default for Steps {
 
 impl Steps {
     pub fn new() -> Self {
-        take(&WAITS);
-        take(&SKIPPED);
         Self {
             started: Instant::now(),
             rows: Vec::new(),
         }
     }
 
-    /// Runs a step, timing it and the waits for background builds within it.
+    /// Steps to run on another thread beside these, timed from the same start; [`Steps::merge`]
+    /// puts them back among these.
+    pub fn lane(&self) -> Self {
+        Self {
+            started: self.started,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Takes in the steps of a [`Steps::lane`]; the table lists every step by when it began.
+    pub fn merge(&mut self, lane: Steps) {
+        self.rows.extend(lane.rows);
+        self.rows.sort_by_key(|r| r.began);
+    }
+
+    /// Runs a step on this thread, timing it and the waits for background builds within it.
     pub fn run<T>(
         &mut self,
         name: impl Into<String>,
         step: impl FnOnce() -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
-        take(&WAITS);
-        take(&SKIPPED);
-        take(&ELSEWHERE);
+        take_events();
         let began = Instant::now();
         let result = step();
-        let skipped = take(&SKIPPED);
+        let events = take_events();
         self.rows.push(Row {
             name: name.into(),
+            began: began.duration_since(self.started),
             took: began.elapsed(),
-            outcome: match (&result, skipped.is_empty()) {
+            outcome: match (&result, events.skipped.is_empty()) {
                 (Err(_), _) => "FAILED",
                 (Ok(_), false) => "SKIPPED SOME",
                 (Ok(_), true) => "",
             },
-            waits: take(&WAITS),
-            skipped,
-            elsewhere: take(&ELSEWHERE),
+            waits: events.waits,
+            skipped: events.skipped,
+            elsewhere: events.elsewhere,
         });
         result
     }
@@ -126,6 +163,7 @@ impl Steps {
     pub fn not_run(&mut self, name: impl Into<String>) {
         self.rows.push(Row {
             name: name.into(),
+            began: self.started.elapsed(),
             took: Duration::ZERO,
             outcome: "NOT RUN",
             waits: Vec::new(),
@@ -152,18 +190,25 @@ impl Steps {
             .chain(["total".len()])
             .max()
             .unwrap_or(0);
-        let mut out = format!("{:width$}  {:>9}  waited for\n", "step", "wall time");
+        let mut out = format!(
+            "{:width$}  {:>6}  {:>9}  waited for\n",
+            "step", "began", "wall time"
+        );
         for row in &self.rows {
             let waits: Vec<String> = row
                 .waits
                 .iter()
                 .map(|w| format!("{} {}", w.what, secs(w.took)))
                 .collect();
-            let time = match row.outcome {
-                "NOT RUN" => "-".to_owned(),
-                _ => secs(row.took),
+            let (began, time) = match row.outcome {
+                "NOT RUN" => ("-".to_owned(), "-".to_owned()),
+                _ => (clock(row.began), secs(row.took)),
             };
-            let line = format!("{:width$}  {:>9}  {}", row.name, time, waits.join(", "));
+            let line = format!(
+                "{:width$}  {began:>6}  {time:>9}  {}",
+                row.name,
+                waits.join(", ")
+            );
             out.push_str(line.trim_end());
             if !row.outcome.is_empty() {
                 out.push_str("  ");
@@ -172,7 +217,8 @@ impl Steps {
             out.push('\n');
             for skip in &row.skipped {
                 out.push_str(&format!(
-                    "{:width$}  {:>9}  skipped, not passed: {}\n",
+                    "{:width$}  {:>6}  {:>9}  skipped, not passed: {}\n",
+                    "",
                     "",
                     "",
                     short(&skip.what)
@@ -180,14 +226,15 @@ impl Steps {
             }
             for cut in &row.elsewhere {
                 out.push_str(&format!(
-                    "{:width$}  {:>9}  not run here: {}\n",
-                    "", "", cut.what
+                    "{:width$}  {:>6}  {:>9}  not run here: {}\n",
+                    "", "", "", cut.what
                 ));
             }
         }
         out.push_str(&format!(
-            "{:width$}  {:>9}\n",
+            "{:width$}  {:>6}  {:>9}\n",
             "total",
+            "",
             secs(self.started.elapsed())
         ));
         let built = BUILT
@@ -210,6 +257,12 @@ fn short(what: &str) -> String {
         Some(end) if end < what.len() - 2 => format!("{}. (…)", &what[..end]),
         _ => what.to_owned(),
     }
+}
+
+/// An instant of the run, from its start, as minutes and seconds (`12:05`).
+fn clock(d: Duration) -> String {
+    let whole = d.as_secs();
+    format!("{}:{:02}", whole / 60, whole % 60)
 }
 
 /// A duration as seconds, or minutes and seconds from a minute on.
@@ -254,7 +307,10 @@ mod tests {
         assert!(lines[1].starts_with("clippy "), "{table}");
         assert!(lines[1].ends_with("the helm build 1:15 min"), "{table}");
         assert!(lines[2].ends_with("FAILED"), "{table}");
-        assert!(lines[3].starts_with("cluster stage") && lines[3].ends_with("-  NOT RUN"));
+        assert!(
+            lines[3].starts_with("cluster stage") && lines[3].ends_with("-          -  NOT RUN"),
+            "{table}"
+        );
         assert!(lines[4].starts_with("cluster on CRI-O") && lines[4].ends_with("SKIPPED SOME"));
         assert!(
             lines[5].ends_with("skipped, not passed: TestX: why"),
@@ -264,8 +320,52 @@ mod tests {
         assert_eq!(steps.skipped(), ["TestX: why"]);
     }
 
+    /// Two steps at once, on two threads: each row has its own thread's waits and skips.
+    #[test]
+    fn a_lane_on_another_thread_keeps_its_waits_and_skips_out_of_the_step_beside_it() {
+        let mut steps = Steps::new();
+        let mut lane = steps.lane();
+        let (lane_reported, reported) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                lane.run("node-v2", || {
+                    waited("the VM image build", Duration::from_secs(3));
+                    skipped("TestY: why");
+                    lane_reported.send(()).unwrap();
+                    Ok(())
+                })
+                .unwrap();
+            });
+            steps
+                .run("cluster", || {
+                    reported.recv().unwrap();
+                    waited("the helm build", Duration::from_secs(2));
+                    Ok(())
+                })
+                .unwrap();
+        });
+        steps.merge(lane);
+        let table = steps.table();
+        let row = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no row {name} in\n{table}"))
+                .to_owned()
+        };
+        assert!(row("cluster").ends_with("the helm build 2.0 s"), "{table}");
+        assert!(
+            row("node-v2").contains("the VM image build 3.0 s")
+                && row("node-v2").ends_with("SKIPPED SOME"),
+            "{table}"
+        );
+        assert!(!row("cluster").contains("VM image"), "{table}");
+        assert_eq!(steps.skipped(), ["TestY: why"]);
+    }
+
     #[test]
     fn durations_read_as_seconds_then_minutes() {
+        assert_eq!(clock(Duration::from_secs(725)), "12:05");
         assert_eq!(secs(Duration::from_millis(1500)), "1.5 s");
         assert_eq!(secs(Duration::from_secs(1909)), "31:49 min");
     }

@@ -105,6 +105,32 @@ pub fn run_go_test(cmd: &mut Command) -> anyhow::Result<Vec<String>> {
     Ok(skipped_tests(&lines))
 }
 
+/// [`run_go_test`] with the test's output, standard output and error both, written to `log`
+/// (created, or truncated) instead of this process's: for a test that runs beside others.
+pub fn run_go_test_into(cmd: &mut Command, log: &Path) -> anyhow::Result<Vec<String>> {
+    eprintln!("$ {} > {}", show(cmd), log.display());
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let status = cmd
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .status()
+        .with_context(|| format!("cannot start `{}`", show(cmd)))?;
+    if !status.success() {
+        bail!(
+            "`{}` failed: {status}; its output is in {}",
+            show(cmd),
+            log.display()
+        );
+    }
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    Ok(skipped_tests(&lines))
+}
+
 /// The tests `go test -v` output says were skipped (`--- SKIP: Name (0.00s)`), each with its
 /// reason: the last line the test logged before (`    file_test.go:12: why`).
 fn skipped_tests(lines: &[String]) -> Vec<String> {

@@ -495,7 +495,7 @@ fn fetch(package: &Package, cache: &Path) -> anyhow::Result<Deb> {
     let mut errors = Vec::new();
     for attempt in attempts {
         let Some(what) = attempt else {
-            util::run(Command::new("apt-get").args(["update", "-q"]))?;
+            sysdeps::refresh_package_lists()?;
             continue;
         };
         let dir = tempfile::tempdir_in(cache)?;

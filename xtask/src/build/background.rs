@@ -3,9 +3,15 @@
 //! them. Each writes its output to a log file of its own, removed once it succeeds, and named
 //! when someone has to wait for it; how long it took and how long anyone waited for it go to
 //! [`crate::timing`].
+//!
+//! A build's result is shared: the e2e's stages run on two threads at once
+//! ([`crate::e2e::in_test`]), and both may need the same build, so each asks with
+//! [`Background::get`] and gets a copy; whoever asks first waits for the build, and whoever asks
+//! meanwhile waits with it.
 
 use std::{
     path::{Path, PathBuf},
+    sync::{Mutex, OnceLock, PoisonError},
     thread::JoinHandle,
     time::Instant,
 };
@@ -16,11 +22,14 @@ use crate::timing;
 #[derive(Debug)]
 pub struct Background<T> {
     what: &'static str,
-    build: JoinHandle<anyhow::Result<T>>,
+    /// The build's thread until someone has joined it.
+    build: Mutex<Option<JoinHandle<anyhow::Result<T>>>>,
+    /// What it made; an error is kept as its message, which every asker gets.
+    made: OnceLock<Result<T, String>>,
     log: PathBuf,
 }
 
-impl<T: Send + 'static> Background<T> {
+impl<T: Clone + Send + 'static> Background<T> {
     /// Starts `build` with the path of its log file (`<name>-<pid>.log` in the temporary
     /// directory); `what` names it in messages ("the e2e's containerd build").
     pub fn start(
@@ -36,30 +45,81 @@ impl<T: Send + 'static> Background<T> {
             timing::built(what, started.elapsed());
             built
         });
-        Self { what, build, log }
+        Self {
+            what,
+            build: Mutex::new(Some(build)),
+            made: OnceLock::new(),
+            log,
+        }
     }
 
     /// What the build made, waiting for it (and saying where its output is) if it has not
     /// finished.
-    pub fn join(self) -> anyhow::Result<T> {
-        let waiting = (!self.build.is_finished()).then(Instant::now);
-        if waiting.is_some() {
+    pub fn get(&self) -> anyhow::Result<T> {
+        let asked = Instant::now();
+        let waits = self.made.get().is_none()
+            && self
+                .build
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .is_some_and(|build| !build.is_finished());
+        if waits {
             eprintln!(
                 "waiting for {} to finish (its output: {})",
                 self.what,
                 self.log.display()
             );
         }
-        let built = self
-            .build
-            .join()
-            .map_err(|_| anyhow::anyhow!("{} panicked", self.what))?;
-        if let Some(waiting) = waiting {
-            timing::waited(self.what, waiting.elapsed());
+        // Whoever takes the lock first joins the build, holding the lock until what it made is
+        // kept; another asker waits on the lock meanwhile.
+        let mut running = self.build.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(build) = running.take() {
+            let built = match build.join() {
+                Ok(built) => built.map_err(|e| format!("{e:#}")),
+                Err(_) => Err(format!("{} panicked", self.what)),
+            };
+            if built.is_ok() {
+                let _ = std::fs::remove_file(&self.log);
+            }
+            let _ = self.made.set(built);
         }
-        if built.is_ok() {
-            let _ = std::fs::remove_file(&self.log);
+        drop(running);
+        if waits {
+            timing::waited(self.what, asked.elapsed());
         }
-        built
+        match self.made.get() {
+            Some(Ok(made)) => Ok(made.clone()),
+            Some(Err(error)) => Err(anyhow::anyhow!("{error}")),
+            None => anyhow::bail!("{} was never joined", self.what),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_threads_asking_at_once_get_the_same_build_and_its_error_each() {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let build = Background::start("a test build", "resmgr-test-build", move |_| {
+            wait.recv()?;
+            Ok(7_u32)
+        });
+        std::thread::scope(|s| {
+            let other = s.spawn(|| build.get().unwrap());
+            go.send(()).unwrap();
+            assert_eq!(build.get().unwrap(), 7);
+            assert_eq!(other.join().unwrap(), 7);
+        });
+        let failed: Background<u32> =
+            Background::start("a failing build", "resmgr-test-build", |_| {
+                anyhow::bail!("no compiler")
+            });
+        for _ in 0..2 {
+            let error = failed.get().unwrap_err().to_string();
+            assert_eq!(error, "no compiler");
+        }
     }
 }

@@ -131,8 +131,8 @@ pub fn ensure(log: Option<&Path>) -> anyhow::Result<PathBuf> {
 
 fn build(gobin: &Path, log: Option<&Path>) -> anyhow::Result<()> {
     for install in installs() {
-        let mut cmd = Command::new("nice");
-        cmd.args(["-n", "10", "go", "install", "-trimpath"])
+        let mut cmd = super::background_go();
+        cmd.args(["install", "-trimpath"])
             .arg(format!("-ldflags={}", install.ldflags))
             .env("GOBIN", gobin)
             .env("CGO_ENABLED", if install.cgo { "1" } else { "0" })

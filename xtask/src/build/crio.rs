@@ -126,12 +126,11 @@ fn run_logged(cmd: &mut Command, log: Option<&Path>, what: &str) -> anyhow::Resu
     }
 }
 
-/// A `go` command for the build (`nice`d, with our conformance GOFLAGS left out).
+/// A `go` command for the build ([`super::background_go`], with our conformance GOFLAGS left
+/// out).
 fn go(dir: &Path) -> Command {
-    let mut cmd = Command::new("nice");
-    cmd.args(["-n", "10", "go"])
-        .current_dir(dir)
-        .env("GOFLAGS", "-buildvcs=false");
+    let mut cmd = super::background_go();
+    cmd.current_dir(dir).env("GOFLAGS", "-buildvcs=false");
     cmd
 }
 

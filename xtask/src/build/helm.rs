@@ -48,9 +48,9 @@ pub fn ensure(root: &Path, log: Option<&Path>) -> anyhow::Result<PathBuf> {
         .tempdir_in(parent)?;
     eprintln!("building helm {version} (once; later runs reuse it)");
     let started = Instant::now();
-    let mut build = Command::new("nice");
+    let mut build = super::background_go();
     build
-        .args(["-n", "10", "go", "install", "-trimpath"])
+        .args(["install", "-trimpath"])
         .arg(format!(
             "-ldflags=-s -w -X helm.sh/helm/v4/internal/version.version={version}"
         ))

@@ -26,7 +26,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
-    sync::mpsc,
+    sync::{Arc, Condvar, Mutex, PoisonError},
     time::Instant,
 };
 
@@ -171,11 +171,20 @@ pub fn release(root: &Path, wanted: Option<&str>) -> anyhow::Result<Release> {
 }
 
 /// The control planes' builds, started in the background: every release, one after the other.
+/// Stages on two threads at once ask it for their release ([`Prefetch::get`]).
 #[derive(Debug)]
 pub struct Prefetch {
-    built: mpsc::Receiver<(String, anyhow::Result<PathBuf>)>,
-    received: HashMap<String, anyhow::Result<PathBuf>>,
-    logs: HashMap<String, PathBuf>,
+    /// Each release's build, by version: its log, and what it made once it is done.
+    builds: HashMap<String, Arc<Slot>>,
+}
+
+/// One release's build in [`Prefetch`].
+#[derive(Debug)]
+struct Slot {
+    log: PathBuf,
+    /// The binaries' directory, or the error's message; None while it builds.
+    made: Mutex<Option<Result<PathBuf, String>>>,
+    done: Condvar,
 }
 
 /// Starts building the control plane of every release in the background, in the order the
@@ -189,7 +198,7 @@ pub fn in_background(root: &Path) -> Option<Prefetch> {
             return None;
         }
     };
-    let logs: HashMap<String, PathBuf> = releases
+    let builds: HashMap<String, Arc<Slot>> = releases
         .iter()
         .map(|r| {
             let log = std::env::temp_dir().join(format!(
@@ -197,16 +206,21 @@ pub fn in_background(root: &Path) -> Option<Prefetch> {
                 r.minor(),
                 std::process::id()
             ));
-            (r.version.clone(), log)
+            let slot = Slot {
+                log,
+                made: Mutex::new(None),
+                done: Condvar::new(),
+            };
+            (r.version.clone(), Arc::new(slot))
         })
         .collect();
-    let (send, built) = mpsc::channel();
-    let build_logs = logs.clone();
+    let slots = builds.clone();
     std::thread::spawn(move || {
+        let _settle = SettleUnfinished(slots.clone());
         let started = Instant::now();
         for release in releases {
-            let log = &build_logs[&release.version];
-            let result = binaries(&release, Some(log));
+            let slot = &slots[&release.version];
+            let result = binaries(&release, Some(&slot.log));
             timing::built(
                 format!(
                     "the control plane {} (one after the other)",
@@ -215,55 +229,63 @@ pub fn in_background(root: &Path) -> Option<Prefetch> {
                 started.elapsed(),
             );
             if result.is_ok() {
-                let _ = fs::remove_file(log);
+                let _ = fs::remove_file(&slot.log);
             }
-            if send.send((release.version, result)).is_err() {
-                return;
-            }
+            *slot.made.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(result.map_err(|e| format!("{e:#}")));
+            slot.done.notify_all();
         }
     });
-    Some(Prefetch {
-        built,
-        received: HashMap::new(),
-        logs,
-    })
+    Some(Prefetch { builds })
 }
 
 impl Prefetch {
     /// `release`'s binaries: from the background build, waiting for it, or from [`binaries`]
-    /// (the cache) when the background build has already handed them over or never built them.
-    pub(crate) fn take(&mut self, release: &Release) -> anyhow::Result<PathBuf> {
-        let Some(log) = self.logs.remove(&release.version) else {
+    /// (the cache) for a release it does not build.
+    pub(crate) fn get(&self, release: &Release) -> anyhow::Result<PathBuf> {
+        let Some(slot) = self.builds.get(&release.version) else {
             return binaries(release, None);
         };
-        let mut waiting: Option<Instant> = None;
-        loop {
-            if let Some(result) = self.received.remove(&release.version) {
-                if let Some(waiting) = waiting {
-                    timing::waited(
-                        format!("the build of the control plane {}", release.version),
-                        waiting.elapsed(),
-                    );
-                }
-                return result;
+        let mut made = slot.made.lock().unwrap_or_else(PoisonError::into_inner);
+        let waiting = made.is_none().then(|| {
+            eprintln!(
+                "waiting for the build of the control plane {} to finish (its output: {})",
+                release.version,
+                slot.log.display()
+            );
+            Instant::now()
+        });
+        let result = loop {
+            match made.as_ref() {
+                Some(Ok(dir)) => break Ok(dir.clone()),
+                Some(Err(error)) => break Err(anyhow::anyhow!("{error}")),
+                None => made = slot.done.wait(made).unwrap_or_else(PoisonError::into_inner),
             }
-            let Ok((version, result)) = self.built.try_recv().or_else(|_| {
-                if waiting.is_none() {
-                    eprintln!(
-                        "waiting for the build of the control plane {} to finish (its output: {})",
-                        release.version,
-                        log.display()
-                    );
-                    waiting = Some(Instant::now());
-                }
-                self.built.recv()
-            }) else {
-                bail!(
-                    "the control plane's background build ended before building {}",
-                    release.version
-                );
-            };
-            self.received.insert(version, result);
+        };
+        if let Some(waiting) = waiting {
+            timing::waited(
+                format!("the build of the control plane {}", release.version),
+                waiting.elapsed(),
+            );
+        }
+        result
+    }
+}
+
+/// Settles, when the background thread ends however it ends (a panic included), every build it
+/// did not finish, so that nobody waits for it forever.
+struct SettleUnfinished(HashMap<String, Arc<Slot>>);
+
+impl Drop for SettleUnfinished {
+    fn drop(&mut self) {
+        for (version, slot) in &self.0 {
+            let mut made = slot.made.lock().unwrap_or_else(PoisonError::into_inner);
+            if made.is_none() {
+                *made = Some(Err(format!(
+                    "the control plane's background build ended before building {version}"
+                )));
+                slot.done.notify_all();
+            }
         }
     }
 }
@@ -304,12 +326,11 @@ pub fn binaries(release: &Release, log: Option<&Path>) -> anyhow::Result<PathBuf
         "control plane {version}: building kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kubectl and etcd (cold: about fifteen minutes on two cores)"
     );
     let started = Instant::now();
-    let mut build = Command::new("nice");
+    let mut build = super::background_go();
     if let Some(toolchain) = &release.toolchain {
         build.env("GOTOOLCHAIN", toolchain);
     }
     build
-        .args(["-n", "10", "go"])
         .current_dir(module)
         .env("CGO_ENABLED", "0")
         .env("GOFLAGS", "-mod=readonly -buildvcs=false")

@@ -82,16 +82,35 @@ pub fn prerequisites() -> Vec<Missing> {
     missing
 }
 
+/// The background builds a cluster takes its programs from, those `cargo xtask test` started
+/// ([`super::Builds::prefetched`]); what is not among them comes from the cache, or is built.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Prefetched<'a> {
+    pub containerd: Option<&'a Background<PathBuf>>,
+    pub crio: Option<&'a Background<PathBuf>>,
+    pub helm: Option<&'a Background<PathBuf>>,
+}
+
+/// The agent's image a cluster runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AgentImage<'a> {
+    /// From the binary of a cargo profile (`debug`, `release`), which must have been built.
+    Of(&'a str),
+    /// From the debug binary without its debug information, for a node that imports images
+    /// slowly ([`build::agent_image::of_profile_without_debug_info`]).
+    DebugWithoutDebugInfo,
+}
+
 /// Everything the cluster runs on `runtime`, as the environment of `tests/controlplane`'s
-/// programs; the agent's image is made from the binary of cargo's `profile`, which must have
-/// been built.
+/// programs; the images are written into `out`, which a cluster running at the same time must
+/// not share.
 pub(crate) fn environment(
     root: &Path,
-    profile: &str,
+    out: &Path,
+    agent: AgentImage<'_>,
     runtime: Runtime,
-    prefetched_helm: Option<Background<PathBuf>>,
     control_plane: &Path,
-    prefetched_containerd: Option<Background<PathBuf>>,
+    prefetched: Prefetched<'_>,
 ) -> anyhow::Result<Vec<(&'static str, String)>> {
     let missing = prerequisites_on(runtime);
     if !missing.is_empty() {
@@ -105,21 +124,25 @@ pub(crate) fn environment(
     if runtime == Runtime::Crio {
         sysdeps::ensure_packages(crio::PACKAGES)?;
     }
-    let tools = match prefetched_containerd {
-        Some(p) => p.join()?,
+    let tools = match prefetched.containerd {
+        Some(p) => p.get()?,
         None => build::containerd::ensure(None)?,
     };
-    let helm = match prefetched_helm {
-        Some(p) => p.join()?,
+    let helm = match prefetched.helm {
+        Some(p) => p.get()?,
         None => build::helm::ensure(root, None)?,
     };
-    let out = workspace::target_dir(root)?.join("cluster").join(profile);
-    fs::create_dir_all(&out)?;
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let busybox = Path::new(build::test_image::BUSYBOX);
-    let test_image = build::test_image::build(busybox, &out)?;
+    let test_image = build::test_image::build(busybox, out)?;
     let example_image =
-        build::test_image::build_as(busybox, &out, EXAMPLE_IMAGE, "resmgr-example-image.tar")?;
-    let (agent_image, agent_image_name) = build::agent_image::of_profile(root, &out, profile)?;
+        build::test_image::build_as(busybox, out, EXAMPLE_IMAGE, "resmgr-example-image.tar")?;
+    let (agent_image, agent_image_name) = match agent {
+        AgentImage::Of(profile) => build::agent_image::of_profile(root, out, profile)?,
+        AgentImage::DebugWithoutDebugInfo => {
+            build::agent_image::of_profile_without_debug_info(root, out, "debug")?
+        }
+    };
     let runc = ["/usr/sbin/runc", "/usr/bin/runc"]
         .into_iter()
         .find(|p| Path::new(p).is_file())
@@ -143,7 +166,10 @@ pub(crate) fn environment(
         ),
     ];
     if runtime == Runtime::Crio {
-        let crio = build::crio::ensure(None)?;
+        let crio = match prefetched.crio {
+            Some(p) => p.get()?,
+            None => build::crio::ensure(None)?,
+        };
         env.extend([
             ("RESMGR_CLUSTER_CRIO_DIR", s(&crio)),
             ("RESMGR_CLUSTER_CONMON", s(&crio::conmon()?)),
@@ -151,6 +177,11 @@ pub(crate) fn environment(
         ]);
     }
     Ok(env)
+}
+
+/// Where a cluster of `profile`'s agent writes its images (`target/cluster/<profile>`).
+fn out_dir(root: &Path, profile: &str) -> anyhow::Result<PathBuf> {
+    Ok(workspace::target_dir(root)?.join("cluster").join(profile))
 }
 
 /// The name the examples (examples/kubernetes) give their image, which the node cannot pull:
@@ -204,8 +235,7 @@ pub fn run(
     release: &Release,
     runtime: Runtime,
     control_plane: &Path,
-    prefetched_helm: Option<Background<PathBuf>>,
-    prefetched_containerd: Option<Background<PathBuf>>,
+    prefetched: Prefetched<'_>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let on = format!("Kubernetes {} and {}", release.version(), runtime.name());
@@ -213,11 +243,11 @@ pub fn run(
     workspace::build_test_binaries(root)?;
     let env = environment(
         root,
-        "debug",
+        &out_dir(root, "debug")?,
+        AgentImage::Of("debug"),
         runtime,
-        prefetched_helm,
         control_plane,
-        prefetched_containerd,
+        prefetched,
     )?;
     let mut go = Command::new("go");
     go.current_dir(root.join("tests/controlplane"))
@@ -254,11 +284,11 @@ pub fn bench(root: &Path) -> anyhow::Result<String> {
         build::kubernetes::binaries(&build::kubernetes::release(root, None)?, None)?;
     let env = environment(
         root,
-        "release",
+        &out_dir(root, "release")?,
+        AgentImage::Of("release"),
         Runtime::Containerd,
-        None,
         &control_plane,
-        None,
+        Prefetched::default(),
     )?;
     util::output(
         Command::new("go")
@@ -313,11 +343,11 @@ pub fn command(
             program
                 .envs(environment(
                     root,
-                    "debug",
+                    &out_dir(root, "debug")?,
+                    AgentImage::Of("debug"),
                     runtime,
-                    None,
                     &control_plane,
-                    None,
+                    Prefetched::default(),
                 )?)
                 .args(["run", "./cmd/cluster", "up"])
         }

@@ -117,7 +117,7 @@ fn online_cpus() -> Option<usize> {
 pub fn run(
     root: &Path,
     args: &E2eArgs,
-    prefetched: Option<Background<PathBuf>>,
+    prefetched: Option<&Background<PathBuf>>,
 ) -> anyhow::Result<()> {
     let missing = prerequisites();
     if !missing.is_empty() {
@@ -126,7 +126,7 @@ pub fn run(
     let started = Instant::now();
     sysdeps::ensure_packages(PACKAGES)?;
     let tools = match prefetched {
-        Some(p) => p.join()?,
+        Some(p) => p.get()?,
         None => build::containerd::ensure(None)?,
     };
     let flags: Vec<OsString> = vec!["--runc".into(), runc()?.into()];

@@ -57,7 +57,7 @@ pub(crate) fn conmon() -> anyhow::Result<PathBuf> {
 pub fn run(
     root: &Path,
     args: &E2eArgs,
-    prefetched: Option<Background<PathBuf>>,
+    prefetched: Option<&Background<PathBuf>>,
 ) -> anyhow::Result<()> {
     let missing = prerequisites();
     if !missing.is_empty() {
@@ -71,7 +71,7 @@ pub fn run(
     // crictl comes with the containerd stage's tools.
     let tools = build::containerd::ensure(None)?;
     let crio = match prefetched {
-        Some(p) => p.join()?,
+        Some(p) => p.get()?,
         None => build::crio::ensure(None)?,
     };
     let flags: Vec<OsString> = vec![

@@ -96,7 +96,10 @@ pub fn left_out(runtime: Runtime) -> impl Iterator<Item = &'static LeftOut> {
 }
 
 /// The stage on `release` and `runtime`: the scenarios against a fresh cluster whose node is a
-/// VM (less [`left_out`] unless `all`).
+/// VM (less [`left_out`] unless `all`). With `log`, the scenarios' output (`go test`'s, the
+/// node's progress and, after a failure, its console and journals) goes to that file instead of
+/// this process's: the stage then runs beside others ([`super::in_test`]), whose output it would
+/// cut into.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     root: &Path,
@@ -104,9 +107,10 @@ pub fn run(
     all: bool,
     release: &Release,
     runtime: Runtime,
-    prefetched_image: Option<Background<VmImage>>,
-    prefetched_helm: Option<Background<PathBuf>>,
+    image: Option<&Background<VmImage>>,
+    prefetched: cluster::Prefetched<'_>,
     control_plane: Option<PathBuf>,
+    log: Option<&Path>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let on = format!(
@@ -115,8 +119,8 @@ pub fn run(
         runtime.name()
     );
     eprintln!("node-v2 stage on {on}");
-    let image = match prefetched_image {
-        Some(p) => p.join()?,
+    let image = match image {
+        Some(p) => p.get()?,
         None => build::vm_image::ensure(None)?,
     };
     let control_plane = match control_plane {
@@ -124,23 +128,19 @@ pub fn run(
         None => build::kubernetes::binaries(release, None)?,
     };
     workspace::build_test_binaries(root)?;
+    // The guest imports the agent's image under emulation: without the debug information and
+    // symbols the debug binary carries, it has half the bytes to copy, unpack and hash. The
+    // images go to a directory of the stage's own, per runtime: a cluster stage may be writing
+    // its own at the same time.
+    let out = out_dir(root, runtime)?;
     let mut env = cluster::environment(
         root,
-        "debug",
+        &out,
+        cluster::AgentImage::DebugWithoutDebugInfo,
         runtime,
-        prefetched_helm,
         &control_plane,
-        None,
+        prefetched,
     )?;
-    // The guest imports the agent's image under emulation: without the debug information and
-    // symbols the debug binary carries, it has half the bytes to copy, unpack and hash.
-    let out = workspace::target_dir(root)?.join("node-v2");
-    let (agent_image, _) = build::agent_image::of_profile_without_debug_info(root, &out, "debug")?;
-    for (var, value) in &mut env {
-        if *var == "RESMGR_CLUSTER_AGENT_IMAGE" {
-            *value = agent_image.to_string_lossy().into_owned();
-        }
-    }
     let share = out.join("share");
     fill_share(&share, &env, &control_plane)?;
     let s = |p: &Path| p.to_string_lossy().into_owned();
@@ -151,7 +151,14 @@ pub fn run(
         ("RESMGR_VM_SSH_KEY", s(&image.key)),
         ("RESMGR_VM_SHARE", s(&share)),
     ]);
-    let mut go = Command::new("go");
+    // Beside other stages, the node (qemu, and its control plane here) yields the CPU to them.
+    let mut go = if log.is_some() {
+        let mut nice = Command::new("nice");
+        nice.args(["-n", "5", "go"]);
+        nice
+    } else {
+        Command::new("go")
+    };
     go.current_dir(root.join("tests/controlplane"))
         .envs(env)
         .env("GOFLAGS", workspace::go_flags())
@@ -184,7 +191,10 @@ pub fn run(
             timing::not_run_here(format!("{} (node-v2, {elsewhere})", l.scenario));
         }
     }
-    let skipped = util::run_go_test(go.arg("./nodev2scenarios/"))?;
+    let skipped = match log {
+        None => util::run_go_test(go.arg("./nodev2scenarios/"))?,
+        Some(log) => util::run_go_test_into(go.arg("./nodev2scenarios/"), log)?,
+    };
     eprintln!(
         "node-v2 stage on {on} finished in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -194,6 +204,18 @@ pub fn run(
         timing::skipped(format!("{skip} (on {on})"));
     }
     Ok(())
+}
+
+/// The stage's own directory on `runtime`, for its images and the share (`target/node-v2/<runtime>`).
+fn out_dir(root: &Path, runtime: Runtime) -> anyhow::Result<PathBuf> {
+    Ok(workspace::target_dir(root)?
+        .join("node-v2")
+        .join(runtime.arg()))
+}
+
+/// Where the scenarios' output goes when the stage runs beside others ([`run`]'s `log`).
+pub fn log_path(root: &Path, runtime: Runtime) -> anyhow::Result<PathBuf> {
+    Ok(out_dir(root, runtime)?.join("scenarios.log"))
 }
 
 /// Fills the directory shared into the guest: the runtime's binaries (containerd/, crio/), the
