@@ -131,7 +131,7 @@ pub fn ensure(log: Option<&Path>) -> anyhow::Result<PathBuf> {
 
 fn build(gobin: &Path, log: Option<&Path>) -> anyhow::Result<()> {
     for install in installs() {
-        let mut cmd = super::background_go();
+        let mut cmd = super::background::go();
         cmd.args(["install", "-trimpath"])
             .arg(format!("-ldflags={}", install.ldflags))
             .env("GOBIN", gobin)

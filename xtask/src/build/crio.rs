@@ -126,10 +126,10 @@ fn run_logged(cmd: &mut Command, log: Option<&Path>, what: &str) -> anyhow::Resu
     }
 }
 
-/// A `go` command for the build ([`super::background_go`], with our conformance GOFLAGS left
+/// A `go` command for the build ([`super::background::go`], with our conformance GOFLAGS left
 /// out).
 fn go(dir: &Path) -> Command {
-    let mut cmd = super::background_go();
+    let mut cmd = super::background::go();
     cmd.current_dir(dir).env("GOFLAGS", "-buildvcs=false");
     cmd
 }

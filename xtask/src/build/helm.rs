@@ -48,7 +48,7 @@ pub fn ensure(root: &Path, log: Option<&Path>) -> anyhow::Result<PathBuf> {
         .tempdir_in(parent)?;
     eprintln!("building helm {version} (once; later runs reuse it)");
     let started = Instant::now();
-    let mut build = super::background_go();
+    let mut build = super::background::go();
     build
         .args(["install", "-trimpath"])
         .arg(format!(

@@ -326,7 +326,7 @@ pub fn binaries(release: &Release, log: Option<&Path>) -> anyhow::Result<PathBuf
         "control plane {version}: building kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kubectl and etcd (cold: about fifteen minutes on two cores)"
     );
     let started = Instant::now();
-    let mut build = super::background_go();
+    let mut build = super::background::go();
     if let Some(toolchain) = &release.toolchain {
         build.env("GOTOOLCHAIN", toolchain);
     }
