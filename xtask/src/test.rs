@@ -11,13 +11,13 @@
 //! 7. the Go conformance modules under `tests/conformance`, run against those binaries, passed in
 //!    through `RESMGR_BIN_DIR`, and the NRI suite a second time against NRI v0.8.0; and `go test`
 //!    (which vets) of the chart renderer's Go program, `tools/helm-chart/go`.
-//! 8. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane, cluster and node-v2
-//!    stages, each when the machine can run it (under `CI=true` it must); the newest release's
-//!    cluster runs on the node-v2 stage's node, and `--all` adds what CI leaves out for time
-//!    ([`e2e::in_test`]).
+//! 8. the e2e (`cargo xtask e2e`): the containerd, CRI-O, control plane and cluster stages, and
+//!    beside them, on a thread of its own, the node-v2 stage; each when the machine can run it
+//!    (under `CI=true` it must); the newest release's cluster runs on the node-v2 stage's node,
+//!    and `--all` adds what CI leaves out for time ([`e2e::in_test`]).
 //!
-//! It ends, whether it passed or not, with a table of each step's wall time, the background
-//! builds each waited for and how long, and how long each background build took
+//! It ends, whether it passed or not, with a table of when each step began and its wall time,
+//! the background builds each waited for and how long, and how long each background build took
 //! ([`crate::timing`]).
 
 use std::{path::Path, process::Command};

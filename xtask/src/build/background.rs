@@ -12,7 +12,7 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    sync::{Mutex, OnceLock, PoisonError},
+    sync::{Mutex, OnceLock, PoisonError, TryLockError},
     thread::JoinHandle,
     time::Instant,
 };
@@ -51,6 +51,22 @@ impl<T: Clone + Send + 'static> Background<T> {
             build: Mutex::new(Some(build)),
             made: OnceLock::new(),
             log,
+        }
+    }
+
+    /// Whether the build has ended (however it ended): [`Background::get`] would not wait. It
+    /// does not wait either: while another thread joins the build, the answer is no.
+    pub fn is_done(&self) -> bool {
+        if self.made.get().is_some() {
+            return true;
+        }
+        match self.build.try_lock() {
+            Ok(build) => build.as_ref().is_none_or(JoinHandle::is_finished),
+            Err(TryLockError::Poisoned(build)) => build
+                .into_inner()
+                .as_ref()
+                .is_none_or(JoinHandle::is_finished),
+            Err(TryLockError::WouldBlock) => false,
         }
     }
 
@@ -120,12 +136,15 @@ mod tests {
             wait.recv()?;
             Ok(7_u32)
         });
+        assert!(!build.is_done());
         std::thread::scope(|s| {
             let other = s.spawn(|| build.get().unwrap());
+            assert!(!build.is_done(), "asked while the build waits to begin");
             go.send(()).unwrap();
             assert_eq!(build.get().unwrap(), 7);
             assert_eq!(other.join().unwrap(), 7);
         });
+        assert!(build.is_done());
         let failed: Background<u32> =
             Background::start("a failing build", "resmgr-test-build", |_| {
                 anyhow::bail!("no compiler")

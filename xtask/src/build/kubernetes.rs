@@ -240,6 +240,17 @@ pub fn in_background(root: &Path) -> Option<Prefetch> {
 }
 
 impl Prefetch {
+    /// Whether `release`'s build has ended, or is not one of these (the cache has it or
+    /// [`binaries`] builds it).
+    pub(crate) fn is_built(&self, release: &Release) -> bool {
+        self.builds.get(&release.version).is_none_or(|slot| {
+            slot.made
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some()
+        })
+    }
+
     /// `release`'s binaries: from the background build, waiting for it, or from [`binaries`]
     /// (the cache) for a release it does not build.
     pub(crate) fn get(&self, release: &Release) -> anyhow::Result<PathBuf> {
