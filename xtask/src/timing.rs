@@ -320,26 +320,36 @@ mod tests {
         assert_eq!(steps.skipped(), ["TestX: why"]);
     }
 
-    /// Two steps at once, on two threads: each row has its own thread's waits and skips.
+    /// Two steps at once, on two threads: each row has its own thread's waits and skips. The
+    /// steps interleave so that, were the events one list for the process, the lane's step would
+    /// end holding the main step's wait and the main step would end with nothing.
     #[test]
     fn a_lane_on_another_thread_keeps_its_waits_and_skips_out_of_the_step_beside_it() {
         let mut steps = Steps::new();
         let mut lane = steps.lane();
-        let (lane_reported, reported) = std::sync::mpsc::channel();
+        let (lane_began, began) = std::sync::mpsc::channel();
+        let (main_waited, waited_on_main) = std::sync::mpsc::channel();
+        let (lane_ended, ended) = std::sync::mpsc::channel();
+        let lane_steps = &mut lane;
         std::thread::scope(|s| {
-            s.spawn(|| {
-                lane.run("node-v2", || {
-                    waited("the VM image build", Duration::from_secs(3));
-                    skipped("TestY: why");
-                    lane_reported.send(()).unwrap();
-                    Ok(())
-                })
-                .unwrap();
+            s.spawn(move || {
+                lane_steps
+                    .run("node-v2", || {
+                        lane_began.send(()).unwrap();
+                        waited_on_main.recv().unwrap();
+                        waited("the VM image build", Duration::from_secs(3));
+                        skipped("TestY: why");
+                        Ok(())
+                    })
+                    .unwrap();
+                lane_ended.send(()).unwrap();
             });
+            began.recv().unwrap();
             steps
                 .run("cluster", || {
-                    reported.recv().unwrap();
                     waited("the helm build", Duration::from_secs(2));
+                    main_waited.send(()).unwrap();
+                    ended.recv().unwrap();
                     Ok(())
                 })
                 .unwrap();
@@ -360,6 +370,7 @@ mod tests {
             "{table}"
         );
         assert!(!row("cluster").contains("VM image"), "{table}");
+        assert!(!row("node-v2").contains("helm"), "{table}");
         assert_eq!(steps.skipped(), ["TestY: why"]);
     }
 
