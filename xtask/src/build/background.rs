@@ -74,13 +74,9 @@ impl<T: Clone + Send + 'static> Background<T> {
     /// finished.
     pub fn get(&self) -> anyhow::Result<T> {
         let asked = Instant::now();
-        let waits = self.made.get().is_none()
-            && self
-                .build
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .as_ref()
-                .is_some_and(|build| !build.is_finished());
+        // Not done also while another asker joins the build: this one then waits with it, and
+        // says so.
+        let waits = !self.is_done();
         if waits {
             eprintln!(
                 "waiting for {} to finish (its output: {})",
